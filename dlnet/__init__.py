@@ -1,0 +1,7 @@
+"""dlnet: a static-graph deep-learning microframework. ONNX in, OpenCL kernel launches out."""
+from .errors import ConfigError, DeviceError, DlnetError, InputError, ModelError
+from .kernels.runtime import Context, devices
+from .net import Net
+
+__all__ = ["Context", "Net", "devices", "DlnetError", "ModelError", "InputError", "DeviceError", "ConfigError"]
+__version__ = "0.1.0"

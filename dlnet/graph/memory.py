@@ -1,0 +1,170 @@
+"""The memory planner: one activation arena and one weight arena, offsets assigned by liveness.
+
+A value's block is free after its last reader; reshape-like ops alias their input; an elementwise op writes in
+place over an input that dies there and is read with the output's own indexing.
+"""
+from dataclasses import dataclass, field
+
+import numpy as np
+
+ALIGN = 256
+
+
+def _align(n):
+    return (int(n) + ALIGN - 1) // ALIGN * ALIGN
+
+
+@dataclass
+class MemoryPlan:
+    act_offsets: dict = field(default_factory=dict)    # root value id -> byte offset in the activation arena
+    const_offsets: dict = field(default_factory=dict)  # const value id -> byte offset in the weight arena
+    alias_of: dict = field(default_factory=dict)       # value id -> (root value id, element offset)
+    act_bytes: int = 0
+    const_bytes: int = 0
+    naive_act_bytes: int = 0  # one buffer per value
+
+    def __str__(self):
+        mib = 2 ** 20
+        return (f"activations {self.act_bytes / mib:.2f} MiB planned (one buffer per value: "
+                f"{self.naive_act_bytes / mib:.2f} MiB), weights {self.const_bytes / mib:.2f} MiB")
+
+
+@dataclass
+class MemoryReport:
+    activations: int
+    weights: int
+    naive_activations: int
+
+    @property
+    def total(self):
+        return self.activations + self.weights
+
+    def __str__(self):
+        mib = 2 ** 20
+        return (f"activations {self.activations / mib:.2f} MiB (one buffer per value would take "
+                f"{self.naive_activations / mib:.2f} MiB), weights {self.weights / mib:.2f} MiB")
+
+
+def _inplace_candidate(node, x, y):
+    """An elementwise node may write y over x when x is read at y's own indices."""
+    return node.spec.kind == "pointwise" and x.shape == y.shape and x.dtype == y.dtype
+
+
+class _Arena:
+    def __init__(self):
+        self.free = []  # (offset, size), sorted by offset
+        self.end = 0
+
+    def alloc(self, size):
+        best = None
+        for i, (off, sz) in enumerate(self.free):
+            if sz >= size and (best is None or sz < self.free[best][1]):
+                best = i
+        if best is not None:
+            off, sz = self.free.pop(best)
+            if sz > size:
+                self.free.append((off + size, sz - size))
+                self.free.sort()
+            return off
+        if self.free and self.free[-1][0] + self.free[-1][1] == self.end:  # grow the last free block
+            off, _ = self.free.pop()
+            self.end = off + size
+            return off
+        off = self.end
+        self.end += size
+        return off
+
+    def release(self, off, size):
+        self.free.append((off, size))
+        self.free.sort()
+        merged = []
+        for o, s in self.free:
+            if merged and merged[-1][0] + merged[-1][1] == o:
+                merged[-1] = (merged[-1][0], merged[-1][1] + s)
+            else:
+                merged.append((o, s))
+        self.free = merged
+
+
+def plan_memory(graph, inplace=True, keep=()):
+    """Assign every runtime value a byte offset. `keep`: value ids that must live to the end (training)."""
+    plan = MemoryPlan()
+    nodes = graph.nodes
+    end = len(nodes)
+    # aliases: outputs of alias ops share their input's root
+    root = {}
+
+    def find(v):
+        r = root.get(v.id)
+        return r if r is not None else (v.id, 0)
+
+    for node in nodes:
+        if node.spec.kind == "alias":
+            src = node.inputs[0]
+            if src.const is None:
+                rid, off = find(src)
+                root[node.outputs[0].id] = (rid, off)
+    plan.alias_of = dict(root)
+    # constants read at run time
+    const_off = 0
+    for node in nodes:
+        for v in node.inputs:
+            if v is not None and v.const is not None and v.id not in plan.const_offsets:
+                plan.const_offsets[v.id] = const_off
+                const_off += _align(v.nbytes)
+    plan.const_bytes = const_off
+    # lifetimes per root
+    first, last, size = {}, {}, {}
+    pinned = {find(v)[0] for v in graph.inputs} | {find(v)[0] for v in graph.outputs if v.const is None}
+    pinned |= {find_id for find_id in keep}
+    for v in graph.inputs:
+        rid = find(v)[0]
+        first[rid], last[rid], size[rid] = -1, -1, v.nbytes
+    for i, node in enumerate(nodes):
+        for v in node.outputs:
+            rid = find(v)[0]
+            if rid == v.id:
+                first[rid], size[rid] = i, v.nbytes
+                last.setdefault(rid, i)
+        for v in node.inputs:
+            if v is not None and v.const is None:
+                rid = find(v)[0]
+                last[rid] = max(last.get(rid, i), i)
+    for rid in pinned:
+        last[rid] = end
+    plan.naive_act_bytes = sum(_align(s) for s in size.values())
+    dies_at = {}
+    for rid, i in last.items():
+        dies_at.setdefault(i, []).append(rid)
+    arena = _Arena()
+    offsets = {}
+    for v in graph.inputs:
+        rid = find(v)[0]
+        if rid not in offsets:
+            offsets[rid] = arena.alloc(_align(size[rid]))
+    for i, node in enumerate(nodes):
+        for y in node.outputs:
+            if y.id in root or y.id in offsets:
+                continue
+            donor = None
+            if inplace and y.id not in pinned:
+                for x in node.inputs:
+                    if x is None or x.const is not None:
+                        continue
+                    rid = find(x)[0]
+                    if (last.get(rid) == i and rid not in pinned and rid in offsets and find(x)[1] == 0
+                            and _align(size[rid]) == _align(y.nbytes) and _inplace_candidate(node, x, y)
+                            and rid not in [find(o)[0] for o in node.outputs]):
+                        donor = rid
+                        break
+            if donor is not None:
+                offsets[y.id] = offsets[donor]
+                last[donor] = -2  # handed over: not released twice
+            else:
+                offsets[y.id] = arena.alloc(_align(y.nbytes))
+        for rid in dies_at.get(i, []):
+            if last.get(rid) == i and rid in offsets:
+                arena.release(offsets[rid], _align(size[rid]))
+    plan.act_offsets = offsets
+    plan.act_bytes = arena.end
+    return plan

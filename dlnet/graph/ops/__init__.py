@@ -1,0 +1,42 @@
+"""The op registry. Each op is one class: inputs/attributes, type inference, numpy folding, lowering, gradient."""
+from ...errors import ModelError
+
+OPS = {}
+
+
+class Op:
+    """Base of every op. Subclasses set `name` (registry key) and override what they support."""
+    name = None
+    kind = "kernel"  # "pointwise" (fusable elementwise), "alias" (reshape-like view), "kernel"
+    numpy = None  # (node, *arrays) -> list of arrays: folding at build time; None = never folded
+
+    def infer(self, node):
+        """[(dtype, shape)] of the outputs."""
+        raise NotImplementedError
+
+    def lower(self, node, lw):
+        raise ModelError(f"node {node.name} ({node.op}): no kernel lowering")
+
+    def grad(self, b, node, dys):
+        """Gradient nodes built with Builder `b`: a list with one value (or None) per input."""
+        return None
+
+
+def register(cls):
+    inst = cls()
+    OPS[cls.name or cls.__name__] = inst
+    return cls
+
+
+def get_op(name):
+    op = OPS.get(name)
+    if op is None:
+        raise ModelError(f"unknown IR op {name!r}")
+    return op
+
+
+def _load_families():
+    from . import elementwise, shape, nn, linalg, reduce, fused  # noqa: F401  (registration side effects)
+
+
+_load_families()

@@ -1,0 +1,230 @@
+"""Elementwise ops. One table row each: C expression (the kernel), numpy maths (folding), gradient."""
+import math
+
+import numpy as np
+
+from . import Op, register
+from ...errors import ModelError
+
+
+def lit(x, T="float"):
+    """A C literal of the compute type."""
+    x = float(x)
+    if math.isnan(x):
+        return f"({T})NAN"
+    if math.isinf(x):
+        return f"({T})({'-' if x < 0 else ''}INFINITY)"
+    return f"(({T}){x!r})"
+
+
+FLOATS = ("float32", "float64", "float16")
+
+
+def _erf_np(x):
+    return np.vectorize(math.erf, otypes=[x.dtype])(x) if x.size else x
+
+
+class Pointwise(Op):
+    """y = f(x0, x1, ...) with numpy broadcasting. `c(attrs, args, T)` gives the C expression."""
+    kind = "pointwise"
+    arity = 1
+    bool_out = False
+
+    def out_dtype(self, node):
+        if self.bool_out:
+            return "bool"
+        return node.inputs[0].dtype
+
+    def infer(self, node):
+        shape = np.broadcast_shapes(*[v.shape for v in node.inputs if v is not None])
+        return [(self.out_dtype(node), shape)]
+
+    def numpy(self, node, *xs):
+        y = self.np(node.attrs, *xs)
+        return [np.asarray(y).astype(self.out_dtype(node))]
+
+    def expr(self, node, args, T):
+        return self.c(node.attrs, args, T)
+
+    def lower(self, node, lw):
+        lw.pointwise([node])
+
+
+def _pointwise(name, arity, c, np_fn, grad=None, bool_out=False):
+    cls = type(name, (Pointwise,), {"name": name, "arity": arity, "bool_out": bool_out,
+                                    "c": staticmethod(c), "np": staticmethod(np_fn)})
+    if grad is not None:
+        cls.grad = lambda self, b, node, dys: grad(b, node, dys[0], *node.inputs, node.outputs[0])
+    register(cls)
+    return cls
+
+
+def _f(v):
+    return v.astype(np.float64) if v.dtype.kind == "f" else v
+
+
+# Unary maths:  name, C expression of a, numpy, gradient (b, node, dy, x, y) -> [dx]
+_pointwise("Relu", 1, lambda at, a, T: f"({a[0]} > 0 ? {a[0]} : ({T})0)", lambda at, x: np.maximum(x, 0),
+           lambda b, n, dy, x, y: [b.op("Mul", [dy, b.op("Cast", [b.op("Greater", [x, b.const(np.zeros((), x.dtype))])],
+                                                        {"to": x.dtype})])])
+_pointwise("LeakyRelu", 1, lambda at, a, T: f"({a[0]} >= 0 ? {a[0]} : {a[0]} * {lit(at.get('alpha', 0.01), T)})",
+           lambda at, x: np.where(x >= 0, x, x * at.get("alpha", 0.01)))
+_pointwise("Sigmoid", 1, lambda at, a, T: f"(({T})1 / (({T})1 + exp(-{a[0]})))", lambda at, x: 1 / (1 + np.exp(-x)),
+           lambda b, n, dy, x, y: [b.op("Mul", [dy, b.op("Mul", [y, b.op("Sub", [b.const(np.ones((), y.dtype)), y])])])])
+_pointwise("Tanh", 1, lambda at, a, T: f"tanh({a[0]})", lambda at, x: np.tanh(x),
+           lambda b, n, dy, x, y: [b.op("Mul", [dy, b.op("Sub", [b.const(np.ones((), y.dtype)), b.op("Mul", [y, y])])])])
+_pointwise("HardSigmoid", 1, lambda at, a, T: f"clamp({lit(at.get('alpha', 0.2), T)} * {a[0]} + "
+                                              f"{lit(at.get('beta', 0.5), T)}, ({T})0, ({T})1)",
+           lambda at, x: np.clip(at.get("alpha", 0.2) * x + at.get("beta", 0.5), 0, 1))
+_pointwise("HardSwish", 1, lambda at, a, T: f"({a[0]} * clamp({a[0]} / ({T})6 + ({T})0.5, ({T})0, ({T})1))",
+           lambda at, x: x * np.clip(x / 6 + 0.5, 0, 1))
+_pointwise("Elu", 1, lambda at, a, T: f"({a[0]} > 0 ? {a[0]} : {lit(at.get('alpha', 1.0), T)} * (exp({a[0]}) - ({T})1))",
+           lambda at, x: np.where(x > 0, x, at.get("alpha", 1.0) * (np.exp(x) - 1)))
+_pointwise("Selu", 1, lambda at, a, T: f"({lit(at.get('gamma', 1.0507009873554805), T)} * ({a[0]} > 0 ? {a[0]} : "
+                                       f"{lit(at.get('alpha', 1.6732632423543772), T)} * (exp({a[0]}) - ({T})1)))",
+           lambda at, x: at.get("gamma", 1.0507009873554805) *
+           np.where(x > 0, x, at.get("alpha", 1.6732632423543772) * (np.exp(x) - 1)))
+_pointwise("Celu", 1, lambda at, a, T: f"(max(({T})0, {a[0]}) + min(({T})0, {lit(at.get('alpha', 1.0), T)} * "
+                                       f"(exp({a[0]} / {lit(at.get('alpha', 1.0), T)}) - ({T})1)))",
+           lambda at, x: np.maximum(0, x) + np.minimum(0, at.get("alpha", 1.0) * (np.exp(x / at.get("alpha", 1.0)) - 1)))
+_pointwise("ThresholdedRelu", 1, lambda at, a, T: f"({a[0]} > {lit(at.get('alpha', 1.0), T)} ? {a[0]} : ({T})0)",
+           lambda at, x: np.where(x > at.get("alpha", 1.0), x, 0))
+_pointwise("Softplus", 1, lambda at, a, T: f"({a[0]} > ({T})20 ? {a[0]} : log1p(exp({a[0]})))",
+           lambda at, x: np.logaddexp(0, x))
+_pointwise("Softsign", 1, lambda at, a, T: f"({a[0]} / (({T})1 + fabs({a[0]})))", lambda at, x: x / (1 + np.abs(x)))
+_pointwise("Shrink", 1, lambda at, a, T: f"({a[0]} < -{lit(at.get('lambd', 0.5), T)} ? {a[0]} + {lit(at.get('bias', 0.0), T)} : "
+                                         f"({a[0]} > {lit(at.get('lambd', 0.5), T)} ? {a[0]} - {lit(at.get('bias', 0.0), T)} : ({T})0))",
+           lambda at, x: np.where(x < -at.get("lambd", 0.5), x + at.get("bias", 0.0),
+                                  np.where(x > at.get("lambd", 0.5), x - at.get("bias", 0.0), 0)))
+_pointwise("Exp", 1, lambda at, a, T: f"exp({a[0]})", lambda at, x: np.exp(x),
+           lambda b, n, dy, x, y: [b.op("Mul", [dy, y])])
+_pointwise("Log", 1, lambda at, a, T: f"log({a[0]})", lambda at, x: np.log(x),
+           lambda b, n, dy, x, y: [b.op("Div", [dy, x])])
+_pointwise("Sqrt", 1, lambda at, a, T: f"sqrt({a[0]})", lambda at, x: np.sqrt(x),
+           lambda b, n, dy, x, y: [b.op("Div", [dy, b.op("Mul", [y, b.const(np.asarray(2, y.dtype))])])])
+_pointwise("Abs", 1, lambda at, a, T: f"({a[0]} < 0 ? -{a[0]} : {a[0]})", lambda at, x: np.abs(x),
+           lambda b, n, dy, x, y: [b.op("Mul", [dy, b.op("Sign", [x])])])
+_pointwise("Neg", 1, lambda at, a, T: f"(-{a[0]})", lambda at, x: -x, lambda b, n, dy, x, y: [b.op("Neg", [dy])])
+_pointwise("Reciprocal", 1, lambda at, a, T: f"(({T})1 / {a[0]})", lambda at, x: 1 / x,
+           lambda b, n, dy, x, y: [b.op("Neg", [b.op("Mul", [dy, b.op("Mul", [y, y])])])])
+_pointwise("Erf", 1, lambda at, a, T: f"erf({a[0]})", lambda at, x: _erf_np(x))
+_pointwise("Sign", 1, lambda at, a, T: f"(({T})({a[0]} > 0) - ({T})({a[0]} < 0))", lambda at, x: np.sign(x))
+_pointwise("Floor", 1, lambda at, a, T: f"floor({a[0]})", lambda at, x: np.floor(x))
+_pointwise("Ceil", 1, lambda at, a, T: f"ceil({a[0]})", lambda at, x: np.ceil(x))
+_pointwise("Round", 1, lambda at, a, T: f"rint({a[0]})", lambda at, x: np.round(x))  # half to even, as ONNX
+for _name, _fn in [("Sin", "sin"), ("Cos", "cos"), ("Tan", "tan"), ("Asin", "asin"), ("Acos", "acos"),
+                   ("Atan", "atan"), ("Sinh", "sinh"), ("Cosh", "cosh"), ("Asinh", "asinh"), ("Acosh", "acosh"),
+                   ("Atanh", "atanh")]:
+    _npf = {"Asin": np.arcsin, "Acos": np.arccos, "Atan": np.arctan, "Asinh": np.arcsinh, "Acosh": np.arccosh,
+            "Atanh": np.arctanh}.get(_name) or getattr(np, _fn)
+    _pointwise(_name, 1, (lambda f: lambda at, a, T: f"{f}({a[0]})")(_fn), (lambda f: lambda at, x: f(x))(_npf))
+_pointwise("Not", 1, lambda at, a, T: f"(!{a[0]})", lambda at, x: np.logical_not(x), bool_out=True)
+_pointwise("IsNaN", 1, lambda at, a, T: f"isnan({a[0]})", lambda at, x: np.isnan(x), bool_out=True)
+_pointwise("IsInf", 1, lambda at, a, T: f"(isinf({a[0]}) && ((({a[0]}) > 0 && {int(at.get('detect_positive', 1))}) || "
+                                        f"(({a[0]}) < 0 && {int(at.get('detect_negative', 1))})))",
+           lambda at, x: np.isinf(x) & (((x > 0) & bool(at.get("detect_positive", 1))) |
+                                        ((x < 0) & bool(at.get("detect_negative", 1)))), bool_out=True)
+_pointwise("Identity", 1, lambda at, a, T: a[0], lambda at, x: x, lambda b, n, dy, x, y: [dy])
+
+
+def _clip_c(at, a, T):
+    lo, hi = at.get("min"), at.get("max")
+    e = a[0]
+    if lo is not None:
+        e = f"({e} < {lit(lo, T)} ? {lit(lo, T)} : {e})"
+    if hi is not None:
+        e = f"({e} > {lit(hi, T)} ? {lit(hi, T)} : {e})"
+    return e
+
+
+_pointwise("Clip", 1, _clip_c, lambda at, x: np.clip(x, at.get("min"), at.get("max")) if x.size else x,
+           lambda b, n, dy, x, y: [b.op("Mul", [dy, b.op("Cast", [b.op("Equal", [x, y])], {"to": x.dtype})])])
+
+
+# Binary maths with broadcasting. Gradients are given at the broadcast shape; autodiff sums them back once.
+def _int_div_c(at, a, T):
+    return f"({a[0]} / {a[1]})"
+
+
+_pointwise("Add", 2, lambda at, a, T: f"({a[0]} + {a[1]})", lambda at, x, y: x + y,
+           lambda b, n, dy, x, y, z: [dy, dy])
+_pointwise("Sub", 2, lambda at, a, T: f"({a[0]} - {a[1]})", lambda at, x, y: x - y,
+           lambda b, n, dy, x, y, z: [dy, b.op("Neg", [dy])])
+_pointwise("Mul", 2, lambda at, a, T: f"({a[0]} * {a[1]})", lambda at, x, y: x * y,
+           lambda b, n, dy, x, y, z: [b.op("Mul", [dy, y]), b.op("Mul", [dy, x])])
+_pointwise("Div", 2, _int_div_c,
+           lambda at, x, y: (x / y) if x.dtype.kind == "f" else np.trunc(x / y).astype(x.dtype),
+           lambda b, n, dy, x, y, z: [b.op("Div", [dy, y]), b.op("Neg", [b.op("Div", [b.op("Mul", [dy, z]), y])])])
+_pointwise("Pow", 2, lambda at, a, T: f"pow({a[0]}, ({T}){a[1]})" if T in ("float", "double") else
+           f"(({T})pow((double){a[0]}, (double){a[1]}))", lambda at, x, y: np.power(_f(x), y).astype(x.dtype))
+_pointwise("Max", 2, lambda at, a, T: f"({a[0]} > {a[1]} || isnan((float){a[0]}) ? {a[0]} : {a[1]})",
+           lambda at, x, y: np.maximum(x, y))
+_pointwise("Min", 2, lambda at, a, T: f"({a[0]} < {a[1]} || isnan((float){a[0]}) ? {a[0]} : {a[1]})",
+           lambda at, x, y: np.minimum(x, y))
+_pointwise("Mod", 2, lambda at, a, T: (f"fmod({a[0]}, {a[1]})" if at.get("fmod", 0) else
+                                       f"({a[0]} - {a[1]} * floor({a[0]} / {a[1]}))") if T in ("float", "double")
+           else (f"({a[0]} % {a[1]})" if at.get("fmod", 0) else
+                 f"((({a[0]} % {a[1]}) + {a[1]}) % {a[1]})"),
+           lambda at, x, y: np.fmod(x, y) if at.get("fmod", 0) else np.mod(x, y))
+_pointwise("PRelu", 2, lambda at, a, T: f"({a[0]} < 0 ? {a[0]} * {a[1]} : {a[0]})",
+           lambda at, x, s: np.where(x < 0, x * s, x))
+_pointwise("And", 2, lambda at, a, T: f"({a[0]} && {a[1]})", lambda at, x, y: np.logical_and(x, y), bool_out=True)
+_pointwise("Or", 2, lambda at, a, T: f"({a[0]} || {a[1]})", lambda at, x, y: np.logical_or(x, y), bool_out=True)
+_pointwise("Xor", 2, lambda at, a, T: f"(!{a[0]} != !{a[1]})", lambda at, x, y: np.logical_xor(x, y), bool_out=True)
+_pointwise("Equal", 2, lambda at, a, T: f"({a[0]} == {a[1]})", lambda at, x, y: np.equal(x, y), bool_out=True)
+_pointwise("Less", 2, lambda at, a, T: f"({a[0]} < {a[1]})", lambda at, x, y: np.less(x, y), bool_out=True)
+_pointwise("LessOrEqual", 2, lambda at, a, T: f"({a[0]} <= {a[1]})", lambda at, x, y: np.less_equal(x, y),
+           bool_out=True)
+_pointwise("Greater", 2, lambda at, a, T: f"({a[0]} > {a[1]})", lambda at, x, y: np.greater(x, y), bool_out=True)
+_pointwise("GreaterOrEqual", 2, lambda at, a, T: f"({a[0]} >= {a[1]})", lambda at, x, y: np.greater_equal(x, y),
+           bool_out=True)
+_pointwise("BitShift", 2, lambda at, a, T: f"({a[0]} {'<<' if at.get('direction') == 'LEFT' else '>>'} {a[1]})",
+           lambda at, x, y: np.left_shift(x, y) if at.get("direction") == "LEFT" else np.right_shift(x, y))
+
+
+@register
+class Where(Pointwise):
+    """y = cond ? a : b;  da = dy * cond, db = dy * !cond"""
+    name = "Where"
+    arity = 3
+
+    def out_dtype(self, node):
+        return node.inputs[1].dtype
+
+    def expr(self, node, args, T):
+        return f"({args[0]} ? {args[1]} : {args[2]})"
+
+    def numpy(self, node, c, x, y):
+        return [np.where(c, x, y)]
+
+
+@register
+class Cast(Pointwise):
+    """y = (to) x;  dx = cast(dy) back"""
+    name = "Cast"
+
+    def out_dtype(self, node):
+        return np.dtype(node.attrs["to"]).name
+
+    def expr(self, node, args, T):
+        src = node.inputs[0].dtype
+        if src in FLOATS and np.dtype(self.out_dtype(node)).kind in "iub":
+            if self.out_dtype(node) == "bool":
+                return f"({args[0]} != 0)"
+            return f"({T})trunc({args[0]})"
+        return f"({T})({args[0]})"
+
+    def numpy(self, node, x):
+        return [x.astype(self.out_dtype(node))]
+
+    def grad(self, b, node, dys):
+        x = node.inputs[0]
+        if x.dtype in FLOATS and node.outputs[0].dtype in FLOATS:
+            return [b.op("Cast", [dys[0]], {"to": x.dtype})]
+        return [None]
+
+
+def check_float(node, path=None):
+    for v in node.inputs:
+        if v is not None and v.dtype not in FLOATS:
+            raise ModelError(f"node {node.name} ({node.op}): expects float tensors, got {v.dtype}")

@@ -1,0 +1,15 @@
+"""A chain of pointwise nodes run as one generated kernel."""
+from . import Op, register
+
+
+@register
+class Fused(Op):
+    """y = f_n(...f_1(x...)) : the pointwise nodes in attrs['nodes'], in order; the last one's output is y"""
+    name = "Fused"
+
+    def infer(self, node):
+        last = node.attrs["nodes"][-1].outputs[0]
+        return [(last.dtype, last.shape)]
+
+    def lower(self, node, lw):
+        lw.pointwise(node.attrs["nodes"])

@@ -1,0 +1,61 @@
+"""Matrix products."""
+import numpy as np
+
+from . import Op, register
+
+
+@register
+class Gemm(Op):
+    """y = act(alpha * op(A) @ op(B) + beta * C), batched over leading dims with numpy broadcasting.
+
+    op(X) = X^T when transA/transB; C (optional) broadcasts to the output. MatMul is Gemm without C.
+    dA = dy @ B^T, dB = A^T @ dy (built by autodiff through this same op).
+    """
+    name = "Gemm"
+
+    def infer(self, node):
+        a, b = node.inputs[0], node.inputs[1]
+        ta, tb = node.attrs.get("transA", 0), node.attrs.get("transB", 0)
+        m, ka = (a.shape[-1], a.shape[-2]) if ta else (a.shape[-2], a.shape[-1])
+        kb, n = (b.shape[-1], b.shape[-2]) if tb else (b.shape[-2], b.shape[-1])
+        if ka != kb:
+            raise ValueError(f"inner dimensions differ: {list(a.shape)} x {list(b.shape)}"
+                             f" (transA={ta}, transB={tb})")
+        batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        shape = tuple(batch) + (m, n)
+        if len(node.inputs) > 2 and node.inputs[2] is not None:
+            np.broadcast_shapes(node.inputs[2].shape, shape)
+        return [(a.dtype, shape)]
+
+    def numpy(self, node, a, b, c=None):
+        if node.attrs.get("act"):
+            return None
+        a = np.swapaxes(a, -1, -2) if node.attrs.get("transA", 0) else a
+        b = np.swapaxes(b, -1, -2) if node.attrs.get("transB", 0) else b
+        y = node.attrs.get("alpha", 1.0) * np.matmul(a, b)
+        if c is not None:
+            y = y + node.attrs.get("beta", 1.0) * c
+        return [y.astype(a.dtype)]
+
+    def lower(self, node, lw):
+        lw.gemm(node)
+
+    def grad(self, b, node, dys):
+        a, w = node.inputs[0], node.inputs[1]
+        dy = dys[0]
+        ta, tb = node.attrs.get("transA", 0), node.attrs.get("transB", 0)
+        alpha = node.attrs.get("alpha", 1.0)
+        # y = A' B' with A' = op(A), B' = op(B): dA' = dy B'^T, dB' = A'^T dy
+        if ta:
+            da = b.op("Gemm", [w, dy], {"transA": tb, "transB": 1, "alpha": alpha})
+        else:
+            da = b.op("Gemm", [dy, w], {"transA": 0, "transB": 1 - tb, "alpha": alpha})
+        if tb:
+            dw = b.op("Gemm", [dy, a], {"transA": 1, "transB": ta, "alpha": alpha})
+        else:
+            dw = b.op("Gemm", [a, dy], {"transA": 1 - ta, "transB": 0, "alpha": alpha})
+        grads = [da, dw]
+        if len(node.inputs) > 2 and node.inputs[2] is not None:
+            beta = node.attrs.get("beta", 1.0)
+            grads.append(dy if beta == 1.0 else b.op("Mul", [dy, b.const(np.asarray(beta, dy.dtype))]))
+        return grads

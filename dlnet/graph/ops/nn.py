@@ -1,0 +1,146 @@
+"""Neural-network ops: Conv, pooling, BatchNormalization, LRN, Softmax/LogSoftmax."""
+import numpy as np
+
+from . import Op, register
+
+
+def conv_out(size, k, s, p0, p1, d, ceil_mode=False):
+    span = (k - 1) * d + 1
+    if ceil_mode:
+        out = -(-(size + p0 + p1 - span) // s) + 1
+        if (out - 1) * s >= size + p0:  # the last window may not start inside the right padding
+            out -= 1
+        return out
+    return (size + p0 + p1 - span) // s + 1
+
+
+def spatial_attrs(node, nsp):
+    a = node.attrs
+    return (list(a.get("strides") or [1] * nsp), list(a.get("pads") or [0] * (2 * nsp)),
+            list(a.get("dilations") or [1] * nsp))
+
+
+@register
+class Conv(Op):
+    """y = act(conv(x, w) + b + res);  dx = conv_transpose(dy, w), dw = conv(x, dy) (see autodiff)
+
+    attrs: strides, pads (begins + ends, symmetric after the padding pass), dilations, group;
+    fused epilogue: act (a unary pointwise node's (op, attrs)) and a residual input.
+    """
+    name = "Conv"
+
+    def infer(self, node):
+        x, w = node.inputs[0], node.inputs[1]
+        nsp = x.rank - 2
+        strides, pads, dil = spatial_attrs(node, nsp)
+        group = node.attrs.get("group", 1)
+        if x.shape[1] != w.shape[1] * group:
+            raise ValueError(f"input has {x.shape[1]} channels, weights {list(w.shape)} with group={group} "
+                             f"expect {w.shape[1] * group}")
+        out = [conv_out(x.shape[2 + i], w.shape[2 + i], strides[i], pads[i], pads[i + nsp], dil[i])
+               for i in range(nsp)]
+        return [(x.dtype, (x.shape[0], w.shape[0], *out))]
+
+    def lower(self, node, lw):
+        lw.conv(node)
+
+
+class Pool(Op):
+    mode = None
+
+    def infer(self, node):
+        x = node.inputs[0]
+        nsp = x.rank - 2
+        k = node.attrs["kernel_shape"]
+        strides, pads, dil = spatial_attrs(node, nsp)
+        ceil_mode = node.attrs.get("ceil_mode", 0)
+        out = [conv_out(x.shape[2 + i], k[i], strides[i], pads[i], pads[i + nsp], dil[i], ceil_mode)
+               for i in range(nsp)]
+        return [(x.dtype, (x.shape[0], x.shape[1], *out))]
+
+    def lower(self, node, lw):
+        lw.pool(node, self.mode)
+
+
+@register
+class MaxPool(Pool):
+    """y = max over each window (padding is -inf)"""
+    name = "MaxPool"
+    mode = "max"
+
+
+@register
+class AveragePool(Pool):
+    """y = mean over each window (count_include_pad decides whether padding cells count)"""
+    name = "AveragePool"
+    mode = "avg"
+
+
+@register
+class BatchNormalization(Op):
+    """y = (x - mean) / sqrt(var + eps) * scale + B   (inference form; passes fold it into Conv or Mul+Add)"""
+    name = "BatchNormalization"
+
+    def infer(self, node):
+        return [(node.inputs[0].dtype, node.inputs[0].shape)]
+
+    def numpy(self, node, x, scale, b, mean, var):
+        shape = (1, -1) + (1,) * (x.ndim - 2)
+        inv = scale / np.sqrt(var + node.attrs.get("epsilon", 1e-5))
+        return [(x - mean.reshape(shape)) * inv.reshape(shape) + b.reshape(shape)]
+
+
+@register
+class LRN(Op):
+    """y = x / (bias + alpha/size * sum_{channel window} x^2)^beta"""
+    name = "LRN"
+
+    def infer(self, node):
+        return [(node.inputs[0].dtype, node.inputs[0].shape)]
+
+    def lower(self, node, lw):
+        lw.lrn(node)
+
+
+class SoftmaxBase(Op):
+    log = False
+
+    def infer(self, node):
+        return [(node.inputs[0].dtype, node.inputs[0].shape)]
+
+    def numpy(self, node, x):
+        axis = node.attrs["axis"]
+        m = x - x.max(axis=axis, keepdims=True)
+        if self.log:
+            return [m - np.log(np.exp(m).sum(axis=axis, keepdims=True))]
+        e = np.exp(m)
+        return [e / e.sum(axis=axis, keepdims=True)]
+
+    def lower(self, node, lw):
+        lw.softmax(node, self.log)
+
+
+@register
+class Softmax(SoftmaxBase):
+    """y = exp(x) / sum(exp(x), axis)  (op-set 13 semantics: one axis);  dx = y * (dy - sum(dy * y, axis))"""
+    name = "Softmax"
+
+    def grad(self, b, node, dys):
+        y = node.outputs[0]
+        dy = dys[0]
+        s = b.op("Reduce", [b.op("Mul", [dy, y])], {"mode": "sum", "axes": (node.attrs["axis"] % y.rank,),
+                                                   "keepdims": 1})
+        return [b.op("Mul", [y, b.op("Sub", [dy, s])])]
+
+
+@register
+class LogSoftmax(SoftmaxBase):
+    """y = x - log(sum(exp(x), axis));  dx = dy - exp(y) * sum(dy, axis)"""
+    name = "LogSoftmax"
+    log = True
+
+    def grad(self, b, node, dys):
+        y = node.outputs[0]
+        dy = dys[0]
+        s = b.op("Reduce", [dy], {"mode": "sum", "axes": (node.attrs["axis"] % y.rank,), "keepdims": 1})
+        return [b.op("Sub", [dy, b.op("Mul", [b.op("Exp", [y]), s])])]

@@ -1,0 +1,211 @@
+"""Data-movement ops: views (Reshape), strided copies (Transpose, Slice, Expand, Concat), Gather, Pad."""
+import numpy as np
+
+from . import Op, register
+
+
+@register
+class Reshape(Op):
+    """y = x viewed with another shape (no copy);  dx = reshape(dy, x.shape)"""
+    name = "Reshape"
+    kind = "alias"
+
+    def infer(self, node):
+        shape = tuple(node.attrs["shape"])
+        if int(np.prod(shape, dtype=np.int64)) != node.inputs[0].size:
+            raise ValueError(f"cannot reshape {list(node.inputs[0].shape)} to {list(shape)}")
+        return [(node.inputs[0].dtype, shape)]
+
+    def numpy(self, node, x):
+        return [x.reshape(node.attrs["shape"])]
+
+    def lower(self, node, lw):
+        lw.alias(node.outputs[0], node.inputs[0])
+
+    def grad(self, b, node, dys):
+        return [b.op("Reshape", [dys[0]], {"shape": node.inputs[0].shape})]
+
+
+@register
+class Transpose(Op):
+    """y = x.transpose(perm);  dx = dy.transpose(argsort(perm))"""
+    name = "Transpose"
+
+    def infer(self, node):
+        x = node.inputs[0]
+        perm = node.attrs["perm"]
+        return [(x.dtype, tuple(x.shape[p] for p in perm))]
+
+    def numpy(self, node, x):
+        return [np.transpose(x, node.attrs["perm"])]
+
+    def lower(self, node, lw):
+        x = node.inputs[0]
+        strides = lw.strides(x)
+        lw.copy(node.outputs[0], x, 0, [strides[p] for p in node.attrs["perm"]])
+
+    def grad(self, b, node, dys):
+        return [b.op("Transpose", [dys[0]], {"perm": tuple(int(i) for i in np.argsort(node.attrs["perm"]))})]
+
+
+@register
+class Slice(Op):
+    """y = x[starts[d] : : steps[d]] taking counts[d] elements per axis (normalised by the importer)."""
+    name = "Slice"
+
+    def infer(self, node):
+        return [(node.inputs[0].dtype, tuple(node.attrs["counts"]))]
+
+    def numpy(self, node, x):
+        idx = tuple(slice(s, s + c * st if s + c * st >= 0 else None, st)
+                    for s, c, st in zip(node.attrs["starts"], node.attrs["counts"], node.attrs["steps"]))
+        return [x[idx]]
+
+    def lower(self, node, lw):
+        x = node.inputs[0]
+        strides = lw.strides(x)
+        offset = sum(s * st for s, st in zip(node.attrs["starts"], strides))
+        lw.copy(node.outputs[0], x, offset, [st * step for st, step in zip(strides, node.attrs["steps"])])
+
+    def grad(self, b, node, dys):
+        return [b.op("SliceGrad", [dys[0]], dict(node.attrs, in_shape=node.inputs[0].shape))]
+
+
+@register
+class SliceGrad(Op):
+    """dx = zeros(in_shape) with dx[slice] = dy  (the gradient of Slice, a strided scatter)"""
+    name = "SliceGrad"
+
+    def infer(self, node):
+        return [(node.inputs[0].dtype, tuple(node.attrs["in_shape"]))]
+
+    def lower(self, node, lw):
+        y = node.outputs[0]
+        lw.fill(y, 0)
+        strides = lw.strides(y)
+        offset = sum(s * st for s, st in zip(node.attrs["starts"], strides))
+        lw.copy_into(y, offset, [st * step for st, step in zip(strides, node.attrs["steps"])], node.inputs[0])
+
+
+@register
+class Expand(Op):
+    """y = broadcast_to(x, shape);  dx = sum of dy over the broadcast axes (autodiff)"""
+    name = "Expand"
+
+    def infer(self, node):
+        return [(node.inputs[0].dtype, tuple(node.attrs["shape"]))]
+
+    def numpy(self, node, x):
+        return [np.broadcast_to(x, node.attrs["shape"]).copy()]
+
+    def lower(self, node, lw):
+        lw.pointwise_single("Identity", node.outputs[0], [node.inputs[0]])
+
+    def grad(self, b, node, dys):
+        return [dys[0]]  # autodiff reduces broadcast gradients to the input shape
+
+
+@register
+class Concat(Op):
+    """y = concat(xs, axis);  dx_i = slice of dy"""
+    name = "Concat"
+
+    def infer(self, node):
+        axis = node.attrs["axis"]
+        first = node.inputs[0]
+        shape = list(first.shape)
+        shape[axis] = sum(v.shape[axis] for v in node.inputs)
+        for v in node.inputs:
+            if v.rank != first.rank or any(a != b for d, (a, b) in enumerate(zip(v.shape, first.shape)) if d != axis):
+                raise ValueError(f"Concat inputs {[list(v.shape) for v in node.inputs]} differ off axis {axis}")
+        return [(first.dtype, tuple(shape))]
+
+    def numpy(self, node, *xs):
+        return [np.concatenate(xs, axis=node.attrs["axis"])]
+
+    def lower(self, node, lw):
+        y = node.outputs[0]
+        axis = node.attrs["axis"]
+        ystrides = lw.strides(y)
+        start = 0
+        for x in node.inputs:
+            if not lw.written_in_place(x, y):
+                lw.copy_into(y, start * ystrides[axis], ystrides, x)
+            start += x.shape[axis]
+
+    def grad(self, b, node, dys):
+        axis = node.attrs["axis"]
+        grads, start = [], 0
+        y = node.outputs[0]
+        for x in node.inputs:
+            starts = [0] * y.rank
+            starts[axis] = start
+            grads.append(b.op("Slice", [dys[0]], {"starts": tuple(starts), "steps": (1,) * y.rank,
+                                                  "counts": x.shape}))
+            start += x.shape[axis]
+        return grads
+
+
+@register
+class Gather(Op):
+    """y = take(x, indices, axis)  (negative indices count from the end)"""
+    name = "Gather"
+
+    def infer(self, node):
+        x, idx = node.inputs
+        axis = node.attrs["axis"]
+        return [(x.dtype, x.shape[:axis] + idx.shape + x.shape[axis + 1:])]
+
+    def numpy(self, node, x, idx):
+        return [np.take(x, idx.astype(np.int64), axis=node.attrs["axis"])]
+
+    def lower(self, node, lw):
+        lw.gather(node)
+
+    def grad(self, b, node, dys):
+        return [b.op("GatherGrad", [dys[0], node.inputs[1]], {"axis": node.attrs["axis"],
+                                                               "in_shape": node.inputs[0].shape}), None]
+
+
+@register
+class GatherGrad(Op):
+    """dx = zeros(in_shape); dx[idx] += dy along axis (scatter-add)"""
+    name = "GatherGrad"
+
+    def infer(self, node):
+        return [(node.inputs[0].dtype, tuple(node.attrs["in_shape"]))]
+
+    def lower(self, node, lw):
+        lw.gather_grad(node)
+
+
+@register
+class Pad(Op):
+    """y = pad(x, pads, mode, value)  with pads = begins + ends, modes constant/reflect/edge"""
+    name = "Pad"
+
+    def infer(self, node):
+        x = node.inputs[0]
+        pads = node.attrs["pads"]
+        r = x.rank
+        return [(x.dtype, tuple(d + pads[i] + pads[i + r] for i, d in enumerate(x.shape)))]
+
+    def numpy(self, node, x):
+        r = x.ndim
+        pads = node.attrs["pads"]
+        width = [(pads[i], pads[i + r]) for i in range(r)]
+        mode = node.attrs.get("mode", "constant")
+        if mode == "constant":
+            return [np.pad(x, width, mode="constant", constant_values=node.attrs.get("value", 0))]
+        return [np.pad(x, width, mode={"reflect": "reflect", "edge": "edge", "wrap": "wrap"}[mode])]
+
+    def lower(self, node, lw):
+        lw.pad(node)
+
+    def grad(self, b, node, dys):
+        x = node.inputs[0]
+        r = x.rank
+        pads = node.attrs["pads"]
+        if node.attrs.get("mode", "constant") != "constant" or any(p < 0 for p in pads):
+            return [None]
+        return [b.op("Slice", [dys[0]], {"starts": tuple(pads[:r]), "steps": (1,) * r, "counts": x.shape})]

@@ -1,0 +1,15 @@
+"""Graph passes. Each is a function graph -> changed (bool)."""
+from .padding import explicit_padding
+from .batchnorm import fold_batchnorm
+from .fold import fold_constants, remove_dead
+from .fuse import fuse_epilogues, fuse_pointwise
+
+INFERENCE_PASSES = [explicit_padding, fold_batchnorm, fold_constants, fuse_epilogues, fuse_pointwise, remove_dead]
+
+
+def run_passes(graph, passes=None, verify=True):
+    for p in passes or INFERENCE_PASSES:
+        p(graph)
+        if verify:
+            graph.verify()
+    return graph

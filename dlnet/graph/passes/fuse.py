@@ -1,0 +1,121 @@
+"""Fusion: Conv/Gemm epilogues (bias, residual Add, activation) and chains of elementwise ops."""
+import numpy as np
+
+from ..ir import Node
+
+# unary pointwise ops a Conv/Gemm epilogue can apply (ACT(v) in the kernels)
+EPILOGUE_ACTS = {"Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "Elu", "Selu",
+                 "Softplus", "Celu"}
+
+
+def _single_user(graph, v):
+    return len(v.users) == 1 and v not in graph.outputs
+
+
+def _absorb(graph, node, nxt):
+    """`nxt` (the only reader of node's output) is done by `node` now: node writes nxt's output."""
+    out = nxt.outputs[0]
+    at = graph.nodes.index(nxt)
+    graph.remove_node(nxt)
+    graph.nodes.remove(node)  # node now runs where nxt ran: every input nxt read is defined by then
+    graph.nodes.insert(at - 1, node)
+    node.outputs[0].producer = None
+    node.outputs = [out]
+    out.producer = node
+
+
+def _per_channel(v, y):
+    """A constant of shape [C,1,1] / [1,C,1,1] broadcasting along y's channel axis."""
+    if v.const is None or v.param:
+        return False
+    shape = (1,) * (y.rank - v.rank) + v.shape
+    return shape[1] == y.shape[1] and all(d == 1 for i, d in enumerate(shape) if i != 1)
+
+
+def fuse_epilogues(graph):
+    changed = False
+    for node in list(graph.nodes):
+        if node.op not in ("Conv", "Gemm") or node not in graph.nodes:
+            continue
+        while True:
+            y = node.outputs[0]
+            if not _single_user(graph, y):
+                break
+            nxt = y.users[0]
+            if node.attrs.get("act"):
+                break
+            if nxt.op == "Add" and node.op == "Conv":
+                other = nxt.inputs[1] if nxt.inputs[0] is y else nxt.inputs[0]
+                if len(node.inputs) == 2 and _per_channel(other, y):
+                    node.inputs.append(graph.constant(other.const.reshape(-1).astype(y.dtype)))
+                    node.inputs[-1].users.append(node)
+                    _absorb(graph, node, nxt)
+                    changed = True
+                    continue
+                if len(node.inputs) <= 3 and other.shape == y.shape and other.dtype == y.dtype and \
+                        other.const is None and nxt.inputs.count(y) == 1:
+                    if len(node.inputs) == 2:
+                        node.inputs.append(graph.constant(np.zeros(y.shape[1], y.dtype)))
+                        node.inputs[-1].users.append(node)
+                    node.inputs.append(other)
+                    other.users.append(node)
+                    other.users.remove(nxt)
+                    _absorb(graph, node, nxt)
+                    changed = True
+                    continue
+                break
+            if nxt.op in EPILOGUE_ACTS and nxt.outputs[0].shape == y.shape:
+                node.attrs["act"] = (nxt.op, tuple(sorted(nxt.attrs.items())))
+                _absorb(graph, node, nxt)
+                changed = True
+                continue
+            break
+    return changed
+
+
+def fuse_pointwise(graph):
+    """Merge each pointwise node into its only pointwise reader, as long as shapes broadcast to the reader's."""
+    changed = False
+    for node in list(graph.nodes):
+        if node.spec.kind != "pointwise" or node not in graph.nodes:
+            continue
+        members = [node]
+        # pull in producers: pointwise, single user, and result read only here
+        grew = True
+        while grew:
+            grew = False
+            for v in list(_inputs_of(members)):
+                p = v.producer
+                if p is None or p.spec.kind != "pointwise" or not _single_user(graph, v) or p not in graph.nodes:
+                    continue
+                if v.users[0] not in members:
+                    continue
+                if len(v.shape) > len(node.outputs[0].shape) or any(
+                        a != b and a != 1 for a, b in zip(v.shape[::-1], node.outputs[0].shape[::-1])):
+                    continue
+                members.insert(0, p)
+                grew = True
+        if len(members) == 1:
+            continue
+        members = [n for n in graph.nodes if n in members]  # topological order
+        ext = list(_inputs_of(members))
+        out = node.outputs[0]
+        idx = graph.nodes.index(node)
+        fused = Node("Fused", ext, [], {"nodes": members}, node.name)
+        for m in members:
+            graph.remove_node(m)
+        out.producer = None
+        fused.outputs = [out]
+        graph.add_node(fused, idx - (len(members) - 1))
+        changed = True
+    return changed
+
+
+def _inputs_of(members):
+    inside = {n.outputs[0].id for n in members}
+    seen = []
+    for n in members:
+        for v in n.inputs:
+            if v is not None and v.id not in inside and v not in seen:
+                seen.append(v)
+    return seen

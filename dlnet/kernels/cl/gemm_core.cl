@@ -1,0 +1,58 @@
+// Tiled, register-blocked GEMM body shared by every matrix-shaped kernel (conv as implicit GEMM, gemm, matmul).
+// The including file defines: KERNEL_NAME, KERNEL_ARGS, PROLOGUE (sets M, NN, KK from get_group_id(2)),
+// LOAD_A(m,k), LOAD_B(k,n) and STORE(m,n,v). Tile sizes come as defines; one table per device picks them.
+#if !defined(TM) || !defined(TN) || !defined(TK) || !defined(WM) || !defined(WN)
+#error "gemm_core.cl needs TM TN TK WM WN"
+#endif
+#if !defined(LOAD_A) || !defined(LOAD_B) || !defined(STORE) || !defined(PROLOGUE)
+#error "gemm_core.cl needs LOAD_A LOAD_B STORE PROLOGUE"
+#endif
+#define NT_M (TM / WM)
+#define NT_N (TN / WN)
+#define NTHREADS (NT_M * NT_N)
+
+__kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1)))
+void KERNEL_NAME(KERNEL_ARGS) {
+    PROLOGUE
+    const int tid = get_local_id(0);
+    const int tm = tid / NT_N;
+    const int tn = tid % NT_N;
+    const int m0 = get_group_id(1) * TM;
+    const int n0 = get_group_id(0) * TN;
+    __local float As[TK][TM + 1];
+    __local float Bs[TK][TN];
+    float acc[WM][WN];
+    for (int i = 0; i < WM; i++)
+        for (int j = 0; j < WN; j++)
+            acc[i][j] = 0.0f;
+    for (int k0 = 0; k0 < KK; k0 += TK) {
+        for (int e = tid; e < TK * TM; e += NTHREADS) {
+            const int kk = e % TK, mm = e / TK;
+            const int m = m0 + mm, k = k0 + kk;
+            As[kk][mm] = (m < M && k < KK) ? (float)(LOAD_A(m, k)) : 0.0f;
+        }
+        for (int e = tid; e < TK * TN; e += NTHREADS) {
+            const int kk = e / TN, nn = e % TN;
+            const int n = n0 + nn, k = k0 + kk;
+            Bs[kk][nn] = (n < NN && k < KK) ? (float)(LOAD_B(k, n)) : 0.0f;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int kk = 0; kk < TK; kk++) {
+            float a[WM], b[WN];
+            for (int i = 0; i < WM; i++) a[i] = As[kk][tm + i * NT_M];
+            for (int j = 0; j < WN; j++) b[j] = Bs[kk][tn + j * NT_N];
+            for (int i = 0; i < WM; i++)
+                for (int j = 0; j < WN; j++)
+                    acc[i][j] = fma(a[i], b[j], acc[i][j]);
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    for (int i = 0; i < WM; i++) {
+        const int m = m0 + tm + i * NT_M;
+        if (m >= M) continue;
+        for (int j = 0; j < WN; j++) {
+            const int n = n0 + tn + j * NT_N;
+            if (n < NN) STORE(m, n, acc[i][j]);
+        }
+    }
+}

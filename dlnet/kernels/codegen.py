@@ -1,0 +1,135 @@
+"""The pointwise-broadcast-reduce generator (the DLPrimitives idea): expression snippets in, OpenCL C out.
+
+Every operand is a strided view over a buffer: (value, offset, strides per loop dim; 0 = broadcast). One generator
+therefore serves elementwise maths with numpy broadcasting, Transpose, Expand, Slice, Concat slots and reductions.
+Shapes and strides are kernel arguments, so one program serves every shape of the same rank and expression.
+"""
+import numpy as np
+
+from .runtime import DTYPE_TO_C
+
+
+def contiguous_strides(shape):
+    strides, acc = [], 1
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= d
+    return list(reversed(strides))
+
+
+def broadcast_strides(in_shape, out_shape):
+    """Element strides of a contiguous `in_shape` array read at every index of `out_shape` (numpy rules)."""
+    strides = contiguous_strides(in_shape)
+    pad = len(out_shape) - len(in_shape)
+    result = [0] * pad
+    for d, s, o in zip(in_shape, strides, out_shape[pad:]):
+        result.append(0 if d == 1 and o != 1 else s)
+    return result
+
+
+def collapse(shape, stride_sets):
+    """Merge adjacent loop dims that are contiguous for every operand; drop size-1 dims. Returns (shape, strides)."""
+    dims = [(d, [s[i] for s in stride_sets]) for i, d in enumerate(shape) if d != 1]
+    if not dims:
+        return [1], [[0] for _ in stride_sets]
+    out = [dims[0]]
+    for d, ss in dims[1:]:
+        pd, pss = out[-1]
+        if all(ps == s * d for ps, s in zip(pss, ss)):
+            out[-1] = (pd * d, ss)
+        else:
+            out.append((d, ss))
+    return [d for d, _ in out], [[ss[k] for _, ss in out] for k in range(len(stride_sets))]
+
+
+def _ctype(dtype):
+    return DTYPE_TO_C[np.dtype(dtype).name]
+
+
+def _preamble(dtypes):
+    lines = []
+    if any(np.dtype(d).name == "float64" for d in dtypes):
+        lines.append("#pragma OPENCL EXTENSION cl_khr_fp64 : enable")
+    if any(np.dtype(d).name == "float16" for d in dtypes):
+        lines.append("#pragma OPENCL EXTENSION cl_khr_fp16 : enable")
+    return "\n".join(lines)
+
+
+def _load(i, dtype):
+    """Read operand i at index `o{i}`; half is stored as 16 bits and computed in float."""
+    if np.dtype(dtype).name == "float16":
+        return f"vload_half(o{i}, x{i})"
+    return f"x{i}[o{i}]"
+
+
+def _store(dtype, expr):
+    if np.dtype(dtype).name == "float16":
+        return f"vstore_half({expr}, oy, y)"
+    return f"y[oy] = ({_ctype(dtype)})({expr});"
+
+
+def _vtype(dtype):
+    return "float" if np.dtype(dtype).name == "float16" else _ctype(dtype)
+
+
+def elementwise_source(rank, in_dtypes, out_dtype, body):
+    """Kernel `ew`: y[i] = body(x0..xn) over a rank-`rank` loop; `body` assigns `r` from `x0v`, `x1v`, ..."""
+    args = [f"__global {_ctype(out_dtype) if np.dtype(out_dtype).name != 'float16' else 'half'}* y", "ulong y_off"]
+    for i, dt in enumerate(in_dtypes):
+        args += [f"__global const {_ctype(dt)}* x{i}", f"ulong x{i}_off"]
+    args += ["__constant const long* meta"]  # [dims(rank), y strides(rank), x_i strides(rank) ...]
+    lines = [_preamble(list(in_dtypes) + [out_dtype]),
+             f"__kernel void ew({', '.join(args)}) {{",
+             "  long i = get_global_id(0);",
+             f"  long total = 1; for (int d = 0; d < {rank}; d++) total *= meta[d];",
+             "  if (i >= total) return;",
+             "  y += y_off;"]
+    lines += [f"  x{i} += x{i}_off;" for i in range(len(in_dtypes))]
+    lines += ["  long oy = 0;"] + [f"  long o{i} = 0;" for i in range(len(in_dtypes))]
+    lines += ["  long r = i;", f"  for (int d = {rank - 1}; d >= 0; d--) {{", "    long q = r % meta[d]; r /= meta[d];",
+              f"    oy += q * meta[{rank} + d];"]
+    lines += [f"    o{i} += q * meta[{(i + 2) * rank} + d];" for i in range(len(in_dtypes))]
+    lines += ["  }"]
+    lines += [f"  {_vtype(dt)} x{i}v = {_load(i, dt)};" for i, dt in enumerate(in_dtypes)]
+    lines += [f"  {_vtype(out_dtype)} r0;", f"  {body}", f"  {_store(out_dtype, 'r0')}", "}"]
+    return "\n".join(lines)
+
+
+def reduce_source(rank_out, rank_red, in_dtypes, acc_dtype, out_dtype, pre, combine, init, post):
+    """Kernel `red`: one work-item per output; loops over the reduced dims.
+
+    pre: C expression of x0v.. for one element; combine: C statement updating `acc` from `v`;
+    post: C expression of `acc` and `count` giving the output.
+    """
+    args = [f"__global {_ctype(out_dtype)}* y", "ulong y_off"]
+    for i, dt in enumerate(in_dtypes):
+        args += [f"__global const {_ctype(dt)}* x{i}", f"ulong x{i}_off"]
+    n = len(in_dtypes)
+    # meta: out dims, y strides, x_i strides over out dims, red dims, x_i strides over red dims
+    args += ["__constant const long* meta"]
+    ro, rr = rank_out, rank_red
+    base_red = ro * (2 + n)
+    lines = [_preamble(list(in_dtypes) + [out_dtype, acc_dtype]),
+             f"__kernel void red({', '.join(args)}) {{",
+             "  long i = get_global_id(0);",
+             f"  long total = 1; for (int d = 0; d < {ro}; d++) total *= meta[d];",
+             "  if (i >= total) return;",
+             "  y += y_off;"]
+    lines += [f"  x{k} += x{k}_off;" for k in range(n)]
+    lines += ["  long oy = 0;"] + [f"  long b{k} = 0;" for k in range(n)]
+    lines += ["  long r = i;", f"  for (int d = {ro - 1}; d >= 0; d--) {{", "    long q = r % meta[d]; r /= meta[d];",
+              f"    oy += q * meta[{ro} + d];"]
+    lines += [f"    b{k} += q * meta[{(k + 2) * ro} + d];" for k in range(n)]
+    lines += ["  }",
+              f"  long count = 1; for (int d = 0; d < {rr}; d++) count *= meta[{base_red} + d];",
+              f"  {_ctype(acc_dtype)} acc = {init};",
+              "  for (long j = 0; j < count; j++) {"]
+    lines += [f"    long o{k} = b{k};" for k in range(n)]
+    lines += ["    long s = j;", f"    for (int d = {rr - 1}; d >= 0; d--) {{",
+              f"      long q = s % meta[{base_red} + d]; s /= meta[{base_red} + d];"]
+    lines += [f"      o{k} += q * meta[{base_red + (k + 1) * rr} + d];" for k in range(n)]
+    lines += ["    }"]
+    lines += [f"    {_vtype(dt)} x{k}v = {_load(k, dt)};" for k, dt in enumerate(in_dtypes)]
+    lines += [f"    {_ctype(acc_dtype)} v = {pre};", f"    {combine}", "  }",
+              f"  y[oy] = ({_ctype(out_dtype)})({post});", "}"]
+    return "\n".join(lines)

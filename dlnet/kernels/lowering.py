@@ -1,0 +1,385 @@
+"""Lowering: each node of a planned graph becomes kernel launches with arguments bound once."""
+import numpy as np
+
+from . import codegen
+from .runtime import DTYPE_TO_C, Launch, cl, kernel_source
+from ..errors import ModelError
+
+# Tile sizes of the tiled GEMM core, per device class, by problem shape (rows M, columns N). Picked so a work-group
+# is 64..256 work-items; on PoCL's CPU device large groups amortise the barrier loops.
+GEMM_TILES = {
+    "cpu": {"big": dict(TM=64, TN=64, TK=16, WM=4, WN=4), "narrow_m": dict(TM=16, TN=64, TK=16, WM=2, WN=4),
+            "narrow_n": dict(TM=64, TN=16, TK=16, WM=4, WN=2)},
+    "gpu": {"big": dict(TM=64, TN=64, TK=16, WM=4, WN=4), "narrow_m": dict(TM=16, TN=64, TK=16, WM=2, WN=4),
+            "narrow_n": dict(TM=64, TN=16, TK=16, WM=4, WN=2)},
+}
+
+
+def pick_tiles(ctx, M, N):
+    table = GEMM_TILES["cpu" if ctx.is_cpu else "gpu"]
+    if M <= 16 and N > 16:
+        return table["narrow_m"]
+    if N <= 16 and M > 16:
+        return table["narrow_n"]
+    return table["big"]
+
+
+def _defines(d):
+    return "".join(f"#define {k} {v}\n" for k, v in d.items())
+
+
+def act_macro(act, T="float"):
+    """ACT(v) for a fused unary pointwise epilogue given as (op name, attrs) or None."""
+    if not act:
+        return "#define ACT(v) (v)\n"
+    from ..graph.ir import Node
+    from ..graph.ops import get_op
+    op, attrs = act
+    node = Node(op, [], [], dict(attrs))
+    return f"#define ACT(v) {get_op(op).c(node.attrs, ['(v)'], T)}\n"
+
+
+def _round_up(n, m):
+    return (n + m - 1) // m * m
+
+
+class Lowerer:
+    def __init__(self, ctx, graph, plan, act_buf, const_buf):
+        self.ctx = ctx
+        self.graph = graph
+        self.plan = plan
+        self.act_buf = act_buf
+        self.const_buf = const_buf
+        self.launches = []
+        self.keepalive = []  # small metadata buffers the launches read
+
+    # locations ---------------------------------------------------------------
+    def loc(self, v):
+        """(buffer, element offset) of a value."""
+        item = np.dtype(v.dtype).itemsize
+        if v.const is not None:
+            return self.const_buf, self.plan.const_offsets[v.id] // item
+        rid, eoff = self.plan.alias_of.get(v.id, (v.id, 0))
+        return self.act_buf, self.plan.act_offsets[rid] // item + eoff
+
+    def args(self, v):
+        buf, off = self.loc(v)
+        return [buf, np.uint64(off)]
+
+    def dummy(self):
+        return [self.const_buf, np.uint64(0)]
+
+    @staticmethod
+    def strides(v):
+        return codegen.contiguous_strides(v.shape)
+
+    def meta(self, values, dtype=np.int64):
+        arr = np.asarray(values, dtype=dtype)
+        if arr.size == 0:
+            arr = np.zeros(1, dtype)
+        buf = cl.Buffer(self.ctx.cl, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=arr)
+        self.keepalive.append(buf)
+        return buf
+
+    def emit(self, source, name, args, gsize, lsize=None, label="", options=()):
+        k = self.ctx.kernel(source, name, options)
+        try:
+            k.set_args(*args)
+        except cl.Error as e:
+            raise ModelError(f"{label}: binding kernel {name} arguments failed: {e}") from e
+        self.launches.append(Launch(k, tuple(int(g) for g in gsize), None if lsize is None else tuple(lsize), label))
+
+    def written_in_place(self, x, y):
+        return False
+
+    # generated elementwise ----------------------------------------------------
+    def _elementwise(self, y, y_off, y_strides, operands, body, label):
+        """operands: [(value, element offset, strides over y's loop)]; body assigns r0 from x0v.."""
+        shape = list(y.shape)
+        dims, sets = codegen.collapse(shape, [list(y_strides)] + [list(s) for _, _, s in operands])
+        rank = len(dims)
+        src = codegen.elementwise_source(rank, [v.dtype for v, _, _ in operands], y.dtype, body)
+        ybuf, yo = self.loc(y)
+        args = [ybuf, np.uint64(yo + y_off)]
+        for v, off, _ in operands:
+            buf, o = self.loc(v)
+            args += [buf, np.uint64(o + off)]
+        args.append(self.meta(dims + [s for st in sets for s in st]))
+        total = int(np.prod(dims))
+        self.emit(src, "ew", args, (max(total, 1),), None, label)
+
+    def pointwise(self, nodes):
+        """A chain of pointwise nodes (last one's output is written) as one generated kernel."""
+        out = nodes[-1].outputs[0]
+        inside = {n.outputs[0].id: f"t{i}" for i, n in enumerate(nodes)}
+        operands, names = [], {}
+        lines = []
+        for i, n in enumerate(nodes):
+            args = []
+            for v in n.inputs:
+                if v.id in inside and inside[v.id] != f"t{i}":
+                    args.append(inside[v.id])
+                    continue
+                if v.id not in names:
+                    names[v.id] = f"x{len(operands)}v"
+                    operands.append((v, 0, codegen.broadcast_strides(v.shape, out.shape)))
+                args.append(names[v.id])
+            tdt = n.outputs[0].dtype
+            T = codegen._vtype(tdt)
+            cT = codegen._vtype(n.inputs[0].dtype) if n.spec.bool_out else T
+            lines.append(f"{T} t{i} = ({T})({n.spec.expr(n, args, cT)});")
+        body = " ".join(lines) + f" r0 = t{len(nodes) - 1};"
+        label = "+".join(n.op for n in nodes)
+        self._elementwise(out, 0, self.strides(out), operands, body, f"{nodes[-1].name} {label}")
+
+    def pointwise_single(self, op, y, inputs):
+        from ..graph.ir import Node
+        node = Node(op, inputs, [y], {})
+        self.pointwise([node])
+
+    def copy(self, y, x, x_offset, x_strides):
+        self._elementwise(y, 0, self.strides(y), [(x, x_offset, x_strides)], "r0 = x0v;", f"copy {y.id}")
+
+    def copy_into(self, y, y_offset, y_strides, x):
+        """Write x (contiguous) into a view of y at y_offset with y_strides (over x's shape)."""
+        self._elementwise_view(x, y, y_offset, y_strides)
+
+    def _elementwise_view(self, x, y, y_offset, y_strides):
+        from ..graph.ir import Value
+        shadow = Value(-1, "", y.dtype, x.shape)
+        dims, sets = codegen.collapse(list(x.shape), [list(y_strides), self.strides(x)])
+        src = codegen.elementwise_source(len(dims), [x.dtype], y.dtype, "r0 = x0v;")
+        ybuf, yo = self.loc(y)
+        xbuf, xo = self.loc(x)
+        args = [ybuf, np.uint64(yo + y_offset), xbuf, np.uint64(xo), self.meta(dims + sets[0] + sets[1])]
+        del shadow
+        self.emit(src, "ew", args, (max(int(np.prod(dims)), 1),), None, f"copy into {y.id}")
+
+    def fill(self, y, value):
+        src = codegen.elementwise_source(1, [], y.dtype, f"r0 = ({codegen._vtype(y.dtype)}){float(value)!r};")
+        buf, off = self.loc(y)
+        self.emit(src, "ew", [buf, np.uint64(off), self.meta([y.size, 1])], (max(y.size, 1),), None, "fill")
+
+    # hand-written families ------------------------------------------------------
+    def conv(self, node):
+        x, w = node.inputs[0], node.inputs[1]
+        bias = node.inputs[2] if len(node.inputs) > 2 else None
+        res = node.inputs[3] if len(node.inputs) > 3 else None
+        y = node.outputs[0]
+        if x.dtype != "float32":
+            raise ModelError(f"node {node.name} (Conv): float32 only, got {x.dtype}")
+        nsp = x.rank - 2
+        if nsp not in (1, 2):
+            raise ModelError(f"node {node.name} (Conv): {nsp}-D convolution is not supported (1-D and 2-D are)")
+        a = node.attrs
+        strides = list(a.get("strides") or [1] * nsp)
+        pads = list(a.get("pads") or [0] * 2 * nsp)
+        dil = list(a.get("dilations") or [1] * nsp)
+        if any(pads[i] != pads[i + nsp] for i in range(nsp)):
+            raise ModelError(f"node {node.name} (Conv): asymmetric pads reach the kernel (padding pass missing)")
+        if nsp == 1:  # a 1-D convolution is a 2-D one of height 1
+            strides, pads, dil = [1] + strides, [0] + pads[:1], [1] + dil
+            H, W, KH, KW, OH, OW = 1, x.shape[2], 1, w.shape[2], 1, y.shape[2]
+        else:
+            H, W, KH, KW, OH, OW = x.shape[2], x.shape[3], w.shape[2], w.shape[3], y.shape[2], y.shape[3]
+            pads = pads[:2]
+        N, Cin = x.shape[0], x.shape[1]
+        group = a.get("group", 1)
+        Cout = w.shape[0]
+        defs = {}
+        if bias is not None:
+            defs["HAS_BIAS"] = 1
+        if res is not None:
+            defs["HAS_RES"] = 1
+        head = _defines(defs) + act_macro(a.get("act"))
+        bargs = self.args(bias) if bias is not None else self.dummy()
+        rargs = self.args(res) if res is not None else self.dummy()
+        y_nstride = Cout * OH * OW
+        label = f"{node.name} Conv"
+        if group == Cin and w.shape[1] == 1 and group > 1:
+            mult = Cout // Cin
+            args = self.args(x) + self.args(w) + bargs + rargs + self.args(y) + [
+                np.int32(Cin), np.int32(H), np.int32(W), np.int32(OH), np.int32(OW), np.int32(KH), np.int32(KW),
+                np.int32(strides[0]), np.int32(strides[1]), np.int32(pads[0]), np.int32(pads[1]),
+                np.int32(dil[0]), np.int32(dil[1]), np.int32(mult), np.int64(y_nstride), np.int64(y_nstride)]
+            lx = 16 if OW >= 16 else 8
+            ly = 4
+            self.emit(head + kernel_source("dwconv"), "dwconv2d", args,
+                      (_round_up(OW, lx), _round_up(OH, ly), N * Cout), (lx, ly, 1), label)
+            return
+        C, K = Cin // group, Cout // group
+        M, NN = K, N * OH * OW
+        tiles = pick_tiles(self.ctx, M, NN)
+        one = KH == 1 and KW == 1 and strides == [1, 1] and pads == [0, 0]
+        if one:
+            tiles = dict(tiles, IS_1X1=1)
+        src = _defines(tiles) + head + kernel_source("conv") + kernel_source("gemm_core")
+        args = self.args(x) + self.args(w) + bargs + rargs + self.args(y) + [
+            np.int32(C), np.int32(H), np.int32(W), np.int32(K), np.int32(OH), np.int32(OW), np.int32(KH),
+            np.int32(KW), np.int32(strides[0]), np.int32(strides[1]), np.int32(pads[0]), np.int32(pads[1]),
+            np.int32(dil[0]), np.int32(dil[1]), np.int32(group), np.int32(N), np.int64(y_nstride),
+            np.int64(y_nstride)]
+        nthreads = (tiles["TM"] // tiles["WM"]) * (tiles["TN"] // tiles["WN"])
+        gsize = (-(-NN // tiles["TN"]) * nthreads, -(-M // tiles["TM"]), group)
+        self.emit(src, "conv2d", args, gsize, (nthreads, 1, 1), label)
+
+    def gemm(self, node):
+        a, b = node.inputs[0], node.inputs[1]
+        c = node.inputs[2] if len(node.inputs) > 2 else None
+        y = node.outputs[0]
+        if a.dtype != "float32" or b.dtype != "float32":
+            raise ModelError(f"node {node.name} ({node.op}): float32 only, got {a.dtype} x {b.dtype}")
+        at = node.attrs
+        ta, tb = at.get("transA", 0), at.get("transB", 0)
+        M, N = y.shape[-2], y.shape[-1]
+        K = a.shape[-2] if ta else a.shape[-1]
+        batch = y.shape[:-2]
+        nb = int(np.prod(batch, dtype=np.int64))
+
+        def mat_strides(v):
+            s = codegen.broadcast_strides(v.shape, batch + v.shape[-2:])
+            return s[:-2], s[-2], s[-1]
+
+        sa_b, sa0, sa1 = mat_strides(a)
+        sb_b, sb0, sb1 = mat_strides(b)
+        sam, sak = (sa1, sa0) if ta else (sa0, sa1)
+        sbk, sbn = (sb1, sb0) if tb else (sb0, sb1)
+        cs = codegen.broadcast_strides(c.shape, y.shape) if c is not None else [0] * y.rank
+        sc_b, scm, scn = cs[:-2], cs[-2], cs[-1]
+        table = np.zeros((max(nb, 1), 4), np.int64)
+        for bi, idx in enumerate(np.ndindex(*batch) if batch else [()]):
+            table[bi] = [sum(i * s for i, s in zip(idx, sa_b)), sum(i * s for i, s in zip(idx, sb_b)),
+                         sum(i * s for i, s in zip(idx, sc_b)), bi * M * N]
+        tiles = pick_tiles(self.ctx, M, N)
+        defs = dict(tiles)
+        if c is not None:
+            defs["HAS_C"] = 1
+        src = _defines(defs) + act_macro(at.get("act")) + kernel_source("gemm") + kernel_source("gemm_core")
+        args = self.args(a) + self.args(b) + (self.args(c) if c is not None else self.dummy()) + self.args(y) + [
+            self.meta(table.ravel()), np.int32(M), np.int32(N), np.int32(K), np.int64(sam), np.int64(sak),
+            np.int64(sbk), np.int64(sbn), np.int64(scm), np.int64(scn), np.int64(N), np.int64(1),
+            np.float32(at.get("alpha", 1.0)), np.float32(at.get("beta", 1.0))]
+        nthreads = (tiles["TM"] // tiles["WM"]) * (tiles["TN"] // tiles["WN"])
+        gsize = (-(-N // tiles["TN"]) * nthreads, -(-M // tiles["TM"]), max(nb, 1))
+        self.emit(src, "gemm", args, gsize, (nthreads, 1, 1), f"{node.name} Gemm")
+
+    def pool(self, node, mode):
+        x, y = node.inputs[0], node.outputs[0]
+        nsp = x.rank - 2
+        if nsp > 3 or nsp < 1:
+            raise ModelError(f"node {node.name} ({node.op}): {nsp}-D pooling is not supported")
+        a = node.attrs
+        k = list(a["kernel_shape"])
+        strides = list(a.get("strides") or [1] * nsp)
+        pads = list(a.get("pads") or [0] * 2 * nsp)
+        dil = list(a.get("dilations") or [1] * nsp)
+        pad3 = lambda v, fill: [fill] * (3 - nsp) + list(v)  # noqa: E731
+        ins, outs = pad3(x.shape[2:], 1), pad3(y.shape[2:], 1)
+        src = _defines({"POOL_MAX" if mode == "max" else "POOL_AVG": 1}) + kernel_source("pool")
+        args = self.args(x) + self.args(y) + [np.int32(v) for v in ins + outs + pad3(k, 1) + pad3(strides, 1) +
+                                              pad3(pads[:nsp], 0) + pad3(dil, 1)]
+        args += [np.int32(a.get("count_include_pad", 0)), np.int64(y.size)]
+        self.emit(src, "pool", args, (y.size,), None, f"{node.name} {node.op}")
+
+    def lrn(self, node):
+        x, y = node.inputs[0], node.outputs[0]
+        a = node.attrs
+        hw = int(np.prod(x.shape[2:], dtype=np.int64))
+        args = self.args(x) + self.args(y) + [np.int32(x.shape[1]), np.int64(hw), np.int32(a["size"]),
+                                              np.float32(a.get("alpha", 1e-4)), np.float32(a.get("beta", 0.75)),
+                                              np.float32(a.get("bias", 1.0)), np.int64(y.size)]
+        self.emit(kernel_source("lrn"), "lrn", args, (y.size,), None, f"{node.name} LRN")
+
+    def softmax(self, node, log):
+        x, y = node.inputs[0], node.outputs[0]
+        if x.dtype != "float32":
+            raise ModelError(f"node {node.name} ({node.op}): float32 only, got {x.dtype}")
+        axis = node.attrs["axis"] % x.rank
+        outer = int(np.prod(x.shape[:axis], dtype=np.int64))
+        inner = int(np.prod(x.shape[axis + 1:], dtype=np.int64))
+        src = _defines({"LOG_SOFTMAX" if log else "SOFTMAX": 1}) + kernel_source("softmax")
+        args = self.args(x) + self.args(y) + [np.int32(outer), np.int32(x.shape[axis]), np.int32(inner)]
+        self.emit(src, "softmax", args, (max(outer * inner, 1),), None, f"{node.name} {node.op}")
+
+    REDUCE = {  # mode: (pre, combine, init, post)
+        "sum": ("x0v", "acc += v;", "0", "acc"),
+        "mean": ("x0v", "acc += v;", "0", "acc / count"),
+        "max": ("x0v", "acc = v > acc ? v : acc;", "LOWEST", "acc"),
+        "min": ("x0v", "acc = v < acc ? v : acc;", "HIGHEST", "acc"),
+        "prod": ("x0v", "acc *= v;", "1", "acc"),
+        "l1": ("(x0v < 0 ? -x0v : x0v)", "acc += v;", "0", "acc"),
+        "l2": ("x0v * x0v", "acc += v;", "0", "sqrt(acc)"),
+        "logsum": ("x0v", "acc += v;", "0", "log(acc)"),
+        "logsumexp": ("exp(x0v)", "acc += v;", "0", "log(acc)"),
+        "sumsquare": ("x0v * x0v", "acc += v;", "0", "acc"),
+    }
+
+    def reduce(self, node):
+        x, y = node.inputs[0], node.outputs[0]
+        axes = sorted(a % x.rank for a in node.attrs["axes"])
+        keep = [d for d in range(x.rank) if d not in axes]
+        xs = self.strides(x)
+        out_dims = [x.shape[d] for d in keep] or [1]
+        y_strides = codegen.contiguous_strides(out_dims)
+        x_out = [xs[d] for d in keep] or [0]
+        red_dims = [x.shape[d] for d in axes] or [1]
+        x_red = [xs[d] for d in axes] or [0]
+        pre, combine, init, post = self.REDUCE[node.attrs["mode"]]
+        acc = "float32" if x.dtype in ("float32", "float16") else x.dtype
+        ct = DTYPE_TO_C[acc]
+        if init == "LOWEST":
+            init = "-INFINITY" if acc in ("float32", "float64") else f"({ct}){np.iinfo(acc).min}" \
+                if acc != "bool" else "0"
+        elif init == "HIGHEST":
+            init = "INFINITY" if acc in ("float32", "float64") else f"({ct}){np.iinfo(acc).max}" \
+                if acc != "bool" else "1"
+        src = codegen.reduce_source(len(out_dims), len(red_dims), [x.dtype], acc, y.dtype, pre, combine, init, post)
+        meta = out_dims + y_strides + x_out + red_dims + x_red
+        args = self.args(y) + self.args(x) + [self.meta(meta)]
+        self.emit(src, "red", args, (int(np.prod(out_dims)),), None, f"{node.name} Reduce")
+
+    def _typed(self, source, dtype, idx_dtype=None):
+        d = {"T": DTYPE_TO_C[dtype]}
+        if idx_dtype:
+            d["IT"] = DTYPE_TO_C[idx_dtype]
+        head = "#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n" if dtype == "float64" else ""
+        return head + _defines(d) + kernel_source(source)
+
+    def gather(self, node):
+        x, idx = node.inputs
+        y = node.outputs[0]
+        axis = node.attrs["axis"] % x.rank
+        inner = int(np.prod(x.shape[axis + 1:], dtype=np.int64))
+        args = self.args(y) + self.args(x) + self.args(idx) + [np.int64(max(idx.size, 1)), np.int64(x.shape[axis]),
+                                                               np.int64(inner), np.int64(y.size)]
+        self.emit(self._typed("gather", x.dtype, idx.dtype), "gather", args, (max(y.size, 1),), None,
+                  f"{node.name} Gather")
+
+    def gather_grad(self, node):
+        dy, idx = node.inputs
+        dx = node.outputs[0]
+        axis = node.attrs["axis"] % dx.rank
+        inner = int(np.prod(dx.shape[axis + 1:], dtype=np.int64))
+        args = self.args(dx) + self.args(dy) + self.args(idx) + [np.int64(max(idx.size, 1)),
+                                                                  np.int64(dx.shape[axis]), np.int64(inner),
+                                                                  np.int64(dx.size)]
+        self.emit(self._typed("gather", dx.dtype, idx.dtype), "gather_grad", args, (max(dx.size, 1),), None,
+                  f"{node.name} GatherGrad")
+
+    def pad(self, node):
+        x, y = node.inputs[0], node.outputs[0]
+        pads = node.attrs["pads"]
+        r = x.rank
+        mode = {"constant": 0, "reflect": 1, "edge": 2, "wrap": 3}[node.attrs.get("mode", "constant")]
+        if any(p < 0 for p in pads):
+            raise ModelError(f"node {node.name} (Pad): negative pads are not supported")
+        src = self._typed("pad", x.dtype).replace("#define T", f"#define MODE {mode}\n#define T", 1)
+        value = np.asarray(node.attrs.get("value", 0)).astype(x.dtype if x.dtype != "bool" else "uint8")
+        args = self.args(y) + self.args(x) + [self.meta(list(y.shape) + list(x.shape) + list(pads[:r])),
+                                              np.int32(r), value[()] if value.ndim else value, np.int64(y.size)]
+        self.emit(src, "pad", args, (max(y.size, 1),), None, f"{node.name} Pad")
+
+    def alias(self, y, x):
+        if x.const is not None:  # a trainable weight viewed with another shape: copy it (same element order)
+            ys = self.strides(y)
+            self._elementwise(y, 0, ys, [(x, 0, ys)], "r0 = x0v;", f"reshape {y.id}")

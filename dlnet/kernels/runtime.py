@@ -1,0 +1,188 @@
+"""OpenCL devices, contexts, the program cache and the launch list."""
+import hashlib
+import os
+from dataclasses import dataclass, field
+from importlib import resources
+
+import numpy as np
+
+from ..errors import DeviceError
+
+try:
+    import pyopencl as cl
+except ImportError as e:  # pragma: no cover - pyopencl is a hard dependency
+    raise DeviceError(f"pyopencl is not installed ({e}); install dlnet with: pip install 'pyopencl[pocl]'") from e
+
+HOW_TO_GET_A_DEVICE = (
+    "no OpenCL device found. Install a CPU device with `pip install pocl-binary-distribution` "
+    "(or `pip install 'pyopencl[pocl]'`), or a GPU driver's OpenCL ICD; in containers where the driver's "
+    "libnvidia-opencl.so.1 exists but no ICD file registers it, run "
+    "`mkdir -p /tmp/icd && echo libnvidia-opencl.so.1 > /tmp/icd/nvidia.icd && export OCL_ICD_VENDORS=/tmp/icd`")
+
+DTYPE_TO_C = {"float32": "float", "float64": "double", "int64": "long", "int32": "int", "bool": "uchar",
+              "int8": "char", "uint8": "uchar", "float16": "half", "int16": "short", "uint16": "ushort",
+              "uint32": "uint", "uint64": "ulong"}
+
+
+@dataclass
+class DeviceInfo:
+    index: int
+    platform: str
+    name: str
+    vendor: str
+    type: str
+    global_mem: int
+    compute_units: int
+    fp16: bool
+    fp64: bool
+    device: object = field(repr=False, compare=False)
+
+    def __str__(self):
+        return f"ocl:{self.index} {self.name} ({self.platform}, {self.type}, {self.global_mem / 2**30:.1f} GiB)"
+
+
+def _type_name(t):
+    if t & cl.device_type.GPU:
+        return "GPU"
+    if t & cl.device_type.CPU:
+        return "CPU"
+    if t & cl.device_type.ACCELERATOR:
+        return "ACCELERATOR"
+    return "OTHER"
+
+
+def devices():
+    """Every OpenCL device on every platform, GPUs first; the list index is what `ocl:N` names."""
+    found = []
+    try:
+        platforms = cl.get_platforms()
+    except cl.Error:
+        platforms = []
+    for p in platforms:
+        try:
+            devs = p.get_devices()
+        except cl.Error:
+            continue
+        for d in devs:
+            ext = d.extensions
+            found.append(DeviceInfo(0, p.name.strip(), d.name.strip(), d.vendor.strip(), _type_name(d.type),
+                                    d.global_mem_size, d.max_compute_units, "cl_khr_fp16" in ext,
+                                    "cl_khr_fp64" in ext or d.double_fp_config != 0, d))
+    found.sort(key=lambda i: i.type != "GPU")  # stable: GPUs first, platform order kept
+    for n, info in enumerate(found):
+        info.index = n
+    return found
+
+
+def pick_device(spec=None):
+    """Resolve 'ocl:N', 'gpu', 'cpu' or None (DLNET_DEVICE, else first GPU, else first CPU)."""
+    found = devices()
+    if not found:
+        raise DeviceError(HOW_TO_GET_A_DEVICE)
+    spec = spec if spec is not None else os.environ.get("DLNET_DEVICE") or None
+    if spec is None:
+        return found[0]
+    s = str(spec).strip().lower()
+    if s.startswith("ocl:"):
+        try:
+            n = int(s[4:])
+        except ValueError:
+            raise DeviceError(f"device {spec!r}: expected ocl:N with N an integer") from None
+        if not 0 <= n < len(found):
+            raise DeviceError(f"device {spec!r}: there are {len(found)} OpenCL devices (ocl:0..ocl:{len(found) - 1}); "
+                              "`dlnet devices` lists them")
+        return found[n]
+    if s in ("gpu", "cpu"):
+        for info in found:
+            if info.type.lower() == s:
+                return info
+        raise DeviceError(f"device {spec!r}: no OpenCL {s.upper()} device found; `dlnet devices` lists what there is")
+    raise DeviceError(f"device {spec!r}: expected 'ocl:N', 'gpu' or 'cpu'")
+
+
+def _cache_dir():
+    root = os.environ.get("DLNET_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME") or
+                                                          os.path.expanduser("~/.cache"), "dlnet")
+    try:
+        os.makedirs(root, exist_ok=True)
+        return root
+    except OSError:
+        return None
+
+
+def kernel_source(name):
+    """The text of a hand-written kernel file dlnet/kernels/cl/<name>.cl."""
+    return resources.files("dlnet.kernels").joinpath("cl", name + ".cl").read_text()
+
+
+class Context:
+    """One OpenCL device, its queue and the programs built for it.
+
+    precision: "fp32" (exact float32 FMA, the default) or "tf32" (tensor cores where the device has them).
+    """
+
+    def __init__(self, device=None, precision="fp32", profile=False):
+        if precision not in ("fp32", "tf32"):
+            raise DeviceError(f"precision {precision!r}: expected 'fp32' or 'tf32'")
+        self.info = device if isinstance(device, DeviceInfo) else pick_device(device)
+        self.device = self.info.device
+        self.precision = precision
+        try:
+            self.cl = cl.Context([self.device])
+            props = cl.command_queue_properties.PROFILING_ENABLE if profile else 0
+            self.queue = cl.CommandQueue(self.cl, properties=props)
+        except cl.Error as e:
+            raise DeviceError(f"device {self.info}: could not create an OpenCL context ({e})") from e
+        self.profile = profile
+        self._programs = {}
+        self.is_cpu = self.info.type == "CPU"
+        self.is_nvidia = "NVIDIA" in self.info.vendor.upper() or "NVIDIA" in self.info.platform.upper()
+        self.fp64 = self.info.fp64
+
+    def __repr__(self):
+        return f"Context({self.info})"
+
+    def program(self, source, options=()):
+        """Build (once per process; pyopencl caches binaries on disk) and return a cl.Program."""
+        key = (source, tuple(options))
+        prg = self._programs.get(key)
+        if prg is None:
+            opts = list(options)
+            try:
+                prg = cl.Program(self.cl, source).build(options=opts, cache_dir=_cache_dir())
+            except cl.Error as e:
+                digest = hashlib.sha1(source.encode()).hexdigest()[:8]
+                raise DeviceError(f"OpenCL build failed for program {digest} with {opts}: {e}") from e
+            self._programs[key] = prg
+        return prg
+
+    def kernel(self, source, name, options=()):
+        """A fresh cl.Kernel (each launch binds its own arguments once)."""
+        return cl.Kernel(self.program(source, options), name)
+
+    def alloc(self, nbytes):
+        try:
+            return cl.Buffer(self.cl, cl.mem_flags.READ_WRITE, max(int(nbytes), 4))
+        except cl.Error as e:
+            raise DeviceError(f"device {self.info}: could not allocate {nbytes / 2**20:.1f} MiB ({e})") from e
+
+    def upload(self, buf, array, byte_offset=0):
+        cl.enqueue_copy(self.queue, buf, np.ascontiguousarray(array), dst_offset=byte_offset)
+
+    def download(self, buf, array, byte_offset=0, wait=True):
+        return cl.enqueue_copy(self.queue, array, buf, src_offset=byte_offset, is_blocking=wait)
+
+    def finish(self):
+        self.queue.finish()
+
+
+@dataclass
+class Launch:
+    """One kernel enqueue with its arguments bound at plan time."""
+    kernel: object
+    gsize: tuple
+    lsize: tuple | None
+    label: str = ""
+
+    def enqueue(self, queue):
+        return cl.enqueue_nd_range_kernel(queue, self.kernel, self.gsize, self.lsize)

@@ -1,0 +1,224 @@
+"""Net: load an ONNX model, plan it per input shape, run it as a loop of enqueues."""
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import InputError, ModelError
+from .graph.memory import MemoryReport, plan_memory
+from .graph.passes import run_passes
+from .graph.printer import format_graph
+from .kernels.lowering import Lowerer
+from .kernels.runtime import Context, cl
+from .onnx.importer import Importer, check_supported, graph_io, load_model
+
+
+@dataclass
+class TensorInfo:
+    name: str
+    shape: tuple  # ints, or names for symbolic dims
+    dtype: str
+
+    def __repr__(self):
+        return f"{self.name}: {self.dtype}[{','.join(str(d) for d in self.shape)}]"
+
+
+class Plan:
+    """One graph planned for one set of input shapes: buffers, bound launches, output locations."""
+
+    def __init__(self, ctx, graph):
+        self.ctx = ctx
+        self.graph = graph
+        self.memory = plan_memory(graph)
+        self.act_buf = self.const_buf = None
+        try:
+            self.act_buf = ctx.alloc(self.memory.act_bytes)
+            self.const_buf = ctx.alloc(self.memory.const_bytes)
+            for v in self._consts():
+                ctx.upload(self.const_buf, v.const, self.memory.const_offsets[v.id])
+            lw = Lowerer(ctx, graph, self.memory, self.act_buf, self.const_buf)
+            for node in graph.nodes:
+                node.spec.lower(node, lw)
+            self.lowerer = lw
+            self.launches = lw.launches
+            self.input_locs = [lw.loc(v) for v in graph.inputs]
+            self.output_locs = [None if v.const is not None else lw.loc(v) for v in graph.outputs]
+            ctx.finish()
+        except Exception:
+            self.release()
+            raise
+
+    def _consts(self):
+        seen = {}
+        for n in self.graph.nodes:
+            for v in n.inputs:
+                if v is not None and v.const is not None:
+                    seen[v.id] = v
+        return seen.values()
+
+    def release(self):
+        for b in (self.act_buf, self.const_buf):
+            if b is not None:
+                b.release()
+        self.act_buf = self.const_buf = None
+
+    def run(self, arrays):
+        ctx, q = self.ctx, self.ctx.queue
+        for v, (buf, off), a in zip(self.graph.inputs, self.input_locs, arrays):
+            cl.enqueue_copy(q, buf, a, dst_offset=off * a.itemsize, is_blocking=False)
+        for launch in self.launches:
+            launch.enqueue(q)
+        outs, events = [], []
+        for v, loc in zip(self.graph.outputs, self.output_locs):
+            if loc is None:
+                outs.append(np.array(v.const))
+                continue
+            y = np.empty(v.shape, v.dtype)
+            if y.size:
+                events.append(cl.enqueue_copy(q, y, loc[0], src_offset=loc[1] * y.itemsize, is_blocking=False))
+            outs.append(y)
+        cl.wait_for_events(events) if events else ctx.finish()
+        return outs
+
+
+class Net:
+    """A loaded model. `Net(ctx).load_onnx(path)` then `net.run({name: array})`."""
+
+    def __init__(self, ctx=None):
+        self.ctx = ctx if ctx is not None else Context()
+        self.path = None
+        self.model = None
+        self.plans = {}
+        self._last = None
+        self.bound = {}
+
+    # loading ------------------------------------------------------------------
+    def load_onnx(self, path, batch=None):
+        model = path if not isinstance(path, (str, bytes)) and hasattr(path, "graph") else load_model(path)
+        self.path = str(path) if isinstance(path, (str, bytes)) else (model.graph.name or "model")
+        check_supported(model, self.path)
+        self.model = model
+        ins, outs = graph_io(model)
+        self.inputs = [TensorInfo(n, tuple(s), d) for n, s, d in ins]
+        self.outputs = [TensorInfo(n, tuple(s), d) for n, s, d in outs]
+        if batch is not None:
+            for info in self.inputs:
+                if info.shape and isinstance(info.shape[0], str):
+                    self.bound[info.shape[0]] = int(batch)
+        shapes = self._static_shapes()
+        if shapes is not None:
+            self._plan(shapes)
+        return self
+
+    def _static_shapes(self):
+        shapes = {}
+        for info in self.inputs:
+            dims = [self.bound.get(d, d) if isinstance(d, str) else d for d in info.shape]
+            if any(isinstance(d, str) for d in dims):
+                return None
+            shapes[info.name] = tuple(dims)
+        return shapes
+
+    def build_graph(self, shapes, passes=True):
+        graph = Importer(self.model, self.path).build(shapes)
+        if passes:
+            run_passes(graph)
+        return graph
+
+    def _plan(self, shapes):
+        key = tuple(shapes[i.name] for i in self.inputs)
+        plan = self.plans.get(key)
+        if plan is None:
+            plan = Plan(self.ctx, self.build_graph(shapes))
+            self.plans[key] = plan
+        self._last = plan
+        return plan
+
+    # running ------------------------------------------------------------------
+    def _check_feeds(self, feeds):
+        if not isinstance(feeds, dict):
+            raise InputError(f"{self.path}: run() takes a dict {{input name: array}}, got {type(feeds).__name__}")
+        names = [i.name for i in self.inputs]
+        unknown = [k for k in feeds if k not in names]
+        if unknown:
+            raise InputError(f"{self.path}: unknown input {unknown[0]!r}; the model's inputs are {names}")
+        missing = [n for n in names if n not in feeds]
+        if missing:
+            raise InputError(f"{self.path}: missing input {missing[0]!r}; the model's inputs are {names}")
+        arrays, shapes, binding = [], {}, dict(self.bound)
+        for info in self.inputs:
+            a = np.asarray(feeds[info.name])
+            if a.dtype != np.dtype(info.dtype):
+                if a.dtype.kind == np.dtype(info.dtype).kind == "f" or (a.dtype.kind in "iu" and
+                                                                        np.dtype(info.dtype).kind in "iu"):
+                    raise InputError(f"{self.path}: input {info.name!r} has dtype {a.dtype}, expected {info.dtype} "
+                                     f"(convert with .astype(np.{info.dtype}))")
+                raise InputError(f"{self.path}: input {info.name!r} has dtype {a.dtype}, expected {info.dtype}")
+            if a.ndim != len(info.shape):
+                raise InputError(f"{self.path}: input {info.name!r} has shape {list(a.shape)}, expected rank "
+                                 f"{len(info.shape)} {list(info.shape)}")
+            for d, want in zip(a.shape, info.shape):
+                if isinstance(want, str):
+                    if want in binding and binding[want] != d and want in self.bound:
+                        raise InputError(f"{self.path}: input {info.name!r} has shape {list(a.shape)}, but "
+                                         f"{want}={self.bound[want]} was bound at load")
+                    binding.setdefault(want, d)
+                    if binding[want] != d:
+                        raise InputError(f"{self.path}: dimension {want!r} is {binding[want]} in one input and {d} "
+                                         f"in {info.name!r}")
+                elif d != want:
+                    raise InputError(f"{self.path}: input {info.name!r} has shape {list(a.shape)}, expected "
+                                     f"{list(info.shape)}")
+            arrays.append(np.ascontiguousarray(a))
+            shapes[info.name] = a.shape
+        return arrays, shapes
+
+    def run(self, feeds):
+        """{input name: ndarray} -> {output name: ndarray}, in graph-output order."""
+        if self.model is None:
+            raise ModelError("run() before load_onnx()")
+        arrays, shapes = self._check_feeds(feeds)
+        plan = self._plan(shapes)
+        outs = plan.run(arrays)
+        return dict(zip([o.name for o in self.outputs], outs))
+
+    # inspection ---------------------------------------------------------------
+    @property
+    def graph(self):
+        """The typed IR after passes (of the last plan; unbound dims shown with size 1)."""
+        if self._last is not None:
+            return _Printable(self._last.graph, self._last.memory)
+        shapes = {i.name: tuple(1 if isinstance(d, str) else d for d in i.shape) for i in self.inputs}
+        g = self.build_graph(shapes)
+        g.notes.append("symbolic dims unbound: shown with size 1")
+        return _Printable(g, None)
+
+    @property
+    def memory(self):
+        if self._last is None:
+            shapes = {i.name: tuple(1 if isinstance(d, str) else d for d in i.shape) for i in self.inputs}
+            mem = plan_memory(self.build_graph(shapes))
+        else:
+            mem = self._last.memory
+        return MemoryReport(mem.act_bytes, mem.const_bytes, mem.naive_act_bytes)
+
+    def release(self):
+        for p in self.plans.values():
+            p.release()
+        self.plans.clear()
+        self._last = None
+
+
+class _Printable:
+    """The graph, printed with its memory plan."""
+
+    def __init__(self, graph, plan):
+        self.ir = graph
+        self.plan = plan
+
+    def __getattr__(self, name):
+        return getattr(self.ir, name)
+
+    def __str__(self):
+        return format_graph(self.ir, self.plan)
+
+    __repr__ = __str__

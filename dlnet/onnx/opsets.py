@@ -1,0 +1,640 @@
+"""ONNX handlers per (op_type, since_version). They build IR only; numbers are computed by folding.
+
+`@handler("Relu", 6, 13, 14)` registers one function for every listed schema version whose semantics it covers:
+a version bump that only added types is listed with the same function; one that changed meaning gets its own.
+"""
+import numpy as np
+
+from ..errors import ModelError
+
+HANDLERS = {}
+
+
+def handler(op_type, *versions):
+    def deco(fn):
+        for v in versions:
+            HANDLERS.setdefault(op_type, {})[v] = fn
+        return fn
+    return deco
+
+
+def const(v, what):
+    if v is None or v.const is None:
+        raise ModelError(f"{what} must be a constant (computed at load time); dynamic values are not supported")
+    return v.const
+
+
+def reshape(b, x, shape):
+    shape = tuple(int(d) for d in shape)
+    return x if x.shape == shape else b.op("Reshape", [x], {"shape": shape})
+
+
+def norm_axis(axis, rank):
+    if not -rank <= axis < max(rank, 1):
+        raise ModelError(f"axis {axis} is out of range for rank {rank}")
+    return axis % rank if rank else 0
+
+
+# ---------------------------------------------------------------- elementwise -------------------------------------
+UNARY = {  # op_type: (IR op, versions)
+    "Relu": (1, 6, 13, 14), "Sigmoid": (1, 6, 13), "Tanh": (1, 6, 13), "Exp": (1, 6, 13), "Log": (1, 6, 13),
+    "Sqrt": (1, 6, 13), "Abs": (1, 6, 13), "Neg": (1, 6, 13), "Reciprocal": (1, 6, 13), "Floor": (1, 6, 13),
+    "Ceil": (1, 6, 13), "Erf": (9, 13), "Sign": (9, 13), "Sin": (7,), "Cos": (7,), "Tan": (7,), "Asin": (7,),
+    "Acos": (7,), "Atan": (7,), "Sinh": (9,), "Cosh": (9,), "Asinh": (9,), "Acosh": (9,), "Atanh": (9,),
+    "Round": (11,), "Not": (1,), "IsNaN": (9, 13), "Softsign": (1,), "Softplus": (1,), "HardSwish": (14,),
+}
+UNARY_ATTR = {  # ops with attributes that keep their ONNX names
+    "LeakyRelu": (1, 6, 16), "Elu": (1, 6), "Selu": (1, 6), "HardSigmoid": (1, 6), "Celu": (12,),
+    "ThresholdedRelu": (10,), "Shrink": (9,), "IsInf": (10,),
+}
+
+
+def _unary(imp, node, xs, at):
+    at = {k: v for k, v in at.items() if k != "consumed_inputs"}
+    return [imp.b.op(node.op_type, [xs[0]], at)]
+
+
+for _op, _vs in {**UNARY, **UNARY_ATTR}.items():
+    handler(_op, *_vs)(_unary)
+
+
+def _legacy_broadcast(imp, a, bv, at):
+    """Op-sets < 7: `broadcast=1` with `axis` aligns B's dims at `axis` of A (no numpy broadcasting)."""
+    if at.get("broadcast", 0) and bv.rank < a.rank:
+        axis = at.get("axis", a.rank - bv.rank)
+        axis = axis % a.rank
+        shape = (1,) * axis + bv.shape + (1,) * (a.rank - axis - bv.rank)
+        return reshape(imp.b, bv, shape)
+    return bv
+
+
+BINARY = {"Add": (1, 6, 7, 13, 14), "Sub": (1, 6, 7, 13, 14), "Mul": (1, 6, 7, 13, 14), "Div": (1, 6, 7, 13, 14),
+          "Equal": (1, 7, 11, 13), "Less": (1, 7, 9, 13), "Greater": (1, 7, 9, 13), "LessOrEqual": (12,),
+          "GreaterOrEqual": (12,), "And": (1, 7), "Or": (1, 7), "Xor": (1, 7), "PRelu": (1, 6, 7, 9, 16),
+          "BitShift": (11,), "Mod": (10, 13)}
+
+
+@handler("Add", *BINARY["Add"])
+@handler("Sub", *BINARY["Sub"])
+@handler("Mul", *BINARY["Mul"])
+@handler("Div", *BINARY["Div"])
+@handler("Equal", *BINARY["Equal"])
+@handler("Less", *BINARY["Less"])
+@handler("Greater", *BINARY["Greater"])
+@handler("LessOrEqual", *BINARY["LessOrEqual"])
+@handler("GreaterOrEqual", *BINARY["GreaterOrEqual"])
+@handler("And", *BINARY["And"])
+@handler("Or", *BINARY["Or"])
+@handler("Xor", *BINARY["Xor"])
+@handler("BitShift", *BINARY["BitShift"])
+@handler("Mod", *BINARY["Mod"])
+def _binary(imp, node, xs, at):
+    a, bv = xs
+    bv = _legacy_broadcast(imp, a, bv, at)
+    keep = {k: v for k, v in at.items() if k in ("direction", "fmod")}
+    return [imp.b.op(node.op_type, [a, bv], keep)]
+
+
+@handler("PRelu", *BINARY["PRelu"])
+def _prelu(imp, node, xs, at):
+    x, slope = xs
+    if slope.rank == 1 and x.rank > 2 and slope.shape[0] == x.shape[1] and slope.shape[0] != x.shape[-1]:
+        slope = reshape(imp.b, slope, (slope.shape[0],) + (1,) * (x.rank - 2))  # op-set < 7 channel slopes
+    return [imp.b.op("PRelu", [x, slope])]
+
+
+@handler("Pow", 1, 7, 12, 13, 15)
+def _pow(imp, node, xs, at):
+    x, y = xs
+    if x.dtype != y.dtype:
+        y = imp.b.op("Cast", [y], {"to": x.dtype})
+    return [imp.b.op("Pow", [x, y])]
+
+
+@handler("Sum", 1, 6, 8, 13)
+@handler("Max", 1, 6, 8, 12, 13)
+@handler("Min", 1, 6, 8, 12, 13)
+@handler("Mean", 1, 6, 8, 13)
+def _variadic(imp, node, xs, at):
+    op = {"Sum": "Add", "Mean": "Add"}.get(node.op_type, node.op_type)
+    y = xs[0]
+    for x in xs[1:]:
+        y = imp.b.op(op, [y, x])
+    if node.op_type == "Mean" and len(xs) > 1:
+        y = imp.b.op("Div", [y, imp.b.const(np.asarray(len(xs), y.dtype))])
+    if len(xs) == 1:
+        y = imp.b.op("Identity", [y])
+    return [y]
+
+
+@handler("Clip", 1, 6)
+def _clip_6(imp, node, xs, at):  # op-set < 11: min and max are attributes
+    return [imp.b.op("Clip", [xs[0]], {"min": at.get("min", -3.4028234663852886e38),
+                                        "max": at.get("max", 3.4028234663852886e38)})]
+
+
+@handler("Clip", 11, 12, 13)
+def _clip_11(imp, node, xs, at):  # op-set >= 11: min and max are optional inputs
+    x = xs[0]
+    lo = xs[1] if len(xs) > 1 else None
+    hi = xs[2] if len(xs) > 2 else None
+    if (lo is None or lo.const is not None) and (hi is None or hi.const is not None):
+        attrs = {}
+        if lo is not None:
+            attrs["min"] = float(lo.const)
+        if hi is not None:
+            attrs["max"] = float(hi.const)
+        if x.dtype not in ("float32", "float64", "float16"):
+            y = x
+            if lo is not None:
+                y = imp.b.op("Max", [y, lo])
+            if hi is not None:
+                y = imp.b.op("Min", [y, hi])
+            return [y]
+        return [imp.b.op("Clip", [x], attrs)]
+    y = x
+    if lo is not None:
+        y = imp.b.op("Max", [y, lo])
+    if hi is not None:
+        y = imp.b.op("Min", [y, hi])
+    return [y]
+
+
+@handler("Where", 9, 16)
+def _where(imp, node, xs, at):
+    return [imp.b.op("Where", xs)]
+
+
+@handler("Cast", 1, 6, 9, 13)
+def _cast(imp, node, xs, at):
+    from .importer import onnx_dtype
+    to = at["to"]
+    to = onnx_dtype(to) if isinstance(to, int) else str(to).lower()
+    return [imp.b.op("Cast", [xs[0]], {"to": to})]
+
+
+@handler("Identity", 1, 13, 14, 16)
+def _identity(imp, node, xs, at):
+    return [xs[0]]
+
+
+@handler("Dropout", 1, 6, 7, 10, 12, 13)
+def _dropout(imp, node, xs, at):
+    # inference: identity. The optional mask output (op-set >= 7) is all ones.
+    x = xs[0]
+    outs = [x]
+    if len(node.output) > 1 and node.output[1]:
+        outs.append(imp.b.const(np.ones(x.shape, bool)))
+    return outs
+
+
+# ---------------------------------------------------------------- constants and shapes ----------------------------
+@handler("Constant", 1, 9, 11, 12, 13)
+def _constant(imp, node, xs, at):
+    if "value" in at:
+        return [imp.b.const(at["value"])]
+    for key, dt in (("value_float", np.float32), ("value_int", np.int64)):
+        if key in at:
+            return [imp.b.const(np.asarray(at[key], dt))]
+    for key, dt in (("value_floats", np.float32), ("value_ints", np.int64)):
+        if key in at:
+            return [imp.b.const(np.asarray(at[key], dt))]
+    raise ModelError(f"Constant without a supported value attribute ({sorted(at)})")
+
+
+@handler("ConstantOfShape", 9)
+def _constant_of_shape(imp, node, xs, at):
+    shape = const(xs[0], "ConstantOfShape's shape").astype(np.int64)
+    value = at.get("value", np.zeros(1, np.float32))
+    return [imp.b.const(np.full(tuple(shape), value.reshape(-1)[0], value.dtype))]
+
+
+@handler("Shape", 1, 13)
+def _shape_1(imp, node, xs, at):
+    return [imp.b.const(np.asarray(xs[0].shape, np.int64))]
+
+
+@handler("Shape", 15)
+def _shape_15(imp, node, xs, at):  # op-set 15 adds start/end
+    s = xs[0].shape
+    return [imp.b.const(np.asarray(s[at.get("start", 0):at.get("end", len(s))], np.int64))]
+
+
+@handler("Size", 1, 13)
+def _size(imp, node, xs, at):
+    return [imp.b.const(np.asarray(xs[0].size, np.int64))]
+
+
+@handler("Reshape", 1)
+def _reshape_1(imp, node, xs, at):  # op-set 1: shape is an attribute
+    return [_reshape(imp, xs[0], np.asarray(at["shape"], np.int64), 0)]
+
+
+@handler("Reshape", 5, 13)
+def _reshape_5(imp, node, xs, at):
+    return [_reshape(imp, xs[0], const(xs[1], "Reshape's shape"), 0)]
+
+
+@handler("Reshape", 14)
+def _reshape_14(imp, node, xs, at):  # op-set 14 adds allowzero
+    return [_reshape(imp, xs[0], const(xs[1], "Reshape's shape"), at.get("allowzero", 0))]
+
+
+def _reshape(imp, x, shape, allowzero):
+    shape = [int(d) for d in shape]
+    out = []
+    for i, d in enumerate(shape):
+        out.append(x.shape[i] if d == 0 and not allowzero else d)
+    if out.count(-1) > 1:
+        raise ModelError(f"Reshape to {shape}: more than one -1")
+    if -1 in out:
+        known = int(np.prod([d for d in out if d != -1], dtype=np.int64))
+        out[out.index(-1)] = x.size // known if known else 0
+    return reshape(imp.b, x, out)
+
+
+@handler("Flatten", 1, 9, 11, 13)
+def _flatten(imp, node, xs, at):
+    x = xs[0]
+    axis = at.get("axis", 1)
+    axis = axis % x.rank if axis < 0 else axis
+    outer = int(np.prod(x.shape[:axis], dtype=np.int64))
+    return [reshape(imp.b, x, (outer, x.size // outer if outer else 0))]
+
+
+def _squeeze(imp, x, axes):
+    axes = [norm_axis(a, x.rank) for a in axes] if axes is not None else [i for i, d in enumerate(x.shape) if d == 1]
+    for a in axes:
+        if x.shape[a] != 1:
+            raise ModelError(f"Squeeze axis {a} has size {x.shape[a]}, expected 1")
+    return reshape(imp.b, x, [d for i, d in enumerate(x.shape) if i not in axes])
+
+
+def _unsqueeze(imp, x, axes):
+    rank = x.rank + len(axes)
+    axes = sorted(norm_axis(a, rank) for a in axes)
+    shape = list(x.shape)
+    for a in axes:
+        shape.insert(a, 1)
+    return reshape(imp.b, x, shape)
+
+
+@handler("Squeeze", 1, 11)
+def _squeeze_1(imp, node, xs, at):  # axes attribute (negative allowed from 11)
+    return [_squeeze(imp, xs[0], at.get("axes"))]
+
+
+@handler("Squeeze", 13)
+def _squeeze_13(imp, node, xs, at):  # op-set 13: axes moved to an optional input
+    axes = const(xs[1], "Squeeze's axes").tolist() if len(xs) > 1 and xs[1] is not None else None
+    return [_squeeze(imp, xs[0], axes)]
+
+
+@handler("Unsqueeze", 1, 11)
+def _unsqueeze_1(imp, node, xs, at):
+    return [_unsqueeze(imp, xs[0], at["axes"])]
+
+
+@handler("Unsqueeze", 13)
+def _unsqueeze_13(imp, node, xs, at):  # op-set 13: axes moved to an input
+    return [_unsqueeze(imp, xs[0], const(xs[1], "Unsqueeze's axes").reshape(-1).tolist())]
+
+
+@handler("Transpose", 1, 13)
+def _transpose(imp, node, xs, at):
+    x = xs[0]
+    perm = at.get("perm") or list(range(x.rank))[::-1]
+    return [imp.b.op("Transpose", [x], {"perm": tuple(int(p) % max(x.rank, 1) for p in perm)})]
+
+
+@handler("Concat", 1, 4, 11, 13)
+def _concat(imp, node, xs, at):
+    xs = [x for x in xs if x is not None]
+    axis = norm_axis(at.get("axis", 1), xs[0].rank)
+    nonempty = [x for x in xs if x.shape[axis] != 0] or xs[:1]
+    if len(nonempty) == 1:
+        return [imp.b.op("Identity", nonempty)]
+    return [imp.b.op("Concat", nonempty, {"axis": axis})]
+
+
+def _slice(imp, x, starts, ends, axes, steps):
+    rank = x.rank
+    axes = list(range(len(starts))) if axes is None else [norm_axis(int(a), rank) for a in axes]
+    steps = [1] * len(starts) if steps is None else [int(s) for s in steps]
+    st, cnt, sp = [0] * rank, list(x.shape), [1] * rank
+    for a, s, e, k in zip(axes, starts, ends, steps):
+        if k == 0:
+            raise ModelError("Slice step 0")
+        s, e = int(max(min(s, 2**62), -2**62)), int(max(min(e, 2**62), -2**62))
+        r = range(x.shape[a])[slice(s, e, k)]
+        st[a], cnt[a], sp[a] = (r.start if len(r) else 0), len(r), k
+    if cnt == list(x.shape) and all(s == 0 for s in st) and all(k == 1 for k in sp):
+        return x
+    return imp.b.op("Slice", [x], {"starts": tuple(st), "steps": tuple(sp), "counts": tuple(cnt)})
+
+
+@handler("Slice", 1)
+def _slice_1(imp, node, xs, at):  # op-set 1: starts/ends/axes are attributes
+    return [_slice(imp, xs[0], at["starts"], at["ends"], at.get("axes"), None)]
+
+
+@handler("Slice", 10, 11, 13)
+def _slice_10(imp, node, xs, at):  # op-set 10: inputs, with steps
+    opt = [const(v, "Slice's " + n).reshape(-1).tolist() if v is not None else None
+           for v, n in zip(list(xs[1:]) + [None] * (5 - len(xs)), ("starts", "ends", "axes", "steps"))]
+    return [_slice(imp, xs[0], *opt)]
+
+
+@handler("Split", 2, 11)
+def _split_2(imp, node, xs, at):  # split sizes as an attribute
+    return _split(imp, xs[0], at.get("axis", 0), at.get("split"), len(node.output))
+
+
+@handler("Split", 13)
+def _split_13(imp, node, xs, at):  # op-set 13: split sizes moved to an input
+    sizes = const(xs[1], "Split's split").tolist() if len(xs) > 1 and xs[1] is not None else None
+    return _split(imp, xs[0], at.get("axis", 0), sizes, len(node.output))
+
+
+@handler("Split", 18)
+def _split_18(imp, node, xs, at):  # op-set 18: num_outputs, uneven last chunk
+    sizes = const(xs[1], "Split's split").tolist() if len(xs) > 1 and xs[1] is not None else None
+    x = xs[0]
+    axis = norm_axis(at.get("axis", 0), x.rank)
+    if sizes is None:
+        n = at.get("num_outputs", len(node.output))
+        chunk = -(-x.shape[axis] // n)
+        sizes = [min(chunk, x.shape[axis] - i * chunk) for i in range(n)]
+    return _split(imp, x, axis, sizes, len(node.output))
+
+
+def _split(imp, x, axis, sizes, n):
+    axis = norm_axis(axis, x.rank)
+    if not sizes:
+        if x.shape[axis] % n:
+            raise ModelError(f"Split of {x.shape[axis]} into {n} equal parts")
+        sizes = [x.shape[axis] // n] * n
+    outs, start = [], 0
+    for s in sizes:
+        starts = [0] * x.rank
+        ends = list(x.shape)
+        starts[axis], ends[axis] = start, start + int(s)
+        outs.append(_slice(imp, x, starts, ends, None, None))
+        start += int(s)
+    return outs
+
+
+@handler("Expand", 8, 13)
+def _expand(imp, node, xs, at):
+    x = xs[0]
+    shape = np.broadcast_shapes(x.shape, tuple(int(d) for d in const(xs[1], "Expand's shape")))
+    return [x if shape == x.shape else imp.b.op("Expand", [x], {"shape": shape})]
+
+
+@handler("Tile", 6, 13)
+def _tile(imp, node, xs, at):
+    # tile = interleave unit dims, broadcast them to the repeat counts, merge: a view + Expand, no kernel of its own
+    x = xs[0]
+    reps = [int(r) for r in const(xs[1], "Tile's repeats")]
+    inter = [d for dim in x.shape for d in (1, dim)]
+    target = [d for r, dim in zip(reps, x.shape) for d in (r, dim)]
+    y = imp.b.op("Expand", [reshape(imp.b, x, inter)], {"shape": tuple(target)})
+    return [reshape(imp.b, y, [r * d for r, d in zip(reps, x.shape)])]
+
+
+@handler("Gather", 1, 11, 13)
+def _gather(imp, node, xs, at):
+    x, idx = xs
+    axis = norm_axis(at.get("axis", 0), x.rank)
+    return [imp.b.op("Gather", [x, idx], {"axis": axis})]
+
+
+@handler("Range", 11)
+def _range(imp, node, xs, at):
+    s, l, d = (const(v, "Range's inputs") for v in xs)
+    return [imp.b.const(np.arange(s, l, d).astype(s.dtype))]
+
+
+def _pads_2(at):
+    return list(at.get("pads") or at.get("paddings")), at.get("mode", "constant"), at.get("value", 0.0)
+
+
+@handler("Pad", 2)
+def _pad_2(imp, node, xs, at):  # op-set 2: pads and value are attributes
+    pads, mode, value = _pads_2(at)
+    return [_pad(imp, xs[0], pads, mode, value)]
+
+
+@handler("Pad", 11, 13)
+def _pad_11(imp, node, xs, at):  # op-set 11: pads and constant value are inputs
+    pads = const(xs[1], "Pad's pads").tolist()
+    value = const(xs[2], "Pad's value").reshape(-1)[0] if len(xs) > 2 and xs[2] is not None else 0
+    return [_pad(imp, xs[0], pads, at.get("mode", "constant"), value)]
+
+
+@handler("Pad", 18, 19)
+def _pad_18(imp, node, xs, at):  # op-set 18: optional axes input; 19 adds mode 'wrap'
+    x = xs[0]
+    pads = const(xs[1], "Pad's pads").tolist()
+    value = const(xs[2], "Pad's value").reshape(-1)[0] if len(xs) > 2 and xs[2] is not None else 0
+    if len(xs) > 3 and xs[3] is not None:
+        axes = [norm_axis(int(a), x.rank) for a in const(xs[3], "Pad's axes")]
+        full = [0] * (2 * x.rank)
+        for i, a in enumerate(axes):
+            full[a], full[a + x.rank] = pads[i], pads[i + len(axes)]
+        pads = full
+    return [_pad(imp, x, pads, at.get("mode", "constant"), value)]
+
+
+def _pad(imp, x, pads, mode, value):
+    pads = [int(p) for p in pads]
+    if not any(pads):
+        return x
+    if any(p < 0 for p in pads):  # negative pads crop: a Slice, then the positive part
+        starts = [max(0, -p) for p in pads[:x.rank]]
+        ends = [d - max(0, -p) for d, p in zip(x.shape, pads[x.rank:])]
+        x = _slice(imp, x, starts, ends, None, None)
+        pads = [max(0, p) for p in pads]
+        if not any(pads):
+            return x
+    return imp.b.op("Pad", [x], {"pads": tuple(pads), "mode": mode, "value": float(value)})
+
+
+# ---------------------------------------------------------------- neural-network ops ------------------------------
+def _auto_pads(at, in_spatial, kernel, strides, dilations):
+    """Explicit pads (begins + ends) from auto_pad; SAME_UPPER puts the odd cell at the end, SAME_LOWER first."""
+    nsp = len(in_spatial)
+    auto = at.get("auto_pad", "NOTSET")
+    if auto in ("NOTSET", ""):
+        return list(at.get("pads") or [0] * 2 * nsp)
+    if auto == "VALID":
+        return [0] * 2 * nsp
+    if auto not in ("SAME_UPPER", "SAME_LOWER"):
+        raise ModelError(f"auto_pad {auto!r}: expected NOTSET, VALID, SAME_UPPER or SAME_LOWER")
+    begins, ends = [], []
+    for size, k, s, d in zip(in_spatial, kernel, strides, dilations):
+        out = -(-size // s)
+        total = max(0, (out - 1) * s + (k - 1) * d + 1 - size)
+        small, big = total // 2, total - total // 2
+        begins.append(small if auto == "SAME_UPPER" else big)
+        ends.append(big if auto == "SAME_UPPER" else small)
+    return begins + ends
+
+
+@handler("Conv", 1, 11)
+def _conv(imp, node, xs, at):
+    x, w = xs[0], xs[1]
+    nsp = x.rank - 2
+    kernel = list(at.get("kernel_shape") or w.shape[2:])
+    strides = list(at.get("strides") or [1] * nsp)
+    dil = list(at.get("dilations") or [1] * nsp)
+    pads = _auto_pads(at, x.shape[2:], kernel, strides, dil)
+    inputs = [x, w] + ([xs[2]] if len(xs) > 2 and xs[2] is not None else [])
+    return [imp.b.op("Conv", inputs, {"strides": tuple(strides), "pads": tuple(pads), "dilations": tuple(dil),
+                                      "group": at.get("group", 1)})]
+
+
+def _pool(imp, node, xs, at, op):
+    x = xs[0]
+    nsp = x.rank - 2
+    kernel = list(at["kernel_shape"])
+    strides = list(at.get("strides") or [1] * nsp)
+    dil = list(at.get("dilations") or [1] * nsp)
+    pads = _auto_pads(at, x.shape[2:], kernel, strides, dil)
+    attrs = {"kernel_shape": tuple(kernel), "strides": tuple(strides), "pads": tuple(pads), "dilations": tuple(dil)}
+    if at.get("ceil_mode", 0):
+        attrs["ceil_mode"] = 1
+    if op == "AveragePool":
+        attrs["count_include_pad"] = at.get("count_include_pad", 0)
+    if len(node.output) > 1 and node.output[1]:
+        raise ModelError("MaxPool's Indices output is not supported")
+    return [imp.b.op(op, [x], attrs)]
+
+
+@handler("MaxPool", 1, 8, 10, 11, 12)
+def _maxpool(imp, node, xs, at):
+    return _pool(imp, node, xs, at, "MaxPool")
+
+
+@handler("AveragePool", 1, 7, 10, 11, 19)
+def _avgpool(imp, node, xs, at):
+    return _pool(imp, node, xs, at, "AveragePool")
+
+
+@handler("GlobalAveragePool", 1)
+def _gap(imp, node, xs, at):
+    x = xs[0]
+    return [imp.b.op("Reduce", [x], {"mode": "mean", "axes": tuple(range(2, x.rank)), "keepdims": 1})]
+
+
+@handler("GlobalMaxPool", 1)
+def _gmp(imp, node, xs, at):
+    x = xs[0]
+    return [imp.b.op("Reduce", [x], {"mode": "max", "axes": tuple(range(2, x.rank)), "keepdims": 1})]
+
+
+@handler("BatchNormalization", 1, 6, 7, 9, 14, 15)
+def _batchnorm(imp, node, xs, at):
+    # op-set < 9 had `spatial`; < 7 `is_test`; 14 added training_mode. Inference form here; training elsewhere.
+    if at.get("training_mode", 0) or (len(node.output) > 1 and any(node.output[1:])):
+        if not getattr(imp, "training", False):
+            raise ModelError("BatchNormalization in training mode (extra outputs) is not supported for inference")
+    x, scale, bias, mean, var = xs[:5]
+    if at.get("spatial", 1) == 0:
+        raise ModelError("BatchNormalization with spatial=0 is not supported")
+    return [imp.b.op("BatchNormalization", [x, scale, bias, mean, var], {"epsilon": at.get("epsilon", 1e-5),
+                                                                      "momentum": at.get("momentum", 0.9)})]
+
+
+@handler("LRN", 1, 13)
+def _lrn(imp, node, xs, at):
+    return [imp.b.op("LRN", [xs[0]], {"size": at["size"], "alpha": at.get("alpha", 1e-4),
+                                      "beta": at.get("beta", 0.75), "bias": at.get("bias", 1.0)})]
+
+
+def _softmax_legacy(imp, node, xs, at, op):
+    # op-sets < 13: the input is flattened to 2-D at `axis` and normalised over the whole second dim
+    x = xs[0]
+    axis = norm_axis(at.get("axis", 1), x.rank)
+    outer = int(np.prod(x.shape[:axis], dtype=np.int64))
+    flat = reshape(imp.b, x, (outer, x.size // outer if outer else 0))
+    y = imp.b.op(op, [flat], {"axis": 1})
+    return [reshape(imp.b, y, x.shape)]
+
+
+@handler("Softmax", 1, 11)
+def _softmax_1(imp, node, xs, at):
+    return _softmax_legacy(imp, node, xs, at, "Softmax")
+
+
+@handler("LogSoftmax", 1, 11)
+def _logsoftmax_1(imp, node, xs, at):
+    return _softmax_legacy(imp, node, xs, at, "LogSoftmax")
+
+
+@handler("Softmax", 13)
+@handler("LogSoftmax", 13)
+def _softmax_13(imp, node, xs, at):  # op-set 13: one axis, default -1
+    x = xs[0]
+    return [imp.b.op(node.op_type, [x], {"axis": norm_axis(at.get("axis", -1), x.rank)})]
+
+
+@handler("Gemm", 1, 6, 7, 9, 11, 13)
+def _gemm(imp, node, xs, at):
+    # op-set < 7: `broadcast` attr; < 11: C required. Same maths.
+    a, bm = xs[0], xs[1]
+    c = xs[2] if len(xs) > 2 and xs[2] is not None else None
+    attrs = {"transA": at.get("transA", 0), "transB": at.get("transB", 0), "alpha": at.get("alpha", 1.0),
+             "beta": at.get("beta", 1.0)}
+    if c is not None and attrs["beta"] == 0.0:
+        c = None
+    return [imp.b.op("Gemm", [a, bm] + ([c] if c is not None else []), attrs)]
+
+
+@handler("MatMul", 1, 9, 13)
+def _matmul(imp, node, xs, at):
+    a, bm = xs
+    if a.rank == 0 or bm.rank == 0:
+        raise ModelError("MatMul of a scalar")
+    a2 = reshape(imp.b, a, (1,) + a.shape) if a.rank == 1 else a
+    b2 = reshape(imp.b, bm, bm.shape + (1,)) if bm.rank == 1 else bm
+    y = imp.b.op("Gemm", [a2, b2], {})
+    shape = list(y.shape)
+    if bm.rank == 1:
+        shape.pop(-1)
+    if a.rank == 1:
+        shape.pop(-2 if bm.rank != 1 else -1)
+    return [reshape(imp.b, y, shape)]
+
+
+# ---------------------------------------------------------------- reductions --------------------------------------
+REDUCE_MODES = {"ReduceSum": "sum", "ReduceMean": "mean", "ReduceMax": "max", "ReduceMin": "min",
+                "ReduceProd": "prod", "ReduceL1": "l1", "ReduceL2": "l2", "ReduceLogSum": "logsum",
+                "ReduceLogSumExp": "logsumexp", "ReduceSumSquare": "sumsquare"}
+
+
+def _reduce(imp, node, x, axes, keepdims, noop_empty=0):
+    if axes is None or len(axes) == 0:
+        if noop_empty:
+            return x
+        axes = list(range(x.rank))
+    axes = tuple(sorted({norm_axis(int(a), x.rank) for a in axes}))
+    return imp.b.op("Reduce", [x], {"mode": REDUCE_MODES[node.op_type], "axes": axes, "keepdims": keepdims})
+
+
+def _reduce_attr(imp, node, xs, at):  # axes as an attribute
+    return [_reduce(imp, node, xs[0], at.get("axes"), at.get("keepdims", 1))]
+
+
+def _reduce_input(imp, node, xs, at):  # op-set 13 (ReduceSum) / 18 (the rest): axes as an optional input
+    axes = const(xs[1], "the reduction axes").reshape(-1).tolist() if len(xs) > 1 and xs[1] is not None else None
+    return [_reduce(imp, node, xs[0], axes, at.get("keepdims", 1), at.get("noop_with_empty_axes", 0))]
+
+
+for _op in REDUCE_MODES:
+    if _op == "ReduceSum":
+        handler(_op, 1, 11)(_reduce_attr)
+        handler(_op, 13)(_reduce_input)
+    else:
+        handler(_op, 1, 11, 13)(_reduce_attr)
+        handler(_op, 18)(_reduce_input)
