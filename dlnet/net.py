@@ -58,7 +58,7 @@ class Plan:
     def release(self):
         for b in (self.act_buf, self.const_buf):
             if b is not None:
-                b.release()
+                self.ctx.free(b)
         self.act_buf = self.const_buf = None
 
     def run(self, arrays):

@@ -5,23 +5,29 @@ from . import codegen
 from .runtime import DTYPE_TO_C, Launch, cl, kernel_source
 from ..errors import ModelError
 
-# Tile sizes of the tiled GEMM core, per device class, by problem shape (rows M, columns N). Picked so a work-group
-# is 64..256 work-items; on PoCL's CPU device large groups amortise the barrier loops.
+# How matrix-shaped kernels (conv as implicit GEMM, gemm) are blocked, per device class. GPUs use the tiled core
+# (__local tiles, WM x WN outputs per work-item); CPUs the register-blocked core (RM x CN outputs per work-item,
+# no barriers), which PoCL runs 10-25x faster than the tiled one (bench/gemm_cpu.py).
 GEMM_TILES = {
-    "cpu": {"big": dict(TM=64, TN=64, TK=16, WM=4, WN=4), "narrow_m": dict(TM=16, TN=64, TK=16, WM=2, WN=4),
-            "narrow_n": dict(TM=64, TN=16, TK=16, WM=4, WN=2)},
-    "gpu": {"big": dict(TM=64, TN=64, TK=16, WM=4, WN=4), "narrow_m": dict(TM=16, TN=64, TK=16, WM=2, WN=4),
-            "narrow_n": dict(TM=64, TN=16, TK=16, WM=4, WN=2)},
+    "gpu": {"core": "gemm_core", "big": dict(TM=64, TN=64, TK=16, WM=4, WN=4),
+            "narrow_m": dict(TM=16, TN=64, TK=16, WM=2, WN=4), "narrow_n": dict(TM=64, TN=16, TK=16, WM=4, WN=2)},
+    "cpu": {"core": "gemm_regs", "big": dict(RM=8, CN=4), "narrow_m": dict(RM=1, CN=8), "narrow_n": dict(RM=8, CN=1)},
 }
 
 
 def pick_tiles(ctx, M, N):
+    """(core file name, defines, local size, global size for an M x N problem)."""
     table = GEMM_TILES["cpu" if ctx.is_cpu else "gpu"]
-    if M <= 16 and N > 16:
-        return table["narrow_m"]
-    if N <= 16 and M > 16:
-        return table["narrow_n"]
-    return table["big"]
+    if M <= 4 and N > 16:
+        tiles = table["narrow_m"]
+    elif N <= 4 and M > 16:
+        tiles = table["narrow_n"]
+    else:
+        tiles = table["big"]
+    if table["core"] == "gemm_regs":  # groups of 16 along N: PoCL vectorises across them
+        return table["core"], tiles, (16, 1, 1), (_round_up(-(-N // tiles["CN"]), 16), -(-M // tiles["RM"]))
+    nthreads = (tiles["TM"] // tiles["WM"]) * (tiles["TN"] // tiles["WN"])
+    return table["core"], tiles, (nthreads, 1, 1), (-(-N // tiles["TN"]) * nthreads, -(-M // tiles["TM"]))
 
 
 def _defines(d):
@@ -209,19 +215,19 @@ class Lowerer:
             return
         C, K = Cin // group, Cout // group
         M, NN = K, N * OH * OW
-        tiles = pick_tiles(self.ctx, M, NN)
-        one = KH == 1 and KW == 1 and strides == [1, 1] and pads == [0, 0]
-        if one:
-            tiles = dict(tiles, IS_1X1=1)
-        src = _defines(tiles) + head + kernel_source("conv") + kernel_source("gemm_core")
+        core, tiles, lsize, (g0, g1) = pick_tiles(self.ctx, M, NN)
+        if core == "gemm_regs":  # CPU: direct convolution with pixel coordinates decoded once
+            src = _defines(tiles) + head + kernel_source("conv_cpu")
+        else:
+            if KH == 1 and KW == 1 and strides == [1, 1] and pads == [0, 0]:
+                tiles = dict(tiles, IS_1X1=1)
+            src = _defines(tiles) + head + kernel_source("conv") + kernel_source(core)
         args = self.args(x) + self.args(w) + bargs + rargs + self.args(y) + [
             np.int32(C), np.int32(H), np.int32(W), np.int32(K), np.int32(OH), np.int32(OW), np.int32(KH),
             np.int32(KW), np.int32(strides[0]), np.int32(strides[1]), np.int32(pads[0]), np.int32(pads[1]),
             np.int32(dil[0]), np.int32(dil[1]), np.int32(group), np.int32(N), np.int64(y_nstride),
             np.int64(y_nstride)]
-        nthreads = (tiles["TM"] // tiles["WM"]) * (tiles["TN"] // tiles["WN"])
-        gsize = (-(-NN // tiles["TN"]) * nthreads, -(-M // tiles["TM"]), group)
-        self.emit(src, "conv2d", args, gsize, (nthreads, 1, 1), label)
+        self.emit(src, "conv2d", args, (g0, g1, group), lsize, label)
 
     def gemm(self, node):
         a, b = node.inputs[0], node.inputs[1]
@@ -250,18 +256,16 @@ class Lowerer:
         for bi, idx in enumerate(np.ndindex(*batch) if batch else [()]):
             table[bi] = [sum(i * s for i, s in zip(idx, sa_b)), sum(i * s for i, s in zip(idx, sb_b)),
                          sum(i * s for i, s in zip(idx, sc_b)), bi * M * N]
-        tiles = pick_tiles(self.ctx, M, N)
+        core, tiles, lsize, (g0, g1) = pick_tiles(self.ctx, M, N)
         defs = dict(tiles)
         if c is not None:
             defs["HAS_C"] = 1
-        src = _defines(defs) + act_macro(at.get("act")) + kernel_source("gemm") + kernel_source("gemm_core")
+        src = _defines(defs) + act_macro(at.get("act")) + kernel_source("gemm") + kernel_source(core)
         args = self.args(a) + self.args(b) + (self.args(c) if c is not None else self.dummy()) + self.args(y) + [
             self.meta(table.ravel()), np.int32(M), np.int32(N), np.int32(K), np.int64(sam), np.int64(sak),
             np.int64(sbk), np.int64(sbn), np.int64(scm), np.int64(scn), np.int64(N), np.int64(1),
             np.float32(at.get("alpha", 1.0)), np.float32(at.get("beta", 1.0))]
-        nthreads = (tiles["TM"] // tiles["WM"]) * (tiles["TN"] // tiles["WN"])
-        gsize = (-(-N // tiles["TN"]) * nthreads, -(-M // tiles["TM"]), max(nb, 1))
-        self.emit(src, "gemm", args, gsize, (nthreads, 1, 1), f"{node.name} Gemm")
+        self.emit(src, "gemm", args, (g0, g1, max(nb, 1)), lsize, f"{node.name} Gemm")
 
     def pool(self, node, mode):
         x, y = node.inputs[0], node.outputs[0]

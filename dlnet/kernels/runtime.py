@@ -138,6 +138,7 @@ class Context:
         self.is_cpu = self.info.type == "CPU"
         self.is_nvidia = "NVIDIA" in self.info.vendor.upper() or "NVIDIA" in self.info.platform.upper()
         self.fp64 = self.info.fp64
+        self.allocated_bytes = 0  # live arena bytes of this context (plans release theirs)
 
     def __repr__(self):
         return f"Context({self.info})"
@@ -162,9 +163,15 @@ class Context:
 
     def alloc(self, nbytes):
         try:
-            return cl.Buffer(self.cl, cl.mem_flags.READ_WRITE, max(int(nbytes), 4))
+            buf = cl.Buffer(self.cl, cl.mem_flags.READ_WRITE, max(int(nbytes), 4))
         except cl.Error as e:
             raise DeviceError(f"device {self.info}: could not allocate {nbytes / 2**20:.1f} MiB ({e})") from e
+        self.allocated_bytes += buf.size
+        return buf
+
+    def free(self, buf):
+        self.allocated_bytes -= buf.size
+        buf.release()
 
     def upload(self, buf, array, byte_offset=0):
         cl.enqueue_copy(self.queue, buf, np.ascontiguousarray(array), dst_offset=byte_offset)

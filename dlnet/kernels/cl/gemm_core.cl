@@ -38,12 +38,12 @@ void KERNEL_NAME(KERNEL_ARGS) {
         }
         barrier(CLK_LOCAL_MEM_FENCE);
         for (int kk = 0; kk < TK; kk++) {
-            float a[WM], b[WN];
-            for (int i = 0; i < WM; i++) a[i] = As[kk][tm + i * NT_M];
-            for (int j = 0; j < WN; j++) b[j] = Bs[kk][tn + j * NT_N];
+            float areg_[WM], breg_[WN];
+            for (int i = 0; i < WM; i++) areg_[i] = As[kk][tm + i * NT_M];
+            for (int j = 0; j < WN; j++) breg_[j] = Bs[kk][tn + j * NT_N];
             for (int i = 0; i < WM; i++)
                 for (int j = 0; j < WN; j++)
-                    acc[i][j] = fma(a[i], b[j], acc[i][j]);
+                    acc[i][j] = fma(areg_[i], breg_[j], acc[i][j]);
         }
         barrier(CLK_LOCAL_MEM_FENCE);
     }
