@@ -47,7 +47,7 @@ class MemoryReport:
 
 def _inplace_candidate(node, x, y):
     """An elementwise node may write y over x when x is read at y's own indices."""
-    return node.spec.kind == "pointwise" and x.shape == y.shape and x.dtype == y.dtype
+    return node.spec.inplace and x.shape == y.shape and x.dtype == y.dtype
 
 
 class _Arena:

@@ -36,7 +36,7 @@ def format_node(node, plan=None):
         v = node.outputs[0]
         rid, eoff = plan.alias_of.get(v.id, (v.id, 0))
         if rid in plan.act_offsets:
-            off = plan.act_offsets[rid] + eoff * 0
+            off = plan.act_offsets[rid] + eoff * v.nbytes // max(v.size, 1)
             line += f"   # @ {off / 2**20:.2f} MiB" + (" (view)" if rid != v.id else "")
     if node.name:
         line += f"   # {node.name}" if plan is None else f" {node.name}"

@@ -9,6 +9,7 @@ class Op:
     name = None
     kind = "kernel"  # "pointwise" (fusable elementwise), "alias" (reshape-like view), "kernel"
     numpy = None  # (node, *arrays) -> list of arrays: folding at build time; None = never folded
+    inplace = False  # reads every same-shaped input at the output's own index: may write over it
 
     def infer(self, node):
         """[(dtype, shape)] of the outputs."""

@@ -27,6 +27,7 @@ def _erf_np(x):
 class Pointwise(Op):
     """y = f(x0, x1, ...) with numpy broadcasting. `c(attrs, args, T)` gives the C expression."""
     kind = "pointwise"
+    inplace = True
     arity = 1
     bool_out = False
 

@@ -6,6 +6,7 @@ from . import Op, register
 class Fused(Op):
     """y = f_n(...f_1(x...)) : the pointwise nodes in attrs['nodes'], in order; the last one's output is y"""
     name = "Fused"
+    inplace = True
 
     def infer(self, node):
         last = node.attrs["nodes"][-1].outputs[0]

@@ -76,7 +76,7 @@ def fuse_epilogues(graph):
 def fuse_pointwise(graph):
     """Merge each pointwise node into its only pointwise reader, as long as shapes broadcast to the reader's."""
     changed = False
-    for node in list(graph.nodes):
+    for node in reversed(list(graph.nodes)):  # readers first, so each group grows from its last node
         if node.spec.kind != "pointwise" or node not in graph.nodes:
             continue
         members = [node]

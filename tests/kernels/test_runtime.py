@@ -1,0 +1,57 @@
+"""Devices and contexts."""
+import numpy as np
+import pytest
+
+import dlnet
+from dlnet.kernels.runtime import pick_device
+
+
+def test_devices_listed_with_details():
+    devs = dlnet.devices()
+    assert devs, "the test environment has PoCL's CPU device at least"
+    for i, d in enumerate(devs):
+        assert d.index == i and d.name and d.platform and d.type in ("GPU", "CPU", "ACCELERATOR", "OTHER")
+        assert d.global_mem > 0 and d.compute_units > 0
+    types = [d.type for d in devs]
+    assert types == sorted(types, key=lambda t: t != "GPU")  # GPUs first
+
+
+def test_context_specs(monkeypatch):
+    monkeypatch.delenv("DLNET_DEVICE", raising=False)
+    assert pick_device("ocl:0").index == 0
+    assert pick_device("cpu").type == "CPU"
+    monkeypatch.setenv("DLNET_DEVICE", "cpu")
+    assert pick_device(None).type == "CPU"
+    with pytest.raises(dlnet.DeviceError, match="ocl:99"):
+        pick_device("ocl:99")
+    with pytest.raises(dlnet.DeviceError, match="expected 'ocl:N', 'gpu' or 'cpu'"):
+        pick_device("tpu")
+    with pytest.raises(dlnet.DeviceError, match="ocl:N with N an integer"):
+        pick_device("ocl:x")
+
+
+def test_no_device_says_how_to_get_one(monkeypatch):
+    import dlnet.kernels.runtime as rt
+    monkeypatch.setattr(rt, "devices", lambda: [])
+    with pytest.raises(dlnet.DeviceError, match="pocl-binary-distribution"):
+        rt.pick_device(None)
+
+
+def test_bad_precision():
+    with pytest.raises(dlnet.DeviceError, match="precision"):
+        dlnet.Context("cpu", precision="fp8")
+
+
+def test_memory_planner_reuses_buffers(ctx):
+    import os
+
+    import onnx
+    path = os.path.join(os.path.dirname(onnx.__file__), "backend/test/data/light/light_resnet50.onnx")
+    net = dlnet.Net(ctx)
+    net.load_onnx(path)
+    mem = net.memory
+    assert mem.activations < mem.naive_activations / 3
+    assert mem.weights > 90 * 2**20
+    assert "one buffer per value" in str(mem)
+    net.release()
+    assert np.isfinite(mem.activations)
