@@ -1,0 +1,176 @@
+"""dlnet (OpenCL) against PyTorch CUDA on the GPU machine, in one process and one run.
+
+    python bench/gpu.py [--nets alexnet,resnet18,...] [--batches 16,1] [--iters 20] [--gemm] [--startup]
+
+Protocol (shared/GPU.md): torchvision definitions with their random initialisation, exported to ONNX; the time of one
+inference includes copying the input to the device and the output back; warm-up, then the median of --iters runs;
+fp32 compared with PyTorch TF32 off. Prints tables; asserts nothing.
+"""
+import argparse
+import io
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import onnx
+import torch
+import torchvision
+
+import dlnet
+
+NETS = ["alexnet", "resnet18", "resnet50", "vgg16", "mobilenet_v2"]
+
+
+def rel_l2(a, b):
+    return float(np.linalg.norm(a.astype(np.float64) - b) / max(np.linalg.norm(b.astype(np.float64)), 1e-30))
+
+
+def export(model, batch):
+    buf = io.BytesIO()
+    x = torch.randn(batch, 3, 224, 224)
+    torch.onnx.export(model, (x,), buf, opset_version=13, dynamo=False, input_names=["x"], output_names=["y"],
+                      dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}})
+    return onnx.load_from_string(buf.getvalue())
+
+
+def median_ms(fn, iters, warmup=3):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        t = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
+
+
+def bench_nets(ctx, nets, batches, iters, rows):
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    for name in nets:
+        torch.manual_seed(0)
+        model = getattr(torchvision.models, name)(weights=None).eval()
+        proto = export(model, 1)
+        net = dlnet.Net(ctx).load_onnx(proto)
+        cuda_model = model.cuda()
+        for batch in batches:
+            x = np.random.default_rng(batch).standard_normal((batch, 3, 224, 224)).astype(np.float32)
+            xt = torch.from_numpy(x)
+
+            def run_torch():
+                with torch.no_grad():
+                    y = cuda_model(xt.cuda()).cpu()
+                torch.cuda.synchronize()
+                return y
+
+            t_torch = median_ms(run_torch, iters)
+            t_dlnet = median_ms(lambda: net.run({"x": x}), iters)
+            err = rel_l2(net.run({"x": x})["y"], run_torch().numpy())
+            torch.cuda.reset_peak_memory_stats()
+            run_torch()
+            torch_mem = torch.cuda.max_memory_allocated()
+            mem = net.memory
+            rows.append((name, batch, t_torch, t_dlnet, t_torch / t_dlnet, err, mem.total / 2**20, torch_mem / 2**20,
+                         len(net._last.launches)))
+            print(f"{name:13s} b{batch:<3d} torch {t_torch:8.2f} ms  dlnet {t_dlnet:8.2f} ms  ratio {t_torch / t_dlnet:5.2f}"
+                  f"  err {err:.1e}  mem {mem.total / 2**20:.0f}/{torch_mem / 2**20:.0f} MiB", flush=True)
+        net.release()
+        del cuda_model
+        torch.cuda.empty_cache()
+
+
+def bench_gemm(ctx, sizes):
+    from onnx import TensorProto, helper
+    torch.backends.cuda.matmul.allow_tf32 = False
+    print("\nGEMM (kernel time only, median of 10)")
+    print(f"{'n':>6} {'cuBLAS TFLOP/s':>15} {'dlnet TFLOP/s':>14} {'ratio':>6}")
+    for n in sizes:
+        g = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["y"])], "mm",
+                              [helper.make_tensor_value_info("a", TensorProto.FLOAT, [n, n]),
+                               helper.make_tensor_value_info("b", TensorProto.FLOAT, [n, n])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [n, n])])
+        net = dlnet.Net(ctx).load_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]))
+        a = np.random.default_rng(0).standard_normal((n, n)).astype(np.float32)
+        out = net.run({"a": a, "b": a})["y"]
+        ta = torch.from_numpy(a).cuda()
+        err = rel_l2(out, (ta.double() @ ta.double()).cpu().numpy())
+        plan = net._last
+
+        def run_dlnet():
+            for launch in plan.launches:
+                launch.enqueue(ctx.queue)
+            ctx.queue.finish()
+        t_d = median_ms(run_dlnet, 10)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+        def run_torch():
+            start.record()
+            torch.mm(ta, ta)
+            end.record()
+            torch.cuda.synchronize()
+            return start.elapsed_time(end)
+        for _ in range(3):
+            run_torch()
+        t_t = statistics.median(run_torch() for _ in range(10))
+        flops = 2 * n ** 3
+        print(f"{n:6d} {flops / t_t / 1e9:15.1f} {flops / t_d / 1e9:14.1f} {t_t / t_d:6.2f}  (err {err:.1e})", flush=True)
+        net.release()
+
+
+STARTUP = """
+import time, sys, torch, torchvision, io, onnx
+t0 = time.perf_counter()
+import dlnet, numpy as np
+sys.path.insert(0, {root!r})
+proto = onnx.load({path!r})
+net = dlnet.Net(dlnet.Context('gpu')).load_onnx(proto, batch=1)
+net.run({{'x': np.ones((1, 3, 224, 224), np.float32)}})
+print(f'{{time.perf_counter() - t0:.3f}}')
+"""
+
+
+def bench_startup():
+    torch.manual_seed(0)
+    model = torchvision.models.resnet50(weights=None).eval()
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "resnet50.onnx")
+        onnx.save(export(model, 1), path)
+        env = dict(os.environ, DLNET_CACHE=os.path.join(d, "cache"), CUDA_CACHE_PATH=os.path.join(d, "nvcache"))
+        code = STARTUP.format(root=os.getcwd(), path=path)
+        cold = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+        warm = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+        print(f"\ntime to first inference, resnet50 batch 1: cold {cold.stdout.strip() or cold.stderr[-300:]} s, "
+              f"warm {warm.stdout.strip() or warm.stderr[-300:]} s")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--nets", default=",".join(NETS))
+    ap.add_argument("--batches", default="16,1")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--gemm", default="")
+    ap.add_argument("--startup", action="store_true")
+    ap.add_argument("--precision", default="fp32")
+    args = ap.parse_args()
+    ctx = dlnet.Context("gpu", precision=args.precision)
+    print(f"device: {ctx.info}; torch {torch.__version__} on {torch.cuda.get_device_name()}")
+    rows = []
+    if args.nets:
+        bench_nets(ctx, args.nets.split(","), [int(b) for b in args.batches.split(",")], args.iters, rows)
+        print(f"\n{'net':13s} {'batch':>5} {'torch ms':>9} {'dlnet ms':>9} {'ratio':>6} {'rel err':>8} "
+              f"{'mem MiB (dlnet/torch)':>22} {'launches':>8}")
+        for r in rows:
+            print(f"{r[0]:13s} {r[1]:5d} {r[2]:9.2f} {r[3]:9.2f} {r[4]:6.2f} {r[5]:8.1e} {r[6]:10.0f}/{r[7]:<11.0f} "
+                  f"{r[8]:8d}")
+    if args.gemm:
+        bench_gemm(ctx, [int(n) for n in args.gemm.split(",")])
+    if args.startup:
+        bench_startup()
+
+
+if __name__ == "__main__":
+    main()
