@@ -30,15 +30,17 @@ class Plan:
         self.graph = graph
         self.memory = plan_memory(graph)
         self.act_buf = self.const_buf = None
+        self.lowerer = None
         try:
             self.act_buf = ctx.alloc(self.memory.act_bytes)
             self.const_buf = ctx.alloc(self.memory.const_bytes)
             for v in self._consts():
                 ctx.upload(self.const_buf, v.const, self.memory.const_offsets[v.id])
             lw = Lowerer(ctx, graph, self.memory, self.act_buf, self.const_buf)
+            self.lowerer = lw
             for node in graph.nodes:
                 node.spec.lower(node, lw)
-            self.lowerer = lw
+            lw.finish()
             self.launches = lw.launches
             self.input_locs = [lw.loc(v) for v in graph.inputs]
             self.output_locs = [None if v.const is not None else lw.loc(v) for v in graph.outputs]
@@ -56,10 +58,13 @@ class Plan:
         return seen.values()
 
     def release(self):
-        for b in (self.act_buf, self.const_buf):
+        scratch = self.lowerer.scratch_buf if self.lowerer is not None else None
+        for b in (self.act_buf, self.const_buf, scratch):
             if b is not None:
                 self.ctx.free(b)
         self.act_buf = self.const_buf = None
+        if self.lowerer is not None:
+            self.lowerer.scratch_buf = None
 
     def run(self, arrays):
         ctx, q = self.ctx, self.ctx.queue

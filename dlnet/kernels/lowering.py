@@ -58,6 +58,9 @@ class Lowerer:
         self.const_buf = const_buf
         self.launches = []
         self.keepalive = []  # small metadata buffers the launches read
+        self.scratch_buf = None
+        self.scratch_users = []
+        self.scratch_bytes = 0
 
     # locations ---------------------------------------------------------------
     def loc(self, v):
@@ -227,7 +230,7 @@ class Lowerer:
             np.int32(KW), np.int32(strides[0]), np.int32(strides[1]), np.int32(pads[0]), np.int32(pads[1]),
             np.int32(dil[0]), np.int32(dil[1]), np.int32(group), np.int32(N), np.int64(y_nstride),
             np.int64(y_nstride)]
-        self.emit(src, "conv2d", args, (g0, g1, group), lsize, label)
+        self._matrix(src, "conv2d", args, core, lsize, (g0, g1, group), M, NN, C * KH * KW, label)
 
     def gemm(self, node):
         a, b = node.inputs[0], node.inputs[1]
@@ -265,7 +268,32 @@ class Lowerer:
             self.meta(table.ravel()), np.int32(M), np.int32(N), np.int32(K), np.int64(sam), np.int64(sak),
             np.int64(sbk), np.int64(sbn), np.int64(scm), np.int64(scn), np.int64(N), np.int64(1),
             np.float32(at.get("alpha", 1.0)), np.float32(at.get("beta", 1.0))]
-        self.emit(src, "gemm", args, (g0, g1, max(nb, 1)), lsize, f"{node.name} Gemm")
+        self._matrix(src, "gemm", args, core, lsize, (g0, g1, max(nb, 1)), M, N, K, f"{node.name} Gemm")
+
+    def _matrix(self, src, name, args, core, lsize, grid, M, NN, KK, label):
+        """Launch a GEMM-shaped kernel; on GPUs split K when the grid alone cannot fill the device."""
+        groups = grid[0] // (lsize[0] if lsize else 1) * grid[1] * grid[2]
+        target = 2 * self.ctx.info.compute_units
+        splits = 1
+        if core == "gemm_core" and groups < target and KK >= 512:
+            splits = min(16, -(-target // groups), KK // 256)
+        if splits <= 1:
+            self.emit(src, name, args + [self.dummy()[0]], grid, lsize, label)
+            return
+        src = f"#define SPLITS {splits}\n" + src
+        self.emit(src, name, args + [self.dummy()[0]], (grid[0], grid[1], grid[2] * splits), lsize,
+                  label + f" splitK{splits}")
+        self.emit(src, name + "_reduce", args + [self.dummy()[0]], (_round_up(NN, 64), M, grid[2]), (64, 1, 1),
+                  label + " reduce")
+        self.scratch_users += [(self.launches[-2].kernel, len(args)), (self.launches[-1].kernel, len(args))]
+        self.scratch_bytes = max(self.scratch_bytes, 4 * splits * grid[2] * M * NN)
+
+    def finish(self):
+        """Bind the split-K work buffer (one for the plan: its launches run in order) once its size is known."""
+        if self.scratch_users:
+            self.scratch_buf = self.ctx.alloc(self.scratch_bytes)
+            for kernel, index in self.scratch_users:
+                kernel.set_arg(index, self.scratch_buf)
 
     def pool(self, node, mode):
         x, y = node.inputs[0], node.outputs[0]

@@ -11,7 +11,7 @@
     int C, int H, int W, int K, int OH, int OW, int KH, int KW, int SH, int SW, int PH, int PW, int DH, int DW, \
     int groups, int batch, long y_nstride, long res_nstride
 #define PROLOGUE \
-    const int g = get_group_id(2); \
+    const int g = ZID; \
     const int M = K; const int NN = batch * OH * OW; const int KK = C * KH * KW; \
     x += x_off + (long)g * C * H * W; w += w_off + (long)g * K * KK; bias += bias_off + g * K; \
     y += y_off + (long)g * K * OH * OW; res += res_off + (long)g * K * OH * OW; \

@@ -8,7 +8,8 @@ __kernel void conv2d(__global const float* x, ulong x_off, __global const float*
                      __global const float* bias, ulong bias_off, __global const float* res, ulong res_off,
                      __global float* y, ulong y_off,
                      int C, int H, int W, int K, int OH, int OW, int KH, int KW, int SH, int SW, int PH, int PW,
-                     int DH, int DW, int groups, int batch, long y_nstride, long res_nstride) {
+                     int DH, int DW, int groups, int batch, long y_nstride, long res_nstride,
+                     __global float* ws) {
     const int g = get_group_id(2);
     const int NN = batch * OH * OW, OHW = OH * OW, KK = C * KH * KW;
     const int n0 = get_global_id(0) * CN, m0 = get_global_id(1) * RM;

@@ -10,7 +10,7 @@
     int M, int NN, int KK, long sam, long sak, long sbk, long sbn, long scm, long scn, long sym, long syn, \
     float alpha, float beta
 #define PROLOGUE \
-    const int bi = get_group_id(2); \
+    const int bi = ZID; \
     a += a_off + boff[4 * bi]; b += b_off + boff[4 * bi + 1]; c += c_off + boff[4 * bi + 2]; \
     y += y_off + boff[4 * bi + 3];
 #define LOAD_A(m, k) a[(m) * sam + (k) * sak]

@@ -4,7 +4,8 @@
 #if !defined(RM) || !defined(CN)
 #error "gemm_regs.cl needs RM CN"
 #endif
-__kernel void KERNEL_NAME(KERNEL_ARGS) {
+#define ZID get_group_id(2)
+__kernel void KERNEL_NAME(KERNEL_ARGS, __global float* ws) {
     PROLOGUE
     const int n0 = get_global_id(0) * CN;
     const int m0 = get_global_id(1) * RM;
