@@ -119,7 +119,7 @@ def read_image(path):
             if im.mode in ("L", "1"):
                 return (np.asarray(im.convert("L"), np.float32) / np.float32(255))[:, :, None]
             return np.asarray(im.convert("RGB"), np.float32) / np.float32(255)
-    except Exception as e:  # Pillow raises OSError, SyntaxError, DecompressionBombError, ValueError, ...
+    except Exception as e:  # noqa: BLE001 - Pillow raises OSError, SyntaxError, DecompressionBombError, ValueError, ...
         raise InputError(f"{path}: cannot decode image ({str(e)[:160]})") from None
 
 
@@ -151,14 +151,14 @@ def preprocess(img, size, resize=None, channels=3, mean=None, std=None, scale=1.
     """
     crop_h, crop_w = size
     if resize is None:
-        resize = int(round(max(crop_h, crop_w) / CROP_FRACTION))
+        resize = round(max(crop_h, crop_w) / CROP_FRACTION)
     if resize < max(crop_h, crop_w):
         raise InputError(f"--resize {resize} is smaller than the crop {crop_h}x{crop_w}")
     h, w = img.shape[:2]
     if h <= w:
-        new_h, new_w = resize, max(resize, int(round(w * resize / h)))
+        new_h, new_w = resize, max(resize, round(w * resize / h))
     else:
-        new_h, new_w = max(resize, int(round(h * resize / w))), resize
+        new_h, new_w = max(resize, round(h * resize / w)), resize
     img = _resize(img, new_h, new_w)
     top, left = (new_h - crop_h) // 2, (new_w - crop_w) // 2
     img = img[top:top + crop_h, left:left + crop_w]
