@@ -29,8 +29,11 @@ def _size(text):
 
 
 def read_labels(path):
-    with open(path, encoding="utf-8") as f:
-        return [line.rstrip("\r\n") for line in f]
+    try:
+        with open(path, encoding="utf-8") as f:
+            return [line.rstrip("\r\n") for line in f]
+    except UnicodeDecodeError as e:
+        raise InputError(f"{path}: not a UTF-8 labels file (byte {e.start}); expected one label per line") from None
 
 
 def ends_in_softmax(model):

@@ -190,18 +190,27 @@ def show(model, batch, dot, device):
         click.echo(f"wrote {dot}", err=True)
 
 
+def _onnx_reference(model_path, feeds):
+    import onnx
+    from onnx.reference import ReferenceEvaluator
+
+    model = onnx.load(model_path)
+    names = [o.name for o in model.graph.output]
+    return "onnx.reference", dict(zip(names, ReferenceEvaluator(model).run(None, feeds)))
+
+
 def reference_outputs(model_path, feeds):
-    """(engine name, outputs) from onnxruntime if installed, else onnx.reference."""
+    """(engine name, outputs) from onnxruntime if installed (and it reads the model), else onnx.reference."""
     try:
         import onnxruntime as ort
     except ImportError:
-        import onnx
-        from onnx.reference import ReferenceEvaluator
-
-        model = onnx.load(model_path)
-        names = [o.name for o in model.graph.output]
-        return "onnx.reference", dict(zip(names, ReferenceEvaluator(model).run(None, feeds)))
-    sess = ort.InferenceSession(model_path, providers=["CPUExecutionProvider"])
+        return _onnx_reference(model_path, feeds)
+    try:
+        sess = ort.InferenceSession(model_path, providers=["CPUExecutionProvider"])
+    except Exception as e:  # noqa: BLE001 - e.g. an IR version newer than this onnxruntime reads
+        click.echo(f"dlnet: onnxruntime cannot load {model_path} ({str(e).splitlines()[0][-100:]}); "
+                   "using onnx.reference", err=True)
+        return _onnx_reference(model_path, feeds)
     names = [o.name for o in sess.get_outputs()]
     return "onnxruntime", dict(zip(names, sess.run(None, feeds)))
 

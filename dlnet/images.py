@@ -119,7 +119,7 @@ def read_image(path):
             if im.mode in ("L", "1"):
                 return (np.asarray(im.convert("L"), np.float32) / np.float32(255))[:, :, None]
             return np.asarray(im.convert("RGB"), np.float32) / np.float32(255)
-    except Exception as e:  # noqa: BLE001 - Pillow raises OSError, SyntaxError, DecompressionBombError, ValueError, ...
+    except Exception as e:  # noqa: BLE001 - Pillow raises OSError, SyntaxError, DecompressionBombError, ...
         raise InputError(f"{path}: cannot decode image ({str(e)[:160]})") from None
 
 
@@ -147,7 +147,8 @@ def preprocess(img, size, resize=None, channels=3, mean=None, std=None, scale=1.
     """float HxWxC in [0, 1] -> float32 CxHxW: resize the shorter side, centre-crop, scale, normalise.
 
     size: (height, width) of the crop; resize: shorter side before cropping (default max(size) / 0.875).
-    channels: 1 converts colour to luma (ITU-R 601), 3 repeats a gray image; mean/std default to ImageNet's.
+    channels: 1 converts colour to luma (ITU-R 601), 3 repeats a gray image; mean/std default to ImageNet's
+    and are given in the model's channel order (BGR with bgr=True).
     """
     crop_h, crop_w = size
     if resize is None:
@@ -170,10 +171,12 @@ def preprocess(img, size, resize=None, channels=3, mean=None, std=None, scale=1.
         raise InputError(f"the model wants {channels} channels; images give 1 (gray) or 3 (RGB)")
     if bgr and channels == 3:
         img = img[:, :, ::-1]
+    # mean/std are in the model's channel order; the ImageNet defaults are RGB, so they flip with bgr
+    order = -1 if bgr else 1
     if mean is None:
-        mean = GRAY_MEAN if channels == 1 else IMAGENET_MEAN
+        mean = GRAY_MEAN if channels == 1 else IMAGENET_MEAN[::order]
     if std is None:
-        std = GRAY_STD if channels == 1 else IMAGENET_STD
+        std = GRAY_STD if channels == 1 else IMAGENET_STD[::order]
     mean = _per_channel(mean, channels, "mean")
     std = _per_channel(std, channels, "std")
     if np.any(std == 0):
