@@ -64,3 +64,15 @@ def test_find_images_walks_sorted_and_filters(tmp_path):
         (tmp_path / name).write_bytes(b"")
     found = [p[len(str(tmp_path)) + 1:] for p in find_images([str(tmp_path)])]
     assert found == ["a.jpg", "b/1.PNG", "b/2.pgm"]
+
+
+def test_shipped_label_files():
+    from .conftest import DIGITS_LABELS, MODELS
+
+    with open(f"{MODELS}/imagenet_classes.txt") as f:
+        names = f.read().splitlines()
+    assert len(names) == 1000
+    assert (names[0], names[1], names[281], names[291], names[948], names[963], names[999]) == (
+        "tench", "goldfish", "tabby", "lion", "Granny Smith", "pizza", "toilet tissue")
+    with open(DIGITS_LABELS) as f:
+        assert f.read().split() == ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
