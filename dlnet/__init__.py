@@ -2,6 +2,8 @@
 from .errors import ConfigError, DeviceError, DlnetError, InputError, ModelError
 from .kernels.runtime import Context, devices
 from .net import Net
+from . import optim
+from .train import Trainer
 
-__all__ = ["Context", "Net", "devices", "DlnetError", "ModelError", "InputError", "DeviceError", "ConfigError"]
+__all__ = ["Context", "Net", "Trainer", "optim", "devices", "DlnetError", "ModelError", "InputError", "DeviceError", "ConfigError"]
 __version__ = "0.1.0"

@@ -212,6 +212,47 @@ class Net:
         self.plans.clear()
         self._last = None
 
+    # weights ------------------------------------------------------------------
+    def state_dict(self):
+        """{initializer name: numpy array}: the current weights (a trainer's device copy when one trains them)."""
+        from onnx import numpy_helper
+        trainer = getattr(self, "_trainer", None)
+        if trainer is not None:
+            trainer.sync()
+        return {i.name: numpy_helper.to_array(i).copy() for i in self.model.graph.initializer}
+
+    def load_state_dict(self, weights, _from_trainer=False):
+        """Replace initializers by name (shapes must match); plans are rebuilt on the next run."""
+        from onnx import numpy_helper
+        inits = {i.name: i for i in self.model.graph.initializer}
+        for name, a in weights.items():
+            if name not in inits:
+                raise InputError(f"{self.path}: load_state_dict: no initializer {name!r}")
+            old = numpy_helper.to_array(inits[name])
+            a = np.asarray(a)
+            if a.shape != old.shape:
+                raise InputError(f"{self.path}: load_state_dict: {name!r} has shape {list(a.shape)}, "
+                                 f"expected {list(old.shape)}")
+            inits[name].CopyFrom(numpy_helper.from_array(a.astype(old.dtype), name))
+        self.release()
+        trainer = getattr(self, "_trainer", None)
+        if trainer is not None and not _from_trainer:
+            trainer.load_weights(weights)
+
+    def save_onnx(self, path):
+        """Write the model with the current weights as a standard ONNX inference model (temp file + os.replace)."""
+        import os
+
+        import onnx
+        self.state_dict()
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "wb") as f:
+            f.write(self.model.SerializeToString())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        return onnx.load(str(path)) is not None
+
 
 class _Printable:
     """The graph, printed with its memory plan."""

@@ -124,6 +124,8 @@ class Importer:
     def build(self, input_shapes, training=False):
         """input_shapes: {name: tuple}. Returns the Graph with inputs, outputs and output names set."""
         self.training = training
+        self.state_updates = []  # training: (running-statistic value, its new value), e.g. BatchNormalization
+        self.dropout_seed = None  # training: the uint32[1] graph input Dropout nodes read
         for init in self.model.graph.initializer:
             try:
                 arr = numpy_helper.to_array(init, base_dir=os.path.dirname(str(self.path)))
@@ -131,6 +133,7 @@ class Importer:
                 raise ModelError(f"{self.path}: initializer {init.name!r} cannot be read ({e})") from None
             v = self.graph.constant(arr.astype(onnx_dtype(init.data_type, f"initializer {init.name!r}: ")),
                                     init.name)
+            v.param = training and v.dtype in ("float32", "float64", "float16")  # trainable: never folded
             self.values[init.name] = v
         ins, _ = graph_io(self.model)
         for name, _, dtype in ins:

@@ -182,6 +182,9 @@ def _identity(imp, node, xs, at):
 def _dropout(imp, node, xs, at):
     # inference: identity. The optional mask output (op-set >= 7) is all ones.
     x = xs[0]
+    if getattr(imp, "training", False):
+        from ..graph.ops.grad_nn import dropout_training
+        return dropout_training(imp, node, xs, at)
     outs = [x]
     if len(node.output) > 1 and node.output[1]:
         outs.append(imp.b.const(np.ones(x.shape, bool)))
@@ -542,6 +545,11 @@ def _batchnorm(imp, node, xs, at):
     x, scale, bias, mean, var = xs[:5]
     if at.get("spatial", 1) == 0:
         raise ModelError("BatchNormalization with spatial=0 is not supported")
+    if getattr(imp, "training", False):
+        from ..graph.ops.grad_nn import batchnorm_training
+        y = batchnorm_training(imp.b, x, scale, bias, mean, var, at.get("epsilon", 1e-5), at.get("momentum", 0.9),
+                               imp.state_updates)
+        return [y] + [None] * (len([o for o in node.output if o]) - 1)
     return [imp.b.op("BatchNormalization", [x, scale, bias, mean, var], {"epsilon": at.get("epsilon", 1e-5),
                                                                       "momentum": at.get("momentum", 0.9)})]
 

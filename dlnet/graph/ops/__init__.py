@@ -37,7 +37,7 @@ def get_op(name):
 
 
 def _load_families():
-    from . import elementwise, shape, nn, linalg, reduce, fused  # noqa: F401  (registration side effects)
+    from . import elementwise, shape, nn, linalg, reduce, fused, grad_nn  # noqa: F401  (registration side effects)
 
 
 _load_families()

@@ -44,6 +44,18 @@ class Conv(Op):
     def lower(self, node, lw):
         lw.conv(node)
 
+    def grad(self, b, node, dys):
+        x, w = node.inputs[0], node.inputs[1]
+        if node.attrs.get("act") or len(node.inputs) > 3:
+            return None  # a fused epilogue: autodiff runs before fusion
+        dy = dys[0]
+        grads = [b.op("ConvGradX", [dy, w], dict(node.attrs, x_shape=x.shape)),
+                 b.op("ConvGradW", [dy, x], dict(node.attrs, w_shape=w.shape))]
+        if len(node.inputs) > 2:
+            grads.append(b.op("Reduce", [dy], {"mode": "sum", "axes": (0,) + tuple(range(2, dy.rank)),
+                                               "keepdims": 0}))
+        return grads
+
 
 class Pool(Op):
     mode = None
@@ -60,6 +72,10 @@ class Pool(Op):
 
     def lower(self, node, lw):
         lw.pool(node, self.mode)
+
+    def grad(self, b, node, dys):
+        from .grad_nn import pool_grad
+        return pool_grad(b, node, dys)
 
 
 @register

@@ -1,0 +1,151 @@
+"""Training-only ops: Conv and pooling gradients (hand-written kernels), Dropout, and BatchNormalization in
+training form (batch statistics, built from primitives so autodiff differentiates it)."""
+import numpy as np
+
+from . import Op, register
+from ...errors import ModelError
+from ...kernels.runtime import kernel_source
+
+
+def _conv_dims(x_shape, dy_shape, w_shape, attrs):
+    """The 2-D view of a 1-D or 2-D convolution: (H, W, OH, OW, KH, KW, strides, begin pads, dilations)."""
+    nsp = len(x_shape) - 2
+    strides = list(attrs.get("strides") or [1] * nsp)
+    pads = list(attrs.get("pads") or [0] * 2 * nsp)[:nsp]
+    dil = list(attrs.get("dilations") or [1] * nsp)
+    if nsp == 1:
+        return 1, x_shape[2], 1, dy_shape[2], 1, w_shape[2], [1] + strides, [0] + pads, [1] + dil
+    if nsp != 2:
+        raise ModelError(f"{nsp}-D convolution/pool gradients are not supported (1-D and 2-D are)")
+    return (x_shape[2], x_shape[3], dy_shape[2], dy_shape[3], w_shape[2], w_shape[3], strides, pads, dil)
+
+
+def _ints(values):
+    return [np.int32(v) for v in values]
+
+
+@register
+class ConvGradX(Op):
+    """dx = conv_transpose(dy, w)  (inputs dy, w; attrs of the Conv plus x_shape)"""
+    name = "ConvGradX"
+
+    def infer(self, node):
+        return [(node.inputs[0].dtype, tuple(node.attrs["x_shape"]))]
+
+    def lower(self, node, lw):
+        dy, w = node.inputs
+        dx = node.outputs[0]
+        H, W, OH, OW, KH, KW, s, p, d = _conv_dims(dx.shape, dy.shape, w.shape, node.attrs)
+        args = lw.args(dy) + lw.args(w) + lw.args(dx) + _ints(
+            [dx.shape[1], H, W, w.shape[0], OH, OW, KH, KW, s[0], s[1], p[0], p[1], d[0], d[1],
+             node.attrs.get("group", 1)]) + [np.int64(dx.size)]
+        lw.emit(kernel_source("conv_grad"), "conv2d_dx", args, (max(dx.size, 1),), None, f"{node.name} ConvGradX")
+
+
+@register
+class ConvGradW(Op):
+    """dw = sum over batch and pixels of x (shifted per tap) * dy  (inputs dy, x; attrs of the Conv plus w_shape)"""
+    name = "ConvGradW"
+
+    def infer(self, node):
+        return [(node.inputs[0].dtype, tuple(node.attrs["w_shape"]))]
+
+    def lower(self, node, lw):
+        dy, x = node.inputs
+        dw = node.outputs[0]
+        H, W, OH, OW, KH, KW, s, p, d = _conv_dims(x.shape, dy.shape, dw.shape, node.attrs)
+        args = lw.args(dy) + lw.args(x) + lw.args(dw) + _ints(
+            [x.shape[0], x.shape[1], H, W, dw.shape[0], OH, OW, KH, KW, s[0], s[1], p[0], p[1], d[0], d[1],
+             node.attrs.get("group", 1)]) + [np.int64(dw.size)]
+        lw.emit(kernel_source("conv_grad"), "conv2d_dw", args, (max(dw.size, 1),), None, f"{node.name} ConvGradW")
+
+
+@register
+class PoolGrad(Op):
+    """dx[i] = sum over windows covering i of dy * (i is the window's argmax)  or  dy / cell count (average)
+
+    inputs dy, x; attrs of the pool plus mode ("max" or "avg")."""
+    name = "PoolGrad"
+
+    def infer(self, node):
+        return [(node.inputs[1].dtype, node.inputs[1].shape)]
+
+    def lower(self, node, lw):
+        dy, x = node.inputs
+        dx = node.outputs[0]
+        a = node.attrs
+        if a.get("ceil_mode", 0) and a["mode"] == "avg":
+            raise ModelError(f"node {node.name} (AveragePool): ceil_mode gradients are not supported")
+        w_shape = (1, 1) + tuple(a["kernel_shape"])
+        H, W, OH, OW, KH, KW, s, p, d = _conv_dims(x.shape, dy.shape, w_shape, a)
+        src = f"#define POOL_{a['mode'].upper()} 1\n" + kernel_source("pool_grad")
+        args = lw.args(dy) + lw.args(x) + lw.args(dx) + _ints(
+            [H, W, OH, OW, KH, KW, s[0], s[1], p[0], p[1], d[0], d[1], a.get("count_include_pad", 0)]) + \
+            [np.int64(dx.size)]
+        lw.emit(src, "pool_grad", args, (max(dx.size, 1),), None, f"{node.name} PoolGrad")
+
+
+def pool_grad(b, node, dys):
+    return [b.op("PoolGrad", [dys[0], node.inputs[0]], dict(node.attrs, mode=node.spec.mode))]
+
+
+@register
+class Dropout(Op):
+    """y = x * mask / (1 - ratio), mask ~ Bernoulli(1 - ratio) from a hash of (seed, salt, i);  dx = same on dy
+
+    inputs x (float32) and seed (uint32[1], rewritten by the trainer every step); attrs ratio, salt."""
+    name = "Dropout"
+
+    def infer(self, node):
+        return [(node.inputs[0].dtype, node.inputs[0].shape)]
+
+    def lower(self, node, lw):
+        x, seed = node.inputs
+        y = node.outputs[0]
+        args = lw.args(x) + lw.args(seed) + lw.args(y) + [np.uint32(node.attrs["salt"]),
+                                                          np.float32(node.attrs["ratio"]), np.int64(y.size)]
+        lw.emit(kernel_source("dropout"), "dropout", args, (max(y.size, 1),), None, f"{node.name} Dropout")
+
+    def grad(self, b, node, dys):
+        return [b.op("Dropout", [dys[0], node.inputs[1]], dict(node.attrs)), None]
+
+
+def batchnorm_training(b, x, scale, bias, mean, var, epsilon, momentum, updates):
+    """y = (x - mean_b) / sqrt(var_b + eps) * scale + bias with batch statistics over all axes but 1.
+
+    Running statistics (ONNX, every op-set: running = running * momentum + batch * (1 - momentum); the running
+    variance takes the unbiased batch variance, as PyTorch does) are appended to `updates` as (state, new value).
+    """
+    axes = (0,) + tuple(range(2, x.rank))
+    cshape = (1, x.shape[1]) + (1,) * (x.rank - 2)
+    count = x.size // x.shape[1]
+    dt = x.dtype
+    mu = b.op("Reduce", [x], {"mode": "mean", "axes": axes, "keepdims": 1})
+    xc = b.op("Sub", [x, mu])
+    v = b.op("Reduce", [b.op("Mul", [xc, xc])], {"mode": "mean", "axes": axes, "keepdims": 1})
+    inv = b.op("Reciprocal", [b.op("Sqrt", [b.op("Add", [v, b.const(np.asarray(epsilon, dt))])])])
+    y = b.op("Mul", [b.op("Mul", [xc, inv]), b.op("Reshape", [scale], {"shape": cshape})])
+    y = b.op("Add", [y, b.op("Reshape", [bias], {"shape": cshape})])
+    m = b.const(np.asarray(momentum, dt))
+    m1 = b.const(np.asarray(1.0 - momentum, dt))
+    unbias = b.const(np.asarray(count / max(count - 1, 1) * (1.0 - momentum), dt))
+    new_mean = b.op("Add", [b.op("Mul", [mean, m]), b.op("Mul", [b.op("Reshape", [mu], {"shape": mean.shape}), m1])])
+    new_var = b.op("Add", [b.op("Mul", [var, m]), b.op("Mul", [b.op("Reshape", [v], {"shape": var.shape}), unbias])])
+    updates += [(mean, new_mean), (var, new_var)]
+    return y
+
+
+def dropout_training(imp, node, xs, at):
+    """The ONNX Dropout handler's training form: ratio is an attribute before op-set 12 and an input from 12."""
+    x = xs[0]
+    ratio = at.get("ratio", 0.5)
+    if len(xs) > 1 and xs[1] is not None:
+        ratio = float(np.asarray(xs[1].const).reshape(()))
+    if len(xs) > 2 and xs[2] is not None and not bool(np.asarray(xs[2].const).reshape(())):
+        ratio = 0.0  # training_mode input false: identity
+    if ratio <= 0.0:
+        return [x]
+    if imp.dropout_seed is None:
+        imp.dropout_seed = imp.graph.add_input("__dropout_seed", "uint32", (1,))
+    salt = len([n for n in imp.graph.nodes if n.op == "Dropout"]) + 1
+    return [imp.b.op("Dropout", [x, imp.dropout_seed], {"ratio": float(ratio), "salt": salt})]

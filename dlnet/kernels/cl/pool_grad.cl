@@ -1,0 +1,57 @@
+// Pooling gradients over 2 spatial dims (1-D pools arrive as H = 1); one work-item per input element, gathering
+// from every window that covers it, so no atomics. Pads are the begin pads; the end pads only set OH/OW.
+#if !defined(POOL_MAX) && !defined(POOL_AVG)
+#error "pool_grad.cl needs POOL_MAX or POOL_AVG"
+#endif
+__kernel void pool_grad(__global const float* dy, ulong dy_off, __global const float* x, ulong x_off,
+                        __global float* dx, ulong dx_off, int H, int W, int OH, int OW, int KH, int KW,
+                        int SH, int SW, int PH, int PW, int DH, int DW, int count_include_pad, long total) {
+    const long i = get_global_id(0);
+    if (i >= total) return;
+    const int ix = i % W; long t = i / W;
+    const int iy = t % H; const long nc = t / H;
+    dy += dy_off + nc * OH * OW;
+    x += x_off + nc * H * W;
+    float acc = 0.0f;
+    for (int ky = 0; ky < KH; ky++) {
+        const int ty = iy + PH - ky * DH;
+        if (ty < 0 || ty % SH) continue;
+        const int oy = ty / SH;
+        if (oy >= OH) continue;
+        for (int kx = 0; kx < KW; kx++) {
+            const int tx = ix + PW - kx * DW;
+            if (tx < 0 || tx % SW) continue;
+            const int ox = tx / SW;
+            if (ox >= OW) continue;
+#if defined(POOL_MAX)
+            // the window's first maximum in scan order takes the whole gradient (as the forward pass and torch)
+            float best = -INFINITY;
+            int by = -1, bx = -1;
+            for (int wy = 0; wy < KH; wy++) {
+                const int yy = oy * SH - PH + wy * DH;
+                if (yy < 0 || yy >= H) continue;
+                for (int wx = 0; wx < KW; wx++) {
+                    const int xx = ox * SW - PW + wx * DW;
+                    if (xx < 0 || xx >= W) continue;
+                    const float v = x[yy * W + xx];
+                    if (v > best || by < 0) { best = v; by = yy; bx = xx; }
+                }
+            }
+            if (by == iy && bx == ix) acc += dy[oy * OW + ox];
+#else
+            int n = 0;
+            for (int wy = 0; wy < KH; wy++) {
+                const int yy = oy * SH - PH + wy * DH;
+                for (int wx = 0; wx < KW; wx++) {
+                    const int xx = ox * SW - PW + wx * DW;
+                    const bool inside = yy >= 0 && yy < H && xx >= 0 && xx < W;
+                    const bool in_pad = yy < H + PH && xx < W + PW;
+                    if (inside || (count_include_pad && in_pad)) n++;
+                }
+            }
+            acc += dy[oy * OW + ox] / (float)n;
+#endif
+        }
+    }
+    dx[dx_off + i] = acc;
+}

@@ -1,0 +1,255 @@
+"""Trainer: one graph holds forward, loss and backward; optimizer updates are launches appended to its plan.
+
+Trainable weights stay in the plan's weight arena (they are `param` values: never folded) and the update kernels
+write them in place, so a step is a loop of enqueues plus one small upload (the step's hyper-parameters) and one
+download (the loss).
+"""
+import numpy as np
+
+from . import losses
+from .errors import InputError, ModelError
+from .graph.autodiff import gradients
+from .graph.ir import Builder
+from .graph.passes import run_passes
+from .graph.passes.fold import fold_constants, remove_dead
+from .graph.passes.fuse import fuse_pointwise
+from .graph.passes.padding import explicit_padding
+from .kernels.runtime import Launch, cl, kernel_source
+from .net import Plan
+from .onnx.importer import Importer
+from .optim import SGD
+
+TARGET = "__target"
+SEED = "__dropout_seed"
+
+
+class _TrainPlan:
+    """The planned training graph for one batch shape and the launches of its update step."""
+
+    def __init__(self, trainer, shapes):
+        net = trainer.net
+        imp = Importer(net.model, net.path)
+        g = imp.build(shapes, training=True)
+        explicit_padding(g)
+        if trainer.output not in g.output_names:
+            raise ModelError(f"{net.path}: output {trainer.output!r} does not exist; outputs are {g.output_names}")
+        out = g.outputs[g.output_names.index(trainer.output)]
+        target = g.add_input(TARGET, "float32", out.shape)
+        loss = losses.build_loss(Builder(g), trainer.loss, out, target)
+        state_ids = {s.id for s, _ in imp.state_updates}
+        inits = {i.name for i in net.model.graph.initializer}
+        named = [(n, v) for n, v in imp.values.items() if n in inits and v.param]
+        trainable = [(n, v) for n, v in named if v.id not in state_ids and n not in trainer.frozen]
+        grads = gradients(g, loss, [v for _, v in trainable])
+        self.params = [(n, v, gv) for (n, v), gv in zip(trainable, grads) if gv is not None and gv.const is None]
+        self.unused = [n for (n, v), gv in zip(trainable, grads) if gv is None]
+        self.weights = named  # every weight the device holds: trainable, frozen and running statistics
+        self.updates = imp.state_updates
+        g.outputs = [loss, out] + [gv for _, _, gv in self.params] + [new for _, new in self.updates]
+        g.output_names = ["loss", trainer.output] + [f"grad:{n}" for n, _, _ in self.params] + \
+            [f"state:{i}" for i in range(len(self.updates))]
+        run_passes(g, [fold_constants, fuse_pointwise, remove_dead])
+        self.graph = g
+        self.plan = Plan(trainer.ctx, g)
+        self.input_names = [v.name for v in g.inputs]
+        self.out = out
+        self._bind_updates(trainer)
+
+    def _bind_updates(self, trainer):
+        ctx, lw, opt = trainer.ctx, self.plan.lowerer, trainer.optimizer
+        self.launches = []
+        n = len(self.params)
+        self.norms = ctx.alloc(4 * max(n, 1))
+        if opt.clip_norm:
+            for slot, (_, _, gv) in enumerate(self.params):
+                k = ctx.kernel(kernel_source("optim"), "sumsq")
+                k.set_args(*lw.args(gv), np.int64(gv.size), self.norms, np.int32(slot))
+                self.launches.append(Launch(k, (256,), (256,), "sumsq"))
+        for name, v, gv in self.params:
+            k = ctx.kernel(kernel_source("optim"), opt.kernel)
+            slots = [trainer.slot(name, s, v.size) for s in opt.slots]
+            if opt.kernel == "sgd":
+                slot_args = slots[:1] or [self.norms]
+            else:
+                slot_args = slots
+            k.set_args(*lw.args(v), *lw.args(gv), *slot_args, trainer.hp_buf, self.norms,
+                       np.int32(n if opt.clip_norm else 0), np.int64(v.size))
+            self.launches.append(Launch(k, (max(v.size, 1),), None, f"{opt.kernel} {name}"))
+        for state, new in self.updates:
+            k = ctx.kernel(kernel_source("optim"), "copy_state")
+            k.set_args(*lw.args(state), *lw.args(new), np.int64(state.size))
+            self.launches.append(Launch(k, (max(state.size, 1),), None, "running statistics"))
+
+    def run(self, trainer, arrays, hp):
+        q = trainer.ctx.queue
+        cl.enqueue_copy(q, trainer.hp_buf, hp, is_blocking=False)
+        for (buf, off), a in zip(self.plan.input_locs, arrays):
+            cl.enqueue_copy(q, buf, a, dst_offset=off * a.itemsize, is_blocking=False)
+        for launch in self.plan.launches:
+            launch.enqueue(q)
+        for launch in self.launches:
+            launch.enqueue(q)
+        loss = np.empty((), np.float32)
+        buf, off = self.plan.output_locs[0]
+        cl.enqueue_copy(q, loss, buf, src_offset=off * 4, is_blocking=True)
+        return float(loss)
+
+    def download(self, ctx, v):
+        a = np.empty(v.shape, v.dtype)
+        buf, off = self.plan.lowerer.loc(v)
+        cl.enqueue_copy(ctx.queue, a, buf, src_offset=off * a.itemsize, is_blocking=True)
+        return a
+
+    def upload(self, ctx, v, array):
+        buf, off = self.plan.lowerer.loc(v)
+        a = np.ascontiguousarray(array, dtype=v.dtype).reshape(v.shape)
+        cl.enqueue_copy(ctx.queue, buf, a, dst_offset=off * a.itemsize, is_blocking=True)
+
+    def release(self):
+        self.plan.release()
+        self.norms.release()
+
+
+def _own_initializers(net):
+    """torch.onnx.export shares equal tensors through Identity nodes (a fresh BatchNorm's running_var is its
+    weight); training updates them separately, so each Identity of an initializer becomes an initializer of its
+    own. The inference maths is unchanged."""
+    from onnx import numpy_helper
+    g = net.model.graph
+    inits = {i.name: i for i in g.initializer}
+    for node in list(g.node):
+        if node.op_type == "Identity" and node.input[0] in inits and node.output[0] not in inits:
+            copy = numpy_helper.from_array(numpy_helper.to_array(inits[node.input[0]]).copy(), node.output[0])
+            g.initializer.append(copy)
+            inits[copy.name] = copy
+            g.node.remove(node)
+    net.release()
+
+
+class Trainer:
+    """trainer = Trainer(net, loss="cross_entropy", optimizer=optim.Adam(lr=1e-3)); trainer.step(feeds) -> loss.
+
+    feeds: the model's input(s) by name and "target" (class indices for cross_entropy/nll, else an array shaped as
+    the output). frozen: initializer names left untouched. The device copy of the weights is the truth while
+    training; net.state_dict(), net.save_onnx() and evaluate() read it back.
+    """
+
+    def __init__(self, net, loss="cross_entropy", optimizer=None, label_smoothing=0.0, frozen=(), output=None,
+                 seed=0):
+        if loss not in losses.LOSSES:
+            raise InputError(f"loss {loss!r}: expected one of {', '.join(losses.LOSSES)}")
+        if net.model is None:
+            raise ModelError("Trainer(net): load a model first (net.load_onnx)")
+        self.net = net
+        self.ctx = net.ctx
+        self.loss = loss
+        self.optimizer = optimizer if optimizer is not None else SGD(lr=0.01)
+        self.label_smoothing = float(label_smoothing)
+        self.frozen = set(frozen)
+        self.output = output or net.outputs[0].name
+        self.seed = int(seed)
+        self.step_count = 0
+        self.hp_buf = self.ctx.alloc(4 * 16)
+        self._slots = {}  # (param name, slot name) -> cl.Buffer
+        self._plans = {}
+        self._active = None
+        self._dirty = False
+        net._trainer = self
+        _own_initializers(net)
+
+
+    # state ---------------------------------------------------------------------------------------------------
+    def slot(self, name, slot, size):
+        key = (name, slot)
+        buf = self._slots.get(key)
+        if buf is None:
+            buf = self.ctx.alloc(4 * size)
+            cl.enqueue_fill_buffer(self.ctx.queue, buf, np.float32(0), 0, 4 * max(size, 1))
+            self._slots[key] = (buf, size)
+            return buf
+        return buf[0]
+
+    def _activate(self, key, shapes):
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = _TrainPlan(self, shapes)
+            self._plans[key] = plan
+        if self._active is not None and self._active is not plan:
+            weights = self._weights_from(self._active)
+            for name, v in plan.weights:
+                plan.upload(self.ctx, v, weights[name])
+        self._active = plan
+        return plan
+
+    def _weights_from(self, plan):
+        return {name: plan.download(self.ctx, v) for name, v in plan.weights}
+
+    def sync(self):
+        """Copy the device weights into the net's model (after training steps)."""
+        if self._dirty and self._active is not None:
+            self._dirty = False
+            self.net.load_state_dict(self._weights_from(self._active), _from_trainer=True)
+
+    def load_weights(self, weights):
+        """Upload {name: array} into the device copy (called by net.load_state_dict)."""
+        if self._active is not None:
+            for name, v in self._active.weights:
+                if name in weights:
+                    self._active.upload(self.ctx, v, weights[name])
+
+    def optimizer_state(self):
+        out = {}
+        for (name, slot), (buf, size) in self._slots.items():
+            a = np.empty(size, np.float32)
+            cl.enqueue_copy(self.ctx.queue, a, buf, is_blocking=True)
+            out[f"{name}/{slot}"] = a
+        return out
+
+    def load_optimizer_state(self, state):
+        for key, a in state.items():
+            name, slot = key.rsplit("/", 1)
+            buf = self.slot(name, slot, a.size)
+            cl.enqueue_copy(self.ctx.queue, buf, np.ascontiguousarray(a, np.float32), is_blocking=True)
+
+    # steps ---------------------------------------------------------------------------------------------------
+    def _split(self, feeds):
+        if "target" not in feeds:
+            raise InputError("trainer feeds need 'target' besides the model's inputs")
+        inputs = {k: v for k, v in feeds.items() if k != "target"}
+        arrays, shapes = self.net._check_feeds(inputs)
+        return arrays, shapes, feeds["target"]
+
+    def step(self, feeds):
+        """One optimizer step on one batch; returns the loss (float) of the batch before the update."""
+        arrays, shapes, target = self._split(feeds)
+        key = tuple(shapes[i.name] for i in self.net.inputs)
+        plan = self._activate(key, shapes)
+        t = losses.host_target(self.loss, target, plan.out.shape, self.label_smoothing)
+        by_name = dict(zip([i.name for i in self.net.inputs], arrays))
+        by_name[TARGET] = t
+        by_name[SEED] = np.array([(self.seed * 1000003 + self.step_count * 7919 + 1) & 0xFFFFFFFF], np.uint32)
+        ordered = [by_name[n] for n in plan.input_names]
+        hp = self.optimizer.hyper(self.step_count)
+        loss = plan.run(self, ordered, hp)
+        self.step_count += 1
+        self._dirty = True
+        return loss
+
+    def evaluate(self, feeds, batch_size=256):
+        """{"input": x, "target": y} -> {"loss": mean loss, "accuracy": fraction (class losses)} in inference
+        mode (BatchNormalization on running statistics, Dropout off)."""
+        self.sync()
+        name = self.net.inputs[0].name
+        x, y = np.asarray(feeds[name]), np.asarray(feeds["target"])
+        total, correct, count = 0.0, 0, 0
+        for s in range(0, len(x), batch_size):
+            xb, yb = x[s:s + batch_size], y[s:s + batch_size]
+            out = self.net.run({name: xb})[self.output]
+            total += losses.host_loss(self.loss, out, yb, self.label_smoothing) * len(xb)
+            if self.loss in ("cross_entropy", "nll") and yb.ndim == 1:
+                correct += int((out.argmax(axis=1) == yb).sum())
+            count += len(xb)
+        result = {"loss": total / max(count, 1)}
+        if self.loss in ("cross_entropy", "nll"):
+            result["accuracy"] = correct / max(count, 1)
+        return result

@@ -1,0 +1,77 @@
+"""Small torch nets exported to ONNX for the training tests."""
+import io
+
+import numpy as np
+
+torch = None
+
+
+def _torch():
+    global torch
+    import torch as t
+    torch = t
+    return t
+
+
+def make(kind):
+    t = _torch()
+    nn = t.nn
+    t.manual_seed(0)
+
+    class Residual(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1 = nn.Conv2d(3, 4, 3, padding=1)
+            self.c2 = nn.Conv2d(4, 4, 3, padding=1)
+            self.fc = nn.Linear(4 * 6 * 6, 5)
+
+        def forward(self, x):
+            h = t.relu(self.c1(x))
+            h = t.relu(self.c2(h) + h)
+            return self.fc(h.flatten(1))
+
+    class Concat(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Conv2d(3, 2, 1)
+            self.b = nn.Conv2d(3, 3, 3, padding=1)
+            self.fc = nn.Linear(5 * 6 * 6, 5)
+
+        def forward(self, x):
+            return self.fc(t.cat([t.sigmoid(self.a(x)), t.tanh(self.b(x))], 1).flatten(1))
+
+    nets = {
+        "conv": lambda: nn.Sequential(nn.Conv2d(3, 4, 3, stride=2, padding=1), nn.ReLU(), nn.Flatten(),
+                                      nn.Linear(4 * 3 * 3, 5)),
+        "grouped": lambda: nn.Sequential(nn.Conv2d(3, 6, 3, padding=1), nn.ReLU(), nn.Conv2d(6, 4, 3, groups=2),
+                                         nn.Flatten(), nn.Linear(4 * 4 * 4, 5)),
+        "depthwise": lambda: nn.Sequential(nn.Conv2d(3, 6, 3, padding=1, groups=3), nn.ReLU(),
+                                           nn.Conv2d(6, 6, 3, padding=2, dilation=2, groups=6), nn.Flatten(),
+                                           nn.Linear(6 * 6 * 6, 5)),
+        "bn": lambda: nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
+                                    nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 5)),
+        "pool": lambda: nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.MaxPool2d(2), nn.ReLU(),
+                                      nn.Conv2d(4, 4, 3, padding=1), nn.AvgPool2d(3, stride=1, padding=1),
+                                      nn.Flatten(), nn.Linear(4 * 3 * 3, 5)),
+        "linear": lambda: nn.Sequential(nn.Flatten(), nn.Linear(108, 16), nn.Tanh(), nn.Linear(16, 5)),
+        "residual": Residual,
+        "concat": Concat,
+    }
+    return nets[kind]()
+
+
+def export(model, x):
+    t = _torch()
+    f = io.BytesIO()
+    model.eval()
+    t.onnx.export(model, (t.from_numpy(x),), f, opset_version=13, dynamo=False, do_constant_folding=False,
+                  input_names=["input"], output_names=["output"],
+                  dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}})
+    model.train()
+    import onnx
+    return onnx.load_from_string(f.getvalue())
+
+
+def data(n=4, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((n, 3, 6, 6)).astype(np.float32), rng.integers(0, 5, n)

@@ -1,0 +1,84 @@
+"""Loss and every parameter gradient of small nets against PyTorch CPU autograd (float32 on both sides)."""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import dlnet  # noqa: E402
+from dlnet.train import Trainer  # noqa: E402
+
+from .nets import data, export, make  # noqa: E402
+
+KINDS = ["conv", "grouped", "depthwise", "bn", "pool", "linear", "residual", "concat"]
+
+
+@pytest.fixture(scope="module")
+def ctx():
+    return dlnet.Context("cpu")
+
+
+def torch_grads(model, x, y, loss="cross_entropy", smoothing=0.0):
+    model.zero_grad()
+    out = model(torch.from_numpy(x))
+    if loss == "cross_entropy":
+        value = torch.nn.functional.cross_entropy(out, torch.from_numpy(y), label_smoothing=smoothing)
+    else:
+        value = torch.nn.functional.mse_loss(out, torch.from_numpy(y))
+    value.backward()
+    names = dict(model.named_parameters())
+    return float(value), {n: p.grad.numpy().copy() for n, p in names.items()}
+
+
+def dlnet_grads(ctx, model_proto, x, y, loss="cross_entropy", smoothing=0.0):
+    net = dlnet.Net(ctx).load_onnx(model_proto)
+    # lr 0: the step leaves the weights alone and the gradients stay readable in the plan
+    tr = Trainer(net, loss=loss, optimizer=dlnet.optim.SGD(lr=0.0), label_smoothing=smoothing)
+    value = tr.step({"input": x, "target": y})
+    plan = tr._active
+    return value, {n: plan.download(ctx, gv) for n, _, gv in plan.params}, tr
+
+
+def close(a, b, rtol=1e-4, atol=1e-6):
+    """max |a - b| <= rtol * max |b| + atol; atol covers gradients that are zero up to rounding (a conv bias
+    before BatchNormalization)"""
+    return np.abs(a - b).max() <= rtol * np.abs(b).max() + atol
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_loss_and_gradients_match_torch(ctx, kind):
+    x, y = data()
+    model = make(kind)
+    proto = export(model, x)
+    ref_loss, ref = torch_grads(model, x, y)
+    loss, grads, _ = dlnet_grads(ctx, proto, x, y)
+    assert abs(loss - ref_loss) <= 1e-4 * abs(ref_loss)
+    assert set(grads) == set(ref), (set(grads) ^ set(ref))
+    for n in ref:
+        assert close(grads[n], ref[n]), (n, np.abs(grads[n] - ref[n]).max(), np.abs(ref[n]).max())
+
+
+def test_label_smoothing_matches_torch(ctx):
+    x, y = data()
+    model = make("linear")
+    proto = export(model, x)
+    ref_loss, ref = torch_grads(model, x, y, smoothing=0.1)
+    loss, grads, _ = dlnet_grads(ctx, proto, x, y, smoothing=0.1)
+    assert abs(loss - ref_loss) <= 1e-4 * abs(ref_loss)
+    for n in ref:
+        assert close(grads[n], ref[n])
+
+
+def test_batchnorm_running_statistics_match_torch(ctx):
+    x, y = data(8)
+    model = make("bn")
+    proto = export(model, x)
+    net = dlnet.Net(ctx).load_onnx(proto)
+    tr = Trainer(net, optimizer=dlnet.optim.SGD(lr=0.0))
+    tr.step({"input": x, "target": y})
+    model(torch.from_numpy(x))
+    sd = net.state_dict()
+    bn = model[1]
+    means = [a for n, a in sd.items() if "running_mean" in n]
+    vars_ = [a for n, a in sd.items() if "running_var" in n]
+    np.testing.assert_allclose(means[0], bn.running_mean.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(vars_[0], bn.running_var.numpy(), rtol=1e-5, atol=1e-6)
