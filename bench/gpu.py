@@ -155,6 +155,7 @@ def main():
     ap.add_argument("--gemm", default="")
     ap.add_argument("--startup", action="store_true")
     ap.add_argument("--precision", default="fp32")
+    ap.add_argument("--tiles", default="", help="GEMM sweep over GPU tile configs 'TM,TN,TK,WM,WN;...'")
     args = ap.parse_args()
     ctx = dlnet.Context("gpu", precision=args.precision)
     print(f"device: {ctx.info}; torch {torch.__version__} on {torch.cuda.get_device_name()}")
@@ -167,7 +168,13 @@ def main():
             print(f"{r[0]:13s} {r[1]:5d} {r[2]:9.2f} {r[3]:9.2f} {r[4]:6.2f} {r[5]:8.1e} {r[6]:10.0f}/{r[7]:<11.0f} "
                   f"{r[8]:8d}")
     if args.gemm:
-        bench_gemm(ctx, [int(n) for n in args.gemm.split(",")])
+        from dlnet.kernels import lowering
+        for cfg in args.tiles.split(";") if args.tiles else [""]:
+            if cfg:
+                tm, tn, tk, wm, wn = (int(v) for v in cfg.split(","))
+                lowering.GEMM_TILES["gpu"]["big"] = dict(TM=tm, TN=tn, TK=tk, WM=wm, WN=wn)
+                print(f"\ntiles {cfg}")
+            bench_gemm(ctx, [int(n) for n in args.gemm.split(",")])
     if args.startup:
         bench_startup()
 
