@@ -7,11 +7,14 @@ from ..errors import ModelError
 
 # How matrix-shaped kernels (conv as implicit GEMM, gemm) are blocked, per device class. GPUs use the tiled core
 # (__local tiles, WM x WN outputs per work-item); CPUs the register-blocked core (RM x CN outputs per work-item,
-# no barriers), which PoCL runs 10-25x faster than the tiled one (bench/gemm_cpu.py).
+# no barriers), which PoCL ran 10-25x faster than the tiled one on 2 Xeon cores (3.8 against 0.05-0.3 GFLOP/s).
 GEMM_TILES = {
-    "gpu": {"core": "gemm_core", "big": dict(TM=64, TN=64, TK=16, WM=4, WN=4),
+    # measured on an H100 (bench/RESULTS.md): 128x128x16 with 8x8 per work-item 23-24 TFLOP/s, 64x64 with 4x4 18
+    "gpu": {"core": "gemm_core", "huge": dict(TM=128, TN=128, TK=16, WM=8, WN=8),
+            "big": dict(TM=64, TN=64, TK=16, WM=4, WN=4),
             "narrow_m": dict(TM=16, TN=64, TK=16, WM=2, WN=4), "narrow_n": dict(TM=64, TN=16, TK=16, WM=4, WN=2)},
-    "cpu": {"core": "gemm_regs", "big": dict(RM=8, CN=4), "narrow_m": dict(RM=1, CN=8), "narrow_n": dict(RM=8, CN=1)},
+    "cpu": {"core": "gemm_regs", "huge": dict(RM=8, CN=4), "big": dict(RM=8, CN=4), "narrow_m": dict(RM=1, CN=8),
+            "narrow_n": dict(RM=8, CN=1)},
 }
 
 
@@ -22,6 +25,8 @@ def pick_tiles(ctx, M, N):
         tiles = table["narrow_m"]
     elif N <= 4 and M > 16:
         tiles = table["narrow_n"]
+    elif M >= 96 and N >= 2048:
+        tiles = table["huge"]
     else:
         tiles = table["big"]
     if table["core"] == "gemm_regs":  # groups of 16 along N: PoCL vectorises across them

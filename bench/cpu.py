@@ -1,0 +1,65 @@
+"""dlnet on the CPU (PoCL) against onnxruntime on the same machine, in one process and one run.
+
+    python bench/cpu.py [--models resnet50,squeezenet,...] [--iters 5] [--batch 1]
+
+Models: the reference CNNs the onnx package ships (real architectures; their constant weights do not change the
+work). Time of one inference includes the copies in and out; warm-up, then the median. Prints a table.
+"""
+import argparse
+import os
+import statistics
+import time
+
+import numpy as np
+import onnx
+
+import dlnet
+
+LIGHT = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
+MODELS = ["squeezenet", "shufflenet", "resnet50", "inception_v1", "bvlc_alexnet", "densenet121"]
+
+
+def median_ms(fn, iters):
+    fn()
+    times = []
+    for _ in range(iters):
+        t = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
+
+
+def main():
+    import onnxruntime as ort
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--batch", type=int, default=1)
+    args = ap.parse_args()
+    ctx = dlnet.Context("cpu")
+    print(f"device: {ctx.info}; onnxruntime {ort.__version__} (CPUExecutionProvider, default threads)")
+    rows = []
+    for name in args.models.split(","):
+        path = os.path.join(LIGHT, f"light_{name}.onnx")
+        net = dlnet.Net(ctx).load_onnx(path, batch=args.batch)
+        info = net.inputs[0]
+        shape = (args.batch,) + tuple(info.shape[1:])
+        x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+        sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+        t_ort = median_ms(lambda: sess.run(None, {info.name: x}), args.iters)
+        t_dl = median_ms(lambda: net.run({info.name: x}), args.iters)
+        ref = sess.run(None, {info.name: x})[0]
+        got = list(net.run({info.name: x}).values())[0]
+        err = np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30)
+        rows.append((name, t_ort, t_dl, t_ort / t_dl, err))
+        print(f"{name:14s} onnxruntime {t_ort:9.2f} ms  dlnet {t_dl:9.2f} ms  ratio {t_ort / t_dl:5.2f}  err {err:.1e}",
+              flush=True)
+        net.release()
+    print(f"\n{'model':14s} {'ort ms':>9} {'dlnet ms':>9} {'ratio':>6} {'rel err':>8}")
+    for r in rows:
+        print(f"{r[0]:14s} {r[1]:9.2f} {r[2]:9.2f} {r[3]:6.2f} {r[4]:8.1e}")
+    print(f"median ratio {statistics.median(r[3] for r in rows):.2f}")
+
+
+if __name__ == "__main__":
+    main()
