@@ -13,8 +13,7 @@ GEMM_TILES = {
     "gpu": {"core": "gemm_core", "huge": dict(TM=128, TN=128, TK=16, WM=8, WN=8),
             "big": dict(TM=64, TN=64, TK=16, WM=4, WN=4),
             "narrow_m": dict(TM=16, TN=64, TK=16, WM=2, WN=4), "narrow_n": dict(TM=64, TN=16, TK=16, WM=4, WN=2)},
-    "cpu": {"core": "gemm_regs", "huge": dict(RM=8, CN=4), "big": dict(RM=8, CN=4), "narrow_m": dict(RM=1, CN=8),
-            "narrow_n": dict(RM=8, CN=1)},
+    "cpu": {"core": "gemm_vec", "huge": dict(RM=8), "big": dict(RM=8), "narrow_m": dict(RM=1), "narrow_n": dict(RM=8)},
 }
 
 
@@ -29,8 +28,8 @@ def pick_tiles(ctx, M, N):
         tiles = table["huge"]
     else:
         tiles = table["big"]
-    if table["core"] == "gemm_regs":  # groups of 16 along N: PoCL vectorises across them
-        return table["core"], tiles, (16, 1, 1), (_round_up(-(-N // tiles["CN"]), 16), -(-M // tiles["RM"]))
+    if table["core"] == "gemm_vec":  # 8 columns per work-item as float8
+        return table["core"], tiles, None, (-(-N // 8), -(-M // tiles["RM"]))
     nthreads = (tiles["TM"] // tiles["WM"]) * (tiles["TN"] // tiles["WN"])
     return table["core"], tiles, (nthreads, 1, 1), (-(-N // tiles["TN"]) * nthreads, -(-M // tiles["TM"]))
 
@@ -224,12 +223,20 @@ class Lowerer:
         C, K = Cin // group, Cout // group
         M, NN = K, N * OH * OW
         core, tiles, lsize, (g0, g1) = pick_tiles(self.ctx, M, NN)
-        if core == "gemm_regs":  # CPU: direct convolution with pixel coordinates decoded once
-            src = _defines(tiles) + head + kernel_source("conv_cpu")
-        else:
-            if KH == 1 and KW == 1 and strides == [1, 1] and pads == [0, 0]:
-                tiles = dict(tiles, IS_1X1=1)
-            src = _defines(tiles) + head + kernel_source("conv") + kernel_source(core)
+        one = KH == 1 and KW == 1 and strides == [1, 1] and pads == [0, 0]
+        if core == "gemm_vec" and not (one and N == 1):
+            # CPU: B written once by im2col into the work buffer, then read 8 columns at a time
+            tiles = dict(tiles, B_FROM_COL=1)
+            total = Cin * KH * KW * NN
+            col_args = self.args(x) + [self.dummy()[0], np.int32(Cin), np.int32(H), np.int32(W), np.int32(OH),
+                                       np.int32(OW), np.int32(KH), np.int32(KW), np.int32(strides[0]),
+                                       np.int32(strides[1]), np.int32(pads[0]), np.int32(pads[1]), np.int32(dil[0]),
+                                       np.int32(dil[1]), np.int64(Cin * H * W), np.int32(NN), np.int64(total)]
+            self.emit(kernel_source("im2col"), "im2col", col_args, (total,), None, label + " im2col")
+            self.use_scratch(self.launches[-1].kernel, 2, 4 * total)
+        elif one:
+            tiles = dict(tiles, IS_1X1=1, **({"ONE_IMAGE": 1} if N == 1 else {}))
+        src = _defines(tiles) + head + kernel_source("conv") + kernel_source(core)
         args = self.args(x) + self.args(w) + bargs + rargs + self.args(y) + [
             np.int32(C), np.int32(H), np.int32(W), np.int32(K), np.int32(OH), np.int32(OW), np.int32(KH),
             np.int32(KW), np.int32(strides[0]), np.int32(strides[1]), np.int32(pads[0]), np.int32(pads[1]),
@@ -268,6 +275,8 @@ class Lowerer:
         defs = dict(tiles)
         if c is not None:
             defs["HAS_C"] = 1
+        if sbn == 1:
+            defs["B_ROWS"] = 1
         src = _defines(defs) + act_macro(at.get("act")) + kernel_source("gemm") + kernel_source(core)
         args = self.args(a) + self.args(b) + (self.args(c) if c is not None else self.dummy()) + self.args(y) + [
             self.meta(table.ravel()), np.int32(M), np.int32(N), np.int32(K), np.int64(sam), np.int64(sak),
@@ -284,14 +293,22 @@ class Lowerer:
             splits = min(16, -(-target // groups), KK // 256)
         if splits <= 1:
             self.emit(src, name, args + [self.dummy()[0]], grid, lsize, label)
+            if core == "gemm_vec":  # the CPU conv path reads im2col's output from the work buffer
+                self.use_scratch(self.launches[-1].kernel, len(args), 0)
             return
         src = f"#define SPLITS {splits}\n" + src
         self.emit(src, name, args + [self.dummy()[0]], (grid[0], grid[1], grid[2] * splits), lsize,
                   label + f" splitK{splits}")
         self.emit(src, name + "_reduce", args + [self.dummy()[0]], (_round_up(NN, 64), M, grid[2]), (64, 1, 1),
                   label + " reduce")
-        self.scratch_users += [(self.launches[-2].kernel, len(args)), (self.launches[-1].kernel, len(args))]
-        self.scratch_bytes = max(self.scratch_bytes, 4 * splits * grid[2] * M * NN)
+        nbytes = 4 * splits * grid[2] * M * NN
+        self.use_scratch(self.launches[-2].kernel, len(args), nbytes)
+        self.use_scratch(self.launches[-1].kernel, len(args), nbytes)
+
+    def use_scratch(self, kernel, index, nbytes):
+        """Argument `index` of `kernel` is the plan's work buffer, which must hold at least `nbytes`."""
+        self.scratch_users.append((kernel, index))
+        self.scratch_bytes = max(self.scratch_bytes, nbytes)
 
     def finish(self):
         """Bind the split-K work buffer (one for the plan: its launches run in order) once its size is known."""

@@ -3,8 +3,10 @@ from .padding import explicit_padding
 from .batchnorm import fold_batchnorm
 from .fold import fold_constants, remove_dead
 from .fuse import fuse_epilogues, fuse_pointwise
+from .layout import pretranspose_weights
 
-INFERENCE_PASSES = [explicit_padding, fold_batchnorm, fold_constants, fuse_epilogues, fuse_pointwise, remove_dead]
+INFERENCE_PASSES = [explicit_padding, fold_batchnorm, fold_constants, fuse_epilogues, fuse_pointwise, remove_dead,
+                    pretranspose_weights]
 
 
 def run_passes(graph, passes=None, verify=True):

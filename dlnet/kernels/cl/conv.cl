@@ -17,8 +17,14 @@
     y += y_off + (long)g * K * OH * OW; res += res_off + (long)g * K * OH * OW; \
     const long x_nstride = (long)C * groups * H * W; const int OHW = OH * OW;
 #define LOAD_A(m, k) w[(long)(m) * KK + (k)]
-#if defined(IS_1X1)
+#if defined(B_FROM_COL)  // im2col already wrote B to the work buffer (CPU path), one group at a time
+#define LOAD_B(k, n) ws[(long)(k) * NN + (n)]
+#define LOAD_B8(k, n) vload8(0, ws + (long)(k) * NN + (n))
+#elif defined(IS_1X1)
 #define LOAD_B(k, n) x[((n) / OHW) * x_nstride + (long)(k) * H * W + ((n) % OHW)]
+#if defined(ONE_IMAGE)  // batch 1: B is x itself, contiguous along n
+#define LOAD_B8(k, n) vload8(0, x + (long)(k) * OHW + (n))
+#endif
 #else
 inline float im2col(__global const float* x, int k, int n, int H, int W, int OH, int OW, int KH, int KW, int SH,
                     int SW, int PH, int PW, int DH, int DW, long x_nstride) {
