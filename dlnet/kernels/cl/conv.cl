@@ -18,8 +18,8 @@
     const long x_nstride = (long)C * groups * H * W; const int OHW = OH * OW;
 #define LOAD_A(m, k) w[(long)(m) * KK + (k)]
 #if defined(B_FROM_COL)  // im2col already wrote B to the work buffer (CPU path), one group at a time
-#define LOAD_B(k, n) ws[(long)(k) * NN + (n)]
-#define LOAD_B8(k, n) vload8(0, ws + (long)(k) * NN + (n))
+#define LOAD_B(k, n) ws[((long)g * KK + (k)) * NN + (n)]
+#define LOAD_B8(k, n) vload8(0, ws + ((long)g * KK + (k)) * NN + (n))
 #elif defined(IS_1X1)
 #define LOAD_B(k, n) x[((n) / OHW) * x_nstride + (long)(k) * H * W + ((n) % OHW)]
 #if defined(ONE_IMAGE)  // batch 1: B is x itself, contiguous along n
