@@ -4,7 +4,7 @@
 #ifndef RM
 #error "gemm_vec.cl needs RM"
 #endif
-#define ZID get_group_id(2)
+#define ZID get_global_id(2)  // no local size is set on CPUs: group ids follow the runtime's choice
 __kernel void KERNEL_NAME(KERNEL_ARGS, __global float* ws) {
     PROLOGUE
     const int n0 = get_global_id(0) * 8;
