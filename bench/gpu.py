@@ -75,7 +75,7 @@ def bench_nets(ctx, nets, batches, iters, rows):
             torch_mem = torch.cuda.max_memory_allocated()
             mem = net.memory
             rows.append((name, batch, t_torch, t_dlnet, t_torch / t_dlnet, err, mem.total / 2**20, torch_mem / 2**20,
-                         len(net._last.launches)))
+                         len(net.launches)))
             print(f"{name:13s} b{batch:<3d} torch {t_torch:8.2f} ms  dlnet {t_dlnet:8.2f} ms  ratio {t_torch / t_dlnet:5.2f}"
                   f"  err {err:.1e}  mem {mem.total / 2**20:.0f}/{torch_mem / 2**20:.0f} MiB", flush=True)
         net.release()

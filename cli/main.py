@@ -128,12 +128,12 @@ def bench(model, batch, device, iters, warmup, profile):
 
 
 def profile_layers(net, iters):
-    """{label: seconds per run} from the launch list of the last plan, its inputs already uploaded by run()."""
+    """{layer: seconds per run} from the launch list of the last plan (a layer's helper launches, such as im2col or a
+    split-K reduction, count with it), its inputs already uploaded by run()."""
     queue = net.ctx.queue
     totals = {}
     for _ in range(iters):
-        events = [(launch.label or getattr(launch.kernel, "function_name", "?"), launch.enqueue(queue))
-                  for launch in net._last.launches]
+        events = [(launch.layer or launch.label, launch.enqueue(queue)) for launch in net.launches]
         queue.finish()
         for label, ev in events:
             totals[label] = totals.get(label, 0.0) + (ev.profile.end - ev.profile.start) * 1e-9

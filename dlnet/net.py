@@ -39,6 +39,7 @@ class Plan:
             lw = Lowerer(ctx, graph, self.memory, self.act_buf, self.const_buf)
             self.lowerer = lw
             for node in graph.nodes:
+                lw.layer = f"{node.name} {node.op}".strip()
                 node.spec.lower(node, lw)
             lw.finish()
             self.launches = lw.launches
@@ -196,6 +197,11 @@ class Net:
         g = self.build_graph(shapes)
         g.notes.append("symbolic dims unbound: shown with size 1")
         return _Printable(g, None)
+
+    @property
+    def launches(self):
+        """The bound kernel launches of the last plan, in order (each has .label, .layer and .enqueue(queue))."""
+        return list(self._last.launches) if self._last is not None else []
 
     @property
     def memory(self):

@@ -62,6 +62,7 @@ class Lowerer:
         self.const_buf = const_buf
         self.launches = []
         self.keepalive = []  # small metadata buffers the launches read
+        self.layer = ""  # the node being lowered, for per-layer profiles
         self.scratch_buf = None
         self.scratch_users = []
         self.scratch_bytes = 0
@@ -100,7 +101,8 @@ class Lowerer:
             k.set_args(*args)
         except cl.Error as e:
             raise ModelError(f"{label}: binding kernel {name} arguments failed: {e}") from e
-        self.launches.append(Launch(k, tuple(int(g) for g in gsize), None if lsize is None else tuple(lsize), label))
+        self.launches.append(Launch(k, tuple(int(g) for g in gsize), None if lsize is None else tuple(lsize), label,
+                                    self.layer or label))
 
     def written_in_place(self, x, y):
         return False

@@ -190,6 +190,7 @@ class Launch:
     gsize: tuple
     lsize: tuple | None
     label: str = ""
+    layer: str = ""  # the node this launch belongs to ("name Op"); helper launches (im2col, reduce) share it
 
     def enqueue(self, queue):
         return cl.enqueue_nd_range_kernel(queue, self.kernel, self.gsize, self.lsize)
