@@ -39,13 +39,13 @@ def norm_axis(axis, rank):
 UNARY = {  # op_type: (IR op, versions)
     "Relu": (1, 6, 13, 14), "Sigmoid": (1, 6, 13), "Tanh": (1, 6, 13), "Exp": (1, 6, 13), "Log": (1, 6, 13),
     "Sqrt": (1, 6, 13), "Abs": (1, 6, 13), "Neg": (1, 6, 13), "Reciprocal": (1, 6, 13), "Floor": (1, 6, 13),
-    "Ceil": (1, 6, 13), "Erf": (9, 13), "Sign": (9, 13), "Sin": (7,), "Cos": (7,), "Tan": (7,), "Asin": (7,),
-    "Acos": (7,), "Atan": (7,), "Sinh": (9,), "Cosh": (9,), "Asinh": (9,), "Acosh": (9,), "Atanh": (9,),
-    "Round": (11,), "Not": (1,), "IsNaN": (9, 13), "Softsign": (1,), "Softplus": (1,), "HardSwish": (14,),
+    "Ceil": (1, 6, 13), "Erf": (9, 13), "Sign": (9, 13), "Sin": (7, 22), "Cos": (7, 22), "Tan": (7, 22), "Asin": (7, 22),
+    "Acos": (7, 22), "Atan": (7, 22), "Sinh": (9, 22), "Cosh": (9, 22), "Asinh": (9, 22), "Acosh": (9, 22), "Atanh": (9, 22),
+    "Round": (11, 22), "Not": (1,), "IsNaN": (9, 13, 20), "Softsign": (1, 22), "Softplus": (1, 22), "HardSwish": (14, 22),
 }
 UNARY_ATTR = {  # ops with attributes that keep their ONNX names
-    "LeakyRelu": (1, 6, 16), "Elu": (1, 6), "Selu": (1, 6), "HardSigmoid": (1, 6), "Celu": (12,),
-    "ThresholdedRelu": (10,), "Shrink": (9,), "IsInf": (10,),
+    "LeakyRelu": (1, 6, 16), "Elu": (1, 6, 22), "Selu": (1, 6, 22), "HardSigmoid": (1, 6, 22), "Celu": (12, 28),
+    "ThresholdedRelu": (10, 22), "Shrink": (9,), "IsInf": (10, 20),
 }
 
 
@@ -69,9 +69,9 @@ def _legacy_broadcast(imp, a, bv, at):
 
 
 BINARY = {"Add": (1, 6, 7, 13, 14), "Sub": (1, 6, 7, 13, 14), "Mul": (1, 6, 7, 13, 14), "Div": (1, 6, 7, 13, 14),
-          "Equal": (1, 7, 11, 13), "Less": (1, 7, 9, 13), "Greater": (1, 7, 9, 13), "LessOrEqual": (12,),
-          "GreaterOrEqual": (12,), "And": (1, 7), "Or": (1, 7), "Xor": (1, 7), "PRelu": (1, 6, 7, 9, 16),
-          "BitShift": (11,), "Mod": (10, 13)}
+          "Equal": (1, 7, 11, 13, 19), "Less": (1, 7, 9, 13), "Greater": (1, 7, 9, 13), "LessOrEqual": (12, 16),
+          "GreaterOrEqual": (12, 16), "And": (1, 7), "Or": (1, 7), "Xor": (1, 7), "PRelu": (1, 6, 7, 9, 16),
+          "BitShift": (11, 28), "Mod": (10, 13, 28)}
 
 
 @handler("Add", *BINARY["Add"])
@@ -165,7 +165,7 @@ def _where(imp, node, xs, at):
     return [imp.b.op("Where", xs)]
 
 
-@handler("Cast", 1, 6, 9, 13)
+@handler("Cast", 1, 6, 9, 13, 19, 21, 23, 24, 25, 28)  # later versions add types (float8, int4, ...)
 def _cast(imp, node, xs, at):
     from .importer import onnx_dtype
     to = at["to"]
@@ -173,12 +173,12 @@ def _cast(imp, node, xs, at):
     return [imp.b.op("Cast", [xs[0]], {"to": to})]
 
 
-@handler("Identity", 1, 13, 14, 16)
+@handler("Identity", 1, 13, 14, 16, 19, 21, 23, 24, 25)
 def _identity(imp, node, xs, at):
     return [xs[0]]
 
 
-@handler("Dropout", 1, 6, 7, 10, 12, 13)
+@handler("Dropout", 1, 6, 7, 10, 12, 13, 22)
 def _dropout(imp, node, xs, at):
     # inference: identity. The optional mask output (op-set >= 7) is all ones.
     x = xs[0]
@@ -189,7 +189,7 @@ def _dropout(imp, node, xs, at):
 
 
 # ---------------------------------------------------------------- constants and shapes ----------------------------
-@handler("Constant", 1, 9, 11, 12, 13)
+@handler("Constant", 1, 9, 11, 12, 13, 19, 21, 23, 24, 25)
 def _constant(imp, node, xs, at):
     if "value" in at:
         return [imp.b.const(at["value"])]
@@ -202,7 +202,7 @@ def _constant(imp, node, xs, at):
     raise ModelError(f"Constant without a supported value attribute ({sorted(at)})")
 
 
-@handler("ConstantOfShape", 9)
+@handler("ConstantOfShape", 9, 20, 21, 23, 24, 25)
 def _constant_of_shape(imp, node, xs, at):
     shape = const(xs[0], "ConstantOfShape's shape").astype(np.int64)
     value = at.get("value", np.zeros(1, np.float32))
@@ -214,13 +214,13 @@ def _shape_1(imp, node, xs, at):
     return [imp.b.const(np.asarray(xs[0].shape, np.int64))]
 
 
-@handler("Shape", 15)
+@handler("Shape", 15, 19, 21, 23, 24, 25)
 def _shape_15(imp, node, xs, at):  # op-set 15 adds start/end
     s = xs[0].shape
     return [imp.b.const(np.asarray(s[at.get("start", 0):at.get("end", len(s))], np.int64))]
 
 
-@handler("Size", 1, 13)
+@handler("Size", 1, 13, 19, 21, 23, 24, 25)
 def _size(imp, node, xs, at):
     return [imp.b.const(np.asarray(xs[0].size, np.int64))]
 
@@ -235,7 +235,7 @@ def _reshape_5(imp, node, xs, at):
     return [_reshape(imp, xs[0], const(xs[1], "Reshape's shape"), 0)]
 
 
-@handler("Reshape", 14)
+@handler("Reshape", 14, 19, 21, 23, 24, 25)
 def _reshape_14(imp, node, xs, at):  # op-set 14 adds allowzero
     return [_reshape(imp, xs[0], const(xs[1], "Reshape's shape"), at.get("allowzero", 0))]
 
@@ -253,7 +253,7 @@ def _reshape(imp, x, shape, allowzero):
     return reshape(imp.b, x, out)
 
 
-@handler("Flatten", 1, 9, 11, 13)
+@handler("Flatten", 1, 9, 11, 13, 21, 23, 24, 25)
 def _flatten(imp, node, xs, at):
     x = xs[0]
     axis = at.get("axis", 1)
@@ -284,7 +284,7 @@ def _squeeze_1(imp, node, xs, at):  # axes attribute (negative allowed from 11)
     return [_squeeze(imp, xs[0], at.get("axes"))]
 
 
-@handler("Squeeze", 13)
+@handler("Squeeze", 13, 21, 23, 24, 25)
 def _squeeze_13(imp, node, xs, at):  # op-set 13: axes moved to an optional input
     axes = const(xs[1], "Squeeze's axes").tolist() if len(xs) > 1 and xs[1] is not None else None
     return [_squeeze(imp, xs[0], axes)]
@@ -295,12 +295,12 @@ def _unsqueeze_1(imp, node, xs, at):
     return [_unsqueeze(imp, xs[0], at["axes"])]
 
 
-@handler("Unsqueeze", 13)
+@handler("Unsqueeze", 13, 21, 23, 24, 25)
 def _unsqueeze_13(imp, node, xs, at):  # op-set 13: axes moved to an input
     return [_unsqueeze(imp, xs[0], const(xs[1], "Unsqueeze's axes").reshape(-1).tolist())]
 
 
-@handler("Transpose", 1, 13)
+@handler("Transpose", 1, 13, 21, 23, 24, 25)
 def _transpose(imp, node, xs, at):
     x = xs[0]
     perm = at.get("perm") or list(range(x.rank))[::-1]
@@ -409,7 +409,7 @@ def _gather(imp, node, xs, at):
     return [imp.b.op("Gather", [x, idx], {"axis": axis})]
 
 
-@handler("Range", 11)
+@handler("Range", 11, 27)
 def _range(imp, node, xs, at):
     s, l, d = (const(v, "Range's inputs") for v in xs)
     return [imp.b.const(np.arange(s, l, d).astype(s.dtype))]
@@ -432,7 +432,7 @@ def _pad_11(imp, node, xs, at):  # op-set 11: pads and constant value are inputs
     return [_pad(imp, xs[0], pads, at.get("mode", "constant"), value)]
 
 
-@handler("Pad", 18, 19)
+@handler("Pad", 18, 19, 21, 23, 24, 25)
 def _pad_18(imp, node, xs, at):  # op-set 18: optional axes input; 19 adds mode 'wrap'
     x = xs[0]
     pads = const(xs[1], "Pad's pads").tolist()
@@ -481,7 +481,7 @@ def _auto_pads(at, in_spatial, kernel, strides, dilations):
     return begins + ends
 
 
-@handler("Conv", 1, 11)
+@handler("Conv", 1, 11, 22)
 def _conv(imp, node, xs, at):
     x, w = xs[0], xs[1]
     nsp = x.rank - 2
@@ -511,23 +511,23 @@ def _pool(imp, node, xs, at, op):
     return [imp.b.op(op, [x], attrs)]
 
 
-@handler("MaxPool", 1, 8, 10, 11, 12)
+@handler("MaxPool", 1, 8, 10, 11, 12, 22)
 def _maxpool(imp, node, xs, at):
     return _pool(imp, node, xs, at, "MaxPool")
 
 
-@handler("AveragePool", 1, 7, 10, 11, 19)
+@handler("AveragePool", 1, 7, 10, 11, 19, 22)
 def _avgpool(imp, node, xs, at):
     return _pool(imp, node, xs, at, "AveragePool")
 
 
-@handler("GlobalAveragePool", 1)
+@handler("GlobalAveragePool", 1, 22)
 def _gap(imp, node, xs, at):
     x = xs[0]
     return [imp.b.op("Reduce", [x], {"mode": "mean", "axes": tuple(range(2, x.rank)), "keepdims": 1})]
 
 
-@handler("GlobalMaxPool", 1)
+@handler("GlobalMaxPool", 1, 22)
 def _gmp(imp, node, xs, at):
     x = xs[0]
     return [imp.b.op("Reduce", [x], {"mode": "max", "axes": tuple(range(2, x.rank)), "keepdims": 1})]
@@ -636,5 +636,5 @@ for _op in REDUCE_MODES:
         handler(_op, 1, 11)(_reduce_attr)
         handler(_op, 13)(_reduce_input)
     else:
-        handler(_op, 1, 11, 13)(_reduce_attr)
-        handler(_op, 18)(_reduce_input)
+        handler(_op, 1, 11, 12, 13)(_reduce_attr)  # 12: ReduceMax/Min add int8/uint8
+        handler(_op, 18, 20, 28)(_reduce_input)  # 20: Max/Min add bool; 28: LogSum(Exp) add types
