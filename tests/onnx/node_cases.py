@@ -100,6 +100,8 @@ def _run_data_set(ctx, model, inputs, expected, rtol, atol):
         except dlnet.DlnetError as e:
             return "run: " + str(e).replace("\n", " ")[:300]
         for k, (y, ref) in enumerate(zip(got, expected)):
+            if isinstance(ref, np.generic):
+                ref = np.asarray(ref)
             if not isinstance(ref, np.ndarray):
                 return f"output {k} is a {type(ref).__name__}, not a tensor"
             if y.dtype != ref.dtype:
