@@ -182,6 +182,16 @@ def _identity(imp, node, xs, at):
 def _dropout(imp, node, xs, at):
     # inference: identity. The optional mask output (op-set >= 7) is all ones.
     x = xs[0]
+    training = xs[2] if len(xs) > 2 and xs[2] is not None else None
+    ratio = xs[1] if len(xs) > 1 and xs[1] is not None else None
+    if training is not None:
+        const(training, "Dropout's training_mode")
+        if bool(training.const) and ratio is not None:
+            const(ratio, "Dropout's ratio in training mode")
+    zero_ratio = ratio is not None and float(ratio.const) == 0.0 if ratio is not None and ratio.const is not None \
+        else False
+    if training is not None and bool(training.const) and not zero_ratio:
+        raise ModelError("Dropout with training_mode (random masks) is not supported; inference is identity")
     outs = [x]
     if len(node.output) > 1 and node.output[1]:
         outs.append(imp.b.const(np.ones(x.shape, bool)))

@@ -58,6 +58,14 @@ def read_xfail(path=XFAIL_FILE):
     return table
 
 
+def release(ctx):
+    """Free every OpenCL object before the interpreter exits (PoCL can crash freeing them during teardown)."""
+    import gc
+    ctx.finish()
+    ctx._programs.clear()
+    gc.collect()
+
+
 def run_case(ctx, case):
     """None when dlnet matches every data set of the case, else a one-line reason."""
     for inputs, expected in case.data_sets:
@@ -68,6 +76,8 @@ def run_case(ctx, case):
 
 
 def _run_data_set(ctx, model, inputs, expected, rtol, atol):
+    import onnx
+
     import dlnet
     inits = {i.name for i in model.graph.initializer}
     names = [i.name for i in model.graph.input if i.name not in inits]
@@ -77,8 +87,10 @@ def _run_data_set(ctx, model, inputs, expected, rtol, atol):
     for n, a in zip(names, inputs):
         if isinstance(a, np.generic):
             a = np.asarray(a)
+        if isinstance(a, onnx.TensorProto):
+            return f"input {n} is {onnx.TensorProto.DataType.Name(a.data_type)}, which numpy and dlnet do not hold"
         if not isinstance(a, np.ndarray):
-            return f"input {n} is a {type(a).__name__}, not a tensor"
+            return f"input {n} is a {type(a).__name__} (sequence/optional), not a tensor"
         feeds[n] = a
     try:
         net = dlnet.Net(ctx).load_onnx(model)
@@ -147,6 +159,7 @@ def main():
             print(f"slow {name} {dt:.1f}s", file=sys.stderr)
     for line in lines:
         print(line)
+    release(ctx)
     print(f"core (opset<=13): {counts['core'][0]}/{counts['core'][1]} pass; all: {counts['all'][0]}/"
           f"{counts['all'][1]} pass; {time.time() - t0:.0f} s; xfail listed: {len(xfail)}", file=sys.stderr)
 
