@@ -98,9 +98,12 @@ class Net:
         self.bound = {}
 
     # loading ------------------------------------------------------------------
-    def load_onnx(self, path, batch=None):
+    def load_onnx(self, path, batch=None, constants=None):
+        """constants: {input name: array} binds those inputs at load (shapes, axes, pads a model takes as inputs)."""
         model = path if not isinstance(path, (str, bytes)) and hasattr(path, "graph") else load_model(path)
         self.path = str(path) if isinstance(path, (str, bytes)) else (model.graph.name or "model")
+        if constants:
+            model = _bind_inputs(model, constants, self.path)
         check_supported(model, self.path)
         self.model = model
         ins, outs = graph_io(model)
@@ -258,6 +261,26 @@ class Net:
             os.fsync(f.fileno())
         os.replace(tmp, path)
         return onnx.load(str(path)) is not None
+
+
+def _bind_inputs(model, constants, path):
+    """A copy of `model` whose inputs named in `constants` are initializers holding those arrays."""
+    from onnx import ModelProto, numpy_helper
+    names = {i.name for i in model.graph.input}
+    unknown = [k for k in constants if k not in names]
+    if unknown:
+        raise InputError(f"{path}: constants names unknown input {unknown[0]!r}; the model's inputs are {sorted(names)}")
+    bound = ModelProto()
+    bound.CopyFrom(model)
+    kept = [i for i in bound.graph.input if i.name not in constants]
+    del bound.graph.input[:]
+    bound.graph.input.extend(kept)
+    inits = [i for i in bound.graph.initializer if i.name not in constants]
+    del bound.graph.initializer[:]
+    bound.graph.initializer.extend(inits)
+    for name, array in constants.items():
+        bound.graph.initializer.append(numpy_helper.from_array(np.asarray(array), name))
+    return bound
 
 
 class _Printable:

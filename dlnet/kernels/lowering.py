@@ -439,3 +439,46 @@ class Lowerer:
         if x.const is not None:  # a trainable weight viewed with another shape: copy it (same element order)
             ys = self.strides(y)
             self._elementwise(y, 0, ys, [(x, 0, ys)], "r0 = x0v;", f"reshape {y.id}")
+
+    # ops added for ONNX coverage ------------------------------------------------------
+    def argreduce(self, node):
+        x, y = node.inputs[0], node.outputs[0]
+        if x.dtype == "float16":
+            raise ModelError(f"node {node.name} ({node.op}): float16 is not supported (float32/64 and integers are)")
+        axis = node.attrs["axis"]
+        inner = int(np.prod(x.shape[axis + 1:], dtype=np.int64))
+        defs = {"ARG_MAX" if node.attrs["mode"] == "max" else "ARG_MIN": 1}
+        if node.attrs.get("select_last", 0):
+            defs["SELECT_LAST"] = 1
+        src = _defines(defs) + self._typed("argreduce", x.dtype)
+        args = self.args(y) + self.args(x) + [np.int64(x.shape[axis]), np.int64(inner), np.int64(y.size)]
+        self.emit(src, "argreduce", args, (max(y.size, 1),), None, f"{node.name} {node.op}")
+
+    def _elements_meta(self, node, x, idx):
+        return self.meta(list(idx.shape) + self.strides(x)), np.int32(x.rank), np.int32(node.attrs["axis"]), \
+            np.int64(x.shape[node.attrs["axis"]])
+
+    def gather_elements(self, node):
+        x, idx = node.inputs
+        y = node.outputs[0]
+        if x.dtype == "float16":
+            raise ModelError(f"node {node.name} ({node.op}): float16 is not supported")
+        meta, rank, axis, n = self._elements_meta(node, x, idx)
+        args = self.args(y) + self.args(x) + self.args(idx) + [meta, rank, axis, n, np.int64(y.size)]
+        self.emit(self._typed("gather_elements", x.dtype, idx.dtype), "gather_elements", args, (max(y.size, 1),),
+                  None, f"{node.name} {node.op}")
+
+    def scatter_elements(self, node):
+        x, idx, upd = node.inputs
+        y = node.outputs[0]
+        if x.dtype == "float16":
+            raise ModelError(f"node {node.name} ({node.op}): float16 is not supported")
+        ys = self.strides(y)
+        self._elementwise(y, 0, ys, [(x, 0, ys)], "r0 = x0v;", f"{node.name} copy")
+        meta, rank, axis, n = self._elements_meta(node, x, idx)
+        red = node.attrs.get("reduction", "none")
+        src = self._typed("gather_elements", x.dtype, idx.dtype)
+        if red != "none":
+            src = f"#define RED_{red.upper()} 1\n" + src
+        args = self.args(y) + self.args(upd) + self.args(idx) + [meta, rank, axis, n, np.int64(idx.size)]
+        self.emit(src, "scatter_elements", args, (1,), None, f"{node.name} {node.op}")

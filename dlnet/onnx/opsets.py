@@ -39,13 +39,13 @@ def norm_axis(axis, rank):
 UNARY = {  # op_type: (IR op, versions)
     "Relu": (1, 6, 13, 14), "Sigmoid": (1, 6, 13), "Tanh": (1, 6, 13), "Exp": (1, 6, 13), "Log": (1, 6, 13),
     "Sqrt": (1, 6, 13), "Abs": (1, 6, 13), "Neg": (1, 6, 13), "Reciprocal": (1, 6, 13), "Floor": (1, 6, 13),
-    "Ceil": (1, 6, 13), "Erf": (9, 13), "Sign": (9, 13), "Sin": (7,), "Cos": (7,), "Tan": (7,), "Asin": (7,),
-    "Acos": (7,), "Atan": (7,), "Sinh": (9,), "Cosh": (9,), "Asinh": (9,), "Acosh": (9,), "Atanh": (9,),
-    "Round": (11,), "Not": (1,), "IsNaN": (9, 13), "Softsign": (1,), "Softplus": (1,), "HardSwish": (14,),
+    "Ceil": (1, 6, 13), "Erf": (9, 13), "Sign": (9, 13), "Sin": (7, 22), "Cos": (7, 22), "Tan": (7, 22), "Asin": (7, 22),
+    "Acos": (7, 22), "Atan": (7, 22), "Sinh": (9, 22), "Cosh": (9, 22), "Asinh": (9, 22), "Acosh": (9, 22), "Atanh": (9, 22),
+    "Round": (11, 22), "Not": (1,), "IsNaN": (9, 13, 20), "Softsign": (1, 22), "Softplus": (1, 22), "HardSwish": (14, 22),
 }
 UNARY_ATTR = {  # ops with attributes that keep their ONNX names
-    "LeakyRelu": (1, 6, 16), "Elu": (1, 6), "Selu": (1, 6), "HardSigmoid": (1, 6), "Celu": (12,),
-    "ThresholdedRelu": (10,), "Shrink": (9,), "IsInf": (10,),
+    "LeakyRelu": (1, 6, 16), "Elu": (1, 6, 22), "Selu": (1, 6, 22), "HardSigmoid": (1, 6, 22), "Celu": (12, 28),
+    "ThresholdedRelu": (10, 22), "Shrink": (9,), "IsInf": (10, 20),
 }
 
 
@@ -69,9 +69,9 @@ def _legacy_broadcast(imp, a, bv, at):
 
 
 BINARY = {"Add": (1, 6, 7, 13, 14), "Sub": (1, 6, 7, 13, 14), "Mul": (1, 6, 7, 13, 14), "Div": (1, 6, 7, 13, 14),
-          "Equal": (1, 7, 11, 13), "Less": (1, 7, 9, 13), "Greater": (1, 7, 9, 13), "LessOrEqual": (12,),
-          "GreaterOrEqual": (12,), "And": (1, 7), "Or": (1, 7), "Xor": (1, 7), "PRelu": (1, 6, 7, 9, 16),
-          "BitShift": (11,), "Mod": (10, 13)}
+          "Equal": (1, 7, 11, 13, 19), "Less": (1, 7, 9, 13), "Greater": (1, 7, 9, 13), "LessOrEqual": (12, 16),
+          "GreaterOrEqual": (12, 16), "And": (1, 7), "Or": (1, 7), "Xor": (1, 7), "PRelu": (1, 6, 7, 9, 16),
+          "BitShift": (11, 28), "Mod": (10, 13, 28)}
 
 
 @handler("Add", *BINARY["Add"])
@@ -165,7 +165,7 @@ def _where(imp, node, xs, at):
     return [imp.b.op("Where", xs)]
 
 
-@handler("Cast", 1, 6, 9, 13)
+@handler("Cast", 1, 6, 9, 13, 19, 21, 23, 24, 25, 28)  # later versions add types (float8, int4, ...)
 def _cast(imp, node, xs, at):
     from .importer import onnx_dtype
     to = at["to"]
@@ -173,18 +173,28 @@ def _cast(imp, node, xs, at):
     return [imp.b.op("Cast", [xs[0]], {"to": to})]
 
 
-@handler("Identity", 1, 13, 14, 16)
+@handler("Identity", 1, 13, 14, 16, 19, 21, 23, 24, 25)
 def _identity(imp, node, xs, at):
     return [xs[0]]
 
 
-@handler("Dropout", 1, 6, 7, 10, 12, 13)
+@handler("Dropout", 1, 6, 7, 10, 12, 13, 22)
 def _dropout(imp, node, xs, at):
     # inference: identity. The optional mask output (op-set >= 7) is all ones.
     x = xs[0]
     if getattr(imp, "training", False):
         from ..graph.ops.grad_nn import dropout_training
         return dropout_training(imp, node, xs, at)
+    training = xs[2] if len(xs) > 2 and xs[2] is not None else None
+    ratio = xs[1] if len(xs) > 1 and xs[1] is not None else None
+    if training is not None:
+        const(training, "Dropout's training_mode")
+        if bool(training.const) and ratio is not None:
+            const(ratio, "Dropout's ratio in training mode")
+    zero_ratio = ratio is not None and float(ratio.const) == 0.0 if ratio is not None and ratio.const is not None \
+        else False
+    if training is not None and bool(training.const) and not zero_ratio:
+        raise ModelError("Dropout with training_mode (random masks) is not supported; inference is identity")
     outs = [x]
     if len(node.output) > 1 and node.output[1]:
         outs.append(imp.b.const(np.ones(x.shape, bool)))
@@ -192,7 +202,7 @@ def _dropout(imp, node, xs, at):
 
 
 # ---------------------------------------------------------------- constants and shapes ----------------------------
-@handler("Constant", 1, 9, 11, 12, 13)
+@handler("Constant", 1, 9, 11, 12, 13, 19, 21, 23, 24, 25)
 def _constant(imp, node, xs, at):
     if "value" in at:
         return [imp.b.const(at["value"])]
@@ -205,7 +215,7 @@ def _constant(imp, node, xs, at):
     raise ModelError(f"Constant without a supported value attribute ({sorted(at)})")
 
 
-@handler("ConstantOfShape", 9)
+@handler("ConstantOfShape", 9, 20, 21, 23, 24, 25)
 def _constant_of_shape(imp, node, xs, at):
     shape = const(xs[0], "ConstantOfShape's shape").astype(np.int64)
     value = at.get("value", np.zeros(1, np.float32))
@@ -217,13 +227,13 @@ def _shape_1(imp, node, xs, at):
     return [imp.b.const(np.asarray(xs[0].shape, np.int64))]
 
 
-@handler("Shape", 15)
+@handler("Shape", 15, 19, 21, 23, 24, 25)
 def _shape_15(imp, node, xs, at):  # op-set 15 adds start/end
     s = xs[0].shape
     return [imp.b.const(np.asarray(s[at.get("start", 0):at.get("end", len(s))], np.int64))]
 
 
-@handler("Size", 1, 13)
+@handler("Size", 1, 13, 19, 21, 23, 24, 25)
 def _size(imp, node, xs, at):
     return [imp.b.const(np.asarray(xs[0].size, np.int64))]
 
@@ -238,7 +248,7 @@ def _reshape_5(imp, node, xs, at):
     return [_reshape(imp, xs[0], const(xs[1], "Reshape's shape"), 0)]
 
 
-@handler("Reshape", 14)
+@handler("Reshape", 14, 19, 21, 23, 24, 25)
 def _reshape_14(imp, node, xs, at):  # op-set 14 adds allowzero
     return [_reshape(imp, xs[0], const(xs[1], "Reshape's shape"), at.get("allowzero", 0))]
 
@@ -256,7 +266,7 @@ def _reshape(imp, x, shape, allowzero):
     return reshape(imp.b, x, out)
 
 
-@handler("Flatten", 1, 9, 11, 13)
+@handler("Flatten", 1, 9, 11, 13, 21, 23, 24, 25)
 def _flatten(imp, node, xs, at):
     x = xs[0]
     axis = at.get("axis", 1)
@@ -287,7 +297,7 @@ def _squeeze_1(imp, node, xs, at):  # axes attribute (negative allowed from 11)
     return [_squeeze(imp, xs[0], at.get("axes"))]
 
 
-@handler("Squeeze", 13)
+@handler("Squeeze", 13, 21, 23, 24, 25)
 def _squeeze_13(imp, node, xs, at):  # op-set 13: axes moved to an optional input
     axes = const(xs[1], "Squeeze's axes").tolist() if len(xs) > 1 and xs[1] is not None else None
     return [_squeeze(imp, xs[0], axes)]
@@ -298,12 +308,12 @@ def _unsqueeze_1(imp, node, xs, at):
     return [_unsqueeze(imp, xs[0], at["axes"])]
 
 
-@handler("Unsqueeze", 13)
+@handler("Unsqueeze", 13, 21, 23, 24, 25)
 def _unsqueeze_13(imp, node, xs, at):  # op-set 13: axes moved to an input
     return [_unsqueeze(imp, xs[0], const(xs[1], "Unsqueeze's axes").reshape(-1).tolist())]
 
 
-@handler("Transpose", 1, 13)
+@handler("Transpose", 1, 13, 21, 23, 24, 25)
 def _transpose(imp, node, xs, at):
     x = xs[0]
     perm = at.get("perm") or list(range(x.rank))[::-1]
@@ -412,7 +422,7 @@ def _gather(imp, node, xs, at):
     return [imp.b.op("Gather", [x, idx], {"axis": axis})]
 
 
-@handler("Range", 11)
+@handler("Range", 11, 27)
 def _range(imp, node, xs, at):
     s, l, d = (const(v, "Range's inputs") for v in xs)
     return [imp.b.const(np.arange(s, l, d).astype(s.dtype))]
@@ -435,7 +445,7 @@ def _pad_11(imp, node, xs, at):  # op-set 11: pads and constant value are inputs
     return [_pad(imp, xs[0], pads, at.get("mode", "constant"), value)]
 
 
-@handler("Pad", 18, 19)
+@handler("Pad", 18, 19, 21, 23, 24, 25)
 def _pad_18(imp, node, xs, at):  # op-set 18: optional axes input; 19 adds mode 'wrap'
     x = xs[0]
     pads = const(xs[1], "Pad's pads").tolist()
@@ -484,7 +494,7 @@ def _auto_pads(at, in_spatial, kernel, strides, dilations):
     return begins + ends
 
 
-@handler("Conv", 1, 11)
+@handler("Conv", 1, 11, 22)
 def _conv(imp, node, xs, at):
     x, w = xs[0], xs[1]
     nsp = x.rank - 2
@@ -514,23 +524,23 @@ def _pool(imp, node, xs, at, op):
     return [imp.b.op(op, [x], attrs)]
 
 
-@handler("MaxPool", 1, 8, 10, 11, 12)
+@handler("MaxPool", 1, 8, 10, 11, 12, 22)
 def _maxpool(imp, node, xs, at):
     return _pool(imp, node, xs, at, "MaxPool")
 
 
-@handler("AveragePool", 1, 7, 10, 11, 19)
+@handler("AveragePool", 1, 7, 10, 11, 19, 22)
 def _avgpool(imp, node, xs, at):
     return _pool(imp, node, xs, at, "AveragePool")
 
 
-@handler("GlobalAveragePool", 1)
+@handler("GlobalAveragePool", 1, 22)
 def _gap(imp, node, xs, at):
     x = xs[0]
     return [imp.b.op("Reduce", [x], {"mode": "mean", "axes": tuple(range(2, x.rank)), "keepdims": 1})]
 
 
-@handler("GlobalMaxPool", 1)
+@handler("GlobalMaxPool", 1, 22)
 def _gmp(imp, node, xs, at):
     x = xs[0]
     return [imp.b.op("Reduce", [x], {"mode": "max", "axes": tuple(range(2, x.rank)), "keepdims": 1})]
@@ -644,5 +654,149 @@ for _op in REDUCE_MODES:
         handler(_op, 1, 11)(_reduce_attr)
         handler(_op, 13)(_reduce_input)
     else:
-        handler(_op, 1, 11, 13)(_reduce_attr)
-        handler(_op, 18)(_reduce_input)
+        handler(_op, 1, 11, 12, 13)(_reduce_attr)  # 12: ReduceMax/Min add int8/uint8
+        handler(_op, 18, 20, 28)(_reduce_input)  # 20: Max/Min add bool; 28: LogSum(Exp) add types
+
+
+# ---------------------------------------------------------------- index-valued reductions -------------------------
+@handler("ArgMax", 1, 11, 12, 13)
+@handler("ArgMin", 1, 11, 12, 13)
+def _argreduce(imp, node, xs, at):  # 11: negative axis; 12: select_last_index
+    x = xs[0]
+    attrs = {"mode": "max" if node.op_type == "ArgMax" else "min", "axis": norm_axis(at.get("axis", 0), x.rank),
+             "keepdims": at.get("keepdims", 1), "select_last": at.get("select_last_index", 0)}
+    return [imp.b.op("ArgReduce", [x], attrs)]
+
+
+def _hardmax(imp, x, axis):
+    b = imp.b
+    arg = b.op("ArgReduce", [x], {"mode": "max", "axis": axis, "keepdims": 1})
+    ids = b.const(np.arange(x.shape[axis], dtype=np.int64).reshape((-1,) + (1,) * (x.rank - axis - 1)))
+    return b.op("Cast", [b.op("Equal", [arg, ids])], {"to": x.dtype})
+
+
+@handler("Hardmax", 1, 11)
+def _hardmax_1(imp, node, xs, at):  # op-sets < 13: flattened to 2-D at `axis`, as Softmax
+    x = xs[0]
+    axis = norm_axis(at.get("axis", 1), x.rank)
+    outer = int(np.prod(x.shape[:axis], dtype=np.int64))
+    flat = reshape(imp.b, x, (outer, x.size // outer if outer else 0))
+    return [reshape(imp.b, _hardmax(imp, flat, 1), x.shape)]
+
+
+@handler("Hardmax", 13)
+def _hardmax_13(imp, node, xs, at):
+    x = xs[0]
+    return [_hardmax(imp, x, norm_axis(at.get("axis", -1), x.rank))]
+
+
+# ---------------------------------------------------------------- normalisations and losses, composed -------------
+@handler("MeanVarianceNormalization", 9, 13)
+def _mvn(imp, node, xs, at):  # y = (x - mean) / (sqrt(mean(x^2) - mean^2) + 1e-9), as the ONNX function
+    b, x = imp.b, xs[0]
+    axes = tuple(sorted(norm_axis(a, x.rank) for a in at.get("axes", [0, 2, 3])))
+    mean = b.op("Reduce", [x], {"mode": "mean", "axes": axes, "keepdims": 1})
+    sq_mean = b.op("Reduce", [b.op("Mul", [x, x])], {"mode": "mean", "axes": axes, "keepdims": 1})
+    std = b.op("Sqrt", [b.op("Sub", [sq_mean, b.op("Mul", [mean, mean])])])
+    return [b.op("Div", [b.op("Sub", [x, mean]), b.op("Add", [std, b.const(np.asarray(1e-9, x.dtype))])])]
+
+
+def _nll(imp, logp, target, weight, at):
+    """loss[n, d..] = -logp[n, target, d..] * w[target] (0 where target == ignore_index), then the reduction."""
+    b = imp.b
+    C = logp.shape[1]
+    t = b.op("Reshape", [target], {"shape": (target.shape[0], 1) + target.shape[1:]})
+    ids = b.const(np.arange(C, dtype=target.dtype).reshape((1, C) + (1,) * (logp.rank - 2)))
+    onehot = b.op("Cast", [b.op("Equal", [t, ids])], {"to": logp.dtype})
+    wsel = onehot if weight is None else b.op("Mul", [onehot, reshape(b, weight, (1, C) + (1,) * (logp.rank - 2))])
+    w = b.op("Reduce", [wsel], {"mode": "sum", "axes": (1,), "keepdims": 0})
+    if "ignore_index" in at:
+        keep = b.op("Not", [b.op("Equal", [target, b.const(np.asarray(at["ignore_index"], target.dtype))])])
+        w = b.op("Mul", [w, b.op("Cast", [keep], {"to": logp.dtype})])
+    picked = b.op("Reduce", [b.op("Mul", [onehot, logp])], {"mode": "sum", "axes": (1,), "keepdims": 0})
+    loss = b.op("Neg", [b.op("Mul", [picked, w])])
+    reduction = at.get("reduction", "mean")
+    every = tuple(range(loss.rank))
+    if reduction == "none":
+        return loss
+    total = b.op("Reduce", [loss], {"mode": "sum", "axes": every, "keepdims": 0})
+    if reduction == "sum":
+        return total
+    return b.op("Div", [total, b.op("Reduce", [w], {"mode": "sum", "axes": every, "keepdims": 0})])
+
+
+@handler("NegativeLogLikelihoodLoss", 12, 13, 22)
+def _nll_loss(imp, node, xs, at):
+    weight = xs[2] if len(xs) > 2 else None
+    return [_nll(imp, xs[0], xs[1], weight, at)]
+
+
+@handler("SoftmaxCrossEntropyLoss", 12, 13)
+def _sce_loss(imp, node, xs, at):
+    x = xs[0]
+    logp = imp.b.op("LogSoftmax", [x], {"axis": 1})
+    weight = xs[2] if len(xs) > 2 else None
+    return [_nll(imp, logp, xs[1], weight, at), logp]
+
+
+# ---------------------------------------------------------------- element-wise indexing ---------------------------
+@handler("GatherElements", 11, 13)
+def _gather_elements(imp, node, xs, at):
+    x, idx = xs
+    return [imp.b.op("GatherElements", [x, idx], {"axis": norm_axis(at.get("axis", 0), x.rank)})]
+
+
+@handler("Scatter", 9, 11)
+@handler("ScatterElements", 11, 13)
+def _scatter_elements(imp, node, xs, at):  # Scatter (deprecated) is ScatterElements without reduction
+    x, idx, upd = xs
+    return [imp.b.op("ScatterElements", [x, idx, upd], {"axis": norm_axis(at.get("axis", 0), x.rank)})]
+
+
+@handler("ScatterElements", 16, 18)
+def _scatter_elements_16(imp, node, xs, at):  # 16 adds reduction add/mul; 18 adds max/min
+    x, idx, upd = xs
+    return [imp.b.op("ScatterElements", [x, idx, upd], {"axis": norm_axis(at.get("axis", 0), x.rank),
+                                                         "reduction": at.get("reduction", "none")})]
+
+
+def _nd_linear(imp, x, idx, batch_dims):
+    """GatherND/ScatterND indices -> (x viewed as [rows, slice...], row numbers shaped idx.shape[:-1])."""
+    b = imp.b
+    k = idx.shape[-1]
+    lead = x.shape[:batch_dims + k]
+    dims = b.const(np.asarray(x.shape[batch_dims:batch_dims + k], np.int64))
+    i64 = idx if idx.dtype == "int64" else b.op("Cast", [idx], {"to": "int64"})
+    i64 = b.op("Where", [b.op("Less", [i64, b.const(np.asarray(0, np.int64))]), b.op("Add", [i64, dims]), i64])
+    strides = np.asarray([int(np.prod(lead[batch_dims + j + 1:], dtype=np.int64)) for j in range(k)], np.int64)
+    lin = b.op("Reduce", [b.op("Mul", [i64, b.const(strides)])], {"mode": "sum", "axes": (idx.rank - 1,),
+                                                                   "keepdims": 0}) if k else \
+        b.const(np.zeros(idx.shape[:-1], np.int64))
+    if batch_dims:
+        per = int(np.prod(lead[batch_dims:], dtype=np.int64))
+        nb = int(np.prod(lead[:batch_dims], dtype=np.int64))
+        base = np.arange(nb, dtype=np.int64).reshape(lead[:batch_dims] + (1,) * (idx.rank - 1 - batch_dims)) * per
+        lin = b.op("Add", [lin, b.const(base)])
+    rows = int(np.prod(lead, dtype=np.int64))
+    return reshape(b, x, (rows,) + x.shape[batch_dims + k:]), lin
+
+
+@handler("GatherND", 11, 12, 13)
+def _gather_nd(imp, node, xs, at):  # 12 adds batch_dims
+    x, idx = xs
+    flat, lin = _nd_linear(imp, x, idx, at.get("batch_dims", 0))
+    return [imp.b.op("Gather", [flat, lin], {"axis": 0})]
+
+
+@handler("ScatterND", 11, 13, 16, 18)
+def _scatter_nd(imp, node, xs, at):  # 16 adds reduction add/mul, 18 max/min: a ScatterElements over row numbers
+    b = imp.b
+    x, idx, upd = xs
+    flat, lin = _nd_linear(imp, x, idx, 0)
+    n = int(np.prod(lin.shape, dtype=np.int64))
+    slice_shape = flat.shape[1:]
+    width = int(np.prod(slice_shape, dtype=np.int64))
+    rows = b.op("Expand", [reshape(b, lin, (n, 1))], {"shape": (n, width)}) if width != 1 else reshape(b, lin, (n, 1))
+    y = b.op("ScatterElements", [reshape(b, flat, (flat.shape[0], width)), rows, reshape(b, upd, (n, width))],
+             {"axis": 0, "reduction": at.get("reduction", "none")})
+    return [reshape(b, y, x.shape)]

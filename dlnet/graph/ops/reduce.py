@@ -51,3 +51,30 @@ class Reduce(Op):
             n = x.size // max(1, int(np.prod(keep)))
             return [b.op("Expand", [b.op("Mul", [dy, b.const(np.asarray(1.0 / n, x.dtype))])], {"shape": x.shape})]
         return None
+
+
+@register
+class ArgReduce(Op):
+    """y = argmax/argmin(x, axis) as int64 (keepdims or not; first or last index among ties); no gradient"""
+    name = "ArgReduce"
+
+    def infer(self, node):
+        x = node.inputs[0]
+        axis = node.attrs["axis"]
+        if node.attrs.get("keepdims", 1):
+            shape = tuple(1 if i == axis else d for i, d in enumerate(x.shape))
+        else:
+            shape = tuple(d for i, d in enumerate(x.shape) if i != axis)
+        return [("int64", shape)]
+
+    def numpy(self, node, x):
+        axis = node.attrs["axis"]
+        fn = np.argmax if node.attrs["mode"] == "max" else np.argmin
+        if node.attrs.get("select_last", 0):
+            y = x.shape[axis] - 1 - fn(np.flip(x, axis), axis=axis)
+        else:
+            y = fn(x, axis=axis)
+        return [y.reshape(self.infer(node)[0][1]).astype(np.int64)]
+
+    def lower(self, node, lw):
+        lw.argreduce(node)

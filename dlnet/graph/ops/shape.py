@@ -209,3 +209,49 @@ class Pad(Op):
         if node.attrs.get("mode", "constant") != "constant" or any(p < 0 for p in pads):
             return [None]
         return [b.op("Slice", [dys[0]], {"starts": tuple(pads[:r]), "steps": (1,) * r, "counts": x.shape})]
+
+
+def _norm_idx(idx, n):
+    idx = idx.astype(np.int64)
+    return np.where(idx < 0, idx + n, idx)
+
+
+@register
+class GatherElements(Op):
+    """y[i] = x[i with axis coordinate idx[i]];  no gradient here"""
+    name = "GatherElements"
+
+    def infer(self, node):
+        return [(node.inputs[0].dtype, node.inputs[1].shape)]
+
+    def numpy(self, node, x, idx):
+        axis = node.attrs["axis"]
+        return [np.take_along_axis(x, _norm_idx(idx, x.shape[axis]), axis=axis)]
+
+    def lower(self, node, lw):
+        lw.gather_elements(node)
+
+
+@register
+class ScatterElements(Op):
+    """y = copy(x); y[i with axis coordinate idx[i]] (op)= upd[i], in index order"""
+    name = "ScatterElements"
+
+    def infer(self, node):
+        return [(node.inputs[0].dtype, node.inputs[0].shape)]
+
+    def numpy(self, node, x, idx, upd):
+        axis = node.attrs["axis"]
+        y = x.copy()
+        idx = _norm_idx(idx, x.shape[axis])
+        red = node.attrs.get("reduction", "none")
+        for i in np.ndindex(*idx.shape):
+            j = list(i)
+            j[axis] = idx[i]
+            j = tuple(j)
+            y[j] = {"none": lambda a, b: b, "add": np.add, "mul": np.multiply, "max": np.maximum,
+                    "min": np.minimum}[red](y[j], upd[i])
+        return [y]
+
+    def lower(self, node, lw):
+        lw.scatter_elements(node)
