@@ -1,4 +1,5 @@
 """Net: load an ONNX model, plan it per input shape, run it as a loop of enqueues."""
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -83,6 +84,8 @@ class Plan:
                 events.append(cl.enqueue_copy(q, y, loc[0], src_offset=loc[1] * y.itemsize, is_blocking=False))
             outs.append(y)
         cl.wait_for_events(events) if events else ctx.finish()
+        if os.environ.get("DLNET_DEBUG_BOUNDS"):
+            ctx.check_guards(self.graph.name)
         return outs
 
 

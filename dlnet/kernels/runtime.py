@@ -161,16 +161,33 @@ class Context:
         """A fresh cl.Kernel (each launch binds its own arguments once)."""
         return cl.Kernel(self.program(source, options), name)
 
+    GUARD = 1 << 16  # DLNET_DEBUG_BOUNDS=1: bytes of guard pattern after every arena, checked after each run
+
     def alloc(self, nbytes):
+        guard = self.GUARD if os.environ.get("DLNET_DEBUG_BOUNDS") else 0
         try:
-            buf = cl.Buffer(self.cl, cl.mem_flags.READ_WRITE, max(int(nbytes), 4))
+            buf = cl.Buffer(self.cl, cl.mem_flags.READ_WRITE, max(int(nbytes), 4) + guard)
         except cl.Error as e:
             raise DeviceError(f"device {self.info}: could not allocate {nbytes / 2**20:.1f} MiB ({e})") from e
         self.allocated_bytes += buf.size
+        if guard:
+            self.guarded = getattr(self, "guarded", {})
+            self.guarded[buf.int_ptr] = (buf, buf.size - guard)
+            cl.enqueue_copy(self.queue, buf, np.full(guard, 0xA5, np.uint8), dst_offset=buf.size - guard)
         return buf
+
+    def check_guards(self, where=""):
+        """With DLNET_DEBUG_BOUNDS=1: raise if a kernel wrote past the end of an arena."""
+        for buf, size in getattr(self, "guarded", {}).values():
+            tail = np.empty(self.GUARD, np.uint8)
+            cl.enqueue_copy(self.queue, tail, buf, src_offset=size)
+            if not (tail == 0xA5).all():
+                first = int(np.argmax(tail != 0xA5))
+                raise DeviceError(f"{where}: a kernel wrote {first} bytes past the end of a {size}-byte arena")
 
     def free(self, buf):
         self.allocated_bytes -= buf.size
+        getattr(self, "guarded", {}).pop(buf.int_ptr, None)
         buf.release()
 
     def upload(self, buf, array, byte_offset=0):
