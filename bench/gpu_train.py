@@ -134,7 +134,7 @@ def main(argv=None):
             d_loss, d_ms, build_s = bench_dlnet(ctx, proto, x, y, args.iters, args.warmup, args.lr)
             rel = abs(d_loss - t_loss) / max(abs(t_loss), 1e-30)
             rows.append((name, t_ms, d_ms, t_ms / d_ms, rel, build_s, t_loss, d_loss, ""))
-        except Exception as e:  # one net failing still prints the others
+        except Exception as e:  # noqa: BLE001  (one net failing still prints the others)
             traceback.print_exc()
             rows.append((name, float("nan"), float("nan"), float("nan"), float("nan"), float("nan"),
                          float("nan"), float("nan"), f"{type(e).__name__}: {str(e).splitlines()[0][:80]}"))

@@ -1,6 +1,6 @@
 import pytest
-
 from dlnet.cli.train import load_config
+
 from dlnet.errors import ConfigError
 
 
@@ -58,7 +58,6 @@ def test_lists_are_converted(tmp_path):
 
 def test_cli_config_error_is_one_line_exit_2(tmp_path):
     from click.testing import CliRunner
-
     from dlnet.cli.main import cli
     p = tmp_path / "c.yaml"
     p.write_text(BASE + "optimizer: {name: adam, lrate: 0.1}\n")

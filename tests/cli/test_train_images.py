@@ -2,13 +2,13 @@
 import numpy as np
 import onnx
 import pytest
+from dlnet.cli import train as train_cli
 from onnx import TensorProto, helper, numpy_helper
 
-from dlnet.cli import train as train_cli
 from dlnet.errors import ConfigError
 
 PIL = pytest.importorskip("PIL")
-from PIL import Image  # noqa: E402
+from PIL import Image
 
 CLASSES = ["cat", "dog", "owl"]
 

@@ -6,10 +6,10 @@ import signal
 import numpy as np
 import pytest
 from click.testing import CliRunner
-
-import dlnet
 from dlnet.cli import train as train_cli
 from dlnet.cli.main import cli
+
+import dlnet
 
 from .conftest import MODELS
 

@@ -6,15 +6,15 @@ import pytest
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
-from dlnet import losses  # noqa: E402
-from dlnet.graph.autodiff import gradients  # noqa: E402
-from dlnet.graph.ir import Builder, Graph  # noqa: E402
-from dlnet.graph.passes import run_passes  # noqa: E402
-from dlnet.graph.passes.fold import fold_constants, remove_dead  # noqa: E402
-from dlnet.graph.passes.fuse import fuse_pointwise  # noqa: E402
-from dlnet.net import Plan  # noqa: E402
+from dlnet import losses
+from dlnet.graph.autodiff import gradients
+from dlnet.graph.ir import Builder, Graph
+from dlnet.graph.passes import run_passes
+from dlnet.graph.passes.fold import fold_constants, remove_dead
+from dlnet.graph.passes.fuse import fuse_pointwise
+from dlnet.net import Plan
 
-from ..conftest import context  # noqa: E402
+from ..conftest import context
 
 N, C = 6, 5
 
