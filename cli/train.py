@@ -4,17 +4,23 @@ import hashlib
 import json
 import os
 import pickle
+import signal
+import threading
 import time
 
 import click
 import numpy as np
 
-from dlnet.errors import ConfigError, DlnetError
+from dlnet.errors import ConfigError
+
+from .common import command_errors
 
 # key: (type(s), default); a dict value is a nested section
 SCHEMA = {
     "model": (str, None),
     "dataset": {"path": (str, None), "val_split": (float, 0.1)},
+    # resize: [height, width] at load; random_crop: [pad]: pad by zeros, then crop back to the image size at a random
+    # offset per image (CIFAR style); flip: random horizontal flips; mean/std: per channel or one for all
     "preprocess": {"resize": (list, None), "random_crop": (list, None), "flip": (bool, False),
                    "mean": ((float, list), 0.0), "std": ((float, list), 1.0)},
     "batch_size": (int, 32),
@@ -30,9 +36,25 @@ SCHEMA = {
 }
 
 
+# list keys: the type and count of their elements
+LISTS = {"preprocess.resize": (int, 2), "preprocess.random_crop": (int, 1), "preprocess.mean": (float, None),
+         "preprocess.std": (float, None)}
+
+
+def _check_list(name, v, path):
+    elem, count = LISTS[name]
+    ok = all(isinstance(e, (int, float) if elem is float else int) and not isinstance(e, bool) for e in v)
+    if not ok or (count is not None and len(v) != count):
+        n = f"{count} " if count is not None else ""
+        raise ConfigError(f"{path}: key {name!r} is {v!r}, expected a list of {n}{elem.__name__}")
+    return [elem(e) for e in v]
+
+
 def _check(cfg, schema, where, path):
     if not isinstance(cfg, dict):
-        raise ConfigError(f"{path}: {where or 'the file'} must be a mapping, got {type(cfg).__name__}")
+        what = f"key {where[:-1]!r}" if where else "the file"
+        raise ConfigError(f"{path}: {what} must be a mapping of {', '.join(schema)}, got {type(cfg).__name__} "
+                          f"{cfg!r}")
     out = {}
     for key in cfg:
         if key not in schema:
@@ -40,7 +62,8 @@ def _check(cfg, schema, where, path):
     for key, spec in schema.items():
         name = where + key
         if isinstance(spec, dict):
-            out[key] = _check(cfg.get(key) or {}, spec, name + ".", path)
+            section = cfg.get(key)
+            out[key] = _check({} if section is None else section, spec, name + ".", path)
             continue
         types, default = spec
         if key not in cfg:
@@ -55,6 +78,8 @@ def _check(cfg, schema, where, path):
         if not isinstance(v, types) or (isinstance(v, bool) and bool not in types):
             raise ConfigError(f"{path}: key {name!r} is {type(v).__name__} {v!r}, expected "
                               f"{' or '.join(t.__name__ for t in types)}")
+        if isinstance(v, list) and name in LISTS:
+            v = _check_list(name, v, path)
         out[key] = v
     return out
 
@@ -76,37 +101,58 @@ def load_config(path):
     return cfg
 
 
-def load_dataset(cfg):
+def load_dataset(cfg, channels=3):
+    """(x float32 [N, C, H, W], y int64 [N], class names). A folder holds one sub-folder per class (sorted names
+    give the class indices); its images are read as grey (channels 1) or RGB, scaled to [0, 1]."""
     p = cfg["dataset"]["path"]
     if p.endswith(".npz"):
-        d = np.load(p)
-        return d["x"].astype(np.float32), d["y"]
+        try:
+            d = np.load(p)
+            x, y = d["x"].astype(np.float32), d["y"]
+        except (OSError, KeyError, ValueError) as e:
+            raise ConfigError(f"dataset.path {p!r}: expected an .npz with arrays x and y ({e})") from None
+        return x, y, [str(c) for c in range(int(y.max()) + 1 if y.ndim == 1 and len(y) else 0)]
     if os.path.isdir(p):
-        from PIL import Image
+        from PIL import Image, UnidentifiedImageError
         classes = sorted(c for c in os.listdir(p) if os.path.isdir(os.path.join(p, c)))
         size = cfg["preprocess"]["resize"]
         xs, ys = [], []
         for k, c in enumerate(classes):
             for f in sorted(os.listdir(os.path.join(p, c))):
-                im = Image.open(os.path.join(p, c, f)).convert("RGB")
+                if f.startswith("."):
+                    continue
+                file = os.path.join(p, c, f)
+                try:
+                    im = Image.open(file).convert("L" if channels == 1 else "RGB")
+                except (OSError, UnidentifiedImageError) as e:
+                    raise ConfigError(f"dataset {file}: not a readable image ({e})") from None
                 if size:
-                    im = im.resize((size[1], size[0]))
-                xs.append(np.asarray(im, np.float32).transpose(2, 0, 1) / 255.0)
+                    im = im.resize((size[1], size[0]), Image.BILINEAR)
+                a = np.asarray(im, np.float32) / 255.0
+                a = a[None] if a.ndim == 2 else a.transpose(2, 0, 1)
+                if xs and a.shape != xs[0].shape:
+                    raise ConfigError(f"dataset {file}: image is {a.shape[2]}x{a.shape[1]}, the first one "
+                                      f"{xs[0].shape[2]}x{xs[0].shape[1]}; set preprocess.resize: [height, width]")
+                xs.append(a)
                 ys.append(k)
-        return np.stack(xs), np.array(ys, np.int64)
+        if not xs:
+            raise ConfigError(f"dataset.path {p!r}: no images in class sub-folders")
+        return np.stack(xs), np.array(ys, np.int64), classes
     raise ConfigError(f"dataset.path {p!r}: expected an .npz with arrays x, y or a folder with a sub-folder per class")
 
 
 def augment(x, cfg, rng):
+    """Random horizontal flips and pad-and-crop, one draw per image from `rng`, then normalise."""
     pre = cfg["preprocess"]
     if pre["flip"]:
         flip = rng.random(len(x)) < 0.5
         x = np.where(flip[:, None, None, None], x[..., ::-1], x)
     if pre["random_crop"]:
         pad = int(pre["random_crop"][0])
+        h, w = x.shape[2], x.shape[3]
         xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
-        dy, dx = rng.integers(0, 2 * pad + 1, 2)
-        x = xp[:, :, dy:dy + x.shape[2], dx:dx + x.shape[3]]
+        offsets = rng.integers(0, 2 * pad + 1, (len(x), 2))
+        x = np.stack([xp[i, :, dy:dy + h, dx:dx + w] for i, (dy, dx) in enumerate(offsets)]) if len(x) else x
     return normalise(x, cfg)
 
 
@@ -134,36 +180,93 @@ def make_optimizer(cfg, steps_per_epoch):
 
 
 def save_checkpoint(path, state):
+    """Atomic: a temporary file beside `path`, fsynced, then os.replace; a failed write leaves the old checkpoint
+    and no temporary file behind."""
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        pickle.dump(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            pickle.dump(state, f, protocol=pickle.HIGHEST_PROTOCOL)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    try:  # make the rename itself durable
+        fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+class _DeferInterrupt:
+    """Ctrl-C during training: a first SIGINT is held until the running step ends (a step half-enqueued would leave
+    the weights half-updated, and the checkpoint could not continue exactly); a second one interrupts at once."""
+
+    def __init__(self):
+        self.requested = False
+        self.previous = None
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def _handler(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def check(self):
+        if self.requested:
+            self.requested = False
+            raise KeyboardInterrupt
+
+    def __exit__(self, *exc):
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+        return False
 
 
 def run_training(config_path, resume=False, echo=print):
+    """Train as the config says; returns the per-epoch metric rows. A checkpoint is written atomically after every
+    epoch and on Ctrl-C (mid-epoch: with the epoch's order and position), so --resume continues exactly: the same
+    seed gives the same loss curve as an uninterrupted run."""
     import dlnet
     cfg = load_config(config_path)
     cfg_hash = hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:16]
     os.makedirs(cfg["output"], exist_ok=True)
-    x, y = load_dataset(cfg)
+    net = dlnet.Net(dlnet.Context(cfg["device"])).load_onnx(cfg["model"])
+    name = net.inputs[0].name
+    in_shape = net.inputs[0].shape
+    channels = in_shape[1] if len(in_shape) == 4 and isinstance(in_shape[1], int) else 3
+    x, y, classes = load_dataset(cfg, channels)
+    echo(f"dataset: {len(x)} images, {len(classes)} classes, {' x '.join(str(d) for d in x.shape[1:])}")
     split_rng = np.random.default_rng(cfg["seed"])
     order = split_rng.permutation(len(x))
     nval = int(len(x) * cfg["dataset"]["val_split"])
     xv, yv, xt, yt = x[order[:nval]], y[order[:nval]], x[order[nval:]], y[order[nval:]]
     bs = cfg["batch_size"]
     steps = max(len(xt) // bs, 1)
-    net = dlnet.Net(dlnet.Context(cfg["device"])).load_onnx(cfg["model"])
     trainer = dlnet.Trainer(net, loss=cfg["loss"], optimizer=make_optimizer(cfg, steps),
                             label_smoothing=cfg["label_smoothing"], seed=cfg["seed"])
-    name = net.inputs[0].name
     rng = np.random.default_rng(cfg["seed"] + 1)
     ckpt = os.path.join(cfg["output"], "checkpoint.pkl")
     rows, start = [], 0
+    # where an interrupted epoch stopped: its order, the next step and the loss summed so far
+    position = {"perm": None, "step": 0, "total": 0.0}
     if resume and os.path.exists(ckpt):
-        with open(ckpt, "rb") as f:
-            state = pickle.load(f)
+        try:
+            with open(ckpt, "rb") as f:
+                state = pickle.load(f)
+        except (OSError, pickle.UnpicklingError, EOFError) as e:
+            raise ConfigError(f"{ckpt}: not a readable checkpoint ({e})") from None
         if state["config_hash"] != cfg_hash:
             raise ConfigError(f"{ckpt}: written with another config (hash {state['config_hash']}, now {cfg_hash})")
         net.load_state_dict(state["weights"])
@@ -171,32 +274,46 @@ def run_training(config_path, resume=False, echo=print):
         trainer.step_count = state["step"]
         rng.bit_generator.state = state["rng"]
         rows, start = state["rows"], state["epoch"]
+        position = state.get("position") or position
+        echo(f"resumed from {ckpt}: epoch {start + 1}, step {position['step']}")
+    elif resume:
+        echo(f"no checkpoint in {cfg['output']}: starting from scratch")
 
     def checkpoint(epoch):
         save_checkpoint(ckpt, {"weights": net.state_dict(), "optimizer": trainer.optimizer_state(),
                                "step": trainer.step_count, "rng": rng.bit_generator.state, "config_hash": cfg_hash,
-                               "epoch": epoch, "rows": rows})
+                               "epoch": epoch, "rows": rows, "position": position})
 
     epoch = start
     try:
-        for epoch in range(start, cfg["epochs"]):
-            t0, total = time.perf_counter(), 0.0
-            perm = rng.permutation(len(xt))
-            for k in range(steps):
-                idx = perm[k * bs:(k + 1) * bs]
-                xb = augment(xt[idx], cfg, rng)
-                total += trainer.step({name: xb, "target": yt[idx]})
-            dt = time.perf_counter() - t0
-            m = trainer.evaluate({name: normalise(xv, cfg), "target": yv}) if nval else {"loss": float("nan")}
-            row = {"epoch": epoch + 1, "train_loss": total / steps, "val_loss": m["loss"],
-                   "val_accuracy": m.get("accuracy", float("nan")), "images_per_s": steps * bs / dt}
-            rows.append(row)
-            echo(f"epoch {epoch + 1}/{cfg['epochs']}: loss {row['train_loss']:.4f}  {row['images_per_s']:.0f} img/s  "
-                 f"val loss {row['val_loss']:.4f}  val acc {row['val_accuracy']:.3f}")
-            checkpoint(epoch + 1)
+        with _DeferInterrupt() as interrupt:
+            train_epochs = range(start, cfg["epochs"])
+            for epoch in train_epochs:
+                t0 = time.perf_counter()
+                if position["perm"] is None:
+                    position = {"perm": rng.permutation(len(xt)), "step": 0, "total": 0.0}
+                perm, first = position["perm"], position["step"]
+                for k in range(first, steps):
+                    idx = perm[k * bs:(k + 1) * bs]
+                    xb = augment(xt[idx], cfg, rng)
+                    loss = trainer.step({name: xb, "target": yt[idx]})
+                    position = {"perm": perm, "step": k + 1, "total": position["total"] + loss}
+                    interrupt.check()
+                dt = time.perf_counter() - t0
+                m = trainer.evaluate({name: normalise(xv, cfg), "target": yv}) if nval else {"loss": float("nan")}
+                row = {"epoch": epoch + 1, "train_loss": position["total"] / steps, "val_loss": m["loss"],
+                       "val_accuracy": m.get("accuracy", float("nan")), "images_per_s": (steps - first) * bs / dt}
+                rows.append(row)
+                position = {"perm": None, "step": 0, "total": 0.0}
+                checkpoint(epoch + 1)
+                echo(f"epoch {epoch + 1}/{cfg['epochs']}: loss {row['train_loss']:.4f}  {row['images_per_s']:.0f} img/s  "
+                     f"val loss {row['val_loss']:.4f}  val acc {row['val_accuracy']:.3f}")
     except KeyboardInterrupt:
-        checkpoint(epoch)
-        echo(f"interrupted: checkpoint at epoch {epoch} in {ckpt}; continue with --resume")
+        # raised between steps (see _DeferInterrupt): the weights, step count and position agree
+        done = len(rows)
+        checkpoint(done)
+        echo(f"interrupted: checkpoint after {done} epochs and {position['step']} steps in {ckpt}; "
+             f"continue with --resume")
         raise SystemExit(130)
     with open(os.path.join(cfg["output"], "metrics.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["epoch"])
@@ -220,13 +337,7 @@ def run_training(config_path, resume=False, echo=print):
 @click.command()
 @click.argument("config", type=click.Path())
 @click.option("--resume", is_flag=True, help="continue from the output dir's checkpoint")
-@click.option("--debug", is_flag=True, help="show tracebacks")
-def train(config, resume, debug):
+@command_errors
+def train(config, resume):
     """Train an ONNX model as CONFIG (YAML) says."""
-    try:
-        run_training(config, resume, echo=click.echo)
-    except DlnetError as e:
-        if debug:
-            raise
-        click.echo(f"error: {e}", err=True)
-        raise SystemExit(1)
+    run_training(config, resume, echo=click.echo)

@@ -43,7 +43,6 @@ class _TrainPlan:
         grads = gradients(g, loss, [v for _, v in trainable])
         self.params = [(n, v, gv) for (n, v), gv in zip(trainable, grads) if gv is not None and gv.const is None]
         self.unused = [n for (n, v), gv in zip(trainable, grads) if gv is None]
-        self.weights = named  # every weight the device holds: trainable, frozen and running statistics
         self.updates = imp.state_updates
         g.outputs = [loss, out] + [gv for _, _, gv in self.params] + [new for _, new in self.updates]
         g.output_names = ["loss", trainer.output] + [f"grad:{n}" for n, _, _ in self.params] + \
@@ -51,6 +50,8 @@ class _TrainPlan:
         run_passes(g, [fold_constants, fuse_pointwise, remove_dead])
         self.graph = g
         self.plan = Plan(trainer.ctx, g)
+        # an initializer the graph read as a constant (Dropout's ratio) has no device copy: the model's stays true
+        self.weights = [(n, v) for n, v in named if v.id in self.plan.memory.const_offsets]
         self.input_names = [v.name for v in g.inputs]
         self.out = out
         self._bind_updates(trainer)
@@ -177,7 +178,8 @@ class Trainer:
         if self._active is not None and self._active is not plan:
             weights = self._weights_from(self._active)
             for name, v in plan.weights:
-                plan.upload(self.ctx, v, weights[name])
+                if name in weights:
+                    plan.upload(self.ctx, v, weights[name])
         self._active = plan
         return plan
 

@@ -91,7 +91,8 @@ _pointwise("Celu", 1, lambda at, a, T: f"(max(({T})0, {a[0]}) + min(({T})0, {lit
 _pointwise("ThresholdedRelu", 1, lambda at, a, T: f"({a[0]} > {lit(at.get('alpha', 1.0), T)} ? {a[0]} : ({T})0)",
            lambda at, x: np.where(x > at.get("alpha", 1.0), x, 0))
 _pointwise("Softplus", 1, lambda at, a, T: f"({a[0]} > ({T})20 ? {a[0]} : log1p(exp({a[0]})))",
-           lambda at, x: np.logaddexp(0, x))
+           lambda at, x: np.logaddexp(0, x),
+           lambda b, n, dy, x, y: [b.op("Mul", [dy, b.op("Sigmoid", [x])])])
 _pointwise("Softsign", 1, lambda at, a, T: f"({a[0]} / (({T})1 + fabs({a[0]})))", lambda at, x: x / (1 + np.abs(x)))
 _pointwise("Shrink", 1, lambda at, a, T: f"({a[0]} < -{lit(at.get('lambd', 0.5), T)} ? {a[0]} + {lit(at.get('bias', 0.0), T)} : "
                                          f"({a[0]} > {lit(at.get('lambd', 0.5), T)} ? {a[0]} - {lit(at.get('bias', 0.0), T)} : ({T})0))",

@@ -1,0 +1,153 @@
+"""One training step (forward, cross-entropy, backward, Adam) of dlnet (OpenCL) against PyTorch CUDA, one run.
+
+    python bench/gpu_train.py [--nets alexnet,resnet18,resnet50,vgg16,mobilenet_v2] [--iters 10] [--batch 16]
+
+Protocol: torchvision definitions with their random initialisation (seed 0), exported to ONNX op-set 13 the way
+tests/optim does (eval-mode export without constant folding, so BatchNormalization stays a node and dlnet trains it
+on batch statistics). Dropout is set to p=0 on the torch side: the exported graph has no Dropout, so both sides
+compute the same maths and the first-step losses are comparable. Both sides start from the same weights and see
+the same batch (random images, random labels); a step includes copying the batch to the device and reading the loss
+back. fp32, TF32 off. Warm-up steps, then the median of --iters steps. "loss rel diff" is |dlnet - torch| / |torch|
+of the first step's loss (before any update). Prints tables; asserts nothing.
+"""
+import argparse
+import io
+import statistics
+import sys
+import time
+import traceback
+
+import numpy as np
+
+NETS = ["alexnet", "resnet18", "resnet50", "vgg16", "mobilenet_v2"]
+
+
+def median_ms(step, iters, warmup):
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(iters):
+        t = time.perf_counter()
+        step()
+        times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
+
+
+def torch_model(name):
+    import torch
+    import torchvision
+    torch.manual_seed(0)
+    model = getattr(torchvision.models, name)(weights=None)
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    return model
+
+
+def export(model, x):
+    """ONNX op-set 13 as tests/optim/nets.py exports: eval mode for tracing, no constant folding, batch dynamic."""
+    import onnx
+    import torch
+    buf = io.BytesIO()
+    model.eval()
+    torch.onnx.export(model, (torch.from_numpy(x),), buf, opset_version=13, dynamo=False, do_constant_folding=False,
+                      input_names=["input"], output_names=["output"],
+                      dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}})
+    model.train()
+    return onnx.load_from_string(buf.getvalue())
+
+
+def bench_torch(model, x, y, iters, warmup, lr):
+    import torch
+    model = model.cuda().train()
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    xs, ys = torch.from_numpy(x), torch.from_numpy(y)
+    losses = []
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        out = model(xs.cuda(non_blocking=False))
+        loss = torch.nn.functional.cross_entropy(out, ys.cuda())
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())  # .item() synchronises: the step is done when it returns
+
+    step()
+    first = losses[0]
+    ms = median_ms(step, iters, warmup)
+    torch.cuda.synchronize()
+    return first, ms
+
+
+def bench_dlnet(ctx, proto, x, y, iters, warmup, lr):
+    import dlnet
+    net = dlnet.Net(ctx).load_onnx(proto)
+    trainer = dlnet.Trainer(net, loss="cross_entropy", optimizer=dlnet.optim.Adam(lr=lr))
+    feeds = {"input": x, "target": y}
+    t = time.perf_counter()
+    first = trainer.step(feeds)  # builds and plans the training graph, then runs the first step
+    build_s = time.perf_counter() - t
+    ms = median_ms(lambda: trainer.step(feeds), iters, warmup)
+    for plan in trainer._plans.values():  # the next net needs the memory: weights, activations, Adam moments
+        plan.release()
+    for buf, _ in trainer._slots.values():
+        buf.release()
+    trainer.hp_buf.release()
+    net.release()
+    return first, ms, build_s
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--nets", default=",".join(NETS), help="comma-separated torchvision model names")
+    ap.add_argument("--iters", type=int, default=10, help="timed steps per side (median reported)")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed steps after the first")
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--device", default="gpu", help="dlnet device: gpu, cpu or ocl:N")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    import dlnet
+    if not torch.cuda.is_available():
+        sys.exit("bench/gpu_train.py: PyTorch sees no CUDA device")
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.benchmark = True
+    ctx = dlnet.Context(args.device)
+    print(f"dlnet device: {ctx.info.name if hasattr(ctx, 'info') else args.device}; "
+          f"torch {torch.__version__} on {torch.cuda.get_device_name()}; batch {args.batch}, Adam lr {args.lr}, "
+          f"median of {args.iters} steps", flush=True)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((args.batch, 3, 224, 224)).astype(np.float32)
+    y = rng.integers(0, 1000, args.batch).astype(np.int64)
+
+    rows = []
+    for name in [n.strip() for n in args.nets.split(",") if n.strip()]:
+        try:
+            model = torch_model(name)
+            proto = export(model, x[:1])
+            t_loss, t_ms = bench_torch(model, x, y, args.iters, args.warmup, args.lr)
+            del model
+            torch.cuda.empty_cache()
+            d_loss, d_ms, build_s = bench_dlnet(ctx, proto, x, y, args.iters, args.warmup, args.lr)
+            rel = abs(d_loss - t_loss) / max(abs(t_loss), 1e-30)
+            rows.append((name, t_ms, d_ms, t_ms / d_ms, rel, build_s, t_loss, d_loss, ""))
+        except Exception as e:  # noqa: BLE001  (one net failing still prints the others)
+            traceback.print_exc()
+            rows.append((name, float("nan"), float("nan"), float("nan"), float("nan"), float("nan"),
+                         float("nan"), float("nan"), f"{type(e).__name__}: {str(e).splitlines()[0][:80]}"))
+        r = rows[-1]
+        print(f"{r[0]}: torch {r[1]:.2f} ms, dlnet {r[2]:.2f} ms, ratio {r[3]:.3f}, loss rel diff {r[4]:.2e} "
+              f"(torch {r[6]:.6f}, dlnet {r[7]:.6f}), dlnet build {r[5]:.1f} s {r[8]}", flush=True)
+
+    print()
+    print(f"training step, batch {args.batch}, Adam (ratio = torch ms / dlnet ms; > 1 means dlnet is faster)")
+    print(f"{'net':<14} {'torch ms':>10} {'dlnet ms':>10} {'ratio':>8} {'loss rel diff':>14} {'build s':>8}  note")
+    for name, t_ms, d_ms, ratio, rel, build_s, _, _, note in rows:
+        print(f"{name:<14} {t_ms:>10.2f} {d_ms:>10.2f} {ratio:>8.3f} {rel:>14.2e} {build_s:>8.1f}  {note}")
+
+
+if __name__ == "__main__":
+    main()
