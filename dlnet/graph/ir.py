@@ -184,6 +184,10 @@ class Builder:
         spec = get_op(op)
         attrs = attrs or {}
         node = Node(op, inputs, [], attrs, name if name is not None else self.node_name)
+        if spec.dtypes is not None and inputs and inputs[0] is not None and inputs[0].dtype not in spec.dtypes:
+            loc = f"{self.path}: " if self.path else ""
+            raise ModelError(f"{loc}node {node.name or '?'} ({op}): dtype {inputs[0].dtype} is not supported "
+                             f"(supported: {', '.join(spec.dtypes)})")
         try:
             types = spec.infer(node)
         except ModelError:

@@ -331,7 +331,13 @@ class Lowerer:
         dil = list(a.get("dilations") or [1] * nsp)
         pad3 = lambda v, fill: [fill] * (3 - nsp) + list(v)  # noqa: E731
         ins, outs = pad3(x.shape[2:], 1), pad3(y.shape[2:], 1)
-        src = _defines({"POOL_MAX" if mode == "max" else "POOL_AVG": 1}) + kernel_source("pool")
+        if x.dtype in ("float32", "float64"):
+            lowest = "-INFINITY"
+        else:  # INT64_MIN has no literal of its own in C
+            lowest = "(-9223372036854775807L - 1)" if x.dtype == "int64" else str(np.iinfo(x.dtype).min)
+        src = (("#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n" if x.dtype == "float64" else "") +
+               _defines({"POOL_MAX" if mode == "max" else "POOL_AVG": 1, "T": DTYPE_TO_C[x.dtype], "LOWEST": lowest})
+               + kernel_source("pool"))
         args = self.args(x) + self.args(y) + [np.int32(v) for v in ins + outs + pad3(k, 1) + pad3(strides, 1) +
                                               pad3(pads[:nsp], 0) + pad3(dil, 1)]
         args += [np.int32(a.get("count_include_pad", 0)), np.int64(y.size)]

@@ -10,6 +10,7 @@ class Op:
     kind = "kernel"  # "pointwise" (fusable elementwise), "alias" (reshape-like view), "kernel"
     numpy = None  # (node, *arrays) -> list of arrays: folding at build time; None = never folded
     inplace = False  # reads every same-shaped input at the output's own index: may write over it
+    dtypes = None  # dtypes of the first input its kernels take (None: any); checked when the node is built
 
     def infer(self, node):
         """[(dtype, shape)] of the outputs."""

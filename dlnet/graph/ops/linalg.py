@@ -12,6 +12,7 @@ class Gemm(Op):
     dA = dy @ B^T, dB = A^T @ dy (built by autodiff through this same op).
     """
     name = "Gemm"
+    dtypes = ("float32",)
 
     def infer(self, node):
         a, b = node.inputs[0], node.inputs[1]

@@ -28,6 +28,7 @@ class Conv(Op):
     fused epilogue: act (a unary pointwise node's (op, attrs)) and a residual input.
     """
     name = "Conv"
+    dtypes = ("float32",)
 
     def infer(self, node):
         x, w = node.inputs[0], node.inputs[1]
@@ -59,6 +60,7 @@ class Conv(Op):
 
 class Pool(Op):
     mode = None
+    dtypes = ("float32",)
 
     def infer(self, node):
         x = node.inputs[0]
@@ -83,6 +85,7 @@ class MaxPool(Pool):
     """y = max over each window (padding is -inf)"""
     name = "MaxPool"
     mode = "max"
+    dtypes = ("float32", "float64", "int8", "uint8", "int16", "uint16", "int32", "int64")
 
 
 @register
@@ -110,6 +113,7 @@ class BatchNormalization(Op):
 class LRN(Op):
     """y = x / (bias + alpha/size * sum_{channel window} x^2)^beta"""
     name = "LRN"
+    dtypes = ("float32",)
 
     def infer(self, node):
         return [(node.inputs[0].dtype, node.inputs[0].shape)]
@@ -120,6 +124,7 @@ class LRN(Op):
 
 class SoftmaxBase(Op):
     log = False
+    dtypes = ("float32",)
 
     def infer(self, node):
         return [(node.inputs[0].dtype, node.inputs[0].shape)]

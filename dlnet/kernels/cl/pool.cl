@@ -3,7 +3,10 @@
 #if !defined(POOL_MAX) && !defined(POOL_AVG)
 #error "pool.cl needs POOL_MAX or POOL_AVG"
 #endif
-__kernel void pool(__global const float* x, ulong x_off, __global float* y, ulong y_off,
+#if !defined(T) || !defined(LOWEST)
+#error "pool.cl needs T (element type) and LOWEST (its smallest value)"
+#endif
+__kernel void pool(__global const T* x, ulong x_off, __global T* y, ulong y_off,
                    int D, int H, int W, int OD, int OH, int OW, int KD, int KH, int KW, int SD, int SH, int SW,
                    int PD, int PH, int PW, int DD, int DH, int DW, int count_include_pad, long total) {
     const long i = get_global_id(0);
@@ -13,7 +16,7 @@ __kernel void pool(__global const float* x, ulong x_off, __global float* y, ulon
     const int oz = t % OD; const long nc = t / OD;
     x += x_off + nc * D * H * W;
 #if defined(POOL_MAX)
-    float acc = -INFINITY;
+    T acc = LOWEST;
 #else
     float acc = 0.0f;
     int n = 0;
@@ -26,7 +29,7 @@ __kernel void pool(__global const float* x, ulong x_off, __global float* y, ulon
                 const int ix = ox * SW - PW + kx * DW;
                 const bool inside = iz >= 0 && iz < D && iy >= 0 && iy < H && ix >= 0 && ix < W;
 #if defined(POOL_MAX)
-                if (inside) acc = fmax(acc, x[((long)iz * H + iy) * W + ix]);
+                if (inside) { const T v = x[((long)iz * H + iy) * W + ix]; acc = v > acc ? v : acc; }
 #else
                 // count_include_pad counts padding cells but never cells past the padded border (ceil_mode)
                 const bool in_pad = iz < D + PD && iy < H + PH && ix < W + PW;
