@@ -60,13 +60,13 @@ class Plan:
         return seen.values()
 
     def release(self):
-        scratch = self.lowerer.scratch_buf if self.lowerer is not None else None
-        for b in (self.act_buf, self.const_buf, scratch):
+        scratch = list(self.lowerer.scratch.values()) if self.lowerer is not None else []
+        for b in [self.act_buf, self.const_buf] + scratch:
             if b is not None:
                 self.ctx.free(b)
         self.act_buf = self.const_buf = None
         if self.lowerer is not None:
-            self.lowerer.scratch_buf = None
+            self.lowerer.scratch = {}
 
     def run(self, arrays):
         ctx, q = self.ctx, self.ctx.queue

@@ -184,10 +184,6 @@ class Builder:
         spec = get_op(op)
         attrs = attrs or {}
         node = Node(op, inputs, [], attrs, name if name is not None else self.node_name)
-        if spec.dtypes is not None and inputs and inputs[0] is not None and inputs[0].dtype not in spec.dtypes:
-            loc = f"{self.path}: " if self.path else ""
-            raise ModelError(f"{loc}node {node.name or '?'} ({op}): dtype {inputs[0].dtype} is not supported "
-                             f"(supported: {', '.join(spec.dtypes)})")
         try:
             types = spec.infer(node)
         except ModelError:
@@ -202,7 +198,11 @@ class Builder:
             results = spec.numpy(node, *arrays)
             outs = [self.graph.constant(np.asarray(r, dtype=dt).reshape(shape))
                     for r, (dt, shape) in zip(results, types)]
-        else:
+        else:  # a device node: its kernels must take the dtype (folding on the host takes any)
+            if spec.dtypes is not None and inputs and inputs[0] is not None and inputs[0].dtype not in spec.dtypes:
+                loc = f"{self.path}: " if self.path else ""
+                raise ModelError(f"{loc}node {node.name or '?'} ({op}): dtype {inputs[0].dtype} is not supported "
+                                 f"(supported: {', '.join(spec.dtypes)})")
             outs = [self.graph.new_value(dt, shape) for dt, shape in types]
             node.outputs = outs
             self.graph.add_node(node)

@@ -63,9 +63,9 @@ class Lowerer:
         self.launches = []
         self.keepalive = []  # small metadata buffers the launches read
         self.layer = ""  # the node being lowered, for per-layer profiles
-        self.scratch_buf = None
-        self.scratch_users = []
-        self.scratch_bytes = 0
+        self.scratch = {}  # pool name -> buffer: "work" (im2col/colgrad), "splitk" (partial sums)
+        self.scratch_users = []  # (kernel, argument index, pool)
+        self.scratch_bytes = {}
 
     # locations ---------------------------------------------------------------
     def loc(self, v):
@@ -235,7 +235,7 @@ class Lowerer:
                                        np.int32(strides[1]), np.int32(pads[0]), np.int32(pads[1]), np.int32(dil[0]),
                                        np.int32(dil[1]), np.int64(Cin * H * W), np.int32(NN), np.int64(total)]
             self.emit(kernel_source("im2col"), "im2col", col_args, (total,), None, label + " im2col")
-            self.use_scratch(self.launches[-1].kernel, 2, 4 * total)
+            self.use_scratch(self.launches[-1].kernel, 2, 4 * total, "work")
         elif one:
             tiles = dict(tiles, IS_1X1=1, **({"ONE_IMAGE": 1} if N == 1 else {}))
         src = _defines(tiles) + head + kernel_source("conv") + kernel_source(core)
@@ -296,7 +296,7 @@ class Lowerer:
         if splits <= 1:
             self.emit(src, name, args + [self.dummy()[0]], grid, lsize, label)
             if core == "gemm_vec":  # the CPU conv path reads im2col's output from the work buffer
-                self.use_scratch(self.launches[-1].kernel, len(args), 0)
+                self.use_scratch(self.launches[-1].kernel, len(args), 0, "work")
             return
         src = f"#define SPLITS {splits}\n" + src
         self.emit(src, name, args + [self.dummy()[0]], (grid[0], grid[1], grid[2] * splits), lsize,
@@ -304,20 +304,59 @@ class Lowerer:
         self.emit(src, name + "_reduce", args + [self.dummy()[0]], (_round_up(NN, 64), M, grid[2]), (64, 1, 1),
                   label + " reduce")
         nbytes = 4 * splits * grid[2] * M * NN
-        self.use_scratch(self.launches[-2].kernel, len(args), nbytes)
-        self.use_scratch(self.launches[-1].kernel, len(args), nbytes)
+        self.use_scratch(self.launches[-2].kernel, len(args), nbytes, "splitk")
+        self.use_scratch(self.launches[-1].kernel, len(args), nbytes, "splitk")
 
-    def use_scratch(self, kernel, index, nbytes):
-        """Argument `index` of `kernel` is the plan's work buffer, which must hold at least `nbytes`."""
-        self.scratch_users.append((kernel, index))
-        self.scratch_bytes = max(self.scratch_bytes, nbytes)
+    def use_scratch(self, kernel, index, nbytes, pool):
+        """Argument `index` of `kernel` is the plan's scratch buffer `pool`, which must hold at least `nbytes`."""
+        self.scratch_users.append((kernel, index, pool))
+        self.scratch_bytes[pool] = max(self.scratch_bytes.get(pool, 0), nbytes)
 
     def finish(self):
-        """Bind the split-K work buffer (one for the plan: its launches run in order) once its size is known."""
-        if self.scratch_users:
-            self.scratch_buf = self.ctx.alloc(self.scratch_bytes)
-            for kernel, index in self.scratch_users:
-                kernel.set_arg(index, self.scratch_buf)
+        """Bind the scratch buffers (one per pool for the plan: its launches run in order) once sizes are known."""
+        for pool, nbytes in self.scratch_bytes.items():
+            self.scratch[pool] = self.ctx.alloc(nbytes)
+        for kernel, index, pool in self.scratch_users:
+            kernel.set_arg(index, self.scratch[pool])
+
+    def conv_grad(self, node, which):
+        """dW (which="dw") or dX ("dx") of a 1-D/2-D convolution as a GEMM on the device's core."""
+        from ..graph.ops.grad_nn import _conv_dims
+        dy, other = node.inputs
+        out = node.outputs[0]
+        x_shape = other.shape if which == "dw" else out.shape
+        w_shape = out.shape if which == "dw" else other.shape
+        H, W, OH, OW, KH, KW, s, p, d = _conv_dims(x_shape, dy.shape, w_shape, node.attrs)
+        N, Cin = x_shape[0], x_shape[1]
+        group = node.attrs.get("group", 1)
+        K, C = w_shape[0] // group, Cin // group
+        CKK, NPIX = C * KH * KW, N * OH * OW
+        work = 4 * group * CKK * NPIX
+        geo = [np.int32(v) for v in (Cin, H, W, OH, OW, KH, KW, s[0], s[1], p[0], p[1], d[0], d[1])]
+        label = f"{node.name} {node.op}"
+        if which == "dw":  # col = im2col(x)
+            total = group * CKK * NPIX
+            self.emit(kernel_source("im2col"), "im2col", self.args(other) + [self.dummy()[0]] + geo +
+                      [np.int64(Cin * H * W), np.int32(NPIX), np.int64(total)], (total,), None, label + " im2col")
+            self.use_scratch(self.launches[-1].kernel, 2, work, "work")
+            M, NN, KK = K, CKK, NPIX
+        else:
+            M, NN, KK = CKK, NPIX, K
+        core, tiles, lsize, (g0, g1) = pick_tiles(self.ctx, M, NN)
+        src = _defines(dict(tiles, **{"CONV_DW" if which == "dw" else "CONV_DX": 1})) + \
+            kernel_source("conv_grad_gemm") + kernel_source(core)
+        w_args = self.dummy() if which == "dw" else self.args(other)
+        y_args = self.args(out) if which == "dw" else self.dummy()
+        args = self.args(dy) + w_args + y_args + [self.dummy()[0], np.int32(K), np.int32(CKK), np.int32(OH * OW),
+                                                  np.int32(NPIX), np.int64(group * K * OH * OW)]
+        n_launch = len(self.launches)
+        self._matrix(src, f"conv_{which}", args, core, lsize, (g0, g1, group), M, NN, KK, label)
+        for launch in self.launches[n_launch:]:
+            self.use_scratch(launch.kernel, len(args) - 6, work, "work")
+        if which == "dx":  # dx = col2im(colgrad)
+            col_args = [self.dummy()[0]] + self.args(out) + geo + [np.int32(NPIX), np.int64(out.size)]
+            self.emit(kernel_source("im2col"), "col2im", col_args, (max(out.size, 1),), None, label + " col2im")
+            self.use_scratch(self.launches[-1].kernel, 0, work, "work")
 
     def pool(self, node, mode):
         x, y = node.inputs[0], node.outputs[0]

@@ -18,7 +18,7 @@ def digits_config(tmp_path, name, epochs=2):
     out = tmp_path / name
     path = tmp_path / f"{name}.yaml"
     path.write_text(f"model: {os.path.join(MODELS, 'digits_init.onnx')}\n"
-                    f"dataset: {{path: {os.path.join(MODELS, 'digits.npz')}, val_split: 0.2}}\n"
+                    f"dataset: {{path: {os.path.join(MODELS, 'digits_train.npz')}, val_split: 0.2}}\n"
                     f"batch_size: 64\nepochs: {epochs}\noptimizer: {{name: adam, lr: 0.003}}\n"
                     f"schedule: {{name: cosine}}\noutput: {out}\nseed: 0\n")
     return str(path), out

@@ -33,13 +33,7 @@ class ConvGradX(Op):
         return [(node.inputs[0].dtype, tuple(node.attrs["x_shape"]))]
 
     def lower(self, node, lw):
-        dy, w = node.inputs
-        dx = node.outputs[0]
-        H, W, OH, OW, KH, KW, s, p, d = _conv_dims(dx.shape, dy.shape, w.shape, node.attrs)
-        args = lw.args(dy) + lw.args(w) + lw.args(dx) + _ints(
-            [dx.shape[1], H, W, w.shape[0], OH, OW, KH, KW, s[0], s[1], p[0], p[1], d[0], d[1],
-             node.attrs.get("group", 1)]) + [np.int64(dx.size)]
-        lw.emit(kernel_source("conv_grad"), "conv2d_dx", args, (max(dx.size, 1),), None, f"{node.name} ConvGradX")
+        lw.conv_grad(node, "dx")
 
 
 @register
@@ -51,13 +45,7 @@ class ConvGradW(Op):
         return [(node.inputs[0].dtype, tuple(node.attrs["w_shape"]))]
 
     def lower(self, node, lw):
-        dy, x = node.inputs
-        dw = node.outputs[0]
-        H, W, OH, OW, KH, KW, s, p, d = _conv_dims(x.shape, dy.shape, dw.shape, node.attrs)
-        args = lw.args(dy) + lw.args(x) + lw.args(dw) + _ints(
-            [x.shape[0], x.shape[1], H, W, dw.shape[0], OH, OW, KH, KW, s[0], s[1], p[0], p[1], d[0], d[1],
-             node.attrs.get("group", 1)]) + [np.int64(dw.size)]
-        lw.emit(kernel_source("conv_grad"), "conv2d_dw", args, (max(dw.size, 1),), None, f"{node.name} ConvGradW")
+        lw.conv_grad(node, "dw")
 
 
 @register

@@ -11,3 +11,29 @@ __kernel void im2col(__global const float* x, ulong x_off, __global float* col, 
     col[i] = (iy >= 0 && iy < H && ix >= 0 && ix < W) ? x[x_off + img * x_nstride + ((long)c * H + iy) * W + ix]
                                                         : 0.0f;
 }
+
+// dx[image, c, iy, ix] = sum over taps (ky, kx) that read (iy, ix) of colgrad[(c, ky, kx), (image, oy, ox)]:
+// the adjoint of im2col as a gather (deterministic, no atomics).
+__kernel void col2im(__global const float* col, __global float* dx, ulong dx_off, int C, int H, int W, int OH,
+                     int OW, int KH, int KW, int SH, int SW, int PH, int PW, int DH, int DW, int NPIX, long total) {
+    const long i = get_global_id(0);
+    if (i >= total) return;
+    const int ix = i % W; long t = i / W;
+    const int iy = t % H; t /= H;
+    const int c = t % C; const int img = t / C;
+    float acc = 0.0f;
+    for (int ky = 0; ky < KH; ky++) {
+        const int ty = iy + PH - ky * DH;
+        if (ty < 0 || ty % SH) continue;
+        const int oy = ty / SH;
+        if (oy >= OH) continue;
+        for (int kx = 0; kx < KW; kx++) {
+            const int tx = ix + PW - kx * DW;
+            if (tx < 0 || tx % SW) continue;
+            const int ox = tx / SW;
+            if (ox >= OW) continue;
+            acc += col[(long)((c * KH + ky) * KW + kx) * NPIX + ((long)img * OH + oy) * OW + ox];
+        }
+    }
+    dx[dx_off + i] = acc;
+}
