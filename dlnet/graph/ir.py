@@ -184,7 +184,11 @@ class Builder:
         spec = get_op(op)
         attrs = attrs or {}
         node = Node(op, inputs, [], attrs, name if name is not None else self.node_name)
-        if spec.dtypes is not None and inputs and inputs[0] is not None and inputs[0].dtype not in spec.dtypes:
+        folds = fold and spec.numpy is not None and all(v is None or v.const is not None for v in inputs) and \
+            not any(v is not None and v.param for v in inputs)
+        # `dtypes` is what the kernels take: a node folded on the host (numpy, any dtype) runs none
+        if not folds and spec.dtypes is not None and inputs and inputs[0] is not None and \
+                inputs[0].dtype not in spec.dtypes:
             loc = f"{self.path}: " if self.path else ""
             raise ModelError(f"{loc}node {node.name or '?'} ({op}): dtype {inputs[0].dtype} is not supported "
                              f"(supported: {', '.join(spec.dtypes)})")
@@ -196,8 +200,7 @@ class Builder:
             loc = f"{self.path}: " if self.path else ""
             raise ModelError(f"{loc}node {node.name or '?'} ({op}): {e}") from e
         n_out = len(types) if n_out is None else n_out
-        if fold and spec.numpy is not None and all(v is None or v.const is not None for v in inputs) and \
-                not any(v is not None and v.param for v in inputs):
+        if folds:
             arrays = [None if v is None else v.const for v in inputs]
             results = spec.numpy(node, *arrays)
             outs = [self.graph.constant(np.asarray(r, dtype=dt).reshape(shape))
