@@ -123,9 +123,8 @@ def _match_gelu(graph, erf):
     scaled = a.producer
     if scaled is None or _sole_user(graph, a, "Erf") is not erf:
         return None
-    if scaled.op == "Div" and _near(scaled.inputs[1], math.sqrt(2.0)):
-        x = scaled.inputs[0]
-    elif scaled.op == "Mul" and _near(scaled.inputs[1], math.sqrt(0.5)):
+    if (scaled.op == "Div" and _near(scaled.inputs[1], math.sqrt(2.0))) or \
+            (scaled.op == "Mul" and _near(scaled.inputs[1], math.sqrt(0.5))):
         x = scaled.inputs[0]
     elif scaled.op == "Mul" and _near(scaled.inputs[0], math.sqrt(0.5)):
         x = scaled.inputs[1]
