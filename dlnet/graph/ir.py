@@ -192,8 +192,9 @@ class Builder:
             loc = f"{self.path}: " if self.path else ""
             raise ModelError(f"{loc}node {node.name or '?'} ({op}): {e}") from e
         n_out = len(types) if n_out is None else n_out
-        if fold and spec.numpy is not None and all(v is None or v.const is not None for v in inputs) and \
-                not any(v is not None and v.param for v in inputs):
+        folds = fold and spec.numpy is not None and all(v is None or v.const is not None for v in inputs) and \
+            not any(v is not None and v.param for v in inputs)
+        if folds:
             arrays = [None if v is None else v.const for v in inputs]
             results = spec.numpy(node, *arrays)
             outs = [self.graph.constant(np.asarray(r, dtype=dt).reshape(shape))

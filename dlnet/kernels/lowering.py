@@ -402,6 +402,15 @@ class Lowerer:
         args = self.args(x) + self.args(y) + [np.int32(outer), np.int32(x.shape[axis]), np.int32(inner)]
         self.emit(src, "softmax", args, (max(outer * inner, 1),), None, f"{node.name} {node.op}")
 
+    def layernorm(self, node):
+        x, scale, bias = node.inputs
+        y = node.outputs[0]
+        D = x.shape[-1]
+        rows = x.size // max(D, 1)
+        args = self.args(x) + self.args(scale) + self.args(bias) + self.args(y) + [
+            np.int64(rows), np.int32(D), np.float32(node.attrs["epsilon"])]
+        self.emit(kernel_source("layernorm"), "layernorm", args, (max(rows, 1),), None, f"{node.name} LayerNorm")
+
     REDUCE = {  # mode: (pre, combine, init, post)
         "sum": ("x0v", "acc += v;", "0", "acc"),
         "mean": ("x0v", "acc += v;", "0", "acc / count"),

@@ -76,6 +76,8 @@ CASES = [
     ("Reciprocal", "Reciprocal", [positive(2, 3, 4)], {}),
     ("Identity", "Identity", [normal(2, 3, 4)], {}),
     ("Softplus", "Softplus", [normal(2, 3, 4)], {}),
+    ("Gelu", "Gelu", [normal(2, 3, 4)], {}),
+    ("LayerNorm", "LayerNorm", [normal(2, 3, 6), positive(6), normal(6)], {"epsilon": 1e-5}),
     ("Clip", "Clip", [("clip", (2, 3, 4))], {"min": -0.5, "max": 0.5}),
     ("Clip-min-only", "Clip", [("clip", (2, 3, 4))], {"min": -0.5}),
     ("Add", "Add", [normal(2, 3, 4), normal(2, 3, 4)], {}),

@@ -5,7 +5,8 @@ from onnx import helper
 
 import dlnet
 from dlnet.graph.ir import Graph, Node
-from dlnet.graph.passes import fold_batchnorm, fuse_epilogues, fuse_pointwise, remove_dead
+from dlnet.graph.passes import fold_batchnorm, fuse_epilogues, fuse_pointwise, normalize_layers, remove_dead
+from dlnet.net import Plan
 from tests.conftest import make_model, rel_l2
 
 R = np.random.default_rng(0)
@@ -129,3 +130,67 @@ def test_fuse_pointwise_keeps_shared_values():
     fuse_pointwise(g)
     g.verify()
     assert [n.op for n in g.nodes] == ["Exp", "Fused"]  # a is an output: computed once, not folded into the group
+
+
+def _layernorm_nodes(x, out, square="Pow"):
+    """LayerNorm over the last axis as torch.onnx exports it at op-set 13 (square: Pow(d, 2) or Mul(d, d))."""
+    sq = (helper.make_node("Pow", [f"{out}_d", "two"], [f"{out}_p"]) if square == "Pow" else
+          helper.make_node("Mul", [f"{out}_d", f"{out}_d"], [f"{out}_p"]))
+    return [helper.make_node("ReduceMean", [x], [f"{out}_m"], axes=[-1]),
+            helper.make_node("Sub", [x, f"{out}_m"], [f"{out}_d"]), sq,
+            helper.make_node("ReduceMean", [f"{out}_p"], [f"{out}_v"], axes=[-1]),
+            helper.make_node("Add", [f"{out}_v", "eps"], [f"{out}_ve"]),
+            helper.make_node("Sqrt", [f"{out}_ve"], [f"{out}_s"]),
+            helper.make_node("Div", [f"{out}_d", f"{out}_s"], [f"{out}_n"]),
+            helper.make_node("Mul", [f"{out}_n", "gamma"], [f"{out}_g"]),
+            helper.make_node("Add", ["beta", f"{out}_g"], [out])]
+
+
+def _transformer_norms():
+    """LayerNorm -> GELU (Div by sqrt 2, x*(1+erf) then *0.5) -> LayerNorm (Mul(d,d)) -> GELU (Mul by 1/sqrt 2,
+    0.5*x first) -> Relu: the orders torch and other exporters write."""
+    nodes = _layernorm_nodes("x", "ln1") + [
+        helper.make_node("Div", ["ln1", "sqrt2"], ["a1"]), helper.make_node("Erf", ["a1"], ["e1"]),
+        helper.make_node("Add", ["e1", "one"], ["o1"]), helper.make_node("Mul", ["ln1", "o1"], ["m1"]),
+        helper.make_node("Mul", ["m1", "half"], ["g1"])] + _layernorm_nodes("g1", "ln2", square="Mul") + [
+        helper.make_node("Mul", ["rsqrt2", "ln2"], ["a2"]), helper.make_node("Erf", ["a2"], ["e2"]),
+        helper.make_node("Add", ["one", "e2"], ["o2"]), helper.make_node("Mul", ["half", "ln2"], ["h2"]),
+        helper.make_node("Mul", ["h2", "o2"], ["g2"]), helper.make_node("Relu", ["g2"], ["y"])]
+    f = np.float32
+    inits = {"two": f(2.0), "eps": f(1e-5), "gamma": R.uniform(0.5, 1.5, 8).astype(f),
+             "beta": R.standard_normal(8).astype(f), "sqrt2": f(np.sqrt(2)), "rsqrt2": f(np.sqrt(0.5)),
+             "one": f(1.0), "half": f(0.5)}
+    return nodes, inits
+
+
+def test_layernorm_and_gelu_decompositions_become_one_node_each(ctx):
+    nodes, inits = _transformer_norms()
+    net, before = build(ctx, nodes, {"x": ("float32", [2, 3, 8])}, inits, passes=False)
+    assert normalize_layers(before) is True
+    before.verify()
+    assert body(before) == [
+        "%17: f32[2,3,8] = LayerNorm(%8, $2, $3) {epsilon=1e-05}",
+        "%22: f32[2,3,8] = Gelu(%17)",
+        "%31: f32[2,3,8] = LayerNorm(%22, $2, $3) {epsilon=1e-05}",
+        "%36: f32[2,3,8] = Gelu(%31)",
+        "%37: f32[2,3,8] = Relu(%36)",
+        "return %37 \"y\""]
+    _, after = build(ctx, nodes, {"x": ("float32", [2, 3, 8])}, inits)
+    assert body(after)[2:4] == ["%31: f32[2,3,8] = LayerNorm(%22, $2, $3) {epsilon=1e-05}",
+                                "%37: f32[2,3,8] = Fused[Gelu+Relu](%31)"]
+    x = R.standard_normal((2, 3, 8)).astype(np.float32) * 3 + 1
+    unfused = Plan(ctx, net.build_graph({"x": (2, 3, 8)}, passes=False))
+    try:
+        want = unfused.run([x])[0]
+    finally:
+        unfused.release()
+    got = net.run({"x": x})["y"]
+    assert rel_l2(got, want) < 1e-6
+    assert len(net._last.launches) == 4  # LayerNorm, Gelu, LayerNorm, Gelu+Relu
+
+
+def test_layernorm_pattern_with_a_shared_intermediate_is_left_alone(ctx):
+    nodes, inits = _transformer_norms()
+    nodes = nodes[:9] + [helper.make_node("Add", ["ln1_d", "ln1"], ["y"])]  # x - mean read outside the pattern
+    _, g = build(ctx, nodes, {"x": ("float32", [2, 3, 8])}, inits, passes=False)
+    assert normalize_layers(g) is False

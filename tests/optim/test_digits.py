@@ -6,6 +6,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("sklearn")
 
 import dlnet  # noqa: E402
+from tests.conftest import context  # noqa: E402
 from dlnet.digits import digits_arrays, digits_model  # noqa: E402
 
 
@@ -18,7 +19,7 @@ def test_digits_cnn_reaches_95_percent(tmp_path):
     xv, yv, xt, yt = x[:360], y[:360], x[360:], y[360:]
     path = tmp_path / "digits.onnx"
     digits_model(str(path))
-    net = dlnet.Net(dlnet.Context("cpu")).load_onnx(str(path))
+    net = dlnet.Net(context()).load_onnx(str(path))
     tr = dlnet.Trainer(net, optimizer=dlnet.optim.Adam(lr=3e-3))
     bs = 64
     for epoch in range(6):

@@ -7,6 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import dlnet  # noqa: E402
+from tests.conftest import context  # noqa: E402
 
 from .nets import data, export, make  # noqa: E402
 
@@ -26,7 +27,7 @@ def test_steps_match_torch_optim(name, mine, theirs):
     x, y = data(8)
     model = make("linear")
     proto = export(model, x)
-    net = dlnet.Net(dlnet.Context("cpu")).load_onnx(proto)
+    net = dlnet.Net(context()).load_onnx(proto)
     tr = dlnet.Trainer(net, optimizer=mine())
     ref = copy.deepcopy(model)
     opt = theirs(ref.parameters())
@@ -47,7 +48,7 @@ def test_steps_match_torch_optim(name, mine, theirs):
 def test_frozen_parameters_stay_put():
     x, y = data(8)
     model = make("linear")
-    net = dlnet.Net(dlnet.Context("cpu")).load_onnx(export(model, x))
+    net = dlnet.Net(context()).load_onnx(export(model, x))
     before = net.state_dict()
     tr = dlnet.Trainer(net, optimizer=dlnet.optim.SGD(lr=0.5), frozen=["1.weight", "1.bias"])
     tr.step({"input": x, "target": y})

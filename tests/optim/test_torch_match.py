@@ -5,6 +5,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import dlnet  # noqa: E402
+from tests.conftest import context  # noqa: E402
 from dlnet.train import Trainer  # noqa: E402
 
 from .nets import data, export, make  # noqa: E402
@@ -14,7 +15,7 @@ KINDS = ["conv", "grouped", "depthwise", "bn", "pool", "linear", "residual", "co
 
 @pytest.fixture(scope="module")
 def ctx():
-    return dlnet.Context("cpu")
+    return context()
 
 
 def torch_grads(model, x, y, loss="cross_entropy", smoothing=0.0):

@@ -110,6 +110,19 @@ _pointwise("Neg", 1, lambda at, a, T: f"(-{a[0]})", lambda at, x: -x, lambda b, 
 _pointwise("Reciprocal", 1, lambda at, a, T: f"(({T})1 / {a[0]})", lambda at, x: 1 / x,
            lambda b, n, dy, x, y: [b.op("Neg", [b.op("Mul", [dy, b.op("Mul", [y, y])])])])
 _pointwise("Erf", 1, lambda at, a, T: f"erf({a[0]})", lambda at, x: _erf_np(x))
+
+
+def _gelu_grad(b, node, dy, x, y):
+    # d/dx x * Phi(x) = Phi(x) + x * exp(-x^2 / 2) / sqrt(2 pi)
+    c = lambda v: b.const(np.asarray(v, x.dtype))  # noqa: E731
+    cdf = b.op("Mul", [b.op("Add", [b.op("Erf", [b.op("Mul", [x, c(math.sqrt(0.5))])]), c(1.0)]), c(0.5)])
+    pdf = b.op("Mul", [b.op("Exp", [b.op("Mul", [b.op("Mul", [x, x]), c(-0.5)])]), c(1 / math.sqrt(2 * math.pi))])
+    return [b.op("Mul", [dy, b.op("Add", [cdf, b.op("Mul", [x, pdf])])])]
+
+
+# exact GELU, recognised from its op-set 13 decomposition by the normalize pass (x * 0.5 * (1 + erf(x / sqrt 2)))
+_pointwise("Gelu", 1, lambda at, a, T: f"({a[0]} * ({T})0.5 * (({T})1 + erf({a[0]} * {lit(math.sqrt(0.5), T)})))",
+           lambda at, x: x * 0.5 * (1 + _erf_np(x * math.sqrt(0.5))), _gelu_grad)
 _pointwise("Sign", 1, lambda at, a, T: f"(({T})({a[0]} > 0) - ({T})({a[0]} < 0))", lambda at, x: np.sign(x))
 _pointwise("Floor", 1, lambda at, a, T: f"floor({a[0]})", lambda at, x: np.floor(x))
 _pointwise("Ceil", 1, lambda at, a, T: f"ceil({a[0]})", lambda at, x: np.ceil(x))

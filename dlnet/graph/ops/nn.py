@@ -165,3 +165,45 @@ class LogSoftmax(SoftmaxBase):
         dy = dys[0]
         s = b.op("Reduce", [dy], {"mode": "sum", "axes": (node.attrs["axis"] % y.rank,), "keepdims": 1})
         return [b.op("Sub", [dy, b.op("Mul", [b.op("Exp", [y]), s])])]
+
+
+@register
+class LayerNorm(Op):
+    """y = (x - mean) / sqrt(var + eps) * scale + bias over the last axis;
+    dx = (g - mean(g) - xhat * mean(g * xhat)) / sqrt(var + eps) with g = dy * scale, dscale = dy * xhat, dbias = dy
+
+    Inputs x, scale [D], bias [D]. The normalize pass builds it from PyTorch's op-set 13 decomposition.
+    """
+    name = "LayerNorm"
+    dtypes = ("float32",)
+
+    def infer(self, node):
+        x, scale, bias = node.inputs
+        if scale.shape != (x.shape[-1],) or bias.shape != (x.shape[-1],):
+            raise ValueError(f"scale {list(scale.shape)} and bias {list(bias.shape)} must be [{x.shape[-1]}]")
+        return [(x.dtype, x.shape)]
+
+    def numpy(self, node, x, scale, bias):
+        d = x - x.mean(axis=-1, keepdims=True)
+        var = (d * d).mean(axis=-1, keepdims=True)
+        return [(d / np.sqrt(var + node.attrs["epsilon"]) * scale + bias).astype(x.dtype)]
+
+    def lower(self, node, lw):
+        lw.layernorm(node)
+
+    def grad(self, b, node, dys):
+        x, scale = node.inputs[0], node.inputs[1]
+        dy = dys[0]
+        last = (x.rank - 1,)
+
+        def mean(v):
+            return b.op("Reduce", [v], {"mode": "mean", "axes": last, "keepdims": 1})
+
+        d = b.op("Sub", [x, mean(x)])
+        eps = b.const(np.asarray(node.attrs["epsilon"], x.dtype))
+        inv = b.op("Reciprocal", [b.op("Sqrt", [b.op("Add", [mean(b.op("Mul", [d, d])), eps])])])
+        xhat = b.op("Mul", [d, inv])
+        g = b.op("Mul", [dy, scale])
+        dx = b.op("Mul", [b.op("Sub", [b.op("Sub", [g, mean(g)]), b.op("Mul", [xhat, mean(b.op("Mul", [g, xhat]))])]),
+                          inv])
+        return [dx, b.op("Mul", [dy, xhat]), dy]

@@ -4,9 +4,10 @@ from .batchnorm import fold_batchnorm
 from .fold import fold_constants, remove_dead
 from .fuse import fuse_epilogues, fuse_pointwise
 from .layout import pretranspose_weights
+from .normalize import normalize_layers
 
-INFERENCE_PASSES = [explicit_padding, fold_batchnorm, fold_constants, fuse_epilogues, fuse_pointwise, remove_dead,
-                    pretranspose_weights]
+INFERENCE_PASSES = [explicit_padding, fold_batchnorm, fold_constants, normalize_layers, fuse_epilogues,
+                    fuse_pointwise, remove_dead, pretranspose_weights]
 
 
 def run_passes(graph, passes=None, verify=True):
