@@ -95,11 +95,13 @@ def elementwise_source(rank, in_dtypes, out_dtype, body):
     return "\n".join(lines)
 
 
-def reduce_source(rank_out, rank_red, in_dtypes, acc_dtype, out_dtype, pre, combine, init, post):
+def reduce_source(rank_out, rank_red, in_dtypes, acc_dtype, out_dtype, pre, combine, init, post, group=0):
     """Kernel `red`: one work-item per output; loops over the reduced dims.
 
     pre: C expression of x0v.. for one element; combine: C statement updating `acc` from `v`;
     post: C expression of `acc` and `count` giving the output.
+    group > 0: one work-group of `group` work-items per output (GPUs, long reductions): each strides over the
+    reduced elements, then the partial results combine in local memory.
     """
     args = [f"__global {_ctype(out_dtype)}* y", "ulong y_off"]
     for i, dt in enumerate(in_dtypes):
@@ -111,7 +113,7 @@ def reduce_source(rank_out, rank_red, in_dtypes, acc_dtype, out_dtype, pre, comb
     base_red = ro * (2 + n)
     lines = [_preamble(list(in_dtypes) + [out_dtype, acc_dtype]),
              f"__kernel void red({', '.join(args)}) {{",
-             "  long i = get_global_id(0);",
+             "  long i = get_group_id(0);" if group else "  long i = get_global_id(0);",
              f"  long total = 1; for (int d = 0; d < {ro}; d++) total *= meta[d];",
              "  if (i >= total) return;",
              "  y += y_off;"]
@@ -123,6 +125,7 @@ def reduce_source(rank_out, rank_red, in_dtypes, acc_dtype, out_dtype, pre, comb
     lines += ["  }",
               f"  long count = 1; for (int d = 0; d < {rr}; d++) count *= meta[{base_red} + d];",
               f"  {_ctype(acc_dtype)} acc = {init};",
+              f"  for (long j = get_local_id(0); j < count; j += {group}) {{" if group else
               "  for (long j = 0; j < count; j++) {"]
     lines += [f"    long o{k} = b{k};" for k in range(n)]
     lines += ["    long s = j;", f"    for (int d = {rr - 1}; d >= 0; d--) {{",
@@ -130,6 +133,12 @@ def reduce_source(rank_out, rank_red, in_dtypes, acc_dtype, out_dtype, pre, comb
     lines += [f"      o{k} += q * meta[{base_red + (k + 1) * rr} + d];" for k in range(n)]
     lines += ["    }"]
     lines += [f"    {_vtype(dt)} x{k}v = {_load(k, dt)};" for k, dt in enumerate(in_dtypes)]
-    lines += [f"    {_ctype(acc_dtype)} v = {pre};", f"    {combine}", "  }",
-              f"  y[oy] = ({_ctype(out_dtype)})({post});", "}"]
+    lines += [f"    {_ctype(acc_dtype)} v = {pre};", f"    {combine}", "  }"]
+    if group:  # combine the work-items' partial results (combine is associative: acc op= v)
+        lines += [f"  __local {_ctype(acc_dtype)} part[{group}];", "  const int l = get_local_id(0);",
+                  "  part[l] = acc;", "  barrier(CLK_LOCAL_MEM_FENCE);",
+                  f"  for (int s = {group // 2}; s > 0; s >>= 1) {{",
+                  f"    if (l < s) {{ acc = part[l]; {_ctype(acc_dtype)} v = part[l + s]; {combine} part[l] = acc; }}",
+                  "    barrier(CLK_LOCAL_MEM_FENCE);", "  }", "  if (l != 0) return;", "  acc = part[0];"]
+    lines += [f"  y[oy] = ({_ctype(out_dtype)})({post});", "}"]
     return "\n".join(lines)

@@ -443,10 +443,17 @@ class Lowerer:
         elif init == "HIGHEST":
             init = "INFINITY" if acc in ("float32", "float64") else f"({ct}){np.iinfo(acc).max}" \
                 if acc != "bool" else "1"
-        src = codegen.reduce_source(len(out_dims), len(red_dims), [x.dtype], acc, y.dtype, pre, combine, init, post)
+        n_out, count = int(np.prod(out_dims)), int(np.prod(red_dims))
+        # GPUs: a work-group per output once each output reduces many elements (batch-norm statistics, losses)
+        group = 256 if not self.ctx.is_cpu and count >= 1024 and n_out < 64 * self.ctx.info.compute_units else 0
+        src = codegen.reduce_source(len(out_dims), len(red_dims), [x.dtype], acc, y.dtype, pre, combine, init, post,
+                                    group)
         meta = out_dims + y_strides + x_out + red_dims + x_red
         args = self.args(y) + self.args(x) + [self.meta(meta)]
-        self.emit(src, "red", args, (int(np.prod(out_dims)),), None, f"{node.name} Reduce")
+        if group:
+            self.emit(src, "red", args, (n_out * group,), (group,), f"{node.name} Reduce")
+        else:
+            self.emit(src, "red", args, (n_out,), None, f"{node.name} Reduce")
 
     def _typed(self, source, dtype, idx_dtype=None):
         d = {"T": DTYPE_TO_C[dtype]}
