@@ -1,0 +1,61 @@
+"""Where the time goes: per-op-kind GPU time of one inference and one training step, from OpenCL profiling events.
+
+    python3 bench/gpu_profile.py [--net resnet50] [--batch 16]
+
+Prints two tables (inference, training step): kernel time grouped by the kind of node each launch belongs to, with
+launch counts and % of the total. Runs on the GPU machine (torchvision there); asserts nothing.
+"""
+import argparse
+import os
+import sys
+
+import numpy as np
+
+import dlnet
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_train import export, torch_model  # noqa: E402
+
+
+def table(title, launches, queue, iters=5):
+    totals, counts = {}, {}
+    for _ in range(iters):
+        events = [(launch, launch.enqueue(queue)) for launch in launches]
+        queue.finish()
+        for launch, ev in events:
+            kind = (launch.layer or launch.label).split(" ")[-1] if launch.layer else launch.label.split(" ")[0]
+            if launch.label.endswith(("im2col", "col2im", "reduce")):
+                kind += "/" + launch.label.split(" ")[-1]
+            elif "splitK" in launch.label:
+                kind += "/splitK"
+            totals[kind] = totals.get(kind, 0.0) + (ev.profile.end - ev.profile.start) * 1e-6 / iters
+            counts[kind] = counts.get(kind, 0) + 1
+    total = sum(totals.values())
+    print(f"\n{title}: {total:.2f} ms of kernel time in {len(launches)} launches")
+    print(f"{'kind':28s} {'ms':>8} {'%':>6} {'launches':>8}")
+    for kind, ms in sorted(totals.items(), key=lambda kv: -kv[1])[:16]:
+        print(f"{kind:28s} {ms:8.2f} {100 * ms / total:6.1f} {counts[kind] // iters:8d}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--net", default="resnet50")
+    ap.add_argument("--batch", type=int, default=16)
+    args = ap.parse_args()
+    ctx = dlnet.Context("gpu", profile=True)
+    model = torch_model(args.net)
+    xs = np.random.default_rng(0).standard_normal((args.batch, 3, 224, 224)).astype(np.float32)
+    proto = export(model, xs)
+    net = dlnet.Net(ctx).load_onnx(proto)
+    net.run({net.inputs[0].name: xs})
+    table(f"{args.net} inference, batch {args.batch}", net.launches, ctx.queue)
+    trainer = dlnet.Trainer(dlnet.Net(ctx).load_onnx(proto), loss="cross_entropy",
+                            optimizer=dlnet.optim.Adam(lr=1e-4))
+    y = np.random.default_rng(0).integers(0, 1000, args.batch)
+    trainer.step({net.inputs[0].name: xs, "target": y})
+    plan = trainer._active
+    table(f"{args.net} training step (Adam), batch {args.batch}", plan.plan.launches + plan.launches, ctx.queue)
+
+
+if __name__ == "__main__":
+    main()
