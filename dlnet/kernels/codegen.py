@@ -3,6 +3,7 @@
 Every operand is a strided view over a buffer: (value, offset, strides per loop dim; 0 = broadcast). One generator
 therefore serves elementwise maths with numpy broadcasting, Transpose, Expand, Slice, Concat slots and reductions.
 Shapes and strides are kernel arguments, so one program serves every shape of the same rank and expression.
+Index arithmetic is 32-bit (I="int") whenever every operand fits: GPUs emulate 64-bit division at great cost.
 """
 import numpy as np
 
@@ -72,21 +73,21 @@ def _vtype(dtype):
     return "float" if np.dtype(dtype).name == "float16" else _ctype(dtype)
 
 
-def elementwise_source(rank, in_dtypes, out_dtype, body):
+def elementwise_source(rank, in_dtypes, out_dtype, body, I="long"):
     """Kernel `ew`: y[i] = body(x0..xn) over a rank-`rank` loop; `body` assigns `r` from `x0v`, `x1v`, ..."""
     args = [f"__global {_ctype(out_dtype) if np.dtype(out_dtype).name != 'float16' else 'half'}* y", "ulong y_off"]
     for i, dt in enumerate(in_dtypes):
         args += [f"__global const {_ctype(dt)}* x{i}", f"ulong x{i}_off"]
-    args += ["__constant const long* meta"]  # [dims(rank), y strides(rank), x_i strides(rank) ...]
+    args += [f"__constant const {I}* meta"]  # [dims(rank), y strides(rank), x_i strides(rank) ...]
     lines = [_preamble(list(in_dtypes) + [out_dtype]),
              f"__kernel void ew({', '.join(args)}) {{",
-             "  long i = get_global_id(0);",
-             f"  long total = 1; for (int d = 0; d < {rank}; d++) total *= meta[d];",
+             f"  {I} i = get_global_id(0);",
+             f"  {I} total = 1; for (int d = 0; d < {rank}; d++) total *= meta[d];",
              "  if (i >= total) return;",
              "  y += y_off;"]
     lines += [f"  x{i} += x{i}_off;" for i in range(len(in_dtypes))]
-    lines += ["  long oy = 0;"] + [f"  long o{i} = 0;" for i in range(len(in_dtypes))]
-    lines += ["  long r = i;", f"  for (int d = {rank - 1}; d >= 0; d--) {{", "    long q = r % meta[d]; r /= meta[d];",
+    lines += [f"  {I} oy = 0;"] + [f"  {I} o{i} = 0;" for i in range(len(in_dtypes))]
+    lines += [f"  {I} r = i;", f"  for (int d = {rank - 1}; d >= 0; d--) {{", f"    {I} q = r % meta[d]; r /= meta[d];",
               f"    oy += q * meta[{rank} + d];"]
     lines += [f"    o{i} += q * meta[{(i + 2) * rank} + d];" for i in range(len(in_dtypes))]
     lines += ["  }"]
@@ -95,7 +96,8 @@ def elementwise_source(rank, in_dtypes, out_dtype, body):
     return "\n".join(lines)
 
 
-def reduce_source(rank_out, rank_red, in_dtypes, acc_dtype, out_dtype, pre, combine, init, post, group=0):
+def reduce_source(rank_out, rank_red, in_dtypes, acc_dtype, out_dtype, pre, combine, init, post, group=0,
+                  I="long"):
     """Kernel `red`: one work-item per output; loops over the reduced dims.
 
     pre: C expression of x0v.. for one element; combine: C statement updating `acc` from `v`;
@@ -108,28 +110,28 @@ def reduce_source(rank_out, rank_red, in_dtypes, acc_dtype, out_dtype, pre, comb
         args += [f"__global const {_ctype(dt)}* x{i}", f"ulong x{i}_off"]
     n = len(in_dtypes)
     # meta: out dims, y strides, x_i strides over out dims, red dims, x_i strides over red dims
-    args += ["__constant const long* meta"]
+    args += [f"__constant const {I}* meta"]
     ro, rr = rank_out, rank_red
     base_red = ro * (2 + n)
     lines = [_preamble(list(in_dtypes) + [out_dtype, acc_dtype]),
              f"__kernel void red({', '.join(args)}) {{",
-             "  long i = get_group_id(0);" if group else "  long i = get_global_id(0);",
-             f"  long total = 1; for (int d = 0; d < {ro}; d++) total *= meta[d];",
+             f"  {I} i = get_group_id(0);" if group else f"  {I} i = get_global_id(0);",
+             f"  {I} total = 1; for (int d = 0; d < {ro}; d++) total *= meta[d];",
              "  if (i >= total) return;",
              "  y += y_off;"]
     lines += [f"  x{k} += x{k}_off;" for k in range(n)]
-    lines += ["  long oy = 0;"] + [f"  long b{k} = 0;" for k in range(n)]
-    lines += ["  long r = i;", f"  for (int d = {ro - 1}; d >= 0; d--) {{", "    long q = r % meta[d]; r /= meta[d];",
+    lines += [f"  {I} oy = 0;"] + [f"  {I} b{k} = 0;" for k in range(n)]
+    lines += [f"  {I} r = i;", f"  for (int d = {ro - 1}; d >= 0; d--) {{", f"    {I} q = r % meta[d]; r /= meta[d];",
               f"    oy += q * meta[{ro} + d];"]
     lines += [f"    b{k} += q * meta[{(k + 2) * ro} + d];" for k in range(n)]
     lines += ["  }",
-              f"  long count = 1; for (int d = 0; d < {rr}; d++) count *= meta[{base_red} + d];",
+              f"  {I} count = 1; for (int d = 0; d < {rr}; d++) count *= meta[{base_red} + d];",
               f"  {_ctype(acc_dtype)} acc = {init};",
-              f"  for (long j = get_local_id(0); j < count; j += {group}) {{" if group else
-              "  for (long j = 0; j < count; j++) {"]
-    lines += [f"    long o{k} = b{k};" for k in range(n)]
-    lines += ["    long s = j;", f"    for (int d = {rr - 1}; d >= 0; d--) {{",
-              f"      long q = s % meta[{base_red} + d]; s /= meta[{base_red} + d];"]
+              f"  for ({I} j = get_local_id(0); j < count; j += {group}) {{" if group else
+              f"  for ({I} j = 0; j < count; j++) {{"]
+    lines += [f"    {I} o{k} = b{k};" for k in range(n)]
+    lines += [f"    {I} s = j;", f"    for (int d = {rr - 1}; d >= 0; d--) {{",
+              f"      {I} q = s % meta[{base_red} + d]; s /= meta[{base_red} + d];"]
     lines += [f"      o{k} += q * meta[{base_red + (k + 1) * rr} + d];" for k in range(n)]
     lines += ["    }"]
     lines += [f"    {_vtype(dt)} x{k}v = {_load(k, dt)};" for k, dt in enumerate(in_dtypes)]

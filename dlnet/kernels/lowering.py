@@ -87,6 +87,12 @@ class Lowerer:
     def strides(v):
         return codegen.contiguous_strides(v.shape)
 
+    @staticmethod
+    def index_type(*sizes):
+        """C type of generated index arithmetic: 32-bit while every operand's extent fits (offsets into the arena
+        are separate 64-bit arguments; GPUs emulate 64-bit division), else 64-bit."""
+        return "int" if max([1] + [int(s) for s in sizes]) < 2**31 - 1 else "long"
+
     def meta(self, values, dtype=np.int64):
         arr = np.asarray(values, dtype=dtype)
         if arr.size == 0:
@@ -113,13 +119,14 @@ class Lowerer:
         shape = list(y.shape)
         dims, sets = codegen.collapse(shape, [list(y_strides)] + [list(s) for _, _, s in operands])
         rank = len(dims)
-        src = codegen.elementwise_source(rank, [v.dtype for v, _, _ in operands], y.dtype, body)
+        I = self.index_type(*[v.size for v, _, _ in operands], y.size)
+        src = codegen.elementwise_source(rank, [v.dtype for v, _, _ in operands], y.dtype, body, I)
         ybuf, yo = self.loc(y)
         args = [ybuf, np.uint64(yo + y_off)]
         for v, off, _ in operands:
             buf, o = self.loc(v)
             args += [buf, np.uint64(o + off)]
-        args.append(self.meta(dims + [s for st in sets for s in st]))
+        args.append(self.meta(dims + [s for st in sets for s in st], np.int32 if I == "int" else np.int64))
         total = int(np.prod(dims))
         self.emit(src, "ew", args, (max(total, 1),), None, label)
 
@@ -163,10 +170,12 @@ class Lowerer:
         from ..graph.ir import Value
         shadow = Value(-1, "", y.dtype, x.shape)
         dims, sets = codegen.collapse(list(x.shape), [list(y_strides), self.strides(x)])
-        src = codegen.elementwise_source(len(dims), [x.dtype], y.dtype, "r0 = x0v;")
+        I = self.index_type(y.size, x.size)
+        src = codegen.elementwise_source(len(dims), [x.dtype], y.dtype, "r0 = x0v;", I)
         ybuf, yo = self.loc(y)
         xbuf, xo = self.loc(x)
-        args = [ybuf, np.uint64(yo + y_offset), xbuf, np.uint64(xo), self.meta(dims + sets[0] + sets[1])]
+        args = [ybuf, np.uint64(yo + y_offset), xbuf, np.uint64(xo),
+                self.meta(dims + sets[0] + sets[1], np.int32 if I == "int" else np.int64)]
         del shadow
         self.emit(src, "ew", args, (max(int(np.prod(dims)), 1),), None, f"copy into {y.id}")
 
@@ -446,10 +455,11 @@ class Lowerer:
         n_out, count = int(np.prod(out_dims)), int(np.prod(red_dims))
         # GPUs: a work-group per output once each output reduces many elements (batch-norm statistics, losses)
         group = 256 if not self.ctx.is_cpu and count >= 1024 and n_out < 64 * self.ctx.info.compute_units else 0
+        I = self.index_type(x.size, y.size)
         src = codegen.reduce_source(len(out_dims), len(red_dims), [x.dtype], acc, y.dtype, pre, combine, init, post,
-                                    group)
+                                    group, I)
         meta = out_dims + y_strides + x_out + red_dims + x_red
-        args = self.args(y) + self.args(x) + [self.meta(meta)]
+        args = self.args(y) + self.args(x) + [self.meta(meta, np.int32 if I == "int" else np.int64)]
         if group:
             self.emit(src, "red", args, (n_out * group,), (group,), f"{node.name} Reduce")
         else:
