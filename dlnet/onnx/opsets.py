@@ -800,3 +800,7 @@ def _scatter_nd(imp, node, xs, at):  # 16 adds reduction add/mul, 18 max/min: a 
     y = b.op("ScatterElements", [reshape(b, flat, (flat.shape[0], width)), rows, reshape(b, upd, (n, width))],
              {"axis": 0, "reduction": at.get("reduction", "none")})
     return [reshape(b, y, x.shape)]
+
+
+# ---------------------------------------------------------------- handlers kept in their own modules ---------------
+from . import resize  # noqa: E402,F401  (Resize, Upsample: registration side effects)
