@@ -856,3 +856,4 @@ def _conv_transpose(imp, node, xs, at):
     inputs = [x, wf] + ([bias] if bias is not None else [])
     return [b.op("Conv", inputs, {"strides": (1,) * nsp, "pads": (0,) * 2 * nsp, "dilations": tuple(dil),
                                   "group": group})]
+from . import composed  # noqa: E402,F401  (CumSum, OneHot, TopK, Einsum, ...: registration side effects)
