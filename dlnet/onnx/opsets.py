@@ -857,3 +857,4 @@ def _conv_transpose(imp, node, xs, at):
     return [b.op("Conv", inputs, {"strides": (1,) * nsp, "pads": (0,) * 2 * nsp, "dilations": tuple(dil),
                                   "group": group})]
 from . import composed  # noqa: E402,F401  (CumSum, OneHot, TopK, Einsum, ...: registration side effects)
+from . import recurrent  # noqa: E402,F401  (RNN, GRU, LSTM unrolled: registration side effects)
