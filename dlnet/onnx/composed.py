@@ -6,7 +6,7 @@ ReverseSequence, TopK, Einsum, MaxUnpool, and Compress/NonZero on constant input
 import numpy as np
 
 from ..errors import ModelError
-from .opsets import _auto_pads, _slice, const, handler, norm_axis, reshape
+from .opsets import _auto_pads, _pad, _slice, const, handler, norm_axis, reshape
 
 
 def _c(b, value, dtype):
@@ -67,13 +67,15 @@ def _eyelike(imp, node, xs, at):
 
 # ---------------------------------------------------------------- normalisations ----------------------------------
 @handler("LpNormalization", 1, 22)
-def _lp_normalization(imp, node, xs, at):  # y = x / ||x||_p along axis (p = 1 or 2)
+def _lp_normalization(imp, node, xs, at):  # y = x / ||x||_p along axis (p = 1 or 2), 0 where the norm is 0
     b, x = imp.b, xs[0]
     p = at.get("p", 2)
     if p not in (1, 2):
         raise ModelError(f"LpNormalization with p={p}: only 1 and 2 exist")
     axis = norm_axis(at.get("axis", -1), x.rank)
     norm = b.op("Reduce", [x], {"mode": "l1" if p == 1 else "l2", "axes": (axis,), "keepdims": 1})
+    zero = _c(b, 0, x.dtype)
+    norm = b.op("Where", [b.op("Equal", [norm, zero]), _c(b, 1, x.dtype), norm])  # 0 / 0 = 0 (the reference)
     return [b.op("Div", [x, norm])]
 
 
@@ -276,22 +278,24 @@ def _einsum(imp, node, xs, at):
 
 # ---------------------------------------------------------------- MaxUnpool -------------------------------------
 @handler("MaxUnpool", 9, 11, 22)  # 11 adds types; output_shape is an optional input
-def _maxunpool(imp, node, xs, at):  # y = zeros; y.flat[indices] = x (a ScatterElements over the flat tensor)
+def _maxunpool(imp, node, xs, at):
+    """y = zeros(pooled-from shape); y.flat[indices] = x (a ScatterElements); output_shape zero-pads the ends."""
     b = imp.b
     x, idx = xs[0], xs[1]
     nsp = x.rank - 2
-    if len(xs) > 2 and xs[2] is not None:
-        shape = tuple(int(d) for d in const(xs[2], "MaxUnpool's output_shape"))
-    else:
-        kernel = at["kernel_shape"]
-        strides = at.get("strides") or [1] * nsp
-        pads = at.get("pads") or [0] * 2 * nsp
-        shape = x.shape[:2] + tuple((d - 1) * s + k - pads[i] - pads[i + nsp]
-                                    for i, (d, s, k) in enumerate(zip(x.shape[2:], strides, kernel)))
+    kernel = at["kernel_shape"]
+    strides = at.get("strides") or [1] * nsp
+    pads = at.get("pads") or [0] * 2 * nsp
+    shape = x.shape[:2] + tuple((d - 1) * s + k - pads[i] - pads[i + nsp]
+                                for i, (d, s, k) in enumerate(zip(x.shape[2:], strides, kernel)))
     total = int(np.prod(shape, dtype=np.int64))
     zeros = b.const(np.zeros(total, x.dtype))
     y = b.op("ScatterElements", [zeros, reshape(b, idx, (x.size,)), reshape(b, x, (x.size,))], {"axis": 0})
-    return [reshape(b, y, shape)]
+    y = reshape(b, y, shape)
+    if len(xs) > 2 and xs[2] is not None:
+        out = [int(d) for d in const(xs[2], "MaxUnpool's output_shape")]
+        y = _pad(imp, y, [0] * x.rank + [o - d for o, d in zip(out, shape)], "constant", 0.0)
+    return [y]
 
 
 # ---------------------------------------------------------------- data-dependent shapes, constant inputs only ------
