@@ -315,3 +315,78 @@ def _compress(imp, node, xs, at):
 def _nonzero(imp, node, xs, at):
     x = const(xs[0], "NonZero's input (its output shape depends on the values)")
     return [imp.b.const(np.asarray(np.nonzero(x), np.int64).reshape(x.ndim, -1))]
+
+
+# ---------------------------------------------------------------- linear quantisation ------------------------------
+QUANT_RANGE = {"uint8": (0, 255), "int8": (-128, 127), "uint16": (0, 65535), "int16": (-32768, 32767),
+               "int32": (-2**31, 2**31 - 1)}
+
+
+def _per_axis(imp, v, x, axis, block=0):
+    """A scale/zero point: scalar, 1-D along `axis` (op-set 13), or blocks along `axis` (op-set 21: each entry
+    repeated block_size times, an Expand of an inserted unit dim)."""
+    b = imp.b
+    if v.rank == 0 or v.size == 1:
+        return reshape(b, v, ())
+    axis = norm_axis(axis, x.rank)
+    if v.rank == x.rank and block:
+        inter = v.shape[:axis + 1] + (1,) + v.shape[axis + 1:]
+        full = v.shape[:axis + 1] + (block,) + v.shape[axis + 1:]
+        v = reshape(b, b.op("Expand", [reshape(b, v, inter)], {"shape": full}),
+                    v.shape[:axis] + (v.shape[axis] * block,) + v.shape[axis + 1:])
+        return v if v.shape == x.shape else _slice(imp, v, [0] * x.rank, list(x.shape), None, None)
+    if v.rank != 1:
+        raise ModelError(f"a quantisation scale of shape {list(v.shape)} for input {list(x.shape)}")
+    return reshape(imp.b, v, [v.size if d == axis else 1 for d in range(x.rank)])
+
+
+def _quantize(b, x, scale, zp, dtype):
+    """y = saturate(round_half_even(x / scale) + zp) in dtype."""
+    lo, hi = QUANT_RANGE[dtype]
+    y = b.op("Round", [b.op("Div", [x, scale])])
+    if zp is not None:
+        y = b.op("Add", [y, b.op("Cast", [zp], {"to": x.dtype})])
+    y = b.op("Max", [b.op("Min", [y, _c(b, hi, x.dtype)]), _c(b, lo, x.dtype)])
+    return b.op("Cast", [y], {"to": dtype})
+
+
+@handler("QuantizeLinear", 10, 13, 19, 21, 23, 24, 25, 28)  # 13: per-axis; 19: float16 scales; 21: blocks, output_dtype
+def _quantize_linear(imp, node, xs, at):
+    b, x = imp.b, xs[0]
+    axis = at.get("axis", 1)
+    zp = xs[2] if len(xs) > 2 and xs[2] is not None else None
+    dtype = zp.dtype if zp is not None else "uint8"
+    if zp is None and at.get("output_dtype", 0):
+        from .importer import onnx_dtype
+        dtype = onnx_dtype(at["output_dtype"])
+    if dtype not in QUANT_RANGE:
+        raise ModelError(f"QuantizeLinear to {dtype} is not supported (supported: {sorted(QUANT_RANGE)})")
+    block = at.get("block_size", 0)
+    scale = _per_axis(imp, xs[1], x, axis, block)
+    xf = x if x.dtype == scale.dtype else b.op("Cast", [x], {"to": scale.dtype})
+    return [_quantize(b, xf, scale, _per_axis(imp, zp, x, axis, block) if zp is not None else None, dtype)]
+
+
+@handler("DequantizeLinear", 10, 13, 19, 21, 23, 24, 25, 28)  # later versions add types
+def _dequantize_linear(imp, node, xs, at):  # y = (x - zp) * scale, in the scale's dtype
+    b, x = imp.b, xs[0]
+    axis = at.get("axis", 1)
+    block = at.get("block_size", 0)
+    scale = _per_axis(imp, xs[1], x, axis, block)
+    y = b.op("Cast", [x], {"to": scale.dtype})
+    if len(xs) > 2 and xs[2] is not None:
+        y = b.op("Sub", [y, b.op("Cast", [_per_axis(imp, xs[2], x, axis, block)], {"to": scale.dtype})])
+    return [b.op("Mul", [y, scale])]
+
+
+@handler("DynamicQuantizeLinear", 11)
+def _dynamic_quantize_linear(imp, node, xs, at):
+    """scale = (max(x, 0) - min(x, 0)) / 255, zp = saturate(round(-min / scale)), y = quantize(x) to uint8."""
+    b, x = imp.b, xs[0]
+    every = tuple(range(x.rank))
+    zero = _c(b, 0, x.dtype)
+    lo = b.op("Min", [b.op("Reduce", [x], {"mode": "min", "axes": every, "keepdims": 0}), zero])
+    hi = b.op("Max", [b.op("Reduce", [x], {"mode": "max", "axes": every, "keepdims": 0}), zero])
+    scale = b.op("Div", [b.op("Sub", [hi, lo]), _c(b, 255, x.dtype)])
+    zp = _quantize(b, b.op("Neg", [lo]), scale, None, "uint8")
+    return [_quantize(b, x, scale, zp, "uint8"), scale, zp]
