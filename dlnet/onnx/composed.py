@@ -390,3 +390,82 @@ def _dynamic_quantize_linear(imp, node, xs, at):
     scale = b.op("Div", [b.op("Sub", [hi, lo]), _c(b, 255, x.dtype)])
     zp = _quantize(b, b.op("Neg", [lo]), scale, None, "uint8")
     return [_quantize(b, x, scale, zp, "uint8"), scale, zp]
+
+
+# ---------------------------------------------------------------- integer and quantised linear algebra -----------
+# Integer products run through the float32 kernels: exact while every partial sum stays below 2^24.
+def _minus_zp(imp, v, zp, axis=None):
+    b = imp.b
+    y = b.op("Cast", [v], {"to": "float32"})
+    if zp is None:
+        return y
+    z = b.op("Cast", [zp], {"to": "float32"})
+    if zp.rank == 1 and zp.size > 1 and axis is not None:
+        z = reshape(b, z, [zp.size if d == axis % v.rank else 1 for d in range(v.rank)])
+    else:
+        z = reshape(b, z, ()) if zp.size == 1 else z
+    return b.op("Sub", [y, z])
+
+
+def _matmul(imp, a, bm):
+    from .opsets import HANDLERS
+    return HANDLERS["MatMul"][13](imp, None, [a, bm], {})[0]
+
+
+def _conv_float(imp, x, w, at):
+    from .opsets import HANDLERS
+    return HANDLERS["Conv"][11](imp, None, [x, w], at)[0]
+
+
+def _opt_in(xs, i):
+    return xs[i] if len(xs) > i and xs[i] is not None else None
+
+
+@handler("MatMulInteger", 10)
+def _matmul_integer(imp, node, xs, at):  # y = (A - a_zp) @ (B - b_zp) in int32; b_zp may be per column
+    a = _minus_zp(imp, xs[0], _opt_in(xs, 2))
+    bm = _minus_zp(imp, xs[1], _opt_in(xs, 3), axis=-1)
+    return [imp.b.op("Cast", [_matmul(imp, a, bm)], {"to": "int32"})]
+
+
+@handler("ConvInteger", 10)
+def _conv_integer(imp, node, xs, at):  # y = conv(x - x_zp, w - w_zp) in int32; w_zp may be per output channel
+    x = _minus_zp(imp, xs[0], _opt_in(xs, 2))
+    w = _minus_zp(imp, xs[1], _opt_in(xs, 3), axis=0)
+    return [imp.b.op("Cast", [_conv_float(imp, x, w, at)], {"to": "int32"})]
+
+
+def _dequant(imp, v, scale, zp, axis=None):
+    b = imp.b
+    s = b.op("Cast", [scale], {"to": "float32"}) if scale.dtype != "float32" else scale
+    if scale.rank == 1 and scale.size > 1 and axis is not None:
+        s = reshape(b, s, [scale.size if d == axis % v.rank else 1 for d in range(v.rank)])
+    else:
+        s = reshape(b, s, ()) if scale.size == 1 else s
+    return b.op("Mul", [_minus_zp(imp, v, zp, axis), s])
+
+
+def _requant(imp, y, scale, zp):
+    b = imp.b
+    s = b.op("Cast", [scale], {"to": "float32"}) if scale.dtype != "float32" else scale
+    return _quantize(b, y, reshape(b, s, ()), reshape(b, zp, ()), zp.dtype)
+
+
+@handler("QLinearMatMul", 10, 21)  # 21 adds float16 scales and more types
+def _qlinear_matmul(imp, node, xs, at):  # y = quantize(dequant(a) @ dequant(b), y_scale, y_zp)
+    a = _dequant(imp, xs[0], xs[1], xs[2])
+    bm = _dequant(imp, xs[3], xs[4], xs[5], axis=-1)
+    return [_requant(imp, _matmul(imp, a, bm), xs[6], xs[7])]
+
+
+@handler("QLinearConv", 10)
+def _qlinear_conv(imp, node, xs, at):  # y = quantize(conv(dequant(x), dequant(w)) + B * x_scale * w_scale)
+    b = imp.b
+    x = _dequant(imp, xs[0], xs[1], xs[2])
+    w = _dequant(imp, xs[3], xs[4], xs[5], axis=0)
+    y = _conv_float(imp, x, w, at)
+    if _opt_in(xs, 8) is not None:
+        bias = b.op("Mul", [b.op("Cast", [xs[8]], {"to": "float32"}),
+                            b.op("Mul", [reshape(b, xs[1], ()), xs[4] if xs[4].size > 1 else reshape(b, xs[4], ())])])
+        y = b.op("Add", [y, reshape(b, bias, (xs[8].size,) + (1,) * (y.rank - 2))])
+    return [_requant(imp, y, xs[6], xs[7])]
