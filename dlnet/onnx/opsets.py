@@ -802,10 +802,6 @@ def _scatter_nd(imp, node, xs, at):  # 16 adds reduction add/mul, 18 max/min: a 
     return [reshape(b, y, x.shape)]
 
 
-# ---------------------------------------------------------------- handlers kept in their own modules ---------------
-from . import resize  # noqa: E402,F401  (Resize, Upsample: registration side effects)
-
-
 # ---------------------------------------------------------------- ConvTranspose, composed -------------------------
 @handler("ConvTranspose", 1, 11, 22)
 def _conv_transpose(imp, node, xs, at):
@@ -856,5 +852,8 @@ def _conv_transpose(imp, node, xs, at):
     inputs = [x, wf] + ([bias] if bias is not None else [])
     return [b.op("Conv", inputs, {"strides": (1,) * nsp, "pads": (0,) * 2 * nsp, "dilations": tuple(dil),
                                   "group": group})]
-from . import composed  # noqa: E402,F401  (CumSum, OneHot, TopK, Einsum, ...: registration side effects)
-from . import recurrent  # noqa: E402,F401  (RNN, GRU, LSTM unrolled: registration side effects)
+
+
+# ---------------------------------------------------------------- handlers kept in their own modules ---------------
+# resize: Resize, Upsample; composed: CumSum, OneHot, TopK, Einsum, quantisation, ...; recurrent: RNN, GRU, LSTM
+from . import composed, recurrent, resize  # noqa: F401  (registration side effects; they import this module)
