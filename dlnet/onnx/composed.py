@@ -469,3 +469,20 @@ def _qlinear_conv(imp, node, xs, at):  # y = quantize(conv(dequant(x), dequant(w
                             b.op("Mul", [reshape(b, xs[1], ()), xs[4] if xs[4].size > 1 else reshape(b, xs[4], ())])])
         y = b.op("Add", [y, reshape(b, bias, (xs[8].size,) + (1,) * (y.rank - 2))])
     return [_requant(imp, y, xs[6], xs[7])]
+
+
+@handler("Unique", 11, 28)  # output shapes are the data: only a constant input (folded at load)
+def _unique(imp, node, xs, at):
+    x = const(xs[0], "Unique's input (its output shapes depend on the values)")
+    axis = at.get("axis")
+    axis = None if axis is None else norm_axis(axis, x.ndim)
+    y, first, inverse, counts = np.unique(x, return_index=True, return_inverse=True, return_counts=True, axis=axis)
+    if not at.get("sorted", 1):  # first-occurrence order
+        order = np.argsort(first, kind="stable")
+        y = np.take(y, order, axis=0 if axis is None else axis)
+        first, counts = first[order], counts[order]
+        inverse = np.argsort(order)[inverse.reshape(-1)]
+    b = imp.b
+    outs = [b.const(y), b.const(first.astype(np.int64)), b.const(inverse.reshape(-1).astype(np.int64)),
+            b.const(counts.astype(np.int64))]
+    return outs[:len(node.output)]
