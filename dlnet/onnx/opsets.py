@@ -855,5 +855,6 @@ def _conv_transpose(imp, node, xs, at):
 
 
 # ---------------------------------------------------------------- handlers kept in their own modules ---------------
-# resize: Resize, Upsample; composed: CumSum, OneHot, TopK, Einsum, quantisation, ...; recurrent: RNN, GRU, LSTM
-from . import composed, recurrent, resize  # noqa: F401  (registration side effects; they import this module)
+# resize: Resize, Upsample; composed: CumSum, OneHot, TopK, Einsum, quantisation, ...; recurrent: RNN, GRU, LSTM;
+# control: If (constant condition), Scan (unrolled)
+from . import composed, control, recurrent, resize  # noqa: F401  (registration side effects; they import this module)
