@@ -102,3 +102,32 @@ def _scan_8(imp, node, xs, at):  # op-set 8: batch axis 0, optional sequence_len
         at9 = dict(at, scan_input_directions=at.get("directions"))
         per_batch.append(_scan(imp, node, xs, at9, st, sc))
     return [_stack(b, [r[k] for r in per_batch], 0) for k in range(len(per_batch[0]))]
+
+
+LOOP_LIMIT = 4096  # unrolled iterations at most: a bound on the graph a Loop may grow into
+
+
+@handler("Loop", 1, 11, 13, 16, 19, 21, 23, 24, 25)  # later versions add types (sequences, optionals)
+def _loop(imp, node, xs, at):
+    """Unrolled while the (constant) trip count and the (folded) condition allow; scan outputs stacked on axis 0."""
+    b = imp.b
+    body = at["body"]
+    trip = int(np.asarray(const(xs[0], "Loop's trip count")).reshape(-1)[0]) if xs[0] is not None else None
+    cond_v = xs[1] if len(xs) > 1 else None
+    cond = bool(np.asarray(const(cond_v, "Loop's condition")).reshape(-1)[0]) if cond_v is not None else True
+    states = list(xs[2:])
+    n_scan = len(body.output) - 1 - len(states)
+    collected = [[] for _ in range(n_scan)]
+    i = 0
+    while cond and (trip is None or i < trip):
+        if i >= LOOP_LIMIT:
+            raise ModelError(f"Loop runs past {LOOP_LIMIT} unrolled iterations")
+        outs = inline(imp, body, [b.const(np.asarray(i, np.int64)), b.const(np.asarray(cond))] + states)
+        cond = bool(np.asarray(const(outs[0], "Loop's condition after an iteration")).reshape(-1)[0])
+        states = outs[1:1 + len(states)]
+        for k, v in enumerate(outs[1 + len(states):]):
+            collected[k].append(v)
+        i += 1
+    if n_scan and i == 0:
+        raise ModelError("Loop with scan outputs that runs no iteration (empty outputs) is not supported")
+    return [b.op("Identity", [s]) for s in states] + [_stack(b, parts, 0) for parts in collected]
