@@ -65,7 +65,7 @@ def _load(i, dtype):
 
 def _store(dtype, expr):
     if np.dtype(dtype).name == "float16":
-        return f"vstore_half({expr}, oy, y)"
+        return f"vstore_half({expr}, oy, y);"
     return f"y[oy] = ({_ctype(dtype)})({expr});"
 
 

@@ -800,3 +800,61 @@ def _scatter_nd(imp, node, xs, at):  # 16 adds reduction add/mul, 18 max/min: a 
     y = b.op("ScatterElements", [reshape(b, flat, (flat.shape[0], width)), rows, reshape(b, upd, (n, width))],
              {"axis": 0, "reduction": at.get("reduction", "none")})
     return [reshape(b, y, x.shape)]
+
+
+# ---------------------------------------------------------------- ConvTranspose, composed -------------------------
+@handler("ConvTranspose", 1, 11, 22)
+def _conv_transpose(imp, node, xs, at):
+    """y = Conv(zero-insert(x, strides) padded by (k-1)*d - pads, flip(w) with in/out channels swapped per group).
+
+    output_shape (when given) decides the total padding; SAME_UPPER puts the odd cell at the end, SAME_LOWER and
+    NOTSET at the start (as the reference evaluator splits it). Constant weights fold to their flipped form at load.
+    """
+    b = imp.b
+    x, w = xs[0], xs[1]
+    bias = xs[2] if len(xs) > 2 and xs[2] is not None else None
+    nsp = x.rank - 2
+    group = at.get("group", 1)
+    kernel = list(w.shape[2:])
+    strides = list(at.get("strides") or [1] * nsp)
+    dil = list(at.get("dilations") or [1] * nsp)
+    out_pad = list(at.get("output_padding") or [0] * nsp)
+    pads = list(at.get("pads") or [0] * 2 * nsp)
+    auto = at.get("auto_pad", "NOTSET")
+    out_shape = at.get("output_shape")
+    if out_shape is not None or auto in ("SAME_UPPER", "SAME_LOWER"):
+        out_shape = list(out_shape)[-nsp:] if out_shape is not None else [d * s for d, s in zip(x.shape[2:], strides)]
+        for i in range(nsp):
+            total = strides[i] * (x.shape[2 + i] - 1) + out_pad[i] + (kernel[i] - 1) * dil[i] + 1 - out_shape[i]
+            small, big = total // 2, total - total // 2
+            pads[i], pads[i + nsp] = (small, big) if auto == "SAME_UPPER" else (big, small)
+    elif auto == "VALID":
+        pads = [0] * 2 * nsp
+    # zero insertion: [N, C, H, 1, W, 1] padded to [N, C, H, s, W, s], then the trailing s-1 zeros cut
+    if any(s > 1 for s in strides):
+        inter = list(x.shape[:2]) + [d for dim in x.shape[2:] for d in (dim, 1)]
+        zpads = [0] * len(inter) * 2
+        for i, s in enumerate(strides):
+            zpads[len(inter) + 3 + 2 * i] = s - 1
+        z = _pad(imp, reshape(b, x, inter), zpads, "constant", 0.0)
+        z = reshape(b, z, list(x.shape[:2]) + [d * s for d, s in zip(x.shape[2:], strides)])
+        x = _slice(imp, z, [0] * nsp, [(d - 1) * s + 1 for d, s in zip(x.shape[2:], strides)],
+                   list(range(2, 2 + nsp)), None)
+    edge = [(k - 1) * d for k, d in zip(kernel, dil)]
+    begins = [e - p for e, p in zip(edge, pads[:nsp])]
+    ends = [e - p + o for e, p, o in zip(edge, pads[nsp:], out_pad)]
+    x = _pad(imp, x, [0, 0] + begins + [0, 0] + ends, "constant", 0.0)
+    cin, cout_g = w.shape[0], w.shape[1]
+    wg = reshape(b, w, [group, cin // group, cout_g] + kernel)
+    wg = b.op("Transpose", [wg], {"perm": (0, 2, 1) + tuple(range(3, 3 + nsp))})
+    wg = _slice(imp, wg, [-1] * nsp, [-2**62] * nsp, list(range(3, 3 + nsp)), [-1] * nsp)
+    wf = reshape(b, wg, [group * cout_g, cin // group] + kernel)
+    inputs = [x, wf] + ([bias] if bias is not None else [])
+    return [b.op("Conv", inputs, {"strides": (1,) * nsp, "pads": (0,) * 2 * nsp, "dilations": tuple(dil),
+                                  "group": group})]
+
+
+# ---------------------------------------------------------------- handlers kept in their own modules ---------------
+# resize: Resize, Upsample; composed: CumSum, OneHot, TopK, Einsum, quantisation, ...; recurrent: RNN, GRU, LSTM;
+# control: If (constant condition), Scan (unrolled)
+from . import composed, control, recurrent, resize  # noqa: F401  (registration side effects; they import this module)

@@ -156,6 +156,32 @@ _pointwise("Clip", 1, _clip_c, lambda at, x: np.clip(x, at.get("min"), at.get("m
            lambda b, n, dy, x, y: [b.op("Mul", [dy, b.op("Cast", [b.op("Equal", [x, y])], {"to": x.dtype})])])
 
 
+def _float_mod_c(a, T):
+    """Python's x % y: fmod's sign moved to the divisor's, so -3 % inf is inf and 0 % -2 is -0 (as numpy)."""
+    r = f"fmod({a[0]}, {a[1]})"
+    return (f"({r} != ({T})0 ? ((({r} < 0) != ({a[1]} < 0)) ? {r} + {a[1]} : {r}) : copysign(({T})0, {a[1]}))")
+
+
+C_BITS = {"char": 8, "uchar": 8, "short": 16, "ushort": 16, "int": 32, "uint": 32, "long": 64, "ulong": 64}
+
+
+def _bitshift_c(at, a, T):
+    """Shifts of the bit width or more (a negative amount read as unsigned is one) give 0, or -1 for x < 0 >> n."""
+    big = f"((ulong)(long){a[1]} >= {C_BITS.get(T, 64)})"
+    if at.get("direction") == "LEFT":
+        return f"({big} ? ({T})0 : ({T})({a[0]} << {a[1]}))"
+    return f"({big} ? ({a[0]} < 0 ? ({T})-1 : ({T})0) : ({T})({a[0]} >> {a[1]}))"
+
+
+def _bitshift_np(at, x, y):
+    bits = x.dtype.itemsize * 8
+    big = y.astype(np.int64).astype(np.uint64) >= bits
+    safe = np.where(big, 0, y).astype(y.dtype)
+    if at.get("direction") == "LEFT":
+        return np.where(big, 0, np.left_shift(x, safe)).astype(x.dtype)
+    return np.where(big, np.where(x < 0, -1, 0), np.right_shift(x, safe)).astype(x.dtype)
+
+
 # Binary maths with broadcasting. Gradients are given at the broadcast shape; autodiff sums them back once.
 def _int_div_c(at, a, T):
     return f"({a[0]} / {a[1]})"
@@ -176,8 +202,8 @@ _pointwise("Max", 2, lambda at, a, T: f"({a[0]} > {a[1]} || isnan((float){a[0]})
            lambda at, x, y: np.maximum(x, y))
 _pointwise("Min", 2, lambda at, a, T: f"({a[0]} < {a[1]} || isnan((float){a[0]}) ? {a[0]} : {a[1]})",
            lambda at, x, y: np.minimum(x, y))
-_pointwise("Mod", 2, lambda at, a, T: (f"fmod({a[0]}, {a[1]})" if at.get("fmod", 0) else
-                                       f"({a[0]} - {a[1]} * floor({a[0]} / {a[1]}))") if T in ("float", "double")
+_pointwise("Mod", 2, lambda at, a, T: (f"fmod({a[0]}, {a[1]})" if at.get("fmod", 0) else _float_mod_c(a, T))
+           if T in ("float", "double")
            else (f"({a[0]} % {a[1]})" if at.get("fmod", 0) else
                  f"((({a[0]} % {a[1]}) + {a[1]}) % {a[1]})"),
            lambda at, x, y: np.fmod(x, y) if at.get("fmod", 0) else np.mod(x, y))
@@ -193,8 +219,7 @@ _pointwise("LessOrEqual", 2, lambda at, a, T: f"({a[0]} <= {a[1]})", lambda at, 
 _pointwise("Greater", 2, lambda at, a, T: f"({a[0]} > {a[1]})", lambda at, x, y: np.greater(x, y), bool_out=True)
 _pointwise("GreaterOrEqual", 2, lambda at, a, T: f"({a[0]} >= {a[1]})", lambda at, x, y: np.greater_equal(x, y),
            bool_out=True)
-_pointwise("BitShift", 2, lambda at, a, T: f"({a[0]} {'<<' if at.get('direction') == 'LEFT' else '>>'} {a[1]})",
-           lambda at, x, y: np.left_shift(x, y) if at.get("direction") == "LEFT" else np.right_shift(x, y))
+_pointwise("BitShift", 2, _bitshift_c, _bitshift_np)
 
 
 @register

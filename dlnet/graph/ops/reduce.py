@@ -3,12 +3,26 @@ import numpy as np
 
 from . import Op, register
 
+
+def _lowest(dtype):
+    """The identity of max: an empty reduction gives it (op-set 18: -inf, the type's minimum, False)."""
+    if dtype == np.bool_:
+        return False
+    return -np.inf if dtype.kind == "f" else np.iinfo(dtype).min
+
+
+def _highest(dtype):
+    if dtype == np.bool_:
+        return True
+    return np.inf if dtype.kind == "f" else np.iinfo(dtype).max
+
+
 # mode: numpy maths over the reduced axes
 REDUCE_NP = {
     "sum": lambda x, ax: np.sum(x, axis=ax, keepdims=True),
     "mean": lambda x, ax: np.mean(x, axis=ax, keepdims=True),
-    "max": lambda x, ax: np.max(x, axis=ax, keepdims=True),
-    "min": lambda x, ax: np.min(x, axis=ax, keepdims=True),
+    "max": lambda x, ax: np.max(x, axis=ax, keepdims=True, initial=_lowest(x.dtype)),
+    "min": lambda x, ax: np.min(x, axis=ax, keepdims=True, initial=_highest(x.dtype)),
     "prod": lambda x, ax: np.prod(x, axis=ax, keepdims=True),
     "l1": lambda x, ax: np.sum(np.abs(x), axis=ax, keepdims=True),
     "l2": lambda x, ax: np.sqrt(np.sum(np.square(x), axis=ax, keepdims=True)),
