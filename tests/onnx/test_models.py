@@ -11,8 +11,11 @@ import dlnet
 from tests.conftest import make_model, rel_l2
 
 LIGHT = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
-LIGHT_MODELS = ["bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50", "shufflenet", "squeezenet",
-                "vgg19", "zfnet512"]
+# vgg19 (20 GFLOP) and densenet121 (546 launches) are the long ones on a 2-core CPU: full real-model runs behind the
+# opt-in `models` marker, which CI runs once (`python -m pytest -m models`)
+_LONG = pytest.mark.models
+LIGHT_MODELS = ["bvlc_alexnet", pytest.param("densenet121", marks=_LONG), "inception_v1", "inception_v2", "resnet50",
+                "shufflenet", "squeezenet", pytest.param("vgg19", marks=_LONG), "zfnet512"]
 
 
 @pytest.mark.parametrize("name", LIGHT_MODELS)
