@@ -148,7 +148,9 @@ class Context:
         key = (source, tuple(options))
         prg = self._programs.get(key)
         if prg is None:
-            opts = list(options)
+            # IEEE division and sqrt everywhere: OpenCL 1.2 lets them be 2.5 ulp off otherwise (NVIDIA is), which
+            # moves round-half cases (quantisation) away from numpy's answers
+            opts = ["-cl-fp32-correctly-rounded-divide-sqrt"] + list(options)
             try:
                 prg = cl.Program(self.cl, source).build(options=opts, cache_dir=_cache_dir())
             except cl.Error as e:
