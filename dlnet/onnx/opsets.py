@@ -138,21 +138,15 @@ def _clip_11(imp, node, xs, at):  # op-set >= 11: min and max are optional input
     x = xs[0]
     lo = xs[1] if len(xs) > 1 else None
     hi = xs[2] if len(xs) > 2 else None
-    if (lo is None or lo.const is not None) and (hi is None or hi.const is not None):
+    constant = (lo is None or lo.const is not None) and (hi is None or hi.const is not None)
+    if constant and x.dtype in ("float32", "float64", "float16"):  # one pointwise op with the bounds as literals
         attrs = {}
         if lo is not None:
             attrs["min"] = float(lo.const)
         if hi is not None:
             attrs["max"] = float(hi.const)
-        if x.dtype not in ("float32", "float64", "float16"):
-            y = x
-            if lo is not None:
-                y = imp.b.op("Max", [y, lo])
-            if hi is not None:
-                y = imp.b.op("Min", [y, hi])
-            return [y]
         return [imp.b.op("Clip", [x], attrs)]
-    y = x
+    y = x  # runtime bounds, or integers: Max then Min
     if lo is not None:
         y = imp.b.op("Max", [y, lo])
     if hi is not None:

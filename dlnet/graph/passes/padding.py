@@ -4,8 +4,12 @@ import numpy as np
 from ..ir import Node
 
 
-def _pool_count(shape, node, nsp):
-    """Cells of each window inside the unpadded input (for AveragePool without count_include_pad)."""
+def _window_counts(node, shape, nsp, margin):
+    """Taps of each AveragePool window that fall in [-margin, size + margin) of an input of `shape`, per output cell.
+
+    margin 0: the cells of the unpadded input (count_include_pad=0); margin = the node's symmetric pads: what the
+    kernel counts with count_include_pad=1 on the padded input.
+    """
     a = node.attrs
     k, s = a["kernel_shape"], a.get("strides") or [1] * nsp
     pads = a.get("pads") or [0] * 2 * nsp
@@ -13,10 +17,9 @@ def _pool_count(shape, node, nsp):
     out = node.outputs[0].shape[2:]
     counts = np.ones((), np.float64)
     for i in range(nsp):
-        starts = np.arange(out[i]) * s[i] - pads[i]
-        taps = starts[:, None] + np.arange(k[i])[None, :] * dil[i]
-        c = ((taps >= 0) & (taps < shape[2 + i])).sum(axis=1)
-        counts = np.multiply.outer(counts, c)
+        taps = (np.arange(out[i]) * s[i] - pads[i])[:, None] + np.arange(k[i])[None, :] * dil[i]
+        m = margin[i]
+        counts = np.multiply.outer(counts, ((taps >= -m) & (taps < shape[2 + i] + m)).sum(axis=1))
     return counts
 
 
@@ -39,14 +42,14 @@ def explicit_padding(graph):
         graph.add_node(pad, graph.nodes.index(node))
         counts = None
         if node.op == "AveragePool" and not node.attrs.get("count_include_pad", 0):
-            counts = _pool_count(x.shape, node, nsp)
+            counts = _window_counts(node, x.shape, nsp, [0] * nsp)
         graph.set_input(node, 0, y)
         node.attrs["pads"] = tuple(sym + sym)
         if node.op == "AveragePool":
             node.attrs["count_include_pad"] = 1
         if counts is not None:
             # the pool now averages over whole windows of the padded input; rescale to the true cell count
-            sym_counts = _pool_count_padded(node, y.shape, nsp)
+            sym_counts = _window_counts(node, y.shape, nsp, sym)
             scale = (sym_counts / counts).astype(np.float32)
             out = node.outputs[0]
             z = graph.new_value(out.dtype, out.shape)
@@ -56,20 +59,3 @@ def explicit_padding(graph):
             graph.add_node(mul, graph.nodes.index(node) + 1)
         changed = True
     return changed
-
-
-def _pool_count_padded(node, padded_shape, nsp):
-    """Cells each window counts after padding: the padded input's cells inside the window, plus symmetric pads."""
-    a = node.attrs
-    k, s = a["kernel_shape"], a.get("strides") or [1] * nsp
-    pads = a["pads"]
-    dil = a.get("dilations") or [1] * nsp
-    out = node.outputs[0].shape[2:]
-    counts = np.ones((), np.float64)
-    for i in range(nsp):
-        starts = np.arange(out[i]) * s[i] - pads[i]
-        taps = starts[:, None] + np.arange(k[i])[None, :] * dil[i]
-        # count_include_pad=1 counts every tap up to the symmetric padded border
-        c = ((taps >= -pads[i]) & (taps < padded_shape[2 + i] + pads[i])).sum(axis=1)
-        counts = np.multiply.outer(counts, c)
-    return counts
