@@ -98,6 +98,18 @@ def plan_memory(graph, inplace=True, keep=()):
         r = root.get(v.id)
         return r if r is not None else (v.id, 0)
 
+    outputs = {v.id for v in graph.outputs}
+    for node in nodes:  # Concat: inputs written straight into their slice of the output, where it is contiguous
+        if node.op != "Concat" or any(d != 1 for d in node.outputs[0].shape[:node.attrs["axis"]]):
+            continue
+        y, axis, start = node.outputs[0], node.attrs["axis"], 0
+        inner = int(np.prod(y.shape[axis + 1:], dtype=np.int64))
+        for x in node.inputs:
+            p = x.producer
+            if (p is not None and p.spec.kind != "alias" and p.op != "Concat" and x.users == [node]
+                    and x.id not in outputs and x.const is None and node.inputs.count(x) == 1):
+                root[x.id] = (y.id, start * inner)
+            start += x.shape[axis]
     for node in nodes:
         if node.spec.kind == "alias":
             src = node.inputs[0]
@@ -132,7 +144,8 @@ def plan_memory(graph, inplace=True, keep=()):
                 last[rid] = max(last.get(rid, i), i)
     for rid in pinned:
         last[rid] = end
-    plan.naive_act_bytes = sum(_align(s) for s in size.values())
+    views = {n.outputs[0].id for n in nodes if n.spec.kind == "alias"}
+    plan.naive_act_bytes = sum(_align(v.nbytes) for v in graph.values() if v.const is None and v.id not in views)
     dies_at = {}
     for rid, i in last.items():
         dies_at.setdefault(i, []).append(rid)
@@ -144,6 +157,9 @@ def plan_memory(graph, inplace=True, keep=()):
             offsets[rid] = arena.alloc(_align(size[rid]))
     for i, node in enumerate(nodes):
         for y in node.outputs:
+            rid = find(y)[0]
+            if rid != y.id and rid not in offsets and rid in size:  # the first slice of a Concat's output
+                offsets[rid] = arena.alloc(_align(size[rid]))
             if y.id in root or y.id in offsets:
                 continue
             donor = None

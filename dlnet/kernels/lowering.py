@@ -111,7 +111,9 @@ class Lowerer:
                                     self.layer or label))
 
     def written_in_place(self, x, y):
-        return False
+        """x's producer already wrote it inside y (the planner placed x in y's block)."""
+        rid, _ = self.plan.alias_of.get(x.id, (x.id, 0))
+        return rid == self.plan.alias_of.get(y.id, (y.id, 0))[0] and rid != x.id
 
     # generated elementwise ----------------------------------------------------
     def _elementwise(self, y, y_off, y_strides, operands, body, label):

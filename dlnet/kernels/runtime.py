@@ -144,7 +144,9 @@ class Context:
         return f"Context({self.info})"
 
     def program(self, source, options=()):
-        """Build (once per process; pyopencl caches binaries on disk) and return a cl.Program."""
+        """Build (once per process) and return a cl.Program. Binaries are cached on disk by the driver where it
+        caches source builds itself (PoCL's kcache, NVIDIA's ComputeCache: pyopencl then defers to it), else by
+        pyopencl in DLNET_CACHE (default ~/.cache/dlnet)."""
         key = (source, tuple(options))
         prg = self._programs.get(key)
         if prg is None:

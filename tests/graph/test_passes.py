@@ -194,3 +194,21 @@ def test_layernorm_pattern_with_a_shared_intermediate_is_left_alone(ctx):
     nodes = nodes[:9] + [helper.make_node("Add", ["ln1_d", "ln1"], ["y"])]  # x - mean read outside the pattern
     _, g = build(ctx, nodes, {"x": ("float32", [2, 3, 8])}, inits, passes=False)
     assert normalize_layers(g) is False
+
+
+@pytest.mark.parametrize("batch,copies", [(1, 0), (2, 3)])
+def test_concat_inputs_written_in_place(ctx, batch, copies):
+    # three producers concatenated on channels: at batch 1 each slice is contiguous, so each producer writes straight
+    # into the Concat's buffer and the Concat itself costs no launch; at batch 2 the slices are strided: copies
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["x"], ["b"]),
+             helper.make_node("Conv", ["x", "w2"], ["c"]),
+             helper.make_node("Concat", ["a", "b", "c"], ["y"], axis=1)]
+    w1 = R.standard_normal((5, 3, 3, 3)).astype(np.float32)
+    w2 = R.standard_normal((2, 3, 1, 1)).astype(np.float32)
+    model = make_model(nodes, {"x": ("float32", [batch, 3, 6, 6])}, ["y"], {"w1": w1, "w2": w2})
+    net = dlnet.Net(ctx).load_onnx(model)
+    x = R.standard_normal((batch, 3, 6, 6)).astype(np.float32)
+    from tests.conftest import reference
+    assert rel_l2(net.run({"x": x})["y"], reference(model, {"x": x})[0]) < 1e-5
+    assert sum(launch.label.startswith("copy into") for launch in net.launches) == copies
