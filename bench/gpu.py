@@ -48,9 +48,15 @@ def median_ms(fn, iters, warmup=3):
     return statistics.median(times)
 
 
+def set_tf32(on):
+    torch.backends.cudnn.allow_tf32 = on
+    torch.backends.cuda.matmul.allow_tf32 = on
+
+
 def bench_nets(ctx, nets, batches, iters, rows):
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cuda.matmul.allow_tf32 = False
+    """fp32: against PyTorch with TF32 off; tf32: against PyTorch with TF32 on. The error is always against
+    PyTorch's fp32 (TF32 off) output."""
+    tf32 = ctx.precision == "tf32"
     for name in nets:
         torch.manual_seed(0)
         model = getattr(torchvision.models, name)(weights=None).eval()
@@ -67,9 +73,12 @@ def bench_nets(ctx, nets, batches, iters, rows):
                 torch.cuda.synchronize()
                 return y
 
+            set_tf32(False)
+            y_fp32 = run_torch().numpy()
+            set_tf32(tf32)
             t_torch = median_ms(run_torch, iters)
             t_dlnet = median_ms(lambda: net.run({"x": x}), iters)
-            err = rel_l2(net.run({"x": x})["y"], run_torch().numpy())
+            err = rel_l2(net.run({"x": x})["y"], y_fp32)
             torch.cuda.reset_peak_memory_stats()
             run_torch()
             torch_mem = torch.cuda.max_memory_allocated()
@@ -85,8 +94,9 @@ def bench_nets(ctx, nets, batches, iters, rows):
 
 def bench_gemm(ctx, sizes):
     from onnx import TensorProto, helper
-    torch.backends.cuda.matmul.allow_tf32 = False
-    print("\nGEMM (kernel time only, median of 10)")
+    set_tf32(ctx.precision == "tf32")
+    tf32 = "on" if ctx.precision == "tf32" else "off"
+    print(f"\nGEMM {ctx.precision} (kernel time only, median of 10; cuBLAS with TF32 {tf32})")
     print(f"{'n':>6} {'cuBLAS TFLOP/s':>15} {'dlnet TFLOP/s':>14} {'ratio':>6}")
     for n in sizes:
         g = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["y"])], "mm",
@@ -154,27 +164,31 @@ def main():
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--gemm", default="")
     ap.add_argument("--startup", action="store_true")
-    ap.add_argument("--precision", default="fp32")
-    ap.add_argument("--tiles", default="", help="GEMM sweep over GPU tile configs 'TM,TN,TK,WM,WN;...'")
+    ap.add_argument("--precision", default="fp32", help="fp32, tf32 or both: fp32,tf32")
+    ap.add_argument("--tiles", default="", help="GEMM sweep over GPU fp32 tile configs 'TM,TN,TK,WM,WN;...'")
     args = ap.parse_args()
-    ctx = dlnet.Context("gpu", precision=args.precision)
-    print(f"device: {ctx.info}; torch {torch.__version__} on {torch.cuda.get_device_name()}")
-    rows = []
-    if args.nets:
-        bench_nets(ctx, args.nets.split(","), [int(b) for b in args.batches.split(",")], args.iters, rows)
-        print(f"\n{'net':13s} {'batch':>5} {'torch ms':>9} {'dlnet ms':>9} {'ratio':>6} {'rel err':>8} "
-              f"{'mem MiB (dlnet/torch)':>22} {'launches':>8}")
-        for r in rows:
-            print(f"{r[0]:13s} {r[1]:5d} {r[2]:9.2f} {r[3]:9.2f} {r[4]:6.2f} {r[5]:8.1e} {r[6]:10.0f}/{r[7]:<11.0f} "
-                  f"{r[8]:8d}")
-    if args.gemm:
-        from dlnet.kernels import lowering
-        for cfg in args.tiles.split(";") if args.tiles else [""]:
-            if cfg:
-                tm, tn, tk, wm, wn = (int(v) for v in cfg.split(","))
-                lowering.GEMM_TILES["gpu"]["big"] = dict(TM=tm, TN=tn, TK=tk, WM=wm, WN=wn)
-                print(f"\ntiles {cfg}")
-            bench_gemm(ctx, [int(n) for n in args.gemm.split(",")])
+    for precision in args.precision.split(","):
+        ctx = dlnet.Context("gpu", precision=precision)
+        print(f"\n== {precision} == device: {ctx.info}; torch {torch.__version__} on {torch.cuda.get_device_name()}")
+        rows = []
+        if args.nets:
+            bench_nets(ctx, args.nets.split(","), [int(b) for b in args.batches.split(",")], args.iters, rows)
+            print(f"\n{precision}: PyTorch with TF32 {'on' if precision == 'tf32' else 'off'}; rel err against "
+                  f"PyTorch fp32")
+            print(f"{'net':13s} {'batch':>5} {'torch ms':>9} {'dlnet ms':>9} {'ratio':>6} {'rel err':>8} "
+                  f"{'mem MiB (dlnet/torch)':>22} {'launches':>8}")
+            for r in rows:
+                print(f"{r[0]:13s} {r[1]:5d} {r[2]:9.2f} {r[3]:9.2f} {r[4]:6.2f} {r[5]:8.1e} "
+                      f"{r[6]:10.0f}/{r[7]:<11.0f} {r[8]:8d}")
+        if args.gemm:
+            from dlnet.kernels import lowering
+            for cfg in args.tiles.split(";") if args.tiles else [""]:
+                if cfg:
+                    tm, tn, tk, wm, wn = (int(v) for v in cfg.split(","))
+                    tiles = dict(TM=tm, TN=tn, TK=tk, WM=wm, WN=wn)
+                    lowering.GEMM_TILES["gpu"]["big"] = lowering.GEMM_TILES["gpu"]["huge"] = tiles
+                    print(f"\ntiles {cfg}")
+                bench_gemm(ctx, [int(n) for n in args.gemm.split(",")])
     if args.startup:
         bench_startup()
 

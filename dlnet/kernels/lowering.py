@@ -8,30 +8,46 @@ from ..errors import ModelError
 # How matrix-shaped kernels (conv as implicit GEMM, gemm) are blocked, per device class. GPUs use the tiled core
 # (__local tiles, WM x WN outputs per work-item); CPUs the register-blocked core (RM x CN outputs per work-item,
 # no barriers), which PoCL ran 10-25x faster than the tiled one on 2 Xeon cores (3.8 against 0.05-0.3 GFLOP/s).
+# "tf32" is the tensor-core core for NVIDIA devices in precision="tf32" (inline PTX mma.sync); small or narrow
+# problems stay on the fp32 core.
 GEMM_TILES = {
     # measured on an H100 (bench/RESULTS.md): 128x128x16 with 8x8 per work-item 23-24 TFLOP/s, 64x64 with 4x4 18
     "gpu": {"core": "gemm_core", "huge": dict(TM=128, TN=128, TK=16, WM=8, WN=8),
             "big": dict(TM=64, TN=64, TK=16, WM=4, WN=4),
             "narrow_m": dict(TM=16, TN=64, TK=16, WM=2, WN=4), "narrow_n": dict(TM=64, TN=16, TK=16, WM=4, WN=2)},
+    "tf32": {"core": "gemm_mma", "huge": dict(TM=128, TN=128, TK=16, WARPS_M=2, WARPS_N=4),
+             "big": dict(TM=64, TN=64, TK=16, WARPS_M=2, WARPS_N=2)},
     "cpu": {"core": "gemm_vec", "huge": dict(RM=8), "big": dict(RM=8), "narrow_m": dict(RM=1), "narrow_n": dict(RM=8)},
 }
+GPU_CORES = ("gemm_core", "gemm_mma")
 
 
 def pick_tiles(ctx, M, N):
     """(core file name, defines, local size, global size for an M x N problem)."""
     table = GEMM_TILES["cpu" if ctx.is_cpu else "gpu"]
     if M <= 4 and N > 16:
-        tiles = table["narrow_m"]
+        shape = "narrow_m"
     elif N <= 4 and M > 16:
-        tiles = table["narrow_n"]
+        shape = "narrow_n"
     elif M >= 96 and N >= 2048:
-        tiles = table["huge"]
+        shape = "huge"
     else:
-        tiles = table["big"]
+        shape = "big"
+    if ctx.precision == "tf32" and ctx.is_nvidia and shape in GEMM_TILES["tf32"] and min(M, N) >= 32:
+        table = GEMM_TILES["tf32"]
+    tiles = table[shape]
     if table["core"] == "gemm_vec":  # 8 columns per work-item as float8
         return table["core"], tiles, None, (-(-N // 8), -(-M // tiles["RM"]))
-    nthreads = (tiles["TM"] // tiles["WM"]) * (tiles["TN"] // tiles["WN"])
+    if table["core"] == "gemm_mma":
+        nthreads = 32 * tiles["WARPS_M"] * tiles["WARPS_N"]
+    else:
+        nthreads = (tiles["TM"] // tiles["WM"]) * (tiles["TN"] // tiles["WN"])
     return table["core"], tiles, (nthreads, 1, 1), (-(-N // tiles["TN"]) * nthreads, -(-M // tiles["TM"]))
+
+
+def core_source(core):
+    """The text of a GEMM core with what it needs before it."""
+    return kernel_source("gemm_fetch") + kernel_source(core) if core in GPU_CORES else kernel_source(core)
 
 
 def _defines(d):
@@ -249,7 +265,7 @@ class Lowerer:
             self.use_scratch(self.launches[-1].kernel, 2, 4 * total, "work")
         elif one:
             tiles = dict(tiles, IS_1X1=1, **({"ONE_IMAGE": 1} if N == 1 else {}))
-        src = _defines(tiles) + head + kernel_source("conv") + kernel_source(core)
+        src = _defines(tiles) + head + kernel_source("conv") + core_source(core)
         args = self.args(x) + self.args(w) + bargs + rargs + self.args(y) + [
             np.int32(C), np.int32(H), np.int32(W), np.int32(K), np.int32(OH), np.int32(OW), np.int32(KH),
             np.int32(KW), np.int32(strides[0]), np.int32(strides[1]), np.int32(pads[0]), np.int32(pads[1]),
@@ -290,7 +306,11 @@ class Lowerer:
             defs["HAS_C"] = 1
         if sbn == 1:
             defs["B_ROWS"] = 1
-        src = _defines(defs) + act_macro(at.get("act")) + kernel_source("gemm") + kernel_source(core)
+        elif sbk == 1:
+            defs["B_ALONG_K"] = 1
+        if sam == 1 and sak != 1:
+            defs["A_ALONG_M"] = 1
+        src = _defines(defs) + act_macro(at.get("act")) + kernel_source("gemm") + core_source(core)
         args = self.args(a) + self.args(b) + (self.args(c) if c is not None else self.dummy()) + self.args(y) + [
             self.meta(table.ravel()), np.int32(M), np.int32(N), np.int32(K), np.int64(sam), np.int64(sak),
             np.int64(sbk), np.int64(sbn), np.int64(scm), np.int64(scn), np.int64(N), np.int64(1),
@@ -302,14 +322,14 @@ class Lowerer:
         groups = grid[0] // (lsize[0] if lsize else 1) * grid[1] * grid[2]
         target = 2 * self.ctx.info.compute_units
         splits = 1
-        if core == "gemm_core" and groups < target and KK >= 512:
+        if core in GPU_CORES and groups < target and KK >= 512:
             splits = min(16, -(-target // groups), KK // 256)
         if splits <= 1:
             self.emit(src, name, args + [self.dummy()[0]], grid, lsize, label)
             if core == "gemm_vec":  # the CPU conv path reads im2col's output from the work buffer
                 self.use_scratch(self.launches[-1].kernel, len(args), 0, "work")
             return
-        src = f"#define SPLITS {splits}\n" + src
+        src = f"#define SPLITS {splits}\n" + src + kernel_source("gemm_reduce")
         self.emit(src, name, args + [self.dummy()[0]], (grid[0], grid[1], grid[2] * splits), lsize,
                   label + f" splitK{splits}")
         self.emit(src, name + "_reduce", args + [self.dummy()[0]], (_round_up(NN, 64), M, grid[2]), (64, 1, 1),
@@ -354,8 +374,9 @@ class Lowerer:
         else:
             M, NN, KK = CKK, NPIX, K
         core, tiles, lsize, (g0, g1) = pick_tiles(self.ctx, M, NN)
-        src = _defines(dict(tiles, **{"CONV_DW" if which == "dw" else "CONV_DX": 1})) + \
-            kernel_source("conv_grad_gemm") + kernel_source(core)
+        along = {"B_ALONG_K": 1} if which == "dw" else {"A_ALONG_M": 1}  # col rows / w columns run along k / m
+        src = _defines(dict(tiles, **along, **{"CONV_DW" if which == "dw" else "CONV_DX": 1})) + \
+            kernel_source("conv_grad_gemm") + core_source(core)
         w_args = self.dummy() if which == "dw" else self.args(other)
         y_args = self.args(out) if which == "dw" else self.dummy()
         args = self.args(dy) + w_args + y_args + [self.dummy()[0], np.int32(K), np.int32(CKK), np.int32(OH * OW),

@@ -1,66 +1,115 @@
-// Tiled, register-blocked GEMM body shared by every matrix-shaped kernel (conv as implicit GEMM, gemm, matmul).
-// The including file defines: KERNEL_NAME, KERNEL_ARGS, PROLOGUE (sets M, NN, KK from get_group_id(2)),
-// LOAD_A(m,k), LOAD_B(k,n) and STORE(m,n,v). Tile sizes come as defines; one table per device picks them.
+// Tiled, register-blocked GEMM body shared by every matrix-shaped kernel on GPUs (conv as implicit GEMM, gemm,
+// matmul, conv gradients). Plain OpenCL C: it is the portable path on every GPU, and the fp32 path on NVIDIA.
+// The including file defines (then gemm_fetch.cl comes first): KERNEL_NAME, KERNEL_ARGS, PROLOGUE (sets M, NN, KK from get_group_id(2)),
+// LOAD_A(m,k), LOAD_B(k,n) and STORE(m,n,v); optionally A_ALONG_M / B_ALONG_K when A is contiguous along m or B
+// along k (which element each work-item fetches, so that neighbours read neighbours). Tile sizes come as defines;
+// one table per device picks them.
+//
+// Work-group: NT_M x NT_N work-items, each owning WM x WN outputs in groups of 4 rows / 4 columns read from the
+// __local tiles as float4. Tiles are double-buffered: the next TK slice is fetched into registers while the
+// current one is multiplied, then stored into the other buffer, one barrier per slice.
 #if !defined(TM) || !defined(TN) || !defined(TK) || !defined(WM) || !defined(WN)
 #error "gemm_core.cl needs TM TN TK WM WN"
 #endif
-#if !defined(LOAD_A) || !defined(LOAD_B) || !defined(STORE) || !defined(PROLOGUE)
-#error "gemm_core.cl needs LOAD_A LOAD_B STORE PROLOGUE"
-#endif
-#ifndef SPLITS
-#define SPLITS 1
-#endif
-// Split-K (for grids too small to fill the device): group z = batch index * SPLITS + slice of K; each slice writes
-// raw partial sums to ws, and KERNEL_NAME_reduce (below) adds them and applies the epilogue.
-#define ZID (get_group_id(2) / SPLITS)
 #define NT_M (TM / WM)
 #define NT_N (TN / WN)
 #define NTHREADS (NT_M * NT_N)
+#if (TK * TM) % NTHREADS || (TK * TN) % NTHREADS
+#error "gemm_core.cl: the A and B tiles must divide evenly among the work-items"
+#endif
+#if WM % 4 == 0
+#define VM 4
+#else
+#define VM 1
+#endif
+#if WN % 4 == 0
+#define VN 4
+#else
+#define VN 1
+#endif
+#define PAD_A 4
 
 __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1)))
 void KERNEL_NAME(KERNEL_ARGS, __global float* ws) {
     PROLOGUE
     const int tid = get_local_id(0);
+#if NT_N % 8 == 0 && NT_M % 4 == 0 && NTHREADS % 32 == 0
+    // a warp of 32 covers 4 x 8 work-items: its reads of the A and B tiles are 4 and 8 distinct vectors
+    const int warp = tid / 32, lane = tid % 32;
+    const int tn = (warp % (NT_N / 8)) * 8 + lane % 8;
+    const int tm = (warp / (NT_N / 8)) * 4 + lane / 8;
+#else
     const int tm = tid / NT_N;
     const int tn = tid % NT_N;
+#endif
     const int m0 = get_group_id(1) * TM;
     const int n0 = get_group_id(0) * TN;
-    __local float As[TK][TM + 1];
-    __local float Bs[TK][TN];
+    __local float As[2][TK][TM + PAD_A];
+    __local float Bs[2][TK][TN];
     float acc[WM][WN];
+    #pragma unroll
     for (int i = 0; i < WM; i++)
+        #pragma unroll
         for (int j = 0; j < WN; j++)
             acc[i][j] = 0.0f;
-    const int kslice = get_group_id(2) % SPLITS;
-    const int kchunk = (KK + SPLITS * TK - 1) / (SPLITS * TK) * TK;
-    const int kbeg = kslice * kchunk, kend = min(KK, kbeg + kchunk);
-    for (int k0 = kbeg; k0 < kend; k0 += TK) {
-        for (int e = tid; e < TK * TM; e += NTHREADS) {
-            const int kk = e % TK, mm = e / TK;
-            const int m = m0 + mm, k = k0 + kk;
-            As[kk][mm] = (m < M && k < kend) ? (float)(LOAD_A(m, k)) : 0.0f;
-        }
-        for (int e = tid; e < TK * TN; e += NTHREADS) {
-            const int kk = e / TN, nn = e % TN;
-            const int n = n0 + nn, k = k0 + kk;
-            Bs[kk][nn] = (n < NN && k < kend) ? (float)(LOAD_B(k, n)) : 0.0f;
-        }
-        barrier(CLK_LOCAL_MEM_FENCE);
-        for (int kk = 0; kk < TK; kk++) {
-            float areg_[WM], breg_[WN];
-            for (int i = 0; i < WM; i++) areg_[i] = As[kk][tm + i * NT_M];
-            for (int j = 0; j < WN; j++) breg_[j] = Bs[kk][tn + j * NT_N];
-            for (int i = 0; i < WM; i++)
-                for (int j = 0; j < WN; j++)
-                    acc[i][j] = fma(areg_[i], breg_[j], acc[i][j]);
-        }
-        barrier(CLK_LOCAL_MEM_FENCE);
+    K_SLICE
+    float ra[LA], rb[LB];
+#define STASH(buf) \
+    for (int l = 0; l < LA; l++) { \
+        const int e = tid + l * NTHREADS; As[buf][A_KK(e)][A_MM(e)] = ra[l]; } \
+    for (int l = 0; l < LB; l++) { \
+        const int e = tid + l * NTHREADS; Bs[buf][B_KK(e)][B_NN(e)] = rb[l]; }
+    if (kbeg < kend) {
+        FETCH(kbeg)
+        STASH(0)
     }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    int buf = 0;
+    for (int k0 = kbeg; k0 < kend; k0 += TK) {
+        const bool more = k0 + TK < kend;
+        if (more) {
+            FETCH(k0 + TK)
+        }
+        #pragma unroll
+        for (int kk = 0; kk < TK; kk++) {
+            float a_[WM], b_[WN];
+            #pragma unroll
+            for (int i = 0; i < WM / VM; i++) {
+#if VM == 4
+                const float4 t = *(__local const float4*)&As[buf][kk][i * NT_M * 4 + tm * 4];
+                a_[4 * i] = t.x; a_[4 * i + 1] = t.y; a_[4 * i + 2] = t.z; a_[4 * i + 3] = t.w;
+#else
+                a_[i] = As[buf][kk][i * NT_M + tm];
+#endif
+            }
+            #pragma unroll
+            for (int j = 0; j < WN / VN; j++) {
+#if VN == 4
+                const float4 t = *(__local const float4*)&Bs[buf][kk][j * NT_N * 4 + tn * 4];
+                b_[4 * j] = t.x; b_[4 * j + 1] = t.y; b_[4 * j + 2] = t.z; b_[4 * j + 3] = t.w;
+#else
+                b_[j] = Bs[buf][kk][j * NT_N + tn];
+#endif
+            }
+            #pragma unroll
+            for (int i = 0; i < WM; i++)
+                #pragma unroll
+                for (int j = 0; j < WN; j++)
+                    acc[i][j] = fma(a_[i], b_[j], acc[i][j]);
+        }
+        if (more) {
+            STASH(buf ^ 1)
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        buf ^= 1;
+    }
+    #pragma unroll
     for (int i = 0; i < WM; i++) {
-        const int m = m0 + tm + i * NT_M;
+        const int m = m0 + (i / VM) * NT_M * VM + tm * VM + i % VM;
         if (m >= M) continue;
+        #pragma unroll
         for (int j = 0; j < WN; j++) {
-            const int n = n0 + tn + j * NT_N;
+            const int n = n0 + (j / VN) * NT_N * VN + tn * VN + j % VN;
             if (n >= NN) continue;
 #if SPLITS > 1
             ws[((long)get_group_id(2) * M + m) * NN + n] = acc[i][j];
@@ -70,18 +119,3 @@ void KERNEL_NAME(KERNEL_ARGS, __global float* ws) {
         }
     }
 }
-
-#if SPLITS > 1
-#define CAT_(a, b) a##b
-#define CAT(a, b) CAT_(a, b)
-#undef ZID
-#define ZID get_group_id(2)  // the reduce grid has one z per batch index
-__kernel void CAT(KERNEL_NAME, _reduce)(KERNEL_ARGS, __global float* ws) {
-    PROLOGUE
-    const int n = get_global_id(0), m = get_global_id(1);
-    if (n >= NN || m >= M) return;
-    float v = 0.0f;
-    for (int s = 0; s < SPLITS; s++) v += ws[(((long)ZID * SPLITS + s) * M + m) * NN + n];
-    STORE(m, n, v);
-}
-#endif

@@ -1,0 +1,119 @@
+"""Every GEMM core on this device: the device's own, the portable GPU core (gemm_core.cl) forced onto whatever device
+runs the tests (on CI that is PoCL, so the OpenCL fallback every GPU path keeps is checked there), and on NVIDIA the
+tf32 tensor-core core (precision="tf32"), whose error is that of tf32 inputs (10-bit mantissa).
+
+Shapes cover every tile class (huge, big, narrow), ragged edges, split-K (long K with few tiles), batched and
+transposed GEMMs, convolutions with bias/residual/activation epilogues, and convolution gradients.
+"""
+import numpy as np
+import pytest
+from onnx import helper
+
+import dlnet
+from dlnet.kernels import lowering
+
+from ..conftest import context, make_model, rel_l2
+
+rng = np.random.default_rng(7)
+
+
+def f32(*shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+@pytest.fixture(params=["native", "portable", "tf32"])
+def core(request, monkeypatch):
+    """(context, tolerance) with the GEMM core under test selected."""
+    ctx = context()
+    if request.param == "portable":
+        if ctx.is_cpu:  # the GPU table on a CPU device: gemm_core.cl instead of gemm_vec.cl
+            monkeypatch.setitem(lowering.GEMM_TILES, "cpu", lowering.GEMM_TILES["gpu"])
+        return ctx, 1e-5
+    if request.param == "tf32":
+        if not ctx.is_nvidia:
+            pytest.skip("the tf32 core needs an NVIDIA device (inline PTX mma.sync)")
+        return dlnet.Context(ctx.info, precision="tf32"), 5e-3
+    return ctx, 1e-5
+
+
+GEMMS = [  # (M, K, N, transA, transB)
+    (300, 200, 2100, 0, 0),  # huge tiles with ragged edges
+    (70, 45, 90, 0, 1),  # big tiles, B transposed
+    (3, 64, 500, 0, 0),  # narrow m
+    (130, 64, 3, 1, 0),  # narrow n, A transposed
+    (64, 3000, 64, 1, 1),  # one tile, long K: split-K
+]
+
+
+@pytest.mark.parametrize("M,K,N,ta,tb", GEMMS)
+def test_gemm(core, M, K, N, ta, tb):
+    ctx, tol = core
+    a, b, c = f32(*((K, M) if ta else (M, K))), f32(*((N, K) if tb else (K, N))), f32(N)
+    model = make_model([helper.make_node("Gemm", ["a", "b", "c"], ["y"], transA=ta, transB=tb, alpha=0.5)],
+                       {"a": a, "b": b}, ["y"], {"c": c})
+    y = dlnet.Net(ctx).load_onnx(model).run({"a": a, "b": b})["y"]
+    A, B = (a.T if ta else a).astype(np.float64), (b.T if tb else b).astype(np.float64)
+    assert rel_l2(y, 0.5 * A @ B + c) < tol
+
+
+def test_batched_matmul(core):
+    ctx, tol = core
+    a, b = f32(3, 2, 100, 40), f32(2, 40, 70)
+    model = make_model([helper.make_node("MatMul", ["a", "b"], ["y"])], {"a": a, "b": b}, ["y"])
+    y = dlnet.Net(ctx).load_onnx(model).run({"a": a, "b": b})["y"]
+    assert rel_l2(y, a.astype(np.float64) @ b.astype(np.float64)) < tol
+
+
+CONVS = [  # (x shape, w shape, attrs)
+    ((2, 16, 20, 20), (40, 16, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ((1, 24, 15, 15), (48, 8, 3, 3), {"strides": [2, 2], "group": 3}),
+    ((2, 64, 7, 7), (96, 64, 1, 1), {}),
+    ((1, 256, 6, 6), (32, 256, 3, 3), {"pads": [1, 1, 1, 1]}),  # long K, few tiles: split-K
+]
+
+
+def conv_ref(x, w, b, attrs):
+    import onnx.reference
+    model = make_model([helper.make_node("Conv", ["x", "w", "b"], ["y"], **attrs)], {"x": x}, ["y"],
+                       {"w": w.astype(np.float64), "b": b.astype(np.float64)})
+    for v in list(model.graph.input) + list(model.graph.output):
+        v.type.tensor_type.elem_type = 11  # DOUBLE
+    return onnx.reference.ReferenceEvaluator(model).run(None, {"x": x.astype(np.float64)})[0]
+
+
+@pytest.mark.parametrize("xs,ws,attrs", CONVS)
+def test_conv_with_epilogue(core, xs, ws, attrs):
+    """Conv + bias + residual + Relu fused into the core's epilogue."""
+    ctx, tol = core
+    x, w, b = f32(*xs), f32(*ws), f32(ws[0])
+    ref = conv_ref(x, w, b, attrs)
+    r = f32(*ref.shape)
+    model = make_model([helper.make_node("Conv", ["x", "w", "b"], ["c"], **attrs),
+                        helper.make_node("Add", ["c", "r"], ["s"]), helper.make_node("Relu", ["s"], ["y"])],
+                       {"x": x, "r": r}, ["y"], {"w": w, "b": b})
+    y = dlnet.Net(ctx).load_onnx(model).run({"x": x, "r": r})["y"]
+    assert rel_l2(y, np.maximum(ref + r, 0)) < tol
+
+
+def test_conv_gradients(core):
+    """dW and dX of a convolution (the conv_grad_gemm kernels on this core) against torch autograd."""
+    torch = pytest.importorskip("torch")
+    ctx, tol = core
+    from dlnet.train import Trainer
+    conv = torch.nn.Conv2d(8, 40, 3, padding=1, stride=2)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), conv, torch.nn.Flatten(),
+                                torch.nn.Linear(40 * 5 * 5, 10))
+    x, y = f32(4, 3, 10, 10), rng.integers(0, 10, 4)
+    import io
+    import onnx
+    buf = io.BytesIO()
+    torch.onnx.export(model, (torch.from_numpy(x),), buf, opset_version=13, dynamo=False, input_names=["input"],
+                      output_names=["output"])
+    net = dlnet.Net(ctx).load_onnx(onnx.load_from_string(buf.getvalue()))
+    tr = Trainer(net, loss="cross_entropy", optimizer=dlnet.optim.SGD(lr=0.0))
+    tr.step({"input": x, "target": y})
+    grads = {n: tr._active.download(ctx, gv) for n, _, gv in tr._active.params}
+    model.zero_grad()
+    torch.nn.functional.cross_entropy(model(torch.from_numpy(x)), torch.from_numpy(y)).backward()
+    for name, p in model.named_parameters():
+        assert rel_l2(grads[name], p.grad.numpy()) < max(tol, 1e-4) * 10, name
