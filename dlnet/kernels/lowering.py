@@ -265,8 +265,12 @@ class Lowerer:
             self.use_scratch(self.launches[-1].kernel, 2, 4 * total, "work")
         elif one:
             tiles = dict(tiles, IS_1X1=1, **({"ONE_IMAGE": 1} if N == 1 else {}))
-        src = _defines(tiles) + head + kernel_source("conv") + core_source(core)
-        args = self.args(x) + self.args(w) + bargs + rargs + self.args(y) + [
+        idx = self.index_type(x.size, w.size, y.size, res.size if res is not None else 0)
+        src = _defines(dict(tiles, IDX=idx)) + head + kernel_source("conv") + core_source(core)
+        ky, kx = np.meshgrid(np.arange(KH) * dil[0], np.arange(KW) * dil[1], indexing="ij")
+        taps = np.stack([ky * W + kx, ky, kx, np.zeros_like(ky)], -1).reshape(1, KH * KW, 4)
+        ktab = taps + (np.arange(C) * H * W).reshape(C, 1, 1) * np.array([1, 0, 0, 0])  # see conv.cl
+        args = self.args(x) + self.args(w) + bargs + rargs + self.args(y) + [self.meta(ktab.ravel(), np.int32)] + [
             np.int32(C), np.int32(H), np.int32(W), np.int32(K), np.int32(OH), np.int32(OW), np.int32(KH),
             np.int32(KW), np.int32(strides[0]), np.int32(strides[1]), np.int32(pads[0]), np.int32(pads[1]),
             np.int32(dil[0]), np.int32(dil[1]), np.int32(group), np.int32(N), np.int64(y_nstride),
@@ -310,10 +314,12 @@ class Lowerer:
             defs["B_ALONG_K"] = 1
         if sam == 1 and sak != 1:
             defs["A_ALONG_M"] = 1
+        defs["IDX"] = self.index_type(a.size, b.size, y.size, c.size if c is not None else 0)
+        I = np.int32 if defs["IDX"] == "int" else np.int64
         src = _defines(defs) + act_macro(at.get("act")) + kernel_source("gemm") + core_source(core)
         args = self.args(a) + self.args(b) + (self.args(c) if c is not None else self.dummy()) + self.args(y) + [
-            self.meta(table.ravel()), np.int32(M), np.int32(N), np.int32(K), np.int64(sam), np.int64(sak),
-            np.int64(sbk), np.int64(sbn), np.int64(scm), np.int64(scn), np.int64(N), np.int64(1),
+            self.meta(table.ravel()), np.int32(M), np.int32(N), np.int32(K), I(sam), I(sak),
+            I(sbk), I(sbn), I(scm), I(scn), I(N), I(1),
             np.float32(at.get("alpha", 1.0)), np.float32(at.get("beta", 1.0))]
         self._matrix(src, "gemm", args, core, lsize, (g0, g1, max(nb, 1)), M, N, K, f"{node.name} Gemm")
 
@@ -375,6 +381,7 @@ class Lowerer:
             M, NN, KK = CKK, NPIX, K
         core, tiles, lsize, (g0, g1) = pick_tiles(self.ctx, M, NN)
         along = {"B_ALONG_K": 1} if which == "dw" else {"A_ALONG_M": 1}  # col rows / w columns run along k / m
+        along["IDX"] = self.index_type(dy.size, other.size, out.size, group * CKK * NPIX)
         src = _defines(dict(tiles, **along, **{"CONV_DW" if which == "dw" else "CONV_DX": 1})) + \
             kernel_source("conv_grad_gemm") + core_source(core)
         w_args = self.dummy() if which == "dw" else self.args(other)

@@ -3,11 +3,14 @@
 #ifndef ACT
 #error "gemm.cl needs ACT(v)"
 #endif
+#ifndef IDX
+#define IDX long  // index arithmetic and strides: int where every extent fits (the planner decides)
+#endif
 #define KERNEL_NAME gemm
 #define KERNEL_ARGS \
     __global const float* a, ulong a_off, __global const float* b, ulong b_off, \
     __global const float* c, ulong c_off, __global float* y, ulong y_off, __global const long* boff, \
-    int M, int NN, int KK, long sam, long sak, long sbk, long sbn, long scm, long scn, long sym, long syn, \
+    int M, int NN, int KK, IDX sam, IDX sak, IDX sbk, IDX sbn, IDX scm, IDX scn, IDX sym, IDX syn, \
     float alpha, float beta
 #define PROLOGUE \
     const int bi = ZID; \

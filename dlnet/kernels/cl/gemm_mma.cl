@@ -2,9 +2,9 @@
 // gemm_fetch.cl before it), multiplied by inline PTX mma.sync.m16n8k8 instead of FMA. Inputs are rounded to tf32
 // (cvt.rna) once, as they enter __local memory; products accumulate in fp32.
 //
-// Work-group: WARPS_M x WARPS_N warps; each warp owns a (16 MI) x (8 NI) block of the TM x TN tile. Fragment layout
-// of m16n8k8 (PTX ISA), with g = lane / 4 and t = lane % 4: a0..a3 = A[g][t], A[g+8][t], A[g][t+4], A[g+8][t+4];
-// b0, b1 = B[t][g], B[t+4][g]; c0..c3 = C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1]. The order of k inside one
+// Work-group: WARPS_M x WARPS_N warps; each warp owns a (16 MI) x (8 NI) block of the TM x TN tile. Fragment
+// layout of m16n8k8 (PTX ISA), with g = lane / 4 (gid) and t = lane % 4 (tig): a0..a3 = A[g][t], A[g+8][t],
+// A[g][t+4], A[g+8][t+4]; b0, b1 = B[t][g], B[t+4][g]; c0..c3 = C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1]. The order of k inside one
 // mma is free as long as A and B agree, so slot t holds k = 2t and slot t+4 holds k = 2t+1: (a0, a2) and (a1, a3)
 // are then neighbours in the k-contiguous A tile and load as float2.
 #if !defined(TM) || !defined(TN) || !defined(TK) || !defined(WARPS_M) || !defined(WARPS_N)
@@ -36,7 +36,7 @@ __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1)))
 void KERNEL_NAME(KERNEL_ARGS, __global float* ws) {
     PROLOGUE
     const int tid = get_local_id(0);
-    const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    const int warp = tid / 32, lane = tid % 32, gid = lane / 4, tig = lane % 4;
     const int wm = warp / WARPS_N, wn = warp % WARPS_N;
     const int m0 = get_group_id(1) * TM;
     const int n0 = get_group_id(0) * TN;
@@ -73,17 +73,17 @@ void KERNEL_NAME(KERNEL_ARGS, __global float* ws) {
             uint a[MI][4], b[NI][2];
             #pragma unroll
             for (int i = 0; i < MI; i++) {
-                const int row = wm * MI * 16 + i * 16 + g;
-                const float2 lo = *(__local const float2*)&As[buf][row][kb + 2 * t];
-                const float2 hi = *(__local const float2*)&As[buf][row + 8][kb + 2 * t];
+                const int row = wm * MI * 16 + i * 16 + gid;
+                const float2 lo = *(__local const float2*)&As[buf][row][kb + 2 * tig];
+                const float2 hi = *(__local const float2*)&As[buf][row + 8][kb + 2 * tig];
                 a[i][0] = as_uint(lo.x); a[i][2] = as_uint(lo.y);
                 a[i][1] = as_uint(hi.x); a[i][3] = as_uint(hi.y);
             }
             #pragma unroll
             for (int j = 0; j < NI; j++) {
-                const int col = wn * NI * 8 + j * 8 + g;
-                b[j][0] = as_uint(Bs[buf][kb + 2 * t][col]);
-                b[j][1] = as_uint(Bs[buf][kb + 2 * t + 1][col]);
+                const int col = wn * NI * 8 + j * 8 + gid;
+                b[j][0] = as_uint(Bs[buf][kb + 2 * tig][col]);
+                b[j][1] = as_uint(Bs[buf][kb + 2 * tig + 1][col]);
             }
             #pragma unroll
             for (int i = 0; i < MI; i++)
@@ -103,8 +103,8 @@ void KERNEL_NAME(KERNEL_ARGS, __global float* ws) {
         for (int j = 0; j < NI; j++)
             #pragma unroll
             for (int q = 0; q < 4; q++) {
-                const int m = m0 + wm * MI * 16 + i * 16 + g + (q >> 1) * 8;
-                const int n = n0 + wn * NI * 8 + j * 8 + 2 * t + (q & 1);
+                const int m = m0 + wm * MI * 16 + i * 16 + gid + (q >> 1) * 8;
+                const int n = n0 + wn * NI * 8 + j * 8 + 2 * tig + (q & 1);
                 if (m >= M || n >= NN) continue;
 #if SPLITS > 1
                 ws[((long)get_group_id(2) * M + m) * NN + n] = acc[i][j][q];
