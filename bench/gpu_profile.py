@@ -1,6 +1,6 @@
 """Where the time goes: per-op-kind GPU time of one inference and one training step, from OpenCL profiling events.
 
-    python3 bench/gpu_profile.py [--net resnet50] [--batch 16]
+    python3 bench/gpu_profile.py [--net resnet50] [--batch 16] [--precision tf32] [--no-train]
 
 Prints two tables (inference, training step): kernel time grouped by the kind of node each launch belongs to, with
 launch counts and % of the total. Runs on the GPU machine (torchvision there); asserts nothing.
@@ -41,14 +41,18 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--net", default="resnet50")
     ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--precision", default="fp32")
+    ap.add_argument("--no-train", action="store_true", help="inference only")
     args = ap.parse_args()
-    ctx = dlnet.Context("gpu", profile=True)
+    ctx = dlnet.Context("gpu", precision=args.precision, profile=True)
     model = torch_model(args.net)
     xs = np.random.default_rng(0).standard_normal((args.batch, 3, 224, 224)).astype(np.float32)
     proto = export(model, xs)
     net = dlnet.Net(ctx).load_onnx(proto)
     net.run({net.inputs[0].name: xs})
-    table(f"{args.net} inference, batch {args.batch}", net.launches, ctx.queue)
+    table(f"{args.net} inference, batch {args.batch}, {args.precision}", net.launches, ctx.queue)
+    if args.no_train:
+        return
     trainer = dlnet.Trainer(dlnet.Net(ctx).load_onnx(proto), loss="cross_entropy",
                             optimizer=dlnet.optim.Adam(lr=1e-4))
     y = np.random.default_rng(0).integers(0, 1000, args.batch)

@@ -25,6 +25,8 @@
 #define LOAD_B8(k, n) vload8(0, ws + ((long)g * KK + (k)) * NN + (n))
 #elif defined(IS_1X1)
 #define LOAD_B(k, n) x[((n) / OHW) * x_nstride + (IDX)(k) * H * W + ((n) % OHW)]
+#define B_COLUMN(n) const IDX bbase_ = ((n) / OHW) * x_nstride + ((n) % OHW); const int HW_ = H * W;
+#define LOAD_BC(k) x[bbase_ + (IDX)(k) * HW_]
 #if defined(ONE_IMAGE)  // batch 1: B is x itself, contiguous along n
 #define LOAD_B8(k, n) vload8(0, x + (long)(k) * OHW + (n))
 #endif
@@ -40,6 +42,15 @@ inline float im2col(__global const float* x, int4 t, int n, int H, int W, int OH
     return x[img * x_nstride + (IDX)iy0 * W + ix0 + t.x];
 }
 #define LOAD_B(k, n) im2col(x, ktab[k], n, H, W, OH, OW, SH, SW, PH, PW, x_nstride)
+// the same per column: the window's corner (iy0, ix0) and its offset, then one table entry per k
+#define B_COLUMN(n) \
+    const int box_ = (n) % OW, bt_ = (n) / OW, biy0_ = bt_ % OH * SH - PH, bix0_ = box_ * SW - PW; \
+    const IDX bbase_ = (bt_ / OH) * x_nstride + (IDX)biy0_ * W + bix0_;
+inline float im2col_at(__global const float* x, int4 t, IDX base, int iy0, int ix0, int H, int W) {
+    const int iy = iy0 + t.y, ix = ix0 + t.z;
+    return (iy < 0 || iy >= H || ix < 0 || ix >= W) ? 0.0f : x[base + t.x];
+}
+#define LOAD_BC(k) im2col_at(x, ktab[k], bbase_, biy0_, bix0_, H, W)
 #endif
 #if defined(HAS_RES)
 #define RES(m, n) res[((n) / OHW) * (IDX)res_nstride + (IDX)(m) * OHW + ((n) % OHW)]

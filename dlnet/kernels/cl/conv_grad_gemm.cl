@@ -28,5 +28,7 @@
     dy += dy_off + (long)g * K * OHW; w += w_off + (long)g * K * CKK; col += (long)g * CKK * NPIX;
 #define LOAD_A(m, k) w[(IDX)(k) * CKK + (m)]
 #define LOAD_B(k, n) dy[((n) / OHW) * (IDX)dy_nstride + (IDX)(k) * OHW + ((n) % OHW)]
+#define B_COLUMN(n) const IDX bbase_ = ((n) / OHW) * (IDX)dy_nstride + ((n) % OHW);
+#define LOAD_BC(k) dy[bbase_ + (IDX)(k) * OHW]
 #define STORE(m, n, v) col[(IDX)(m) * NPIX + (n)] = (v)
 #endif

@@ -17,6 +17,9 @@
 #if (TK * TM) % NTHREADS || (TK * TN) % NTHREADS
 #error "gemm_core.cl: the A and B tiles must divide evenly among the work-items"
 #endif
+#if NTHREADS % TN
+#error "gemm_core.cl: the work-items must be a multiple of TN (gemm_fetch.cl)"
+#endif
 #if WM % 4 == 0
 #define VM 4
 #else
@@ -53,6 +56,7 @@ void KERNEL_NAME(KERNEL_ARGS, __global float* ws) {
         for (int j = 0; j < WN; j++)
             acc[i][j] = 0.0f;
     K_SLICE
+    B_SETUP
     float ra[LA], rb[LB];
 #define STASH(buf) \
     for (int l = 0; l < LA; l++) { \

@@ -30,10 +30,24 @@
 #define B_KK(e) ((e) / TN)
 #define B_NN(e) ((e) % TN)
 #endif
+#if defined(B_COLUMN) && !defined(B_ALONG_K)
+// Every work-item fetches B elements of one column n = n0 + tid % TN (the cores' NTHREADS are multiples of TN):
+// the including file's B_COLUMN(n) works out once, before the K loop, what LOAD_BC(k) needs about column n (for a
+// convolution: the image and the input window), and LOAD_BC(k) reads row k of that column.
+#define B_SETUP const int bn_ = n0 + tid % TN; B_COLUMN(bn_)
+#define FETCH_B(k0) \
+    for (int l = 0; l < LB; l++) { \
+        const int k = (k0) + tid / TN + l * (NTHREADS / TN); \
+        rb[l] = (bn_ < NN && k < kend) ? (float)(LOAD_BC(k)) : 0.0f; }
+#else
+#define B_SETUP
+#define FETCH_B(k0) \
+    for (int l = 0; l < LB; l++) { \
+        const int e = tid + l * NTHREADS, n = n0 + B_NN(e), k = (k0) + B_KK(e); \
+        rb[l] = (n < NN && k < kend) ? (float)(LOAD_B(k, n)) : 0.0f; }
+#endif
 #define FETCH(k0) \
     for (int l = 0; l < LA; l++) { \
         const int e = tid + l * NTHREADS, m = m0 + A_MM(e), k = (k0) + A_KK(e); \
         ra[l] = (m < M && k < kend) ? (float)(LOAD_A(m, k)) : 0.0f; } \
-    for (int l = 0; l < LB; l++) { \
-        const int e = tid + l * NTHREADS, n = n0 + B_NN(e), k = (k0) + B_KK(e); \
-        rb[l] = (n < NN && k < kend) ? (float)(LOAD_B(k, n)) : 0.0f; }
+    FETCH_B(k0)

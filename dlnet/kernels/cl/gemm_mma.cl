@@ -16,6 +16,9 @@
 #if (TK * TM) % NTHREADS || (TK * TN) % NTHREADS || TK % 8 || MI * 16 * WARPS_M != TM || NI * 8 * WARPS_N != TN
 #error "gemm_mma.cl: tile sizes do not divide evenly"
 #endif
+#if NTHREADS % TN
+#error "gemm_mma.cl: the work-items must be a multiple of TN (gemm_fetch.cl)"
+#endif
 #define PAD_AK 8  // As row stride TK + 8: the float2 fragment reads of each half-warp hit distinct banks
 #define PAD_BN 4  // Bs row stride TN + 4: rows 2t and 2t+1 of the B fragments fall in distinct banks
 
@@ -51,6 +54,7 @@ void KERNEL_NAME(KERNEL_ARGS, __global float* ws) {
             for (int q = 0; q < 4; q++)
                 acc[i][j][q] = 0.0f;
     K_SLICE
+    B_SETUP
     float ra[LA], rb[LB];
 #define STASH(buf) \
     for (int l = 0; l < LA; l++) { \
