@@ -78,6 +78,8 @@ CASES = [
     ("Softplus", "Softplus", [normal(2, 3, 4)], {}),
     ("Gelu", "Gelu", [normal(2, 3, 4)], {}),
     ("LayerNorm", "LayerNorm", [normal(2, 3, 6), positive(6), normal(6)], {"epsilon": 1e-5}),
+    ("BatchNormTrain", "BatchNormTrain", [normal(4, 3, 2, 3), positive(3), normal(3)], {"epsilon": 1e-5}),
+    ("BatchNormTrain-2d", "BatchNormTrain", [normal(5, 2), positive(2), normal(2)], {"epsilon": 1e-3}),
     ("Clip", "Clip", [("clip", (2, 3, 4))], {"min": -0.5, "max": 0.5}),
     ("Clip-min-only", "Clip", [("clip", (2, 3, 4))], {"min": -0.5}),
     ("Add", "Add", [normal(2, 3, 4), normal(2, 3, 4)], {}),

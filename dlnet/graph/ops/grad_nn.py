@@ -1,5 +1,5 @@
 """Training-only ops: Conv and pooling gradients (hand-written kernels), Dropout, and BatchNormalization in
-training form (batch statistics, built from primitives so autodiff differentiates it)."""
+training form (batch statistics: three kernels forward, three backward)."""
 import numpy as np
 
 from . import Op, register
@@ -99,21 +99,12 @@ class Dropout(Op):
 
 
 def batchnorm_training(b, x, scale, bias, mean, var, epsilon, momentum, updates):
-    """y = (x - mean_b) / sqrt(var_b + eps) * scale + bias with batch statistics over all axes but 1.
-
-    Running statistics (ONNX, every op-set: running = running * momentum + batch * (1 - momentum); the running
-    variance takes the unbiased batch variance, as PyTorch does) are appended to `updates` as (state, new value).
-    """
-    axes = (0,) + tuple(range(2, x.rank))
-    cshape = (1, x.shape[1]) + (1,) * (x.rank - 2)
+    """The ONNX BatchNormalization handler's training form: BatchNormTrain, plus the running statistics (ONNX, every
+    op-set: running = running * momentum + batch * (1 - momentum); the running variance takes the unbiased batch
+    variance, as PyTorch does) appended to `updates` as (state, new value)."""
+    y, mu, v = b.op("BatchNormTrain", [x, scale, bias], {"epsilon": float(epsilon)}, n_out=3)
     count = x.size // x.shape[1]
     dt = x.dtype
-    mu = b.op("Reduce", [x], {"mode": "mean", "axes": axes, "keepdims": 1})
-    xc = b.op("Sub", [x, mu])
-    v = b.op("Reduce", [b.op("Mul", [xc, xc])], {"mode": "mean", "axes": axes, "keepdims": 1})
-    inv = b.op("Reciprocal", [b.op("Sqrt", [b.op("Add", [v, b.const(np.asarray(epsilon, dt))])])])
-    y = b.op("Mul", [b.op("Mul", [xc, inv]), b.op("Reshape", [scale], {"shape": cshape})])
-    y = b.op("Add", [y, b.op("Reshape", [bias], {"shape": cshape})])
     m = b.const(np.asarray(momentum, dt))
     m1 = b.const(np.asarray(1.0 - momentum, dt))
     unbias = b.const(np.asarray(count / max(count - 1, 1) * (1.0 - momentum), dt))
@@ -121,6 +112,92 @@ def batchnorm_training(b, x, scale, bias, mean, var, epsilon, momentum, updates)
     new_var = b.op("Add", [b.op("Mul", [var, m]), b.op("Mul", [b.op("Reshape", [v], {"shape": var.shape}), unbias])])
     updates += [(mean, new_mean), (var, new_var)]
     return y
+
+
+def _bn_view(x):
+    """x as [N, C, S]"""
+    return x.shape[0], x.shape[1], int(np.prod(x.shape[2:], dtype=np.int64))
+
+
+def _bn_partial_launch(lw, node, x, dy, mean, grad):
+    """bn_partial over every channel: returns the number of slices G per channel (its sums sit in scratch)."""
+    N, C, S = _bn_view(x)
+    wg = 64 if lw.ctx.is_cpu else 256
+    count = N * S
+    G = max(1, min(-(-8 * lw.ctx.info.compute_units // C), -(-count // (4 * wg))))
+    src = f"#define WG {wg}\n" + ("#define GRAD 1\n" if grad else "") + kernel_source("bn")
+    args = lw.args(x) + (lw.args(dy) if grad else lw.dummy()) + (lw.args(mean) if grad else lw.dummy()) + \
+        _ints([N, C, S, G]) + [lw.dummy()[0]]
+    lw.emit(src, "bn_partial", args, (G * wg, C), (wg, 1), f"{node.name} {node.op}/partial")
+    lw.use_scratch(lw.launches[-1].kernel, len(args) - 1, 8 * C * G, "bnstat")
+    return src, G
+
+
+@register
+class BatchNormTrain(Op):
+    """y = (x - m) / sqrt(v + eps) * scale + bias with m, v the mean and (biased) variance over all axes but 1;
+    outputs y, m [C], v [C].  dx = scale / sqrt(v + eps) * (dy - mean(dy) - xhat * mean(dy * xhat)),
+    dscale = sum(dy * xhat), dbias = sum(dy)  (BatchNormTrainGrad)"""
+    name = "BatchNormTrain"
+    dtypes = ("float32",)
+
+    def infer(self, node):
+        x, scale, bias = node.inputs
+        C = x.shape[1]
+        if scale.shape != (C,) or bias.shape != (C,):
+            raise ValueError(f"scale {list(scale.shape)} and bias {list(bias.shape)} must be [{C}]")
+        return [(x.dtype, x.shape), (x.dtype, (C,)), (x.dtype, (C,))]
+
+    def numpy(self, node, x, scale, bias):
+        axes = (0,) + tuple(range(2, x.ndim))
+        cs = (1, -1) + (1,) * (x.ndim - 2)
+        m = x.mean(axis=axes)
+        v = ((x - m.reshape(cs)) ** 2).mean(axis=axes)
+        y = (x - m.reshape(cs)) / np.sqrt(v.reshape(cs) + node.attrs["epsilon"]) * scale.reshape(cs) + \
+            bias.reshape(cs)
+        return [y.astype(x.dtype), m.astype(x.dtype), v.astype(x.dtype)]
+
+    def lower(self, node, lw):
+        x, scale, bias = node.inputs
+        y, mean, var = node.outputs
+        N, C, S = _bn_view(x)
+        src, G = _bn_partial_launch(lw, node, x, None, None, grad=False)
+        args = lw.args(x) + lw.args(mean) + lw.args(var) + _ints([N, C, S, G]) + [lw.dummy()[0]]
+        lw.emit(src, "bn_stats", args, (C,), None, f"{node.name} BatchNormTrain/stats")
+        lw.use_scratch(lw.launches[-1].kernel, len(args) - 1, 8 * C * G, "bnstat")
+        args = lw.args(x) + lw.args(mean) + lw.args(var) + lw.args(scale) + lw.args(bias) + lw.args(y) + \
+            _ints([C, S]) + [np.int64(y.size), np.float32(node.attrs["epsilon"])]
+        lw.emit(src, "bn_apply", args, (max(y.size, 1),), None, f"{node.name} BatchNormTrain")
+
+    def grad(self, b, node, dys):
+        x, scale, _ = node.inputs
+        _, mean, var = node.outputs
+        dx, dscale, dbias = b.op("BatchNormTrainGrad", [dys[0], x, scale, mean, var], dict(node.attrs), n_out=3)
+        return [dx, dscale, dbias]
+
+
+@register
+class BatchNormTrainGrad(Op):
+    """dx, dscale, dbias of BatchNormTrain (inputs dy, x, scale, its batch mean and variance)"""
+    name = "BatchNormTrainGrad"
+    dtypes = ("float32",)
+
+    def infer(self, node):
+        dy, x, scale = node.inputs[:3]
+        return [(x.dtype, x.shape), (scale.dtype, scale.shape), (scale.dtype, scale.shape)]
+
+    def lower(self, node, lw):
+        dy, x, scale, mean, var = node.inputs
+        dx, dscale, dbias = node.outputs
+        N, C, S = _bn_view(x)
+        eps = np.float32(node.attrs["epsilon"])
+        src, G = _bn_partial_launch(lw, node, x, dy, mean, grad=True)
+        args = lw.args(var) + lw.args(dscale) + lw.args(dbias) + _ints([C, G]) + [eps, lw.dummy()[0]]
+        lw.emit(src, "bn_grad_stats", args, (C,), None, f"{node.name} BatchNormTrainGrad/stats")
+        lw.use_scratch(lw.launches[-1].kernel, len(args) - 1, 8 * C * G, "bnstat")
+        args = lw.args(dy) + lw.args(x) + lw.args(mean) + lw.args(var) + lw.args(scale) + lw.args(dscale) + \
+            lw.args(dbias) + lw.args(dx) + _ints([C, S]) + [np.int64(dx.size), eps, np.float32(1.0 / (N * S))]
+        lw.emit(src, "bn_grad_apply", args, (max(dx.size, 1),), None, f"{node.name} BatchNormTrainGrad")
 
 
 def dropout_training(imp, node, xs, at):
