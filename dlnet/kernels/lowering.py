@@ -368,9 +368,12 @@ class Lowerer:
         group = node.attrs.get("group", 1)
         K, C = w_shape[0] // group, Cin // group
         CKK, NPIX = C * KH * KW, N * OH * OW
-        work = 4 * group * CKK * NPIX
         geo = [np.int32(v) for v in (Cin, H, W, OH, OW, KH, KW, s[0], s[1], p[0], p[1], d[0], d[1])]
         label = f"{node.name} {node.op}"
+        if group == Cin and C == 1 and group > 1:  # depthwise: direct kernels (a GEMM per channel wastes its tiles)
+            self._dwconv_grad(node, which, N, geo, K, label)
+            return
+        work = 4 * group * CKK * NPIX
         if which == "dw":  # col = im2col(x)
             total = group * CKK * NPIX
             self.emit(kernel_source("im2col"), "im2col", self.args(other) + [self.dummy()[0]] + geo +
@@ -396,6 +399,27 @@ class Lowerer:
             col_args = [self.dummy()[0]] + self.args(out) + geo + [np.int32(NPIX), np.int64(out.size)]
             self.emit(kernel_source("im2col"), "col2im", col_args, (max(out.size, 1),), None, label + " col2im")
             self.use_scratch(self.launches[-1].kernel, 0, work, "work")
+
+    def _dwconv_grad(self, node, which, N, geo, mult, label):
+        dy, other = node.inputs
+        out = node.outputs[0]
+        Cin, H, W, OH, OW, KH, KW = (int(v) for v in geo[:7])
+        src = _defines({"TAPS": KH * KW}) + kernel_source("dwconv_grad")
+        if which == "dx":
+            self.emit(src, "dw_dx", self.args(dy) + self.args(other) + self.args(out) + geo + [np.int32(mult)],
+                      (_round_up(W, 16), _round_up(H, 4), N * Cin), (16, 4, 1), label)
+            return
+        CO, count = Cin * mult, N * OH * OW
+        wg = 64 if self.ctx.is_cpu else 256
+        G = max(1, min(-(-8 * self.ctx.info.compute_units // CO), -(-count // (4 * wg))))
+        src = f"#define WG {wg}\n" + src
+        args = self.args(dy) + self.args(other) + [np.int32(N)] + geo + [np.int32(mult), np.int32(G),
+                                                                           self.dummy()[0]]
+        self.emit(src, "dw_partial", args, (G * wg, CO), (wg, 1), label + " partial")
+        self.use_scratch(self.launches[-1].kernel, len(args) - 1, 4 * CO * G * KH * KW, "splitk")
+        args = self.args(out) + [np.int32(CO), np.int32(G), self.dummy()[0]]
+        self.emit(src, "dw_finish", args, (CO * KH * KW,), None, label)
+        self.use_scratch(self.launches[-1].kernel, len(args) - 1, 4 * CO * G * KH * KW, "splitk")
 
     def pool(self, node, mode):
         x, y = node.inputs[0], node.outputs[0]
