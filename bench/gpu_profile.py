@@ -1,6 +1,6 @@
 """Where the time goes: per-op-kind GPU time of one inference and one training step, from OpenCL profiling events.
 
-    python3 bench/gpu_profile.py [--net resnet50] [--batch 16] [--precision tf32] [--no-train]
+    python3 bench/gpu_profile.py [--net resnet50] [--batch 16] [--precision tf32] [--no-train] [--top 20]
 
 Prints two tables (inference, training step): kernel time grouped by the kind of node each launch belongs to, with
 launch counts and % of the total. Runs on the GPU machine (torchvision there); asserts nothing.
@@ -17,8 +17,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_train import export, torch_model  # noqa: E402
 
 
-def table(title, launches, queue, iters=5):
-    totals, counts = {}, {}
+def table(title, launches, queue, iters=5, top=0):
+    totals, counts, each = {}, {}, {}
     for _ in range(iters):
         events = [(launch, launch.enqueue(queue)) for launch in launches]
         queue.finish()
@@ -30,11 +30,18 @@ def table(title, launches, queue, iters=5):
                 kind += "/splitK"
             totals[kind] = totals.get(kind, 0.0) + (ev.profile.end - ev.profile.start) * 1e-6 / iters
             counts[kind] = counts.get(kind, 0) + 1
+            each[id(launch)] = each.get(id(launch), 0.0) + (ev.profile.end - ev.profile.start) * 1e-6 / iters
     total = sum(totals.values())
     print(f"\n{title}: {total:.2f} ms of kernel time in {len(launches)} launches")
     print(f"{'kind':28s} {'ms':>8} {'%':>6} {'launches':>8}")
     for kind, ms in sorted(totals.items(), key=lambda kv: -kv[1])[:16]:
         print(f"{kind:28s} {ms:8.2f} {100 * ms / total:6.1f} {counts[kind] // iters:8d}")
+    if top:
+        print(f"slowest {top} launches:")
+        by_id = {id(launch): launch for launch in launches}
+        for key, ms in sorted(each.items(), key=lambda kv: -kv[1])[:top]:
+            launch = by_id[key]
+            print(f"  {ms:7.3f} ms  {launch.label}  global {launch.gsize} local {launch.lsize}")
 
 
 def main():
@@ -43,6 +50,7 @@ def main():
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--precision", default="fp32")
     ap.add_argument("--no-train", action="store_true", help="inference only")
+    ap.add_argument("--top", type=int, default=0, help="also list the N slowest launches")
     args = ap.parse_args()
     ctx = dlnet.Context("gpu", precision=args.precision, profile=True)
     model = torch_model(args.net)
@@ -50,7 +58,7 @@ def main():
     proto = export(model, xs)
     net = dlnet.Net(ctx).load_onnx(proto)
     net.run({net.inputs[0].name: xs})
-    table(f"{args.net} inference, batch {args.batch}, {args.precision}", net.launches, ctx.queue)
+    table(f"{args.net} inference, batch {args.batch}, {args.precision}", net.launches, ctx.queue, top=args.top)
     if args.no_train:
         return
     trainer = dlnet.Trainer(dlnet.Net(ctx).load_onnx(proto), loss="cross_entropy",
@@ -58,7 +66,8 @@ def main():
     y = np.random.default_rng(0).integers(0, 1000, args.batch)
     trainer.step({net.inputs[0].name: xs, "target": y})
     plan = trainer._active
-    table(f"{args.net} training step (Adam), batch {args.batch}", plan.plan.launches + plan.launches, ctx.queue)
+    table(f"{args.net} training step (Adam), batch {args.batch}", plan.plan.launches + plan.launches, ctx.queue,
+          top=args.top)
 
 
 if __name__ == "__main__":

@@ -266,16 +266,21 @@ class Lowerer:
         elif one:
             tiles = dict(tiles, IS_1X1=1, **({"ONE_IMAGE": 1} if N == 1 else {}))
         idx = self.index_type(x.size, w.size, y.size, res.size if res is not None else 0)
-        src = _defines(dict(tiles, IDX=idx)) + head + kernel_source("conv") + core_source(core)
-        ky, kx = np.meshgrid(np.arange(KH) * dil[0], np.arange(KW) * dil[1], indexing="ij")
-        taps = np.stack([ky * W + kx, ky, kx, np.zeros_like(ky)], -1).reshape(1, KH * KW, 4)
-        ktab = taps + (np.arange(C) * H * W).reshape(C, 1, 1) * np.array([1, 0, 0, 0])  # see conv.cl
-        args = self.args(x) + self.args(w) + bargs + rargs + self.args(y) + [self.meta(ktab.ravel(), np.int32)] + [
+        src = _defines(dict(tiles, IDX=idx)) + head + kernel_source("window") + kernel_source("conv") + \
+            core_source(core)
+        args = self.args(x) + self.args(w) + bargs + rargs + self.args(y) + [self.window_table(C, H, W, KH, KW, dil)] + [
             np.int32(C), np.int32(H), np.int32(W), np.int32(K), np.int32(OH), np.int32(OW), np.int32(KH),
             np.int32(KW), np.int32(strides[0]), np.int32(strides[1]), np.int32(pads[0]), np.int32(pads[1]),
             np.int32(dil[0]), np.int32(dil[1]), np.int32(group), np.int32(N), np.int64(y_nstride),
             np.int64(y_nstride)]
         self._matrix(src, "conv2d", args, core, lsize, (g0, g1, group), M, NN, C * KH * KW, label)
+
+    def window_table(self, C, H, W, KH, KW, dil):
+        """The int4 table of window.cl for (c, ky, kx) of C channels: a device buffer."""
+        ky, kx = np.meshgrid(np.arange(KH) * dil[0], np.arange(KW) * dil[1], indexing="ij")
+        taps = np.stack([ky * W + kx, ky, kx, np.zeros_like(ky)], -1).reshape(1, KH * KW, 4)
+        ktab = taps + (np.arange(C) * H * W).reshape(C, 1, 1) * np.array([1, 0, 0, 0])
+        return self.meta(ktab.ravel(), np.int32)
 
     def gemm(self, node):
         a, b = node.inputs[0], node.inputs[1]
@@ -329,7 +334,7 @@ class Lowerer:
         target = 2 * self.ctx.info.compute_units
         splits = 1
         if core in GPU_CORES and groups < target and KK >= 512:
-            splits = min(16, -(-target // groups), KK // 256)
+            splits = min(64, -(-target // groups), KK // 256)
         if splits <= 1:
             self.emit(src, name, args + [self.dummy()[0]], grid, lsize, label)
             if core == "gemm_vec":  # the CPU conv path reads im2col's output from the work buffer
@@ -374,27 +379,32 @@ class Lowerer:
             self._dwconv_grad(node, which, N, geo, K, label)
             return
         work = 4 * group * CKK * NPIX
-        if which == "dw":  # col = im2col(x)
+        M, NN, KK = (K, CKK, NPIX) if which == "dw" else (CKK, NPIX, K)
+        core, tiles, lsize, (g0, g1) = pick_tiles(self.ctx, M, NN)
+        implicit = which == "dw" and core in GPU_CORES  # the GPU cores read dw's windows straight from x
+        if which == "dw" and not implicit:  # col = im2col(x)
             total = group * CKK * NPIX
             self.emit(kernel_source("im2col"), "im2col", self.args(other) + [self.dummy()[0]] + geo +
                       [np.int64(Cin * H * W), np.int32(NPIX), np.int64(total)], (total,), None, label + " im2col")
             self.use_scratch(self.launches[-1].kernel, 2, work, "work")
-            M, NN, KK = K, CKK, NPIX
-        else:
-            M, NN, KK = CKK, NPIX, K
-        core, tiles, lsize, (g0, g1) = pick_tiles(self.ctx, M, NN)
         along = {"B_ALONG_K": 1} if which == "dw" else {"A_ALONG_M": 1}  # col rows / w columns run along k / m
         along["IDX"] = self.index_type(dy.size, other.size, out.size, group * CKK * NPIX)
+        if implicit:
+            along["IMPLICIT_COL"] = 1
         src = _defines(dict(tiles, **along, **{"CONV_DW" if which == "dw" else "CONV_DX": 1})) + \
-            kernel_source("conv_grad_gemm") + core_source(core)
+            kernel_source("window") + kernel_source("conv_grad_gemm") + core_source(core)
         w_args = self.dummy() if which == "dw" else self.args(other)
         y_args = self.args(out) if which == "dw" else self.dummy()
+        x_args = self.args(other) if implicit else self.dummy()
         args = self.args(dy) + w_args + y_args + [self.dummy()[0], np.int32(K), np.int32(CKK), np.int32(OH * OW),
-                                                  np.int32(NPIX), np.int64(group * K * OH * OW)]
+                                                  np.int32(NPIX), np.int64(group * K * OH * OW)] + x_args + [
+            self.window_table(C, H, W, KH, KW, d) if implicit else self.dummy()[0]] + [
+            np.int32(v) for v in (H, W, OW, s[0], s[1], p[0], p[1])] + [np.int64(Cin * H * W), np.int64(C * H * W)]
         n_launch = len(self.launches)
         self._matrix(src, f"conv_{which}", args, core, lsize, (g0, g1, group), M, NN, KK, label)
-        for launch in self.launches[n_launch:]:
-            self.use_scratch(launch.kernel, len(args) - 6, work, "work")
+        if not implicit:
+            for launch in self.launches[n_launch:]:
+                self.use_scratch(launch.kernel, 6, work, "work")  # argument 6: col
         if which == "dx":  # dx = col2im(colgrad)
             col_args = [self.dummy()[0]] + self.args(out) + geo + [np.int32(NPIX), np.int64(out.size)]
             self.emit(kernel_source("im2col"), "col2im", col_args, (max(out.size, 1),), None, label + " col2im")

@@ -31,8 +31,7 @@
 #define LOAD_B8(k, n) vload8(0, x + (long)(k) * OHW + (n))
 #endif
 #else
-// ktab[k] = (c * H * W + ky * DH * W + kx * DW, ky * DH, kx * DW): the planner writes it once, so no division
-// by KW or KH runs per element; the (image, oy, ox) of a column does not change along k.
+// ktab[k]: the window table of window.cl (im2col_at); the (image, oy, ox) of a column does not change along k.
 inline float im2col(__global const float* x, int4 t, int n, int H, int W, int OH, int OW, int SH, int SW, int PH,
                     int PW, IDX x_nstride) {
     const int ox = n % OW; const int t2 = n / OW; const int oy = t2 % OH; const int img = t2 / OH;
@@ -46,10 +45,6 @@ inline float im2col(__global const float* x, int4 t, int n, int H, int W, int OH
 #define B_COLUMN(n) \
     const int box_ = (n) % OW, bt_ = (n) / OW, biy0_ = bt_ % OH * SH - PH, bix0_ = box_ * SW - PW; \
     const IDX bbase_ = (bt_ / OH) * x_nstride + (IDX)biy0_ * W + bix0_;
-inline float im2col_at(__global const float* x, int4 t, IDX base, int iy0, int ix0, int H, int W) {
-    const int iy = iy0 + t.y, ix = ix0 + t.z;
-    return (iy < 0 || iy >= H || ix < 0 || ix >= W) ? 0.0f : x[base + t.x];
-}
 #define LOAD_BC(k) im2col_at(x, ktab[k], bbase_, biy0_, bix0_, H, W)
 #endif
 #if defined(HAS_RES)

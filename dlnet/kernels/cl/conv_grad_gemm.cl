@@ -1,7 +1,8 @@
 // Convolution gradients as GEMMs on the shared cores (gemm_core.cl on GPUs, gemm_vec.cl on CPUs), per group g:
 //   CONV_DW: dw[m, j] = sum_k dy[m, k] * col[j, k]       m: out channel, j: (c, ky, kx), k: (image, pixel)
 //   CONV_DX: colgrad[j, n] = sum_k w[k, j] * dy[k, n]    then col2im (im2col.cl) adds colgrad into dx
-// col is im2col(x) (CONV_DW) or the colgrad output (CONV_DX), in the plan's work buffer.
+// col is im2col(x) (CONV_DW; the GPU cores read the windows from x instead) or the colgrad output (CONV_DX), in
+// the plan's work buffer.
 #ifndef IDX
 #define IDX long  // index arithmetic: int where every extent fits (the planner decides)
 #endif
@@ -14,13 +15,26 @@
 #endif
 #define KERNEL_ARGS \
     __global const float* dy, ulong dy_off, __global const float* w, ulong w_off, __global float* dw, ulong dw_off, \
-    __global float* col, int K, int CKK, int OHW, int NPIX, long dy_nstride
+    __global float* col, int K, int CKK, int OHW, int NPIX, long dy_nstride, \
+    __global const float* x, ulong x_off, __global const int4* ktab, int H, int W, int OW, int SH, int SW, int PH, \
+    int PW, long x_nstride, long x_gstride
 #if defined(CONV_DW)
 #define PROLOGUE \
     const int g = ZID; const int M = K; const int NN = CKK; const int KK = NPIX; \
-    dy += dy_off + (long)g * K * OHW; dw += dw_off + (long)g * K * CKK; col += (long)g * CKK * NPIX;
+    dy += dy_off + (long)g * K * OHW; dw += dw_off + (long)g * K * CKK; col += (long)g * CKK * NPIX; \
+    x += x_off + (long)g * x_gstride;
 #define LOAD_A(m, k) dy[((k) / OHW) * (IDX)dy_nstride + (IDX)(m) * OHW + ((k) % OHW)]
+// GPU cores: pixel k's image is worked out once per tile (A_KROW, B_KROW in gemm_fetch.cl)
+#define A_KROW(k) const int aimg_ = (k) / OHW; const IDX abase_ = aimg_ * (IDX)dy_nstride + ((k) - aimg_ * OHW);
+#define LOAD_AK(m) dy[abase_ + (IDX)(m) * OHW]
 #define LOAD_B(k, n) col[(IDX)(n) * NPIX + (k)]
+#if defined(IMPLICIT_COL)  // read the window from x (window.cl) instead of an im2col buffer
+#define B_KROW(k) \
+    const int bimg_ = (k) / OHW, bp_ = (k) - bimg_ * OHW, boy_ = bp_ / OW; \
+    const int biy0_ = boy_ * SH - PH, bix0_ = (bp_ - boy_ * OW) * SW - PW; \
+    const IDX bbase_ = bimg_ * (IDX)x_nstride + (IDX)biy0_ * W + bix0_;
+#define LOAD_BK(n) im2col_at(x, ktab[n], bbase_, biy0_, bix0_, H, W)
+#endif
 #define STORE(m, n, v) dw[(IDX)(m) * CKK + (n)] = (v)
 #else
 #define PROLOGUE \

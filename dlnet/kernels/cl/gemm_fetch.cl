@@ -30,7 +30,17 @@
 #define B_KK(e) ((e) / TN)
 #define B_NN(e) ((e) % TN)
 #endif
-#if defined(B_COLUMN) && !defined(B_ALONG_K)
+#if defined(B_KROW) && defined(B_ALONG_K)
+// B contiguous along k: every work-item fetches B elements of one row k = k0 + tid % TK (NTHREADS is a multiple of
+// TK); the including file's B_KROW(k) works out once per tile what LOAD_BK(n) needs about row k (for a weight
+// gradient: the image and window corner of pixel k), and LOAD_BK(n) reads column n of that row.
+#define B_SETUP
+#define FETCH_B(k0) { \
+    const int bk_ = (k0) + tid % TK; B_KROW(bk_) \
+    for (int l = 0; l < LB; l++) { \
+        const int n = n0 + (tid + l * NTHREADS) / TK; \
+        rb[l] = (n < NN && bk_ < kend) ? (float)(LOAD_BK(n)) : 0.0f; } }
+#elif defined(B_COLUMN) && !defined(B_ALONG_K)
 // Every work-item fetches B elements of one column n = n0 + tid % TN (the cores' NTHREADS are multiples of TN):
 // the including file's B_COLUMN(n) works out once, before the K loop, what LOAD_BC(k) needs about column n (for a
 // convolution: the image and the input window), and LOAD_BC(k) reads row k of that column.
@@ -46,8 +56,17 @@
         const int e = tid + l * NTHREADS, n = n0 + B_NN(e), k = (k0) + B_KK(e); \
         rb[l] = (n < NN && k < kend) ? (float)(LOAD_B(k, n)) : 0.0f; }
 #endif
-#define FETCH(k0) \
+#if defined(A_KROW) && !defined(A_ALONG_M)
+// A contiguous along k: the same per-row scheme as B_KROW, with A_KROW(k) and LOAD_AK(m)
+#define FETCH_A(k0) { \
+    const int ak_ = (k0) + tid % TK; A_KROW(ak_) \
+    for (int l = 0; l < LA; l++) { \
+        const int m = m0 + (tid + l * NTHREADS) / TK; \
+        ra[l] = (m < M && ak_ < kend) ? (float)(LOAD_AK(m)) : 0.0f; } }
+#else
+#define FETCH_A(k0) \
     for (int l = 0; l < LA; l++) { \
         const int e = tid + l * NTHREADS, m = m0 + A_MM(e), k = (k0) + A_KK(e); \
-        ra[l] = (m < M && k < kend) ? (float)(LOAD_A(m, k)) : 0.0f; } \
-    FETCH_B(k0)
+        ra[l] = (m < M && k < kend) ? (float)(LOAD_A(m, k)) : 0.0f; }
+#endif
+#define FETCH(k0) FETCH_A(k0) FETCH_B(k0)
