@@ -249,6 +249,15 @@ class Lowerer:
             self.emit(head + kernel_source("dwconv"), "dwconv2d", args,
                       (_round_up(OW, lx), _round_up(OH, ly), N * Cout), (lx, ly, 1), label)
             return
+        idx = self.index_type(x.size, w.size, y.size, res.size if res is not None else 0)
+        self._conv_gemm(self.args(x), self.args(w), bargs, rargs, self.args(y), head, idx, N, Cin, H, W, Cout, OH, OW,
+                        KH, KW, strides, pads, dil, group, label)
+
+    def _conv_gemm(self, xa, wa, ba, ra, ya, head, idx, N, Cin, H, W, Cout, OH, OW, KH, KW, strides, pads, dil, group,
+                   label):
+        """Convolution as implicit GEMM on the device's core; xa..ya: (buffer, offset) arguments of x, w, bias,
+        residual, y; head: the epilogue's defines."""
+        y_nstride = Cout * OH * OW
         C, K = Cin // group, Cout // group
         M, NN = K, N * OH * OW
         core, tiles, lsize, (g0, g1) = pick_tiles(self.ctx, M, NN)
@@ -257,18 +266,17 @@ class Lowerer:
             # CPU: B written once by im2col into the work buffer, then read 8 columns at a time
             tiles = dict(tiles, B_FROM_COL=1)
             total = Cin * KH * KW * NN
-            col_args = self.args(x) + [self.dummy()[0], np.int32(Cin), np.int32(H), np.int32(W), np.int32(OH),
-                                       np.int32(OW), np.int32(KH), np.int32(KW), np.int32(strides[0]),
-                                       np.int32(strides[1]), np.int32(pads[0]), np.int32(pads[1]), np.int32(dil[0]),
-                                       np.int32(dil[1]), np.int64(Cin * H * W), np.int32(NN), np.int64(total)]
+            col_args = xa + [self.dummy()[0], np.int32(Cin), np.int32(H), np.int32(W), np.int32(OH), np.int32(OW),
+                             np.int32(KH), np.int32(KW), np.int32(strides[0]), np.int32(strides[1]),
+                             np.int32(pads[0]), np.int32(pads[1]), np.int32(dil[0]), np.int32(dil[1]),
+                             np.int64(Cin * H * W), np.int32(NN), np.int64(total)]
             self.emit(kernel_source("im2col"), "im2col", col_args, (total,), None, label + " im2col")
             self.use_scratch(self.launches[-1].kernel, 2, 4 * total, "work")
         elif one:
             tiles = dict(tiles, IS_1X1=1, **({"ONE_IMAGE": 1} if N == 1 else {}))
-        idx = self.index_type(x.size, w.size, y.size, res.size if res is not None else 0)
         src = _defines(dict(tiles, IDX=idx)) + head + kernel_source("window") + kernel_source("conv") + \
             core_source(core)
-        args = self.args(x) + self.args(w) + bargs + rargs + self.args(y) + [self.window_table(C, H, W, KH, KW, dil)] + [
+        args = xa + wa + ba + ra + ya + [self.window_table(C, H, W, KH, KW, dil)] + [
             np.int32(C), np.int32(H), np.int32(W), np.int32(K), np.int32(OH), np.int32(OW), np.int32(KH),
             np.int32(KW), np.int32(strides[0]), np.int32(strides[1]), np.int32(pads[0]), np.int32(pads[1]),
             np.int32(dil[0]), np.int32(dil[1]), np.int32(group), np.int32(N), np.int64(y_nstride),
@@ -381,7 +389,23 @@ class Lowerer:
         work = 4 * group * CKK * NPIX
         M, NN, KK = (K, CKK, NPIX) if which == "dw" else (CKK, NPIX, K)
         core, tiles, lsize, (g0, g1) = pick_tiles(self.ctx, M, NN)
+        if which == "dx" and core in GPU_CORES and list(s) == [1, 1] and KH * KW > 1 and \
+                p[0] <= d[0] * (KH - 1) and p[1] <= d[1] * (KW - 1):
+            # stride 1: dx = conv(dy, w flipped and transposed per group), pads d * (k - 1) - p: no col buffer
+            self.emit(kernel_source("im2col"), "flip_weights", self.args(other) + [self.dummy()[0]] + [
+                np.int32(v) for v in (group, K, C, KH * KW)] + [np.int64(other.size)], (other.size,), None,
+                label + " flip")
+            self.use_scratch(self.launches[-1].kernel, 2, 4 * other.size, "wflip")
+            n_launch = len(self.launches)
+            idx = self.index_type(dy.size, other.size, out.size)
+            self._conv_gemm(self.args(dy), self.dummy(), self.dummy(), self.dummy(), self.args(out), act_macro(None),
+                            idx, N, group * K, OH, OW, Cin, H, W, KH, KW, [1, 1],
+                            [d[0] * (KH - 1) - p[0], d[1] * (KW - 1) - p[1]], list(d), group, label)
+            for launch in self.launches[n_launch:]:
+                self.use_scratch(launch.kernel, 2, 4 * other.size, "wflip")
+            return
         implicit = which == "dw" and core in GPU_CORES  # the GPU cores read dw's windows straight from x
+        direct = which == "dx" and KH == KW == 1 and list(s) == [1, 1] and list(p) == [0, 0]
         if which == "dw" and not implicit:  # col = im2col(x)
             total = group * CKK * NPIX
             self.emit(kernel_source("im2col"), "im2col", self.args(other) + [self.dummy()[0]] + geo +
@@ -391,10 +415,12 @@ class Lowerer:
         along["IDX"] = self.index_type(dy.size, other.size, out.size, group * CKK * NPIX)
         if implicit:
             along["IMPLICIT_COL"] = 1
+        if direct:
+            along["DX_DIRECT"] = 1
         src = _defines(dict(tiles, **along, **{"CONV_DW" if which == "dw" else "CONV_DX": 1})) + \
             kernel_source("window") + kernel_source("conv_grad_gemm") + core_source(core)
         w_args = self.dummy() if which == "dw" else self.args(other)
-        y_args = self.args(out) if which == "dw" else self.dummy()
+        y_args = self.args(out) if which == "dw" or direct else self.dummy()
         x_args = self.args(other) if implicit else self.dummy()
         args = self.args(dy) + w_args + y_args + [self.dummy()[0], np.int32(K), np.int32(CKK), np.int32(OH * OW),
                                                   np.int32(NPIX), np.int64(group * K * OH * OW)] + x_args + [
@@ -402,10 +428,10 @@ class Lowerer:
             np.int32(v) for v in (H, W, OW, s[0], s[1], p[0], p[1])] + [np.int64(Cin * H * W), np.int64(C * H * W)]
         n_launch = len(self.launches)
         self._matrix(src, f"conv_{which}", args, core, lsize, (g0, g1, group), M, NN, KK, label)
-        if not implicit:
+        if not implicit and not direct:
             for launch in self.launches[n_launch:]:
                 self.use_scratch(launch.kernel, 6, work, "work")  # argument 6: col
-        if which == "dx":  # dx = col2im(colgrad)
+        if which == "dx" and not direct:  # dx = col2im(colgrad)
             col_args = [self.dummy()[0]] + self.args(out) + geo + [np.int32(NPIX), np.int64(out.size)]
             self.emit(kernel_source("im2col"), "col2im", col_args, (max(out.size, 1),), None, label + " col2im")
             self.use_scratch(self.launches[-1].kernel, 0, work, "work")

@@ -102,7 +102,8 @@ def test_conv_gradients(core):
     from dlnet.train import Trainer
     conv = torch.nn.Conv2d(8, 40, 3, padding=1, stride=2)
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1),
-                                torch.nn.Conv2d(8, 8, 3, padding=2, dilation=2, groups=2), conv, torch.nn.Flatten(),
+                                torch.nn.Conv2d(8, 8, 3, padding=2, dilation=2, groups=2),
+                                torch.nn.Conv2d(8, 8, 1, groups=2), conv, torch.nn.Flatten(),
                                 torch.nn.Linear(40 * 6 * 6, 10))
     x, y = f32(4, 3, 11, 11), rng.integers(0, 10, 4)  # 484 pixels: k runs past the last full tile
     import io

@@ -1,6 +1,7 @@
 // Convolution gradients as GEMMs on the shared cores (gemm_core.cl on GPUs, gemm_vec.cl on CPUs), per group g:
 //   CONV_DW: dw[m, j] = sum_k dy[m, k] * col[j, k]       m: out channel, j: (c, ky, kx), k: (image, pixel)
-//   CONV_DX: colgrad[j, n] = sum_k w[k, j] * dy[k, n]    then col2im (im2col.cl) adds colgrad into dx
+//   CONV_DX: colgrad[j, n] = sum_k w[k, j] * dy[k, n]    then col2im (im2col.cl) adds colgrad into dx (DX_DIRECT:
+//            a 1x1 stride-1 unpadded convolution's colgrad is dx, stored through `dw` in dx's layout)
 // col is im2col(x) (CONV_DW; the GPU cores read the windows from x instead) or the colgrad output (CONV_DX), in
 // the plan's work buffer.
 #ifndef IDX
@@ -39,10 +40,15 @@
 #else
 #define PROLOGUE \
     const int g = ZID; const int M = CKK; const int NN = NPIX; const int KK = K; \
-    dy += dy_off + (long)g * K * OHW; w += w_off + (long)g * K * CKK; col += (long)g * CKK * NPIX;
+    dy += dy_off + (long)g * K * OHW; w += w_off + (long)g * K * CKK; col += (long)g * CKK * NPIX; \
+    dw += dw_off + (long)g * CKK * OHW;
 #define LOAD_A(m, k) w[(IDX)(k) * CKK + (m)]
 #define LOAD_B(k, n) dy[((n) / OHW) * (IDX)dy_nstride + (IDX)(k) * OHW + ((n) % OHW)]
 #define B_COLUMN(n) const IDX bbase_ = ((n) / OHW) * (IDX)dy_nstride + ((n) % OHW);
 #define LOAD_BC(k) dy[bbase_ + (IDX)(k) * OHW]
+#if defined(DX_DIRECT)  // 1x1, stride 1, no padding: colgrad is dx itself, written in dx's layout (no col2im)
+#define STORE(m, n, v) dw[((n) / OHW) * (IDX)x_nstride + (IDX)(m) * OHW + ((n) % OHW)] = (v)
+#else
 #define STORE(m, n, v) col[(IDX)(m) * NPIX + (n)] = (v)
+#endif
 #endif

@@ -37,3 +37,15 @@ __kernel void col2im(__global const float* col, __global float* dx, ulong dx_off
     }
     dx[dx_off + i] = acc;
 }
+
+// wf[g * C + c, k, ky, kx] = w[g * K + k, c, KH - 1 - ky, KW - 1 - kx]: the weights of dx = conv(dy, wf) for a
+// stride-1 convolution with K output and C input channels per group (KHW = KH * KW).
+__kernel void flip_weights(__global const float* w, ulong w_off, __global float* wf, int G, int K, int C, int KHW,
+                           long total) {
+    const long i = get_global_id(0);
+    if (i >= total) return;
+    const int t = i % KHW; long r = i / KHW;
+    const int k = r % K; r /= K;
+    const int c = r % C; const int g = r / C;
+    wf[i] = w[w_off + (((long)g * K + k) * C + c) * KHW + (KHW - 1 - t)];
+}
