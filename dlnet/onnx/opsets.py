@@ -850,5 +850,6 @@ def _conv_transpose(imp, node, xs, at):
 
 # ---------------------------------------------------------------- handlers kept in their own modules ---------------
 # resize: Resize, Upsample; composed: CumSum, OneHot, TopK, Einsum, quantisation, ...; recurrent: RNN, GRU, LSTM;
-# control: If (constant condition), Scan (unrolled)
-from . import composed, control, recurrent, resize  # noqa: F401  (registration side effects; they import this module)
+# control: If (constant condition), Scan (unrolled); dynamic: NonZero, Compress, Unique, NonMaxSuppression (host ops
+# at run time); text: StringNormalizer, TfIdfVectorizer. Registration side effects; they import this module.
+from . import composed, control, dynamic, recurrent, resize, text  # noqa: F401
