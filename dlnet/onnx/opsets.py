@@ -543,12 +543,17 @@ def _gmp(imp, node, xs, at):
 @handler("BatchNormalization", 1, 6, 7, 9, 14, 15)
 def _batchnorm(imp, node, xs, at):
     # op-set < 9 had `spatial`; < 7 `is_test`; 14 added training_mode. Inference form here; training elsewhere.
-    if at.get("training_mode", 0) or (len(node.output) > 1 and any(node.output[1:])):
-        if not getattr(imp, "training", False):
-            raise ModelError("BatchNormalization in training mode (extra outputs) is not supported for inference")
     x, scale, bias, mean, var = xs[:5]
     if at.get("spatial", 1) == 0:
         raise ModelError("BatchNormalization with spatial=0 is not supported")
+    stats_out = len(node.output) > 1 and any(node.output[1:])
+    if (at.get("training_mode", 0) or stats_out) and not getattr(imp, "training", False):
+        if imp.opset < 14:  # before 14 the extra outputs were saved statistics of a layout nobody agreed on
+            raise ModelError("BatchNormalization's statistics outputs before op-set 14 are not supported")
+        return _batchnorm_batch_stats(imp, x, scale, bias, mean, var, at.get("epsilon", 1e-5),
+                                      at.get("momentum", 0.9))[:len(node.output)]
+    if not getattr(imp, "training", False) and any(v.const is None for v in (scale, bias, mean, var)):
+        return [_batchnorm_composed(imp.b, x, scale, bias, mean, var, at.get("epsilon", 1e-5))]
     if getattr(imp, "training", False):
         from ..graph.ops.grad_nn import batchnorm_training
         y = batchnorm_training(imp.b, x, scale, bias, mean, var, at.get("epsilon", 1e-5), at.get("momentum", 0.9),
@@ -556,6 +561,31 @@ def _batchnorm(imp, node, xs, at):
         return [y] + [None] * (len([o for o in node.output if o]) - 1)
     return [imp.b.op("BatchNormalization", [x, scale, bias, mean, var], {"epsilon": at.get("epsilon", 1e-5),
                                                                       "momentum": at.get("momentum", 0.9)})]
+
+
+def _batchnorm_composed(b, x, scale, bias, mean, var, eps):
+    """y = (x - mean) * scale / sqrt(var + eps) + B of primitives, for statistics known only at run time."""
+    channel = (1, x.shape[1]) + (1,) * (x.rank - 2)
+    scale, bias, mean, var = (reshape(b, v, channel) for v in (scale, bias, mean, var))
+    inv = b.op("Div", [scale, b.op("Sqrt", [b.op("Add", [var, b.const(np.asarray(eps, x.dtype))])])])
+    return b.op("Add", [b.op("Mul", [b.op("Sub", [x, mean]), inv]), bias])
+
+
+def _batchnorm_batch_stats(imp, x, scale, bias, mean, var, eps, momentum):
+    """training_mode=1 in an inference graph (op-set 14+): normalise by the batch's mean and (biased) variance;
+    the outputs are y, mean * momentum + batch_mean * (1 - momentum), and the same for var."""
+    b = imp.b
+    axes = (0,) + tuple(range(2, x.rank))
+    batch_mean = b.op("Reduce", [x], {"mode": "mean", "axes": axes, "keepdims": 1})
+    centred = b.op("Sub", [x, batch_mean])
+    batch_var = b.op("Reduce", [b.op("Mul", [centred, centred])], {"mode": "mean", "axes": axes, "keepdims": 1})
+    y = _batchnorm_composed(b, x, scale, bias, batch_mean, batch_var, eps)
+    keep = b.const(np.asarray(momentum, x.dtype))
+    take = b.const(np.asarray(1 - momentum, x.dtype))
+    running = [b.op("Add", [b.op("Mul", [reshape(b, old, (x.shape[1],)), keep]),
+                            b.op("Mul", [reshape(b, new, (x.shape[1],)), take])])
+               for old, new in ((mean, batch_mean), (var, batch_var))]
+    return [y] + running
 
 
 @handler("LRN", 1, 13)
