@@ -588,6 +588,29 @@ def _batchnorm_batch_stats(imp, x, scale, bias, mean, var, eps, momentum):
     return [y] + running
 
 
+@handler("RoiAlign", 10, 16, 22)  # 16 adds coordinate_transformation_mode, default half_pixel (10 behaves as
+def _roi_align(imp, node, xs, at):  # output_half_pixel); 22 adds types
+    x, rois, batch = xs
+    default = "half_pixel" if imp.opset >= 16 else "output_half_pixel"
+    mode, coords = at.get("mode", "avg"), at.get("coordinate_transformation_mode", default)
+    if mode not in ("avg", "max") or coords not in ("half_pixel", "output_half_pixel"):
+        raise ModelError(f"RoiAlign's mode is {mode!r} and coordinate_transformation_mode {coords!r}; expected avg or "
+                         "max, and half_pixel or output_half_pixel")
+    if rois.dtype != x.dtype:
+        rois = imp.b.op("Cast", [rois], {"to": x.dtype})
+    if batch.dtype != "int64":
+        batch = imp.b.op("Cast", [batch], {"to": "int64"})
+    attrs = {"mode": mode, "output_height": at.get("output_height", 1), "output_width": at.get("output_width", 1),
+             "sampling_ratio": at.get("sampling_ratio", 0), "spatial_scale": at.get("spatial_scale", 1.0),
+             "half_pixel": int(coords == "half_pixel")}
+    return [imp.b.op("RoiAlign", [x, rois, batch], attrs)]
+
+
+@handler("Det", 11, 22)  # 22 adds types
+def _det(imp, node, xs, at):
+    return [imp.b.op("Det", [xs[0]])]
+
+
 @handler("LRN", 1, 13)
 def _lrn(imp, node, xs, at):
     return [imp.b.op("LRN", [xs[0]], {"size": at["size"], "alpha": at.get("alpha", 1e-4),
