@@ -513,9 +513,34 @@ def _pool(imp, node, xs, at, op):
         attrs["ceil_mode"] = 1
     if op == "AveragePool":
         attrs["count_include_pad"] = at.get("count_include_pad", 0)
-    if len(node.output) > 1 and node.output[1]:
-        raise ModelError("MaxPool's Indices output is not supported")
-    return [imp.b.op(op, [x], attrs)]
+    y = imp.b.op(op, [x], attrs)
+    if len(node.output) > 1 and node.output[1]:  # op-set 8+
+        return [y, _maxpool_indices(imp.b, x, y, kernel, strides, pads, dil, at.get("storage_order", 0))]
+    return [y]
+
+
+def _maxpool_indices(b, x, y, kernel, strides, pads, dil, storage_order):
+    """MaxPool's Indices: the flat index into x (row-major, or column-major over the spatial dims when
+    storage_order=1) of the first maximum of each window. Windows are gathered from x with one padding slot
+    (the lowest value) appended, arg-maxed, and mapped through a table of window offset -> flat index."""
+    n, c, space, out = x.shape[0], x.shape[1], x.shape[2:], y.shape[2:]
+    size = int(np.prod(space))
+    grid = np.stack(np.meshgrid(*[np.arange(o) * st - p for o, st, p in zip(out, strides, pads)], indexing="ij"), -1)
+    taps = np.stack(np.meshgrid(*[np.arange(k) * d for k, d in zip(kernel, dil)], indexing="ij"), -1)
+    at = grid.reshape(-1, 1, len(space)) + taps.reshape(1, -1, len(space))  # [windows, taps, spatial dims]
+    inside = np.all((at >= 0) & (at < np.asarray(space)), axis=-1)
+    row_major = np.ravel_multi_index(tuple(np.clip(at, 0, np.asarray(space) - 1).transpose(2, 0, 1)), space)
+    col_major = np.ravel_multi_index(tuple(np.clip(at, 0, np.asarray(space) - 1)[..., ::-1].transpose(2, 0, 1)),
+                                     space[::-1])
+    lowest = np.finfo(x.dtype).min if np.dtype(x.dtype).kind == "f" else np.iinfo(x.dtype).min
+    flat = b.op("Concat", [reshape(b, x, (n, c, size)), b.const(np.full((n, c, 1), lowest, x.dtype))], {"axis": 2})
+    windows = b.op("Gather", [flat, b.const(np.where(inside, row_major, size).astype(np.int64))], {"axis": 2})
+    first = b.op("ArgReduce", [windows], {"mode": "max", "axis": 3, "keepdims": 1})
+    table = (col_major if storage_order else row_major).astype(np.int64)
+    table = b.op("Expand", [b.const(table[None, None])], {"shape": (n, c) + table.shape})
+    index = b.op("GatherElements", [table, first], {"axis": 3})
+    plane = b.const((np.arange(n * c, dtype=np.int64) * size).reshape(n, c, 1, 1))
+    return reshape(b, b.op("Add", [index, plane]), y.shape)
 
 
 @handler("MaxPool", 1, 8, 10, 11, 12, 22)
