@@ -11,6 +11,7 @@ from .graph.printer import format_graph
 from .kernels.lowering import Lowerer
 from .kernels.runtime import Context, cl
 from .onnx.importer import Importer, check_supported, graph_io, load_model
+from .stages import StagedPlan
 
 
 @dataclass
@@ -71,7 +72,8 @@ class Plan:
     def run(self, arrays):
         ctx, q = self.ctx, self.ctx.queue
         for v, (buf, off), a in zip(self.graph.inputs, self.input_locs, arrays):
-            cl.enqueue_copy(q, buf, a, dst_offset=off * a.itemsize, is_blocking=False)
+            if a.size:
+                cl.enqueue_copy(q, buf, a, dst_offset=off * a.itemsize, is_blocking=False)
         for launch in self.launches:
             launch.enqueue(q)
         outs, events = [], []
@@ -140,7 +142,12 @@ class Net:
         key = tuple(shapes[i.name] for i in self.inputs)
         plan = self.plans.get(key)
         if plan is None:
-            plan = Plan(self.ctx, self.build_graph(shapes))
+            graph = self.build_graph(shapes)
+            if graph.cut is None:
+                plan = Plan(self.ctx, graph)
+            else:  # a node runs on the host: the rest is planned at run time, per shape (dlnet/stages.py)
+                plan = StagedPlan(self.ctx, self.model, self.path, graph, [i.name for i in self.inputs],
+                                  [o.name for o in self.outputs])
             self.plans[key] = plan
         self._last = plan
         return plan
@@ -159,6 +166,8 @@ class Net:
         arrays, shapes, binding = [], {}, dict(self.bound)
         for info in self.inputs:
             a = np.asarray(feeds[info.name])
+            if info.dtype == "object" and a.dtype.kind == "U":  # a string input: numpy's str arrays are fine too
+                a = a.astype(object)
             if a.dtype != np.dtype(info.dtype):
                 if a.dtype.kind == np.dtype(info.dtype).kind == "f" or (a.dtype.kind in "iu" and
                                                                         np.dtype(info.dtype).kind in "iu"):

@@ -4,6 +4,14 @@ import numpy as np
 from ..errors import ModelError
 
 
+class NeedsHost(ModelError):
+    """A node that must run on the host at run time: its output shapes depend on input values, or it reads strings.
+
+    The importer catches it and ends the device graph before that ONNX node (see dlnet/stages.py); anywhere else
+    (a training graph) it reaches the user as the ModelError it is.
+    """
+
+
 class Value:
     """An SSA value: dtype (numpy name) and static shape; `const` holds the data of a constant."""
     __slots__ = ("id", "name", "dtype", "shape", "const", "producer", "users", "param")
@@ -31,8 +39,9 @@ class Value:
         return len(self.shape)
 
     def type_str(self):
-        short = {"float32": "f32", "float64": "f64", "float16": "f16", "int64": "i64", "int32": "i32", "int8": "i8",
-                 "uint8": "u8", "bool": "bool", "int16": "i16", "uint16": "u16", "uint32": "u32", "uint64": "u64"}
+        short = {"object": "str", "float32": "f32", "float64": "f64", "float16": "f16", "int64": "i64", "int32": "i32",
+                 "int8": "i8", "uint8": "u8", "bool": "bool", "int16": "i16", "uint16": "u16", "uint32": "u32",
+                 "uint64": "u64"}
         return f"{short.get(self.dtype, self.dtype)}[{','.join(str(d) for d in self.shape)}]"
 
     def __repr__(self):
@@ -68,6 +77,7 @@ class Graph:
         self.output_names = []
         self._next_id = 0
         self.notes = []  # header lines for the printer
+        self.cut = None  # a stages.Cut when the graph stops before an ONNX node that runs on the host
 
     # values -------------------------------------------------------------
     def new_value(self, dtype, shape, name="", const=None):
@@ -192,6 +202,18 @@ class Builder:
             loc = f"{self.path}: " if self.path else ""
             raise ModelError(f"{loc}node {node.name or '?'} ({op}): {e}") from e
         n_out = len(types) if n_out is None else n_out
+        known = all(v is None or v.const is not None for v in inputs) and not any(v is not None and v.param
+                                                                                 for v in inputs)
+        strings = [v for v in inputs if v is not None and v.const is None and v.dtype == "object"]
+        if spec.kind == "host" or strings:
+            if not (known and fold):
+                loc = f"{self.path}: " if self.path else ""
+                why = "reads strings" if strings else "has output shapes that depend on its input values"
+                raise NeedsHost(f"{loc}node {node.name or '?'} ({op}) {why}: it runs on the host at run time")
+            if spec.kind == "host":  # the shapes come from the values
+                results = spec.numpy(node, *[None if v is None else v.const for v in inputs])
+                outs = [self.graph.constant(np.asarray(r, dtype=dt)) for r, (dt, _) in zip(results, types)]
+                return outs[0] if n_out == 1 else outs[:n_out]
         folds = fold and spec.numpy is not None and all(v is None or v.const is not None for v in inputs) and \
             not any(v is not None and v.param for v in inputs)
         if folds:

@@ -1,7 +1,7 @@
 """ONNX ops written as compositions of existing IR ops (no kernels of their own).
 
 CumSum, OneHot, EyeLike, LpNormalization, InstanceNormalization, LpPool/GlobalLpPool, DepthToSpace/SpaceToDepth,
-ReverseSequence, TopK, Einsum, MaxUnpool, and Compress/NonZero on constant inputs.
+ReverseSequence, TopK, Einsum, MaxUnpool, quantisation.
 """
 import numpy as np
 
@@ -298,25 +298,6 @@ def _maxunpool(imp, node, xs, at):
     return [y]
 
 
-# ---------------------------------------------------------------- data-dependent shapes, constant inputs only ------
-@handler("Compress", 9, 11, 28)  # 11: negative axis; the condition must be known at load (it sets the shape)
-def _compress(imp, node, xs, at):
-    b, x = imp.b, xs[0]
-    cond = np.asarray(const(xs[1], "Compress's condition (it decides the output shape)")).astype(bool).reshape(-1)
-    if "axis" in at:
-        axis = norm_axis(at["axis"], x.rank)
-    else:
-        x, axis = reshape(b, x, (x.size,)), 0
-    keep = np.nonzero(cond[:x.shape[axis]])[0].astype(np.int64)
-    return [b.op("Gather", [x, b.const(keep)], {"axis": axis})]
-
-
-@handler("NonZero", 9, 13)  # the output shape is the data: only a constant input (folded at load)
-def _nonzero(imp, node, xs, at):
-    x = const(xs[0], "NonZero's input (its output shape depends on the values)")
-    return [imp.b.const(np.asarray(np.nonzero(x), np.int64).reshape(x.ndim, -1))]
-
-
 # ---------------------------------------------------------------- linear quantisation ------------------------------
 QUANT_RANGE = {"uint8": (0, 255), "int8": (-128, 127), "uint16": (0, 65535), "int16": (-32768, 32767),
                "int32": (-2**31, 2**31 - 1)}
@@ -469,20 +450,3 @@ def _qlinear_conv(imp, node, xs, at):  # y = quantize(conv(dequant(x), dequant(w
                             b.op("Mul", [reshape(b, xs[1], ()), xs[4] if xs[4].size > 1 else reshape(b, xs[4], ())])])
         y = b.op("Add", [y, reshape(b, bias, (xs[8].size,) + (1,) * (y.rank - 2))])
     return [_requant(imp, y, xs[6], xs[7])]
-
-
-@handler("Unique", 11, 28)  # output shapes are the data: only a constant input (folded at load)
-def _unique(imp, node, xs, at):
-    x = const(xs[0], "Unique's input (its output shapes depend on the values)")
-    axis = at.get("axis")
-    axis = None if axis is None else norm_axis(axis, x.ndim)
-    y, first, inverse, counts = np.unique(x, return_index=True, return_inverse=True, return_counts=True, axis=axis)
-    if not at.get("sorted", 1):  # first-occurrence order
-        order = np.argsort(first, kind="stable")
-        y = np.take(y, order, axis=0 if axis is None else axis)
-        first, counts = first[order], counts[order]
-        inverse = np.argsort(order)[inverse.reshape(-1)]
-    b = imp.b
-    outs = [b.const(y), b.const(first.astype(np.int64)), b.const(inverse.reshape(-1).astype(np.int64)),
-            b.const(counts.astype(np.int64))]
-    return outs[:len(node.output)]

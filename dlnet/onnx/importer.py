@@ -6,18 +6,19 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ..errors import ModelError
-from ..graph.ir import Builder, Graph
+from ..graph.ir import Builder, Graph, NeedsHost
 from .opsets import HANDLERS
 
 ONNX_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64", 9: "bool",
-               10: "float16", 11: "float64", 12: "uint32", 13: "uint64"}
+               10: "float16", 11: "float64", 12: "uint32", 13: "uint64", 8: "object"}  # 8: STRING, host ops only
 
 
 def onnx_dtype(code, where=""):
     dt = ONNX_DTYPES.get(code)
     if dt is None:
         name = onnx.TensorProto.DataType.Name(code) if code in onnx.TensorProto.DataType.values() else code
-        raise ModelError(f"{where}dtype {name} is not supported (supported: {sorted(set(ONNX_DTYPES.values()))})")
+        supported = sorted(set(ONNX_DTYPES.values()) - {"object"}) + ["string"]
+        raise ModelError(f"{where}dtype {name} is not supported (supported: {supported})")
     return dt
 
 
@@ -122,7 +123,11 @@ class Importer:
         return out
 
     def build(self, input_shapes, training=False):
-        """input_shapes: {name: tuple}. Returns the Graph with inputs, outputs and output names set."""
+        """input_shapes: {name: tuple}. Returns the Graph with inputs, outputs and output names set.
+
+        Where an ONNX node must run on the host (NeedsHost), the graph stops before it and `graph.cut` says how
+        to go on (dlnet/stages.py); a training graph cannot stop, and says so.
+        """
         self.training = training
         self.state_updates = []  # training: (running-statistic value, its new value), e.g. BatchNormalization
         self.dropout_seed = None  # training: the uint32[1] graph input Dropout nodes read
@@ -138,38 +143,55 @@ class Importer:
         ins, _ = graph_io(self.model)
         for name, _, dtype in ins:
             self.values[name] = self.graph.add_input(name, dtype, input_shapes[name])
-        for i, node in enumerate(self.model.graph.node):
-            fn, reason = resolve_handler(node.op_type, self.opset, node.domain)
-            label = node.name or f"#{i}"
-            if fn is None:
-                raise ModelError(f"{self.path}: node {label} ({node.op_type}): {reason}")
-            inputs = []
-            for n in node.input:
-                if n == "":
-                    inputs.append(None)
-                    continue
-                if n not in self.values:
-                    raise ModelError(f"{self.path}: node {label} ({node.op_type}) reads {n!r}, which nothing defines")
-                inputs.append(self.values[n])
-            self.b.node_name = label
+        return self._import_from(0)
+
+    def build_stage(self, start, inputs, consts):
+        """The graph of ONNX nodes `start`... after a host step: `inputs` {name: (dtype, shape)} arrive at run time,
+        `consts` {name: array} are known (initializers and values folded before the cut)."""
+        self.training = False
+        self.state_updates = []
+        self.dropout_seed = None
+        for name, array in consts.items():
+            self.values[name] = self.graph.constant(array, name)
+        for name, (dtype, shape) in inputs.items():
+            self.values[name] = self.graph.add_input(name, dtype, shape)
+        g = self._import_from(start)
+        if g.cut is None:  # the model ends here: outputs known already come from the host, not from this graph
+            g.outputs, g.output_names = [], []
+            self._cut(None, "")
+        return g
+
+    def run_host(self, index, arrays):
+        """Run ONNX node `index` on the host: its handler, with every input a constant, folds to the outputs."""
+        self.training = False
+        node = self.model.graph.node[index]
+        self.values = {name: self.graph.constant(a, name) for name, a in arrays.items()}
+        self._import_node(index, node)
+        label = node.name or f"#{index}"
+        out = {}
+        for name in node.output:
+            if not name:
+                continue
+            v = self.values[name]
+            if v.const is None:
+                ops = sorted({n.op for n in self.graph.nodes})
+                raise ModelError(f"{self.path}: node {label} ({node.op_type}) runs on the host, but its output "
+                                 f"{name!r} needs device kernels ({', '.join(ops)}) that have no host form")
+            out[name] = v.const
+        return out
+
+    def _import_from(self, start):
+        nodes = self.model.graph.node
+        for i in range(start, len(nodes)):
+            mark = len(self.graph.nodes)
             try:
-                outs = fn(self, node, inputs, self.attrs(node))
-            except ModelError as e:
-                msg = str(e)
-                if msg.startswith(f"{self.path}:"):
-                    raise
-                raise ModelError(f"{self.path}: node {label} ({node.op_type}): {msg}") from None
-            except (ValueError, IndexError, KeyError, TypeError) as e:
-                raise ModelError(f"{self.path}: node {label} ({node.op_type}): {type(e).__name__}: {e}") from None
-            if not isinstance(outs, (list, tuple)):
-                outs = [outs]
-            for name, v in zip(node.output, outs):
-                if name and v is not None:
-                    self.values[name] = v
-            for name in list(node.output)[len(outs):]:
-                if name:
-                    raise ModelError(f"{self.path}: node {label} ({node.op_type}): output {name!r} "
-                                     "(an optional output) is not supported")
+                self._import_node(i, nodes[i])
+            except NeedsHost as e:
+                if self.training:
+                    raise ModelError(f"{e}; a training graph has no host steps") from None
+                for n in reversed(self.graph.nodes[mark:]):  # what the handler built before it found out
+                    self.graph.remove_node(n)
+                return self._cut(i, str(e))
         g = self.graph
         for o in self.model.graph.output:
             if o.name not in self.values:
@@ -177,3 +199,77 @@ class Importer:
             g.outputs.append(self.values[o.name])
             g.output_names.append(o.name)
         return g
+
+    def _import_node(self, i, node):
+        fn, reason = resolve_handler(node.op_type, self.opset, node.domain)
+        label = node.name or f"#{i}"
+        if fn is None:
+            raise ModelError(f"{self.path}: node {label} ({node.op_type}): {reason}")
+        inputs = []
+        for n in node.input:
+            if n == "":
+                inputs.append(None)
+                continue
+            if n not in self.values:
+                raise ModelError(f"{self.path}: node {label} ({node.op_type}) reads {n!r}, which nothing defines")
+            inputs.append(self.values[n])
+        self.b.node_name = label
+        try:
+            outs = fn(self, node, inputs, self.attrs(node))
+        except NeedsHost:
+            raise
+        except ModelError as e:
+            msg = str(e)
+            if msg.startswith(f"{self.path}:"):
+                raise
+            raise ModelError(f"{self.path}: node {label} ({node.op_type}): {msg}") from None
+        except (ValueError, IndexError, KeyError, TypeError) as e:
+            raise ModelError(f"{self.path}: node {label} ({node.op_type}): {type(e).__name__}: {e}") from None
+        if not isinstance(outs, (list, tuple)):
+            outs = [outs]
+        for name, v in zip(node.output, outs):
+            if name and v is not None:
+                self.values[name] = v
+        for name in list(node.output)[len(outs):]:
+            if name:
+                raise ModelError(f"{self.path}: node {label} ({node.op_type}): output {name!r} "
+                                 "(an optional output) is not supported")
+
+    def _cut(self, index, reason):
+        """End the graph before ONNX node `index` (None: the model's end): its outputs are the values computed here
+        that later nodes or the model's outputs read."""
+        from ..stages import Cut
+        g = self.graph
+        later = {o.name for o in self.model.graph.output}
+        if index is not None:
+            later |= _names_read(self.model.graph.node[index:])
+        inputs = {v.id for v in g.inputs}
+        consts, aliases = {}, {}
+        for name in sorted(later):
+            v = self.values.get(name)
+            if v is None:
+                continue
+            if v.const is not None:
+                consts[name] = v.const
+            elif v.id in inputs:
+                aliases[name] = v.name
+            else:
+                g.outputs.append(v)
+                g.output_names.append(name)
+        read = {v.id for n in g.nodes for v in n.inputs if v is not None}
+        g.inputs = [v for v in g.inputs if v.id in read]  # the rest stay on the host (strings, values read later)
+        g.cut = Cut(index, reason, consts, aliases)
+        if index is not None:
+            g.notes.append(f"stops before ONNX node #{index}: {reason}")
+        return g
+
+
+def _names_read(nodes):
+    """Every value name the nodes read, in their subgraphs (If/Loop/Scan bodies) too."""
+    names = set()
+    for node in nodes:
+        names.update(n for n in node.input if n)
+        for a in node.attribute:
+            for body in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                names |= _names_read(body.node)
+    return names

@@ -513,9 +513,34 @@ def _pool(imp, node, xs, at, op):
         attrs["ceil_mode"] = 1
     if op == "AveragePool":
         attrs["count_include_pad"] = at.get("count_include_pad", 0)
-    if len(node.output) > 1 and node.output[1]:
-        raise ModelError("MaxPool's Indices output is not supported")
-    return [imp.b.op(op, [x], attrs)]
+    y = imp.b.op(op, [x], attrs)
+    if len(node.output) > 1 and node.output[1]:  # op-set 8+
+        return [y, _maxpool_indices(imp.b, x, y, kernel, strides, pads, dil, at.get("storage_order", 0))]
+    return [y]
+
+
+def _maxpool_indices(b, x, y, kernel, strides, pads, dil, storage_order):
+    """MaxPool's Indices: the flat index into x (row-major, or column-major over the spatial dims when
+    storage_order=1) of the first maximum of each window. Windows are gathered from x with one padding slot
+    (the lowest value) appended, arg-maxed, and mapped through a table of window offset -> flat index."""
+    n, c, space, out = x.shape[0], x.shape[1], x.shape[2:], y.shape[2:]
+    size = int(np.prod(space))
+    grid = np.stack(np.meshgrid(*[np.arange(o) * st - p for o, st, p in zip(out, strides, pads)], indexing="ij"), -1)
+    taps = np.stack(np.meshgrid(*[np.arange(k) * d for k, d in zip(kernel, dil)], indexing="ij"), -1)
+    at = grid.reshape(-1, 1, len(space)) + taps.reshape(1, -1, len(space))  # [windows, taps, spatial dims]
+    inside = np.all((at >= 0) & (at < np.asarray(space)), axis=-1)
+    row_major = np.ravel_multi_index(tuple(np.clip(at, 0, np.asarray(space) - 1).transpose(2, 0, 1)), space)
+    col_major = np.ravel_multi_index(tuple(np.clip(at, 0, np.asarray(space) - 1)[..., ::-1].transpose(2, 0, 1)),
+                                     space[::-1])
+    lowest = np.finfo(x.dtype).min if np.dtype(x.dtype).kind == "f" else np.iinfo(x.dtype).min
+    flat = b.op("Concat", [reshape(b, x, (n, c, size)), b.const(np.full((n, c, 1), lowest, x.dtype))], {"axis": 2})
+    windows = b.op("Gather", [flat, b.const(np.where(inside, row_major, size).astype(np.int64))], {"axis": 2})
+    first = b.op("ArgReduce", [windows], {"mode": "max", "axis": 3, "keepdims": 1})
+    table = (col_major if storage_order else row_major).astype(np.int64)
+    table = b.op("Expand", [b.const(table[None, None])], {"shape": (n, c) + table.shape})
+    index = b.op("GatherElements", [table, first], {"axis": 3})
+    plane = b.const((np.arange(n * c, dtype=np.int64) * size).reshape(n, c, 1, 1))
+    return reshape(b, b.op("Add", [index, plane]), y.shape)
 
 
 @handler("MaxPool", 1, 8, 10, 11, 12, 22)
@@ -543,12 +568,17 @@ def _gmp(imp, node, xs, at):
 @handler("BatchNormalization", 1, 6, 7, 9, 14, 15)
 def _batchnorm(imp, node, xs, at):
     # op-set < 9 had `spatial`; < 7 `is_test`; 14 added training_mode. Inference form here; training elsewhere.
-    if at.get("training_mode", 0) or (len(node.output) > 1 and any(node.output[1:])):
-        if not getattr(imp, "training", False):
-            raise ModelError("BatchNormalization in training mode (extra outputs) is not supported for inference")
     x, scale, bias, mean, var = xs[:5]
     if at.get("spatial", 1) == 0:
         raise ModelError("BatchNormalization with spatial=0 is not supported")
+    stats_out = len(node.output) > 1 and any(node.output[1:])
+    if (at.get("training_mode", 0) or stats_out) and not getattr(imp, "training", False):
+        if imp.opset < 14:  # before 14 the extra outputs were saved statistics of a layout nobody agreed on
+            raise ModelError("BatchNormalization's statistics outputs before op-set 14 are not supported")
+        return _batchnorm_batch_stats(imp, x, scale, bias, mean, var, at.get("epsilon", 1e-5),
+                                      at.get("momentum", 0.9))[:len(node.output)]
+    if not getattr(imp, "training", False) and any(v.const is None for v in (scale, bias, mean, var)):
+        return [_batchnorm_composed(imp.b, x, scale, bias, mean, var, at.get("epsilon", 1e-5))]
     if getattr(imp, "training", False):
         from ..graph.ops.grad_nn import batchnorm_training
         y = batchnorm_training(imp.b, x, scale, bias, mean, var, at.get("epsilon", 1e-5), at.get("momentum", 0.9),
@@ -556,6 +586,54 @@ def _batchnorm(imp, node, xs, at):
         return [y] + [None] * (len([o for o in node.output if o]) - 1)
     return [imp.b.op("BatchNormalization", [x, scale, bias, mean, var], {"epsilon": at.get("epsilon", 1e-5),
                                                                       "momentum": at.get("momentum", 0.9)})]
+
+
+def _batchnorm_composed(b, x, scale, bias, mean, var, eps):
+    """y = (x - mean) * scale / sqrt(var + eps) + B of primitives, for statistics known only at run time."""
+    channel = (1, x.shape[1]) + (1,) * (x.rank - 2)
+    scale, bias, mean, var = (reshape(b, v, channel) for v in (scale, bias, mean, var))
+    inv = b.op("Div", [scale, b.op("Sqrt", [b.op("Add", [var, b.const(np.asarray(eps, x.dtype))])])])
+    return b.op("Add", [b.op("Mul", [b.op("Sub", [x, mean]), inv]), bias])
+
+
+def _batchnorm_batch_stats(imp, x, scale, bias, mean, var, eps, momentum):
+    """training_mode=1 in an inference graph (op-set 14+): normalise by the batch's mean and (biased) variance;
+    the outputs are y, mean * momentum + batch_mean * (1 - momentum), and the same for var."""
+    b = imp.b
+    axes = (0,) + tuple(range(2, x.rank))
+    batch_mean = b.op("Reduce", [x], {"mode": "mean", "axes": axes, "keepdims": 1})
+    centred = b.op("Sub", [x, batch_mean])
+    batch_var = b.op("Reduce", [b.op("Mul", [centred, centred])], {"mode": "mean", "axes": axes, "keepdims": 1})
+    y = _batchnorm_composed(b, x, scale, bias, batch_mean, batch_var, eps)
+    keep = b.const(np.asarray(momentum, x.dtype))
+    take = b.const(np.asarray(1 - momentum, x.dtype))
+    running = [b.op("Add", [b.op("Mul", [reshape(b, old, (x.shape[1],)), keep]),
+                            b.op("Mul", [reshape(b, new, (x.shape[1],)), take])])
+               for old, new in ((mean, batch_mean), (var, batch_var))]
+    return [y] + running
+
+
+@handler("RoiAlign", 10, 16, 22)  # 16 adds coordinate_transformation_mode, default half_pixel (10 behaves as
+def _roi_align(imp, node, xs, at):  # output_half_pixel); 22 adds types
+    x, rois, batch = xs
+    default = "half_pixel" if imp.opset >= 16 else "output_half_pixel"
+    mode, coords = at.get("mode", "avg"), at.get("coordinate_transformation_mode", default)
+    if mode not in ("avg", "max") or coords not in ("half_pixel", "output_half_pixel"):
+        raise ModelError(f"RoiAlign's mode is {mode!r} and coordinate_transformation_mode {coords!r}; expected avg or "
+                         "max, and half_pixel or output_half_pixel")
+    if rois.dtype != x.dtype:
+        rois = imp.b.op("Cast", [rois], {"to": x.dtype})
+    if batch.dtype != "int64":
+        batch = imp.b.op("Cast", [batch], {"to": "int64"})
+    attrs = {"mode": mode, "output_height": at.get("output_height", 1), "output_width": at.get("output_width", 1),
+             "sampling_ratio": at.get("sampling_ratio", 0), "spatial_scale": at.get("spatial_scale", 1.0),
+             "half_pixel": int(coords == "half_pixel")}
+    return [imp.b.op("RoiAlign", [x, rois, batch], attrs)]
+
+
+@handler("Det", 11, 22)  # 22 adds types
+def _det(imp, node, xs, at):
+    return [imp.b.op("Det", [xs[0]])]
 
 
 @handler("LRN", 1, 13)
@@ -850,5 +928,6 @@ def _conv_transpose(imp, node, xs, at):
 
 # ---------------------------------------------------------------- handlers kept in their own modules ---------------
 # resize: Resize, Upsample; composed: CumSum, OneHot, TopK, Einsum, quantisation, ...; recurrent: RNN, GRU, LSTM;
-# control: If (constant condition), Scan (unrolled)
-from . import composed, control, recurrent, resize  # noqa: F401  (registration side effects; they import this module)
+# control: If (constant condition), Scan (unrolled); dynamic: NonZero, Compress, Unique, NonMaxSuppression (host ops
+# at run time); text: StringNormalizer, TfIdfVectorizer. Registration side effects; they import this module.
+from . import composed, control, dynamic, recurrent, resize, text  # noqa: F401

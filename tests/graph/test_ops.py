@@ -31,6 +31,18 @@ def lrn_numpy(x, size=3, alpha=1e-2, beta=0.75, bias=2.0):
     return [x / (bias + alpha / size * sq) ** beta]
 
 
+def roialign_10_as_16(mode, ratio):
+    """Op-set 10 RoiAlign is op-set 16's output_half_pixel mode (onnx.reference applies 16's default, half_pixel,
+    at 10; onnxruntime agrees with this oracle)."""
+    def oracle(x, rois, batch):
+        node = helper.make_node("RoiAlign", ["x", "rois", "batch"], ["y0"], output_height=3, output_width=4,
+                                sampling_ratio=ratio, spatial_scale=0.9, mode=mode,
+                                coordinate_transformation_mode="output_half_pixel")
+        feeds = {"x": x, "rois": rois, "batch": batch}
+        return reference(make_model([node], feeds, ["y0"], opset=16), feeds)
+    return oracle
+
+
 def softmax_legacy_numpy(log):
     """Op-sets < 13: flatten to 2-D at axis 1, normalise the whole second dim."""
     def f(x):
@@ -80,7 +92,20 @@ CASES = [
     case("BatchNormalization", {"x": f32(2, 3, 4)}, {},
          inits={"s": f32(3), "b": f32(3), "m": f32(3), "v": f32(3, lo=0.5, hi=2)},
          name="batchnorm-15-3d", opset=15, input_names=["x", "s", "b", "m", "v"]),
+    case("BatchNormalization", {"x": f32(2, 3, 4, 5), "s": f32(3), "b": f32(3), "m": f32(3),
+                                "v": f32(3, lo=0.5, hi=2)}, name="batchnorm-15-stats-at-run-time", opset=15),
+    case("BatchNormalization", {"x": f32(4, 3, 5), "s": f32(3), "b": f32(3), "m": f32(3),
+                                "v": f32(3, lo=0.5, hi=2)}, {"training_mode": 1, "momentum": 0.8}, n_out=3,
+         name="batchnorm-15-training-mode", opset=15),
     case("LRN", {"x": f32(2, 7, 4, 4)}, {"size": 3, "alpha": 1e-2, "beta": 0.75, "bias": 2.0}, oracle=lrn_numpy),
+    # regions of interest: boxes partly outside the image, batch indices out of order
+    *[case("RoiAlign", {"x": f32(2, 3, 9, 11), "rois": np.array([[0.5, 1, 6, 7.5], [-2, 3, 4, 12], [2, 2, 2.5, 2.2],
+                                                                 [7, 0, 13, 5]], np.float32),
+                        "batch": np.array([1, 0, 1, 1], np.int64)},
+           {"output_height": 3, "output_width": 4, "sampling_ratio": ratio, "spatial_scale": 0.9, "mode": mode},
+           opset=opset, name=f"roialign-{opset}-{mode}-ratio{ratio}",
+           oracle=roialign_10_as_16(mode, ratio) if opset == 10 else None)
+      for opset in (10, 16) for mode in ("avg", "max") for ratio in (0, 2)],
     # activations
     case("Relu", {"x": f32(3, 4)}), case("LeakyRelu", {"x": f32(3, 4)}, {"alpha": 0.2}),
     case("Sigmoid", {"x": f32(3, 4)}), case("Tanh", {"x": f32(3, 4)}),
@@ -102,6 +127,12 @@ CASES = [
          name="maxpool-same-upper"),
     case("MaxPool", {"x": f32(1, 2, 8, 8)}, {"kernel_shape": [2, 2], "pads": [0, 0, 1, 1], "strides": [2, 2]},
          name="maxpool-asymmetric"),
+    case("MaxPool", {"x": f32(2, 3, 9, 8)}, {"kernel_shape": [3, 2], "strides": [2, 1], "pads": [1, 0, 1, 1]},
+         opset=12, n_out=2, name="maxpool-indices"),
+    case("MaxPool", {"x": f32(2, 3, 7, 9)}, {"kernel_shape": [2, 3], "dilations": [2, 1], "storage_order": 1},
+         opset=12, n_out=2, name="maxpool-indices-column-major"),
+    case("MaxPool", {"x": f32(2, 3, 11)}, {"kernel_shape": [3], "strides": [2], "ceil_mode": 1}, opset=12, n_out=2,
+         name="maxpool-indices-1d-ceil"),
     case("AveragePool", {"x": f32(2, 3, 9, 9)}, {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]},
          name="avgpool-exclude-pad"),
     case("AveragePool", {"x": f32(2, 3, 9, 9)}, {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1],
@@ -161,6 +192,10 @@ CASES = [
          inits={"s": np.array([2, 3], np.int64)}, input_names=["s"]),
     case("Shape", {"x": f32(2, 3, 4)}),
     case("Cast", {"x": f32(3, 4, lo=-5, hi=5)}, {"to": 7}, name="cast-float-to-int64"),
+    # linear algebra
+    case("Det", {"x": f32(3, 5, 5)}, opset=11, tol=1e-5), case("Det", {"x": f32(2, 2)}, opset=11, name="det-2x2"),
+    case("Det", {"x": np.array([[1, 2, 3], [2, 4, 6], [0, 1, 1]], np.float32)}, opset=11, name="det-singular",
+         oracle=lambda x: [np.float32(0)]),
     # elementwise maths with broadcasting
     *[case(op, {"a": f32(2, 3, 4, lo=0.5, hi=2), "b": f32(3, 1, lo=0.5, hi=2)}) for op in
       ("Add", "Sub", "Mul", "Div", "Pow", "Max", "Min")],

@@ -38,7 +38,8 @@ def get_op(name):
 
 
 def _load_families():
-    from . import elementwise, shape, nn, linalg, reduce, fused, grad_nn  # noqa: F401  (registration side effects)
+    # registration side effects
+    from . import elementwise, shape, nn, linalg, reduce, fused, grad_nn, host  # noqa: F401
 
 
 _load_families()

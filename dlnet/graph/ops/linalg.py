@@ -60,3 +60,29 @@ class Gemm(Op):
             beta = node.attrs.get("beta", 1.0)
             grads.append(dy if beta == 1.0 else b.op("Mul", [dy, b.const(np.asarray(beta, dy.dtype))]))
         return grads
+
+
+@register
+class Det(Op):
+    """y = det(x) over the last two (square) dims;  no gradient (it would need a matrix inverse)"""
+    name = "Det"
+    dtypes = ("float32",)
+    MAX_N = 32  # the kernel holds one matrix in private memory
+
+    def infer(self, node):
+        x = node.inputs[0]
+        if x.rank < 2 or x.shape[-1] != x.shape[-2]:
+            raise ValueError(f"Det takes square matrices [..., M, M], got {list(x.shape)}")
+        if x.shape[-1] > self.MAX_N:
+            raise ValueError(f"Det on {x.shape[-1]}x{x.shape[-1]} matrices: at most {self.MAX_N}x{self.MAX_N}")
+        return [(x.dtype, x.shape[:-2])]
+
+    def numpy(self, node, x):
+        return [np.asarray(np.linalg.det(x.astype(np.float64)), x.dtype)]
+
+    def lower(self, node, lw):
+        from ...kernels.runtime import kernel_source
+        x, y = node.inputs[0], node.outputs[0]
+        src = f"#define N {x.shape[-1]}\n" + kernel_source("det")
+        lw.emit(src, "det", lw.args(x) + lw.args(y) + [np.int64(y.size)], (max(y.size, 1),), None,
+                f"{node.name} Det")

@@ -110,6 +110,33 @@ class BatchNormalization(Op):
 
 
 @register
+class RoiAlign(Op):
+    """y[r, c] = pool over each output bin's grid of bilinear samples of x[batch[r], c] inside roi r (avg or max);
+    no gradient"""
+    name = "RoiAlign"
+    dtypes = ("float32",)
+
+    def infer(self, node):
+        x, rois, batch = node.inputs
+        if x.rank != 4 or rois.rank != 2 or rois.shape[1] != 4 or batch.shape != rois.shape[:1]:
+            raise ValueError(f"RoiAlign takes x [N, C, H, W], rois [R, 4] and batch_indices [R], got "
+                             f"{list(x.shape)}, {list(rois.shape)} and {list(batch.shape)}")
+        a = node.attrs
+        return [(x.dtype, (rois.shape[0], x.shape[1], a["output_height"], a["output_width"]))]
+
+    def lower(self, node, lw):
+        from ...kernels.runtime import kernel_source
+        x, rois, batch = node.inputs
+        y, a = node.outputs[0], node.attrs
+        src = f"#define ROI_{a['mode'].upper()} 1\n" + kernel_source("roialign")
+        args = lw.args(x) + lw.args(rois) + lw.args(batch) + lw.args(y) + [
+            np.int32(x.shape[1]), np.int32(x.shape[2]), np.int32(x.shape[3]), np.int32(a["output_height"]),
+            np.int32(a["output_width"]), np.float32(a["spatial_scale"]), np.int32(a["sampling_ratio"]),
+            np.int32(a["half_pixel"]), np.int64(y.size)]
+        lw.emit(src, "roialign", args, (max(y.size, 1),), None, f"{node.name} RoiAlign")
+
+
+@register
 class LRN(Op):
     """y = x / (bias + alpha/size * sum_{channel window} x^2)^beta"""
     name = "LRN"
