@@ -22,14 +22,20 @@ GEMM_TILES = {
 GPU_CORES = ("gemm_core", "gemm_mma")
 
 
-def pick_tiles(ctx, M, N):
-    """(core file name, defines, local size, global size for an M x N problem)."""
+# GPUs: the 128 x 128 tiles only where their grid fills this many waves of compute units; otherwise 64 x 64 tiles
+# (four times the work-groups) before split-K has to make up the difference
+HUGE_FILL = 2.0
+
+
+def pick_tiles(ctx, M, N, batches=1):
+    """(core file name, defines, local size, global size for `batches` M x N problems)."""
     table = GEMM_TILES["cpu" if ctx.is_cpu else "gpu"]
     if M <= 4 and N > 16:
         shape = "narrow_m"
     elif N <= 4 and M > 16:
         shape = "narrow_n"
-    elif M >= 96 and N >= 2048:
+    elif M >= 96 and N >= 2048 and (ctx.is_cpu or
+                                    -(-M // 128) * -(-N // 128) * batches >= HUGE_FILL * ctx.info.compute_units):
         shape = "huge"
     else:
         shape = "big"
@@ -260,7 +266,7 @@ class Lowerer:
         y_nstride = Cout * OH * OW
         C, K = Cin // group, Cout // group
         M, NN = K, N * OH * OW
-        core, tiles, lsize, (g0, g1) = pick_tiles(self.ctx, M, NN)
+        core, tiles, lsize, (g0, g1) = pick_tiles(self.ctx, M, NN, group)
         one = KH == 1 and KW == 1 and strides == [1, 1] and pads == [0, 0]
         if core == "gemm_vec" and not (one and N == 1):
             # CPU: B written once by im2col into the work buffer, then read 8 columns at a time
@@ -317,7 +323,7 @@ class Lowerer:
         for bi, idx in enumerate(np.ndindex(*batch) if batch else [()]):
             table[bi] = [sum(i * s for i, s in zip(idx, sa_b)), sum(i * s for i, s in zip(idx, sb_b)),
                          sum(i * s for i, s in zip(idx, sc_b)), bi * M * N]
-        core, tiles, lsize, (g0, g1) = pick_tiles(self.ctx, M, N)
+        core, tiles, lsize, (g0, g1) = pick_tiles(self.ctx, M, N, max(nb, 1))
         defs = dict(tiles)
         if c is not None:
             defs["HAS_C"] = 1
@@ -388,7 +394,7 @@ class Lowerer:
             return
         work = 4 * group * CKK * NPIX
         M, NN, KK = (K, CKK, NPIX) if which == "dw" else (CKK, NPIX, K)
-        core, tiles, lsize, (g0, g1) = pick_tiles(self.ctx, M, NN)
+        core, tiles, lsize, (g0, g1) = pick_tiles(self.ctx, M, NN, group)
         if which == "dx" and core in GPU_CORES and list(s) == [1, 1] and KH * KW > 1 and \
                 p[0] <= d[0] * (KH - 1) and p[1] <= d[1] * (KW - 1):
             # stride 1: dx = conv(dy, w flipped and transposed per group), pads d * (k - 1) - p: no col buffer
