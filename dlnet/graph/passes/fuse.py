@@ -119,3 +119,31 @@ def _inputs_of(members):
             if v is not None and v.id not in inside and v not in seen:
                 seen.append(v)
     return seen
+
+
+def broadcast_expands(graph):
+    """Drop an Expand whose readers are all pointwise and broadcast its input to the same output shape anyway: the
+    readers read the small input (autodiff's ReduceMean/ReduceSum gradients, BatchNormalization's backward), so
+    the full-size copy and its memory traffic go, and fuse_pointwise can pull the input's producer in."""
+    changed = False
+    for node in list(graph.nodes):
+        if node.op != "Expand" or node.outputs[0] in graph.outputs:
+            continue
+        x, y = node.inputs[0], node.outputs[0]
+        readers = set(y.users)
+        if not readers or any(r.spec.kind != "pointwise" for r in readers):
+            continue
+        if any(_broadcast([x.shape if v is y else v.shape for v in r.inputs if v is not None]) != r.outputs[0].shape
+               for r in readers):
+            continue
+        graph.replace_all_uses(y, x)
+        graph.remove_node(node)
+        changed = True
+    return changed
+
+
+def _broadcast(shapes):
+    try:
+        return tuple(np.broadcast_shapes(*shapes))
+    except ValueError:
+        return None
