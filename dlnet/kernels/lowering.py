@@ -71,8 +71,9 @@ class Lowerer:
     def loc(self, v):
         """(buffer, element offset) of a value."""
         item = np.dtype(v.dtype).itemsize
-        if v.const is not None:
-            return self.const_buf, self.plan.const_offsets[v.id] // item
+        weight = self.plan.const_alias.get(v.id, v.id)  # a Reshape of a weight views the weight arena
+        if v.const is not None or weight != v.id:
+            return self.const_buf, self.plan.const_offsets[weight] // item
         rid, eoff = self.plan.alias_of.get(v.id, (v.id, 0))
         return self.act_buf, self.plan.act_offsets[rid] // item + eoff
 
@@ -509,9 +510,7 @@ class Lowerer:
         self.emit(src, "pad", args, (max(y.size, 1),), None, f"{node.name} Pad")
 
     def alias(self, y, x):
-        if x.const is not None:  # a trainable weight viewed with another shape: copy it (same element order)
-            ys = self.strides(y)
-            self._elementwise(y, 0, ys, [(x, 0, ys)], "r0 = x0v;", f"reshape {y.id}")
+        pass  # a view: the memory plan gave y x's place, in the weight arena where x is a weight
 
     # ops added for ONNX coverage ------------------------------------------------------
     def argreduce(self, node):

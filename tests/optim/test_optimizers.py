@@ -23,13 +23,17 @@ CASES = [
     ("wide_adamw_clip", lambda: dlnet.optim.AdamW(lr=1e-2, clip_norm=0.05), lambda p: torch.optim.AdamW(p, lr=1e-2)),
     ("wide_sgd_momentum_clip", lambda: dlnet.optim.SGD(lr=0.1, momentum=0.9, clip_norm=0.05),
      lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9)),
+    # BatchNormalization reads its scale and shift through views of the weight arena that each step updates (not
+    # Adam: the gradient of the conv bias before BatchNormalization is rounding noise, which Adam scales up to lr)
+    ("bn_sgd_momentum", lambda: dlnet.optim.SGD(lr=0.1, momentum=0.9), lambda p: torch.optim.SGD(p, lr=0.1,
+                                                                                               momentum=0.9)),
 ]
 
 
 @pytest.mark.parametrize("name,mine,theirs", CASES, ids=[c[0] for c in CASES])
 def test_steps_match_torch_optim(name, mine, theirs):
     x, y = data(8)
-    model = make("wide" if name.startswith("wide") else "linear")
+    model = make(name.split("_")[0] if name.startswith(("wide_", "bn_")) else "linear")
     proto = export(model, x)
     net = dlnet.Net(context()).load_onnx(proto)
     tr = dlnet.Trainer(net, optimizer=mine())
