@@ -12,7 +12,7 @@ from .graph.autodiff import gradients
 from .graph.ir import Builder
 from .graph.passes import run_passes
 from .graph.passes.fold import fold_constants, remove_dead
-from .graph.passes.fuse import broadcast_expands, fuse_pointwise
+from .graph.passes.fuse import broadcast_expands, fuse_pointwise, fuse_reduce_prologues
 from .graph.passes.padding import explicit_padding
 from .kernels.runtime import Launch, cl, kernel_source
 from .net import Plan
@@ -50,7 +50,7 @@ class _TrainPlan:
         g.outputs = [loss, out] + [gv for _, _, gv in self.params] + [new for _, new in self.updates]
         g.output_names = ["loss", trainer.output] + [f"grad:{n}" for n, _, _ in self.params] + \
             [f"state:{i}" for i in range(len(self.updates))]
-        run_passes(g, [fold_constants, broadcast_expands, fuse_pointwise, remove_dead])
+        run_passes(g, [fold_constants, broadcast_expands, fuse_pointwise, fuse_reduce_prologues, remove_dead])
         self.graph = g
         self.plan = Plan(trainer.ctx, g)
         # an initializer the graph read as a constant (Dropout's ratio) has no device copy: the model's stays true

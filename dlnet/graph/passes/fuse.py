@@ -147,3 +147,34 @@ def _broadcast(shapes):
         return tuple(np.broadcast_shapes(*shapes))
     except ValueError:
         return None
+
+
+def fuse_reduce_prologues(graph):
+    """Fold a pointwise node (or Fused chain) that only a Reduce reads into the Reduce: each element is computed as
+    it is reduced (BatchNormalization's squared deviations, the products its backward sums), so the full-size
+    value is never stored and its kernel never launched."""
+    changed = False
+    for node in list(graph.nodes):
+        if node.op != "Reduce" or "prologue" in node.attrs:
+            continue
+        x = node.inputs[0]
+        p = x.producer
+        if p is None or (p.op != "Fused" and p.spec.kind != "pointwise") or not _single_user(graph, x):
+            continue
+        if p not in graph.nodes or len(p.outputs) != 1:
+            continue
+        members = p.attrs["nodes"] if p.op == "Fused" else [p]
+        inputs = []
+        for v in p.inputs:
+            if v is not None and v not in inputs:
+                inputs.append(v)
+        if any(len(v.shape) > len(x.shape) for v in inputs):
+            continue
+        graph.remove_node(p)
+        x.users.remove(node)
+        node.inputs = inputs
+        for v in inputs:
+            v.users.append(node)
+        node.attrs = dict(node.attrs, prologue=members)
+        changed = True
+    return changed
