@@ -90,8 +90,8 @@ def bench_dlnet(ctx, proto, x, y, iters, warmup, lr):
     ms = median_ms(lambda: trainer.step(feeds), iters, warmup)
     for plan in trainer._plans.values():  # the next net needs the memory: weights, activations, Adam moments
         plan.release()
-    for buf, _ in trainer._slots.values():
-        buf.release()
+    if trainer._state is not None:
+        trainer._state.release()
     trainer.hp_buf.release()
     net.release()
     return first, ms, build_s

@@ -12,7 +12,7 @@ from .graph.autodiff import gradients
 from .graph.ir import Builder
 from .graph.passes import run_passes
 from .graph.passes.fold import fold_constants, remove_dead
-from .graph.passes.fuse import fuse_pointwise
+from .graph.passes.fuse import broadcast_expands, fuse_pointwise, fuse_reduce_prologues
 from .graph.passes.padding import explicit_padding
 from .kernels.runtime import Launch, cl, kernel_source
 from .net import Plan
@@ -20,6 +20,9 @@ from .onnx.importer import Importer
 from .optim import SGD
 
 TARGET = "__target"
+LOCAL = 256  # work-group size of the update kernels
+CHUNK = 32 * LOCAL  # elements per work-group: thousands of groups for a ResNet-50, a few for a bias
+OPTIONS = (f"-DLOCAL={LOCAL}",)
 SEED = "__dropout_seed"
 
 
@@ -47,7 +50,7 @@ class _TrainPlan:
         g.outputs = [loss, out] + [gv for _, _, gv in self.params] + [new for _, new in self.updates]
         g.output_names = ["loss", trainer.output] + [f"grad:{n}" for n, _, _ in self.params] + \
             [f"state:{i}" for i in range(len(self.updates))]
-        run_passes(g, [fold_constants, fuse_pointwise, remove_dead])
+        run_passes(g, [fold_constants, broadcast_expands, fuse_pointwise, fuse_reduce_prologues, remove_dead])
         self.graph = g
         self.plan = Plan(trainer.ctx, g)
         # an initializer the graph read as a constant (Dropout's ratio) has no device copy: the model's stays true
@@ -57,29 +60,54 @@ class _TrainPlan:
         self._bind_updates(trainer)
 
     def _bind_updates(self, trainer):
+        """The update step: one optimizer launch per (weight buffer, gradient buffer) pair, which is one in
+        practice, over a table of chunks of every trained tensor; with clipping a sum-of-squares launch per pair
+        and one clip_scale before them; one copy of every running statistic."""
         ctx, lw, opt = trainer.ctx, self.plan.lowerer, trainer.optimizer
-        self.launches = []
-        n = len(self.params)
-        self.norms = ctx.alloc(4 * max(n, 1))
-        if opt.clip_norm:
-            for slot, (_, _, gv) in enumerate(self.params):
-                k = ctx.kernel(kernel_source("optim"), "sumsq")
-                k.set_args(*lw.args(gv), np.int64(gv.size), self.norms, np.int32(slot))
-                self.launches.append(Launch(k, (256,), (256,), "sumsq"))
+        self.launches, self.tables = [], []
+        state = trainer.state_arena([n for n, _, _ in self.params])
+        groups = {}  # (weight buffer, gradient buffer) -> (buffers, table rows)
         for name, v, gv in self.params:
-            k = ctx.kernel(kernel_source("optim"), opt.kernel)
-            slots = [trainer.slot(name, s, v.size) for s in opt.slots]
-            if opt.kernel == "sgd":
-                slot_args = slots[:1] or [self.norms]
-            else:
-                slot_args = slots
-            k.set_args(*lw.args(v), *lw.args(gv), *slot_args, trainer.hp_buf, self.norms,
-                       np.int32(n if opt.clip_norm else 0), np.int64(v.size))
-            self.launches.append(Launch(k, (max(v.size, 1),), None, f"{opt.kernel} {name}"))
-        for state, new in self.updates:
-            k = ctx.kernel(kernel_source("optim"), "copy_state")
-            k.set_args(*lw.args(state), *lw.args(new), np.int64(state.size))
-            self.launches.append(Launch(k, (max(state.size, 1),), None, "running statistics"))
+            (pbuf, poff), (gbuf, goff) = lw.loc(v), lw.loc(gv)
+            key = (pbuf.int_ptr, gbuf.int_ptr)
+            groups.setdefault(key, ((pbuf, gbuf), []))[1].append((poff, goff, state.layout[name][0], v.size))
+        tables = [(pbuf, gbuf, len(rows), *self._table(ctx, rows)) for (pbuf, gbuf), rows in groups.values()]
+        self.partial = None
+        if opt.clip_norm:
+            self.partial = ctx.alloc(4 * sum(n_rows for *_, n_rows in tables))
+            base = 0
+            for _, gbuf, _, table, n_rows in tables:
+                k = ctx.kernel(kernel_source("optim"), "sumsq", OPTIONS)
+                k.set_args(gbuf, table, self.partial, np.int32(base))
+                self.launches.append(Launch(k, (n_rows * LOCAL,), (LOCAL,), "sumsq"))
+                base += n_rows
+            k = ctx.kernel(kernel_source("optim"), "clip_scale", OPTIONS)
+            k.set_args(self.partial, np.int32(base), trainer.hp_buf, np.int32(opt.max_norm_at), state.scale)
+            self.launches.append(Launch(k, (LOCAL,), (LOCAL,), "clip_scale"))
+        for pbuf, gbuf, n_params, table, n_rows in tables:
+            k = ctx.kernel(kernel_source("optim"), opt.kernel, OPTIONS)
+            slots = [state.buffers[s] for s in opt.slots] or [state.scale]  # sgd without momentum: unread
+            k.set_args(pbuf, gbuf, *slots, trainer.hp_buf, state.scale, table)
+            self.launches.append(Launch(k, (n_rows * LOCAL,), (LOCAL,), f"{opt.kernel} {n_params} parameters"))
+        copies = {}
+        for old, new in self.updates:
+            (dbuf, doff), (sbuf, soff) = lw.loc(old), lw.loc(new)
+            copies.setdefault((dbuf.int_ptr, sbuf.int_ptr), ((dbuf, sbuf), []))[1].append((doff, soff, 0, old.size))
+        for (dbuf, sbuf), rows in copies.values():
+            table, n_rows = self._table(ctx, rows)
+            k = ctx.kernel(kernel_source("optim"), "copy_state", OPTIONS)
+            k.set_args(dbuf, sbuf, table)
+            self.launches.append(Launch(k, (n_rows * LOCAL,), (LOCAL,), f"running statistics ({len(rows)})"))
+
+    def _table(self, ctx, rows):
+        """Rows (offsets..., elements) per tensor -> (device table of the same rows per chunk of CHUNK elements,
+        its number of rows)."""
+        chunks = [(a + c, b + c, s + c, min(CHUNK, n - c)) for a, b, s, n in rows for c in range(0, n, CHUNK)]
+        table = np.array(chunks, np.int64).reshape(-1, 4)
+        buf = ctx.alloc(table.nbytes)
+        ctx.upload(buf, table)
+        self.tables.append(buf)
+        return buf, len(table)
 
     def run(self, trainer, arrays, hp):
         q = trainer.ctx.queue
@@ -108,7 +136,10 @@ class _TrainPlan:
 
     def release(self):
         self.plan.release()
-        self.norms.release()
+        for buf in self.tables:
+            buf.release()
+        if self.partial is not None:
+            self.partial.release()
 
 
 def _own_initializers(net):
@@ -125,6 +156,29 @@ def _own_initializers(net):
             inits[copy.name] = copy
             g.node.remove(node)
     net.release()
+
+
+class _StateArena:
+    """One device buffer per optimizer slot (exp_avg, exp_avg_sq, momentum_buffer) holding every parameter's
+    state at layout[name] = (element offset, elements), and the clipping factor."""
+
+    def __init__(self, ctx, slots, sizes):
+        self.layout, self.total = {}, 0
+        for name, size in sizes.items():
+            self.layout[name] = (self.total, size)
+            self.total += size
+        self.buffers = {}
+        for slot in slots:
+            buf = ctx.alloc(4 * self.total)
+            cl.enqueue_fill_buffer(ctx.queue, buf, np.float32(0), 0, 4 * max(self.total, 1))
+            self.buffers[slot] = buf
+        self.scale = ctx.alloc(4)
+        ctx.upload(self.scale, np.ones(1, np.float32))
+
+    def release(self):
+        for buf in self.buffers.values():
+            buf.release()
+        self.scale.release()
 
 
 class Trainer:
@@ -151,7 +205,8 @@ class Trainer:
         self.seed = int(seed)
         self.step_count = 0
         self.hp_buf = self.ctx.alloc(4 * 16)
-        self._slots = {}  # (param name, slot name) -> cl.Buffer
+        self._state = None  # _StateArena: the optimizer's slots of every trained parameter
+        self._pending = {}  # optimizer state loaded before the arena existed
         self._plans = {}
         self._active = None
         self._dirty = False
@@ -160,15 +215,23 @@ class Trainer:
 
 
     # state ---------------------------------------------------------------------------------------------------
-    def slot(self, name, slot, size):
-        key = (name, slot)
-        buf = self._slots.get(key)
-        if buf is None:
-            buf = self.ctx.alloc(4 * size)
-            cl.enqueue_fill_buffer(self.ctx.queue, buf, np.float32(0), 0, 4 * max(size, 1))
-            self._slots[key] = (buf, size)
-            return buf
-        return buf[0]
+    def state_arena(self, names):
+        """The optimizer's state (one device buffer per slot, zero at first) with room for every parameter in
+        `names`; a parameter keeps its place while the arena lives, so every plan's update launch shares it."""
+        arena = self._state
+        if arena is not None and all(n in arena.layout for n in names):
+            return arena
+        keep = self.optimizer_state()
+        sizes = {n: size for n, (_, size) in arena.layout.items()} if arena is not None else {}
+        inits = {i.name: int(np.prod(i.dims, dtype=np.int64)) for i in self.net.model.graph.initializer}
+        for name in names:
+            sizes[name] = inits[name]
+        if arena is not None:
+            arena.release()
+        arena = self._state = _StateArena(self.ctx, self.optimizer.slots, sizes)
+        self._pending = {}
+        self.load_optimizer_state(keep)
+        return arena
 
     def _activate(self, key, shapes):
         plan = self._plans.get(key)
@@ -200,18 +263,31 @@ class Trainer:
                     self._active.upload(self.ctx, v, weights[name])
 
     def optimizer_state(self):
-        out = {}
-        for (name, slot), (buf, size) in self._slots.items():
-            a = np.empty(size, np.float32)
+        """{"param/slot": float32 array} of every trained parameter (what load_optimizer_state takes)."""
+        out = dict(self._pending)
+        arena = self._state
+        if arena is None:
+            return out
+        for slot, buf in arena.buffers.items():
+            a = np.empty(max(arena.total, 1), np.float32)
             cl.enqueue_copy(self.ctx.queue, a, buf, is_blocking=True)
-            out[f"{name}/{slot}"] = a
+            for name, (off, size) in arena.layout.items():
+                out[f"{name}/{slot}"] = a[off:off + size].copy()
         return out
 
     def load_optimizer_state(self, state):
+        """Upload what optimizer_state returned; kept on the host until the state arena exists."""
+        arena = self._state
         for key, a in state.items():
             name, slot = key.rsplit("/", 1)
-            buf = self.slot(name, slot, a.size)
-            cl.enqueue_copy(self.ctx.queue, buf, np.ascontiguousarray(a, np.float32), is_blocking=True)
+            if arena is None or slot not in arena.buffers or name not in arena.layout:
+                self._pending[key] = a
+                continue
+            off, size = arena.layout[name]
+            a = np.ascontiguousarray(a, np.float32).reshape(-1)
+            if a.size != size:
+                raise InputError(f"optimizer state {key}: {a.size} values, the parameter has {size}")
+            cl.enqueue_copy(self.ctx.queue, arena.buffers[slot], a, dst_offset=4 * off, is_blocking=True)
 
     # steps ---------------------------------------------------------------------------------------------------
     def _split(self, feeds):

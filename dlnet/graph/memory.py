@@ -1,7 +1,8 @@
 """The memory planner: one activation arena and one weight arena, offsets assigned by liveness.
 
-A value's block is free after its last reader; reshape-like ops alias their input; an elementwise op writes in
-place over an input that dies there and is read with the output's own indexing.
+A value's block is free after its last reader; reshape-like ops alias their input (in the weight arena where the
+input is a weight); an elementwise op writes in place over an input that dies there and is read with the output's
+own indexing.
 """
 from dataclasses import dataclass, field
 
@@ -19,6 +20,7 @@ class MemoryPlan:
     act_offsets: dict = field(default_factory=dict)    # root value id -> byte offset in the activation arena
     const_offsets: dict = field(default_factory=dict)  # const value id -> byte offset in the weight arena
     alias_of: dict = field(default_factory=dict)       # value id -> (root value id, element offset)
+    const_alias: dict = field(default_factory=dict)    # view of a weight (Reshape of a trained one) -> its value id
     act_bytes: int = 0
     const_bytes: int = 0
     naive_act_bytes: int = 0  # one buffer per value
@@ -110,10 +112,13 @@ def plan_memory(graph, inplace=True, keep=()):
                     and x.id not in outputs and x.const is None and node.inputs.count(x) == 1):
                 root[x.id] = (y.id, start * inner)
             start += x.shape[axis]
+    weight_views = plan.const_alias
     for node in nodes:
         if node.spec.kind == "alias":
             src = node.inputs[0]
-            if src.const is None:
+            if src.const is not None or src.id in weight_views:
+                weight_views[node.outputs[0].id] = weight_views.get(src.id, src.id)
+            else:
                 rid, off = find(src)
                 root[node.outputs[0].id] = (rid, off)
     plan.alias_of = dict(root)
@@ -127,7 +132,8 @@ def plan_memory(graph, inplace=True, keep=()):
     plan.const_bytes = const_off
     # lifetimes per root
     first, last, size = {}, {}, {}
-    pinned = {find(v)[0] for v in graph.inputs} | {find(v)[0] for v in graph.outputs if v.const is None}
+    pinned = {find(v)[0] for v in graph.inputs}
+    pinned |= {find(v)[0] for v in graph.outputs if v.const is None and v.id not in weight_views}
     pinned |= {find_id for find_id in keep}
     for v in graph.inputs:
         rid = find(v)[0]
@@ -135,11 +141,11 @@ def plan_memory(graph, inplace=True, keep=()):
     for i, node in enumerate(nodes):
         for v in node.outputs:
             rid = find(v)[0]
-            if rid == v.id:
+            if rid == v.id and v.id not in weight_views:
                 first[rid], size[rid] = i, v.nbytes
                 last.setdefault(rid, i)
         for v in node.inputs:
-            if v is not None and v.const is None:
+            if v is not None and v.const is None and v.id not in weight_views:
                 rid = find(v)[0]
                 last[rid] = max(last.get(rid, i), i)
     for rid in pinned:
@@ -160,12 +166,12 @@ def plan_memory(graph, inplace=True, keep=()):
             rid = find(y)[0]
             if rid != y.id and rid not in offsets and rid in size:  # the first slice of a Concat's output
                 offsets[rid] = arena.alloc(_align(size[rid]))
-            if y.id in root or y.id in offsets:
+            if y.id in root or y.id in offsets or y.id in weight_views:
                 continue
             donor = None
             if inplace and y.id not in pinned:
                 for x in node.inputs:
-                    if x is None or x.const is not None:
+                    if x is None or x.const is not None or x.id in weight_views:
                         continue
                     rid = find(x)[0]
                     if (last.get(rid) == i and rid not in pinned and rid in offsets and find(x)[1] == 0

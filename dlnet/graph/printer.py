@@ -24,6 +24,8 @@ def format_node(node, plan=None):
     op = node.op
     if op == "Fused":
         op = "Fused[" + "+".join(n.op for n in attrs.pop("nodes")) + "]"
+    if "prologue" in attrs:
+        attrs["prologue"] = "+".join(n.op for n in attrs["prologue"])
     if "act" in attrs:
         act = attrs.pop("act")
         attrs["fused"] = "+".join((["bias"] if len(node.inputs) > 2 else []) +

@@ -97,10 +97,12 @@ def elementwise_source(rank, in_dtypes, out_dtype, body, I="long"):
 
 
 def reduce_source(rank_out, rank_red, in_dtypes, acc_dtype, out_dtype, pre, combine, init, post, group=0,
-                  I="long"):
+                  I="long", prologue=""):
     """Kernel `red`: one work-item per output; loops over the reduced dims.
 
-    pre: C expression of x0v.. for one element; combine: C statement updating `acc` from `v`;
+    prologue: C statements of x0v.. run per element before pre (a fused pointwise producer);
+    pre: C expression of x0v.. (or of the prologue's variables) for one element; combine: C statement updating
+    `acc` from `v`;
     post: C expression of `acc` and `count` giving the output.
     group > 0: one work-group of `group` work-items per output (GPUs, long reductions): each strides over the
     reduced elements, then the partial results combine in local memory.
@@ -135,6 +137,7 @@ def reduce_source(rank_out, rank_red, in_dtypes, acc_dtype, out_dtype, pre, comb
     lines += [f"      o{k} += q * meta[{base_red + (k + 1) * rr} + d];" for k in range(n)]
     lines += ["    }"]
     lines += [f"    {_vtype(dt)} x{k}v = {_load(k, dt)};" for k, dt in enumerate(in_dtypes)]
+    lines += [f"    {prologue}"] if prologue else []
     lines += [f"    {_ctype(acc_dtype)} v = {pre};", f"    {combine}", "  }"]
     if group:  # combine the work-items' partial results (combine is associative: acc op= v)
         lines += [f"  __local {_ctype(acc_dtype)} part[{group}];", "  const int l = get_local_id(0);",

@@ -93,8 +93,9 @@ class Lowerer:
     def loc(self, v):
         """(buffer, element offset) of a value."""
         item = np.dtype(v.dtype).itemsize
-        if v.const is not None:
-            return self.const_buf, self.plan.const_offsets[v.id] // item
+        weight = self.plan.const_alias.get(v.id, v.id)  # a Reshape of a weight views the weight arena
+        if v.const is not None or weight != v.id:
+            return self.const_buf, self.plan.const_offsets[weight] // item
         rid, eoff = self.plan.alias_of.get(v.id, (v.id, 0))
         return self.act_buf, self.plan.act_offsets[rid] // item + eoff
 
@@ -157,6 +158,15 @@ class Lowerer:
     def pointwise(self, nodes):
         """A chain of pointwise nodes (last one's output is written) as one generated kernel."""
         out = nodes[-1].outputs[0]
+        operands, lines = self._pointwise_body(nodes, out.shape)
+        body = " ".join(lines) + f" r0 = t{len(nodes) - 1};"
+        label = "+".join(n.op for n in nodes)
+        self._elementwise(out, 0, self.strides(out), operands, body, f"{nodes[-1].name} {label}")
+
+    @staticmethod
+    def _pointwise_body(nodes, out_shape):
+        """C statements t0.. of a chain of pointwise nodes over the operands x0v.. ([(value, 0, strides over
+        out_shape)]); the last node's result is t{len(nodes) - 1}."""
         inside = {n.outputs[0].id: f"t{i}" for i, n in enumerate(nodes)}
         operands, names = [], {}
         lines = []
@@ -168,15 +178,13 @@ class Lowerer:
                     continue
                 if v.id not in names:
                     names[v.id] = f"x{len(operands)}v"
-                    operands.append((v, 0, codegen.broadcast_strides(v.shape, out.shape)))
+                    operands.append((v, 0, codegen.broadcast_strides(v.shape, out_shape)))
                 args.append(names[v.id])
             tdt = n.outputs[0].dtype
             T = codegen._vtype(tdt)
             cT = codegen._vtype(n.inputs[0].dtype) if n.spec.bool_out else T
             lines.append(f"{T} t{i} = ({T})({n.spec.expr(n, args, cT)});")
-        body = " ".join(lines) + f" r0 = t{len(nodes) - 1};"
-        label = "+".join(n.op for n in nodes)
-        self._elementwise(out, 0, self.strides(out), operands, body, f"{nodes[-1].name} {label}")
+        return operands, lines
 
     def pointwise_single(self, op, y, inputs):
         from ..graph.ir import Node
@@ -530,16 +538,25 @@ class Lowerer:
     }
 
     def reduce(self, node):
-        x, y = node.inputs[0], node.outputs[0]
+        y, prologue = node.outputs[0], node.attrs.get("prologue")
+        x = prologue[-1].outputs[0] if prologue else node.inputs[0]  # the reduced value (prologue: not stored)
         axes = sorted(a % x.rank for a in node.attrs["axes"])
         keep = [d for d in range(x.rank) if d not in axes]
-        xs = self.strides(x)
+        if prologue:
+            operands, lines = self._pointwise_body(prologue, x.shape)
+        else:
+            operands, lines = [(x, 0, self.strides(x))], []
         out_dims = [x.shape[d] for d in keep] or [1]
         y_strides = codegen.contiguous_strides(out_dims)
-        x_out = [xs[d] for d in keep] or [0]
         red_dims = [x.shape[d] for d in axes] or [1]
-        x_red = [xs[d] for d in axes] or [0]
+        x_out, x_red = [], []
+        for _, _, xs in operands:  # each operand's strides over the kept dims, then over the reduced ones
+            x_out += [xs[d] for d in keep] or [0]
+            x_red += [xs[d] for d in axes] or [0]
         pre, combine, init, post = self.REDUCE[node.attrs["mode"]]
+        if prologue:  # the mode's expression reads the prologue's result in place of x0v
+            lines.append(f"{codegen._vtype(x.dtype)} p0 = t{len(prologue) - 1};")
+            pre = pre.replace("x0v", "p0")
         acc = "float32" if x.dtype in ("float32", "float16") else x.dtype
         ct = DTYPE_TO_C[acc]
         if init == "LOWEST":
@@ -552,10 +569,11 @@ class Lowerer:
         # GPUs: a work-group per output once each output reduces many elements (batch-norm statistics, losses)
         group = 256 if not self.ctx.is_cpu and count >= 1024 and n_out < 64 * self.ctx.info.compute_units else 0
         I = self.index_type(x.size, y.size)
-        src = codegen.reduce_source(len(out_dims), len(red_dims), [x.dtype], acc, y.dtype, pre, combine, init, post,
-                                    group, I)
+        src = codegen.reduce_source(len(out_dims), len(red_dims), [v.dtype for v, _, _ in operands], acc, y.dtype,
+                                    pre, combine, init, post, group, I, prologue=" ".join(lines))
         meta = out_dims + y_strides + x_out + red_dims + x_red
-        args = self.args(y) + self.args(x) + [self.meta(meta, np.int32 if I == "int" else np.int64)]
+        args = self.args(y) + [a for v, _, _ in operands for a in self.args(v)]
+        args.append(self.meta(meta, np.int32 if I == "int" else np.int64))
         if group:
             self.emit(src, "red", args, (n_out * group,), (group,), f"{node.name} Reduce")
         else:
@@ -603,9 +621,7 @@ class Lowerer:
         self.emit(src, "pad", args, (max(y.size, 1),), None, f"{node.name} Pad")
 
     def alias(self, y, x):
-        if x.const is not None:  # a trainable weight viewed with another shape: copy it (same element order)
-            ys = self.strides(y)
-            self._elementwise(y, 0, ys, [(x, 0, ys)], "r0 = x0v;", f"reshape {y.id}")
+        pass  # a view: the memory plan gave y x's place, in the weight arena where x is a weight
 
     # ops added for ONNX coverage ------------------------------------------------------
     def argreduce(self, node):

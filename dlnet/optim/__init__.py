@@ -1,4 +1,4 @@
-"""Optimizers (one fused update kernel per parameter) and learning-rate schedules."""
+"""Optimizers (one update launch over every parameter) and learning-rate schedules."""
 from .adam import Adam, AdamW
 from .schedule import Cosine, Schedule, StepLR, Warmup
 from .sgd import SGD, Optimizer

@@ -9,6 +9,7 @@ class Adam(Optimizer):
 
     weight_decay adds wd * p to g (L2, torch.optim.Adam)."""
     kernel = "adam"
+    max_norm_at = 8  # index of clip_norm in hyper()
     slots = ("exp_avg", "exp_avg_sq")
     decoupled = False
 

@@ -3,8 +3,10 @@ import numpy as np
 
 
 class Optimizer:
-    """Holds hyper-parameters; the trainer binds one update kernel per parameter and rewrites `hyper(step)`."""
+    """Holds hyper-parameters; the trainer binds one update launch over every parameter (dlnet/kernels/cl/optim.cl)
+    and rewrites `hyper(step)` each step."""
     kernel = None
+    max_norm_at = None
     slots = ()  # per-parameter state buffers, in kernel-argument order
 
     def __init__(self, lr, weight_decay=0.0, schedule=None, clip_norm=None):
@@ -24,6 +26,7 @@ class SGD(Optimizer):
     """d = g + wd * p;  b = momentum * b + (1 - dampening) * d (b = d at the first step);  p -= lr * (nesterov ? d +
     momentum * b : b)"""
     kernel = "sgd"
+    max_norm_at = 5  # index of clip_norm in hyper()
 
     def __init__(self, lr=0.01, momentum=0.0, dampening=0.0, nesterov=False, weight_decay=0.0, schedule=None,
                  clip_norm=None):

@@ -6,6 +6,7 @@ from onnx import helper
 import dlnet
 from dlnet.graph.ir import Graph, Node
 from dlnet.graph.passes import fold_batchnorm, fuse_epilogues, fuse_pointwise, normalize_layers, remove_dead
+from dlnet.graph.passes.fuse import broadcast_expands, fuse_reduce_prologues
 from dlnet.net import Plan
 from tests.conftest import make_model, rel_l2
 
@@ -212,3 +213,42 @@ def test_concat_inputs_written_in_place(ctx, batch, copies):
     from tests.conftest import reference
     assert rel_l2(net.run({"x": x})["y"], reference(model, {"x": x})[0]) < 1e-5
     assert sum(launch.label.startswith("copy into") for launch in net.launches) == copies
+
+
+def test_expand_read_by_pointwise_broadcasts_instead(ctx):
+    nodes = [helper.make_node("Expand", ["x", "shape"], ["e"]), helper.make_node("Mul", ["e", "z"], ["m"]),
+             helper.make_node("Expand", ["x", "shape"], ["f"]), helper.make_node("Relu", ["f"], ["r"]),
+             helper.make_node("Add", ["m", "r"], ["y"])]
+    inits = {"shape": np.array([2, 4, 3], np.int64)}
+    inputs = {"x": ("float32", [2, 1, 3]), "z": ("float32", [2, 4, 3])}
+    _, g = build(ctx, nodes, inputs, inits, passes=False)
+    assert broadcast_expands(g)
+    g.verify()
+    # Mul broadcasts x itself; Relu of x would have x's shape, so that Expand stays
+    assert body(g) == ["%4: f32[2,4,3] = Mul(%1, %2)",
+                       "%5: f32[2,4,3] = Expand(%1) {shape=2,4,3}",
+                       "%6: f32[2,4,3] = Relu(%5)",
+                       "%7: f32[2,4,3] = Add(%4, %6)",
+                       "return %7 \"y\""]
+    assert not broadcast_expands(g)
+
+
+def test_pointwise_read_only_by_a_reduce_runs_inside_it(ctx):
+    nodes = [helper.make_node("Sub", ["x", "m"], ["d"]), helper.make_node("Mul", ["d", "d"], ["sq"]),
+             helper.make_node("Mul", ["sq", "m"], ["w"]),
+             helper.make_node("ReduceMean", ["w"], ["y"], axes=[0, 2], keepdims=1)]
+    inputs = {"x": ("float32", [2, 3, 4]), "m": ("float32", [1, 3, 1])}
+    _, g = build(ctx, nodes, inputs, {}, passes=False)
+    fuse_pointwise(g)
+    assert fuse_reduce_prologues(g)
+    g.verify()
+    # Mul reads d twice, so Sub stays a kernel of its own; the rest runs inside the reduction, m broadcast there
+    assert body(g) == ["%2: f32[2,3,4] = Sub(%0, %1)",
+                       "%5: f32[1,3,1] = Reduce(%2, %1) {mode=mean, axes=0,2, keepdims=1, prologue=Mul+Mul}",
+                       "return %5 \"y\""]
+    x = R.standard_normal((2, 3, 4)).astype(np.float32)
+    m = R.standard_normal((1, 3, 1)).astype(np.float32)
+    plan = Plan(ctx, g)
+    assert len(plan.launches) == 2
+    assert rel_l2(plan.run([x, m])[0], ((x - m) ** 2 * m).mean(axis=(0, 2), keepdims=True)) < 1e-6
+    plan.release()

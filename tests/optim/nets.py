@@ -54,6 +54,8 @@ def make(kind):
                                       nn.Conv2d(4, 4, 3, padding=1), nn.AvgPool2d(3, stride=1, padding=1),
                                       nn.Flatten(), nn.Linear(4 * 3 * 3, 5)),
         "linear": lambda: nn.Sequential(nn.Flatten(), nn.Linear(108, 16), nn.Tanh(), nn.Linear(16, 5)),
+        # a weight of 10368 elements spans two chunks of the update kernels (dlnet/train.py CHUNK)
+        "wide": lambda: nn.Sequential(nn.Flatten(), nn.Linear(108, 96), nn.Tanh(), nn.Linear(96, 5)),
         "residual": Residual,
         "concat": Concat,
     }

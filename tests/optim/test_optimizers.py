@@ -19,13 +19,21 @@ CASES = [
                                                                                             weight_decay=1e-3)),
     ("adamw", lambda: dlnet.optim.AdamW(lr=1e-2), lambda p: torch.optim.AdamW(p, lr=1e-2)),
     ("adam_clip", lambda: dlnet.optim.Adam(lr=1e-2, clip_norm=0.05), lambda p: torch.optim.Adam(p, lr=1e-2)),
+    # one update launch covers tensors split over several chunks, with clipping by the norm over all of them
+    ("wide_adamw_clip", lambda: dlnet.optim.AdamW(lr=1e-2, clip_norm=0.05), lambda p: torch.optim.AdamW(p, lr=1e-2)),
+    ("wide_sgd_momentum_clip", lambda: dlnet.optim.SGD(lr=0.1, momentum=0.9, clip_norm=0.05),
+     lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9)),
+    # BatchNormalization reads its scale and shift through views of the weight arena that each step updates (not
+    # Adam: the gradient of the conv bias before BatchNormalization is rounding noise, which Adam scales up to lr)
+    ("bn_sgd_momentum", lambda: dlnet.optim.SGD(lr=0.1, momentum=0.9), lambda p: torch.optim.SGD(p, lr=0.1,
+                                                                                               momentum=0.9)),
 ]
 
 
 @pytest.mark.parametrize("name,mine,theirs", CASES, ids=[c[0] for c in CASES])
 def test_steps_match_torch_optim(name, mine, theirs):
     x, y = data(8)
-    model = make("linear")
+    model = make(name.split("_")[0] if name.startswith(("wide_", "bn_")) else "linear")
     proto = export(model, x)
     net = dlnet.Net(context()).load_onnx(proto)
     tr = dlnet.Trainer(net, optimizer=mine())
@@ -36,13 +44,16 @@ def test_steps_match_torch_optim(name, mine, theirs):
         opt.zero_grad()
         ref_loss = torch.nn.functional.cross_entropy(ref(torch.from_numpy(x)), torch.from_numpy(y))
         ref_loss.backward()
-        if name == "adam_clip":
+        if name.endswith("_clip"):
             torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.05)
         opt.step()
         assert abs(loss - ref_loss.item()) <= 1e-4 * abs(ref_loss.item())
     sd = net.state_dict()
+    # Adam's step is m / sqrt(v) per element: where a gradient is near zero, float rounding in it moves that
+    # element by up to ~1e-3 of lr; among 10368 weights a few such elements exist
+    atol = 1e-5 if name.startswith("wide") else 1e-6
     for n, p in ref.named_parameters():
-        np.testing.assert_allclose(sd[n], p.detach().numpy(), rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(sd[n], p.detach().numpy(), rtol=1e-4, atol=atol)
 
 
 def test_frozen_parameters_stay_put():

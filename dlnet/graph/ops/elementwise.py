@@ -65,9 +65,11 @@ def _f(v):
 
 
 # Unary maths:  name, C expression of a, numpy, gradient (b, node, dy, x, y) -> [dx]
+# Relu's gradient tests y > 0 (true exactly where x > 0): y is kept for the next layer anyway, so x is read once and
+# its producer (BatchNormalization's affine, a residual Add) fuses with the Relu
 _pointwise("Relu", 1, lambda at, a, T: f"({a[0]} > 0 ? {a[0]} : ({T})0)", lambda at, x: np.maximum(x, 0),
-           lambda b, n, dy, x, y: [b.op("Mul", [dy, b.op("Cast", [b.op("Greater", [x, b.const(np.zeros((), x.dtype))])],
-                                                        {"to": x.dtype})])])
+           lambda b, n, dy, x, y: [b.op("Mul", [dy, b.op("Cast", [b.op("Greater", [y, b.const(np.zeros((), y.dtype))])],
+                                                        {"to": y.dtype})])])
 _pointwise("LeakyRelu", 1, lambda at, a, T: f"({a[0]} >= 0 ? {a[0]} : {a[0]} * {lit(at.get('alpha', 0.01), T)})",
            lambda at, x: np.where(x >= 0, x, x * at.get("alpha", 0.01)))
 _pointwise("Sigmoid", 1, lambda at, a, T: f"(({T})1 / (({T})1 + exp(-{a[0]})))", lambda at, x: 1 / (1 + np.exp(-x)),

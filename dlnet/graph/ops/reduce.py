@@ -38,7 +38,8 @@ class Reduce(Op):
     name = "Reduce"
 
     def infer(self, node):
-        x = node.inputs[0]
+        prologue = node.attrs.get("prologue")  # fuse_reduce_prologues: pointwise nodes computing x from the inputs
+        x = prologue[-1].outputs[0] if prologue else node.inputs[0]
         axes = set(node.attrs["axes"])
         if node.attrs.get("keepdims", 1):
             shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape))

@@ -119,3 +119,62 @@ def _inputs_of(members):
             if v is not None and v.id not in inside and v not in seen:
                 seen.append(v)
     return seen
+
+
+def broadcast_expands(graph):
+    """Drop an Expand whose readers are all pointwise and broadcast its input to the same output shape anyway: the
+    readers read the small input (autodiff's ReduceMean/ReduceSum gradients, BatchNormalization's backward), so
+    the full-size copy and its memory traffic go, and fuse_pointwise can pull the input's producer in."""
+    changed = False
+    for node in list(graph.nodes):
+        if node.op != "Expand" or node.outputs[0] in graph.outputs:
+            continue
+        x, y = node.inputs[0], node.outputs[0]
+        readers = set(y.users)
+        if not readers or any(r.spec.kind != "pointwise" for r in readers):
+            continue
+        if any(_broadcast([x.shape if v is y else v.shape for v in r.inputs if v is not None]) != r.outputs[0].shape
+               for r in readers):
+            continue
+        graph.replace_all_uses(y, x)
+        graph.remove_node(node)
+        changed = True
+    return changed
+
+
+def _broadcast(shapes):
+    try:
+        return tuple(np.broadcast_shapes(*shapes))
+    except ValueError:
+        return None
+
+
+def fuse_reduce_prologues(graph):
+    """Fold a pointwise node (or Fused chain) that only a Reduce reads into the Reduce: each element is computed as
+    it is reduced (BatchNormalization's squared deviations, the products its backward sums), so the full-size
+    value is never stored and its kernel never launched."""
+    changed = False
+    for node in list(graph.nodes):
+        if node.op != "Reduce" or "prologue" in node.attrs:
+            continue
+        x = node.inputs[0]
+        p = x.producer
+        if p is None or (p.op != "Fused" and p.spec.kind != "pointwise") or not _single_user(graph, x):
+            continue
+        if p not in graph.nodes or len(p.outputs) != 1:
+            continue
+        members = p.attrs["nodes"] if p.op == "Fused" else [p]
+        inputs = []
+        for v in p.inputs:
+            if v is not None and v not in inputs:
+                inputs.append(v)
+        if any(len(v.shape) > len(x.shape) for v in inputs):
+            continue
+        graph.remove_node(p)
+        x.users.remove(node)
+        node.inputs = inputs
+        for v in inputs:
+            v.users.append(node)
+        node.attrs = dict(node.attrs, prologue=members)
+        changed = True
+    return changed

@@ -1,64 +1,103 @@
-// Optimizer updates, one launch per parameter, arguments bound once. hp: the step's hyper-parameters (a small
-// buffer the trainer rewrites each step); norms: each gradient's sum of squares, for clipping by global norm.
-inline float clip_scale(__global const float* norms, int count, float max_norm) {
-    if (max_norm <= 0.0f) return 1.0f;
-    float s = 0.0f;
-    for (int k = 0; k < count; k++) s += norms[k];
-    const float c = max_norm / (sqrt(s) + 1e-6f);  // torch.nn.utils.clip_grad_norm_
-    return c < 1.0f ? c : 1.0f;
-}
+// Optimizer updates over every trained parameter in one launch. The parameters live in the weight arena, their
+// gradients in the activation arena and the optimizer's state in one arena per slot (exp_avg, ...), so a table of
+// chunks addresses them all: row r = (parameter offset, gradient offset, state offset, elements), at most a few
+// thousand elements of one tensor, and work-group r updates row r. hp: the step's hyper-parameters (a small buffer
+// the trainer rewrites each step); scale: the clipping factor clip_scale wrote (read only when hp[max_norm] > 0).
+#ifndef LOCAL
+#error "optim.cl needs -DLOCAL (work-group size, a power of two)"
+#endif
 
-__kernel void sumsq(__global const float* g, ulong g_off, long n, __global float* norms, int slot) {
-    __local float part[256];
+#define ROW (table + 4 * (long)get_group_id(0))
+
+inline float local_sum(__local float* part, float acc) {
     const int lid = get_local_id(0);
-    float acc = 0.0f;
-    for (long i = lid; i < n; i += 256) { const float v = g[g_off + i]; acc = fma(v, v, acc); }
     part[lid] = acc;
     barrier(CLK_LOCAL_MEM_FENCE);
-    for (int s = 128; s > 0; s >>= 1) {
+    for (int s = LOCAL / 2; s > 0; s >>= 1) {
         if (lid < s) part[lid] += part[lid + s];
         barrier(CLK_LOCAL_MEM_FENCE);
     }
-    if (lid == 0) norms[slot] = part[0];
+    return part[0];
 }
 
-// hp: lr, momentum, dampening, weight_decay, nesterov, max_norm, first_step
-__kernel void sgd(__global float* p, ulong p_off, __global const float* g, ulong g_off, __global float* buf,
-                  __global const float* hp, __global const float* norms, int n_norms, long n) {
-    const long i = get_global_id(0);
-    if (i >= n) return;
-    const float scale = clip_scale(norms, n_norms, hp[5]);
-    const float lr = hp[0], mom = hp[1], damp = hp[2], wd = hp[3];
-    float pi = p[p_off + i];
-    float d = g[g_off + i] * scale + wd * pi;
-    if (mom != 0.0f) {
-        const float b = hp[6] != 0.0f ? d : mom * buf[i] + (1.0f - damp) * d;
-        buf[i] = b;
-        d = hp[4] != 0.0f ? d + mom * b : b;
+// partial[base + r] = sum of squares of row r's gradient chunk
+__kernel __attribute__((reqd_work_group_size(LOCAL, 1, 1)))
+void sumsq(__global const float* g, __global const long* table, __global float* partial, int base) {
+    __local float part[LOCAL];
+    __global const long* row = ROW;
+    const long g_off = row[1];
+    const int n = (int)row[3];
+    float acc = 0.0f;
+    for (int i = get_local_id(0); i < n; i += LOCAL) { const float v = g[g_off + i]; acc = fma(v, v, acc); }
+    const float s = local_sum(part, acc);
+    if (get_local_id(0) == 0) partial[base + get_group_id(0)] = s;
+}
+
+// scale[0] = min(1, max_norm / (||g|| + 1e-6)), torch.nn.utils.clip_grad_norm_; one work-group
+__kernel __attribute__((reqd_work_group_size(LOCAL, 1, 1)))
+void clip_scale(__global const float* partial, int count, __global const float* hp, int max_norm_at,
+                __global float* scale) {
+    __local float part[LOCAL];
+    float acc = 0.0f;
+    for (int i = get_local_id(0); i < count; i += LOCAL) acc += partial[i];
+    const float s = local_sum(part, acc);
+    if (get_local_id(0) == 0) {
+        const float c = hp[max_norm_at] / (sqrt(s) + 1e-6f);
+        scale[0] = c < 1.0f ? c : 1.0f;
     }
-    p[p_off + i] = pi - lr * d;
+}
+
+// hp: lr, momentum, dampening, weight_decay, nesterov, max_norm, first_step; buf: the momentum arena (unused
+// without momentum)
+__kernel __attribute__((reqd_work_group_size(LOCAL, 1, 1)))
+void sgd(__global float* p, __global const float* g, __global float* buf, __global const float* hp,
+         __global const float* scale, __global const long* table) {
+    __global const long* row = ROW;
+    const long p_off = row[0], g_off = row[1], s_off = row[2];
+    const int n = (int)row[3];
+    const float c = hp[5] > 0.0f ? scale[0] : 1.0f;
+    const float lr = hp[0], mom = hp[1], damp = hp[2], wd = hp[3];
+    for (int i = get_local_id(0); i < n; i += LOCAL) {
+        const float pi = p[p_off + i];
+        float d = g[g_off + i] * c + wd * pi;
+        if (mom != 0.0f) {
+            const float b = hp[6] != 0.0f ? d : mom * buf[s_off + i] + (1.0f - damp) * d;
+            buf[s_off + i] = b;
+            d = hp[4] != 0.0f ? d + mom * b : b;
+        }
+        p[p_off + i] = pi - lr * d;
+    }
 }
 
 // hp: lr, beta1, beta2, eps, weight_decay, 1 - beta1^t, 1 - beta2^t, decoupled (AdamW), max_norm
-__kernel void adam(__global float* p, ulong p_off, __global const float* g, ulong g_off, __global float* m,
-                   __global float* v, __global const float* hp, __global const float* norms, int n_norms, long n) {
-    const long i = get_global_id(0);
-    if (i >= n) return;
-    const float scale = clip_scale(norms, n_norms, hp[8]);
+__kernel __attribute__((reqd_work_group_size(LOCAL, 1, 1)))
+void adam(__global float* p, __global const float* g, __global float* m, __global float* v,
+          __global const float* hp, __global const float* scale, __global const long* table) {
+    __global const long* row = ROW;
+    const long p_off = row[0], g_off = row[1], s_off = row[2];
+    const int n = (int)row[3];
+    const float c = hp[8] > 0.0f ? scale[0] : 1.0f;
     const float lr = hp[0], b1 = hp[1], b2 = hp[2], eps = hp[3], wd = hp[4];
-    float pi = p[p_off + i];
-    float d = g[g_off + i] * scale;
-    if (hp[7] != 0.0f) pi *= 1.0f - lr * wd;
-    else d += wd * pi;
-    const float mi = b1 * m[i] + (1.0f - b1) * d;
-    const float vi = b2 * v[i] + (1.0f - b2) * d * d;
-    m[i] = mi;
-    v[i] = vi;
-    const float denom = sqrt(vi) / sqrt(hp[6]) + eps;
-    p[p_off + i] = pi - (lr / hp[5]) * mi / denom;
+    const float step = lr / hp[5], root2 = sqrt(hp[6]);
+    const int decoupled = hp[7] != 0.0f;
+    for (int i = get_local_id(0); i < n; i += LOCAL) {
+        float pi = p[p_off + i];
+        float d = g[g_off + i] * c;
+        if (decoupled) pi *= 1.0f - lr * wd;
+        else d += wd * pi;
+        const float mi = b1 * m[s_off + i] + (1.0f - b1) * d;
+        const float vi = b2 * v[s_off + i] + (1.0f - b2) * d * d;
+        m[s_off + i] = mi;
+        v[s_off + i] = vi;
+        p[p_off + i] = pi - step * mi / (sqrt(vi) / root2 + eps);
+    }
 }
 
-__kernel void copy_state(__global float* dst, ulong dst_off, __global const float* src, ulong src_off, long n) {
-    const long i = get_global_id(0);
-    if (i < n) dst[dst_off + i] = src[src_off + i];
+// row = (destination offset, source offset, unused, elements): BatchNormalization's running statistics
+__kernel __attribute__((reqd_work_group_size(LOCAL, 1, 1)))
+void copy_state(__global float* dst, __global const float* src, __global const long* table) {
+    __global const long* row = ROW;
+    const long dst_off = row[0], src_off = row[1];
+    const int n = (int)row[3];
+    for (int i = get_local_id(0); i < n; i += LOCAL) dst[dst_off + i] = src[src_off + i];
 }
