@@ -141,14 +141,10 @@ def build(name):
 
 
 def export(model, x):
-    import onnx
-    import torch
-    buf = io.BytesIO()
-    model.eval()
-    torch.onnx.export(model, (torch.from_numpy(x),), buf, opset_version=13, dynamo=False, do_constant_folding=False,
-                      input_names=["input"], output_names=["output"],
-                      dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}})
-    return onnx.load_from_string(buf.getvalue())
+    """gpu_train.py's export (its heavy imports are lazy), so both count the same graph."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from gpu_train import export as gpu_train_export
+    return gpu_train_export(model, x)
 
 
 def kind_of(launch):
