@@ -1,0 +1,140 @@
+// Convolution on CPU devices: B (the im2col matrix) in panels of NR columns, A (weights) in panels of MR rows, and
+// one work-item per MR x NR output tile holding it in MR * NV float8 accumulators over the whole of K.
+// No OpenCL built-ins inside loops: PoCL 3.0 links a built-in library compiled for a generic ISA level ("avx2") into
+// kernels compiled for the host CPU (e.g. znver3), and LLVM does not inline across different target features, so
+// every fma(), vload8(), min() is a function call that spills the accumulators (measured 3 against 130 GFLOP/s).
+// a * b + c contracts to an FMA (OpenCL C's default FP_CONTRACT ON); float8u does unaligned vector loads/stores.
+#if !defined(MR) || !defined(NV)
+#error "conv_cpu.cl needs MR (rows per tile) and NV (float8 vectors of columns per tile)"
+#endif
+#ifndef ACT
+#error "conv_cpu.cl needs ACT(v)"
+#endif
+#define NR (8 * NV)
+typedef float8 __attribute__((aligned(4))) float8u;
+
+// colp[g][nb][k][NR]: column n = nb * NR + e is (image, oy, ox); zeros past NN. One work-item per (k, nb, g).
+__kernel void im2col_pack(__global const float* x, ulong x_off, __global float* colp, int C, int H, int W, int OH,
+                          int OW, int KH, int KW, int SH, int SW, int PH, int PW, int DH, int DW, long x_nstride,
+                          int NN) {
+    const int k = get_global_id(0), nb = get_global_id(1), g = get_global_id(2);
+    const int KK = C * KH * KW;
+    if (k >= KK) return;
+    const int NB = (NN + NR - 1) / NR, OHW = OH * OW;
+    const int kx = k % KW, t = k / KW, ky = t % KH, c = t / KH;
+    const int n0 = nb * NR;
+    int img = n0 / OHW;
+    const int r = n0 - img * OHW;
+    int oy = r / OW, ox = r - oy * OW;
+    __global const float* xc = x + x_off + ((long)g * C + c) * H * W;
+    float v[NR];
+    _Pragma("unroll") for (int e = 0; e < NR; e++) {
+        const int iy = oy * SH - PH + ky * DH, ix = ox * SW - PW + kx * DW;
+        const bool inside = n0 + e < NN && iy >= 0 && iy < H && ix >= 0 && ix < W;
+        v[e] = inside ? xc[img * x_nstride + iy * W + ix] : 0.0f;
+        if (++ox == OW) {
+            ox = 0;
+            if (++oy == OH) { oy = 0; img++; }
+        }
+    }
+    __global float* out = colp + (((long)g * NB + nb) * KK + k) * NR;
+    _Pragma("unroll") for (int j = 0; j < NV; j++)
+        *(__global float8u*)(out + 8 * j) = (float8)(v[8 * j], v[8 * j + 1], v[8 * j + 2], v[8 * j + 3], v[8 * j + 4],
+                                                   v[8 * j + 5], v[8 * j + 6], v[8 * j + 7]);
+}
+
+// y[img, g * K + m, oy, ox] = ACT(sum_k A[m, k] B[k, n] + bias[m] + res[...]). A is w packed as wp[g][mb][k][MR]
+// (A_PACKED, rows past K zero) or w itself, row-major per group. B is colp (B_PACKED) or, for a 1x1 stride-1
+// unpadded convolution of one image, x itself (row k = channel k, contiguous along n).
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void conv2d_cpu(__global const float* x, ulong x_off, __global const float* w, ulong w_off,
+                __global const float* bias, ulong bias_off, __global const float* res, ulong res_off,
+                __global float* y, ulong y_off, __global const float* colp, int C, int K, int KK, int OHW, int NN,
+                long y_nstride, long res_nstride) {
+    const int mb = get_global_id(0), nb = get_global_id(1), g = get_global_id(2);
+    const int m0 = mb * MR, n0 = nb * NR;
+    const int MB = (K + MR - 1) / MR;
+    float8 acc[MR][NV];
+    _Pragma("unroll") for (int i = 0; i < MR; i++)
+        _Pragma("unroll") for (int j = 0; j < NV; j++) acc[i][j] = (float8)(0.0f);
+#if defined(A_PACKED)
+    __global const float* ap = w + w_off + ((long)g * MB + mb) * KK * MR;
+#define A_AT(i, k) ap[(k) * MR + (i)]
+#else
+    __global const float* ar[MR];
+    _Pragma("unroll") for (int i = 0; i < MR; i++)
+        ar[i] = w + w_off + ((long)g * K + (m0 + i < K ? m0 + i : K - 1)) * KK;
+#define A_AT(i, k) ar[i][k]
+#endif
+#if defined(B_PACKED)
+    __global const float* bp = colp + ((long)g * ((NN + NR - 1) / NR) + nb) * KK * NR;
+    const long bstep = NR;
+    const bool full = true;
+#else
+    __global const float* bp = x + x_off + (long)g * C * NN + n0;
+    const long bstep = NN;
+    const bool full = n0 + NR <= NN;
+#endif
+    if (full) {  // the hot loop
+        for (int k = 0; k < KK; k++) {
+            float8 b[NV];
+            _Pragma("unroll") for (int j = 0; j < NV; j++) b[j] = *(__global const float8u*)(bp + k * bstep + 8 * j);
+            _Pragma("unroll") for (int i = 0; i < MR; i++) {
+                const float8 a = (float8)(A_AT(i, k));
+                _Pragma("unroll") for (int j = 0; j < NV; j++) acc[i][j] = a * b[j] + acc[i][j];
+            }
+        }
+    } else {  // the last panel of an unpacked B: columns past NN read column NN - 1 and are not stored
+        int col[NR];
+        _Pragma("unroll") for (int e = 0; e < NR; e++) col[e] = n0 + e < NN ? e : NN - 1 - n0;
+        for (int k = 0; k < KK; k++) {
+            __global const float* row = bp + k * bstep;
+            float8 b[NV];
+            _Pragma("unroll") for (int j = 0; j < NV; j++)
+                b[j] = (float8)(row[col[8 * j]], row[col[8 * j + 1]], row[col[8 * j + 2]], row[col[8 * j + 3]],
+                                row[col[8 * j + 4]], row[col[8 * j + 5]], row[col[8 * j + 6]], row[col[8 * j + 7]]);
+            _Pragma("unroll") for (int i = 0; i < MR; i++) {
+                const float8 a = (float8)(A_AT(i, k));
+                _Pragma("unroll") for (int j = 0; j < NV; j++) acc[i][j] = a * b[j] + acc[i][j];
+            }
+        }
+    }
+    // epilogue: per float8 of columns, one image's contiguous pixels (vector) or a split across images (scalar)
+    y += y_off + (long)g * K * OHW;
+    res += res_off + (long)g * K * OHW;
+    bias += bias_off + g * K;
+    _Pragma("unroll") for (int j = 0; j < NV; j++) {
+        const int n = n0 + 8 * j;
+        if (n >= NN) break;
+        const int img = n / OHW, p = n - img * OHW;
+        const bool vec = n + 8 <= NN && p + 8 <= OHW;
+        _Pragma("unroll") for (int i = 0; i < MR; i++) {
+            const int m = m0 + i;
+            if (m >= K) break;
+            float8 r = acc[i][j];
+#if defined(HAS_BIAS)
+            r += (float8)(bias[m]);
+#endif
+            if (vec) {
+#if defined(HAS_RES)
+                r += *(__global const float8u*)(res + img * res_nstride + (long)m * OHW + p);
+#endif
+                float8 o;
+                o.s0 = ACT(r.s0); o.s1 = ACT(r.s1); o.s2 = ACT(r.s2); o.s3 = ACT(r.s3);
+                o.s4 = ACT(r.s4); o.s5 = ACT(r.s5); o.s6 = ACT(r.s6); o.s7 = ACT(r.s7);
+                *(__global float8u*)(y + img * y_nstride + (long)m * OHW + p) = o;
+            } else {
+                union { float8 v; float s[8]; } t;
+                t.v = r;
+                for (int e = 0; e < 8 && n + e < NN; e++) {
+                    const int ie = (n + e) / OHW, pe = n + e - ie * OHW;
+                    float v = t.s[e];
+#if defined(HAS_RES)
+                    v += res[ie * res_nstride + (long)m * OHW + pe];
+#endif
+                    y[ie * y_nstride + (long)m * OHW + pe] = ACT(v);
+                }
+            }
+        }
+    }
+}
