@@ -290,7 +290,7 @@ class Lowerer:
         if not direct:
             defs["B_PACKED"] = 1
             args = self.args(x) + [self.dummy()[0], np.int32(C)] + geo + [np.int64(Cin * H * W), np.int32(NN)]
-            self.emit(_defines(defs) + head + kernel_source("conv_cpu"), "im2col_pack", args, (KK, NB, group), None,
+            self.emit(_defines(defs) + head + kernel_source("conv_cpu"), "im2col_pack", args, (KK, group), (1, 1),
                       label + " im2col")
             self.use_scratch(self.launches[-1].kernel, 2, 4 * group * NB * NR * KK, "work")
         if w.const is not None and not w.param:
