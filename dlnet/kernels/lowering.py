@@ -23,6 +23,11 @@ GEMM_TILES = {
 CONV_CPU_TILES = {"wide": dict(MR=6, NV=2), "narrow": dict(MR=12, NV=1)}
 
 
+# CPU Gemm with a constant B (gemm_cpu.cl): rows of A per tile up to 6 (a batch-1 fully connected layer is M = 1,
+# so MR = M there: no duplicated rows), 16 packed columns per panel.
+GEMM_CPU_TILES = {"rows": 6, "NV": 2}
+
+
 def pick_conv_cpu_tiles(NN):
     """The CONV_CPU_TILES entry for NN output columns: narrow where 16-column panels would pad more than 15%."""
     return CONV_CPU_TILES["narrow" if _round_up(NN, 16) > 1.15 * NN else "wide"]
@@ -331,6 +336,9 @@ class Lowerer:
         sam, sak = (sa1, sa0) if ta else (sa0, sa1)
         sbk, sbn = (sb1, sb0) if tb else (sb0, sb1)
         cs = codegen.broadcast_strides(c.shape, y.shape) if c is not None else [0] * y.rank
+        if self.ctx.is_cpu and not batch and a.rank == b.rank == 2 and b.const is not None and not b.param:
+            self.gemm_cpu(node, a, b, c, y, M, N, K, sam, sak, sbk, sbn, cs)
+            return
         sc_b, scm, scn = cs[:-2], cs[-2], cs[-1]
         table = np.zeros((max(nb, 1), 4), np.int64)
         for bi, idx in enumerate(np.ndindex(*batch) if batch else [()]):
@@ -348,6 +356,27 @@ class Lowerer:
             np.int64(sbk), np.int64(sbn), np.int64(scm), np.int64(scn), np.int64(N), np.int64(1),
             np.float32(at.get("alpha", 1.0)), np.float32(at.get("beta", 1.0))]
         self._matrix(src, "gemm", args, core, lsize, (g0, g1, max(nb, 1)), M, N, K, f"{node.name} Gemm")
+
+    def gemm_cpu(self, node, a, b, c, y, M, N, K, sam, sak, sbk, sbn, cs):
+        """A 2-D Gemm with a constant B on a CPU device: B packed here, once, into panels of NR columns."""
+        MR, NV = min(M, GEMM_CPU_TILES["rows"]), GEMM_CPU_TILES["NV"]
+        NR = 8 * NV
+        NB = -(-N // NR)
+        bmat = np.lib.stride_tricks.as_strided(np.asarray(b.const, np.float32).ravel(), (K, N),
+                                               (4 * sbk, 4 * sbn))
+        packed = np.zeros((K, NB * NR), np.float32)
+        packed[:, :N] = bmat
+        packed = packed.reshape(K, NB, NR).transpose(1, 0, 2)
+        at = node.attrs
+        defs = {"MR": MR, "NV": NV}
+        if c is not None:
+            defs["HAS_C"] = 1
+        src = _defines(defs) + act_macro(at.get("act")) + kernel_source("gemm_cpu")
+        args = self.args(a) + [self.meta(packed.ravel(), np.float32), np.uint64(0)] + \
+            (self.args(c) if c is not None else self.dummy()) + self.args(y) + [
+            np.int32(M), np.int32(N), np.int32(K), np.int64(sam), np.int64(sak), np.int64(cs[-2]), np.int64(cs[-1]),
+            np.float32(at.get("alpha", 1.0)), np.float32(at.get("beta", 1.0))]
+        self.emit(src, "gemm_cpu", args, (-(-M // MR), NB), (1, 1), f"{node.name} Gemm")
 
     def _matrix(self, src, name, args, core, lsize, grid, M, NN, KK, label):
         """Launch a GEMM-shaped kernel; on GPUs split K when the grid alone cannot fill the device."""
