@@ -466,9 +466,17 @@ class Lowerer:
             lowest = "-INFINITY"
         else:  # INT64_MIN has no literal of its own in C
             lowest = "(-9223372036854775807L - 1)" if x.dtype == "int64" else str(np.iinfo(x.dtype).min)
-        src = (("#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n" if x.dtype == "float64" else "") +
-               _defines({"POOL_MAX" if mode == "max" else "POOL_AVG": 1, "T": DTYPE_TO_C[x.dtype], "LOWEST": lowest})
-               + kernel_source("pool"))
+        head = (("#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n" if x.dtype == "float64" else "") +
+                _defines({"POOL_MAX" if mode == "max" else "POOL_AVG": 1, "T": DTYPE_TO_C[x.dtype], "LOWEST": lowest}))
+        if self.ctx.is_cpu and nsp <= 2:  # one work-item per output row; (H, W) are the last two of the padded dims
+            args = self.args(x) + self.args(y) + [np.int32(v[d]) for v in (ins, outs, pad3(k, 1), pad3(strides, 1),
+                                                                         pad3(pads[:nsp], 0), pad3(dil, 1))
+                                                  for d in (1, 2)] + [np.int32(a.get("count_include_pad", 0))]
+            rows = int(np.prod(y.shape[:2], dtype=np.int64))
+            self.emit(head + kernel_source("pool_cpu"), "pool_cpu", args, (outs[1], rows), (1, 1),
+                      f"{node.name} {node.op}")
+            return
+        src = head + kernel_source("pool")
         args = self.args(x) + self.args(y) + [np.int32(v) for v in ins + outs + pad3(k, 1) + pad3(strides, 1) +
                                               pad3(pads[:nsp], 0) + pad3(dil, 1)]
         args += [np.int32(a.get("count_include_pad", 0)), np.int64(y.size)]
@@ -478,6 +486,12 @@ class Lowerer:
         x, y = node.inputs[0], node.outputs[0]
         a = node.attrs
         hw = int(np.prod(x.shape[2:], dtype=np.int64))
+        if self.ctx.is_cpu:
+            args = self.args(x) + self.args(y) + [np.int32(x.shape[1]), np.int32(hw), np.int32(a["size"]),
+                                                  np.float32(a.get("alpha", 1e-4)), np.float32(a.get("beta", 0.75)),
+                                                  np.float32(a.get("bias", 1.0))]
+            self.emit(kernel_source("lrn_cpu"), "lrn_cpu", args, (-(-hw // 8), x.shape[0]), (1, 1), f"{node.name} LRN")
+            return
         args = self.args(x) + self.args(y) + [np.int32(x.shape[1]), np.int64(hw), np.int32(a["size"]),
                                               np.float32(a.get("alpha", 1e-4)), np.float32(a.get("beta", 0.75)),
                                               np.float32(a.get("bias", 1.0)), np.int64(y.size)]
