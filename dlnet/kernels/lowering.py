@@ -138,14 +138,24 @@ class Lowerer:
         dims, sets = codegen.collapse(shape, [list(y_strides)] + [list(s) for _, _, s in operands])
         rank = len(dims)
         I = self.index_type(*[v.size for v, _, _ in operands], y.size)
-        src = codegen.elementwise_source(rank, [v.dtype for v, _, _ in operands], y.dtype, body, I)
         ybuf, yo = self.loc(y)
         args = [ybuf, np.uint64(yo + y_off)]
         for v, off, _ in operands:
             buf, o = self.loc(v)
             args += [buf, np.uint64(o + off)]
         args.append(self.meta(dims + [s for st in sets for s in st], np.int32 if I == "int" else np.int64))
+        self.emit_ew(dims, sets, [v.dtype for v, _, _ in operands], y.dtype, body, I, args, label)
+
+    def emit_ew(self, dims, sets, in_dtypes, out_dtype, body, I, args, label):
+        """The generated elementwise kernel over collapsed `dims` (sets: y's strides, then each operand's): on CPUs
+        a work-item per chunk of a row (no division chain per element), elsewhere one per element."""
         total = int(np.prod(dims))
+        if self.ctx.is_cpu:
+            src = codegen.elementwise_rows_source(len(dims), in_dtypes, out_dtype, body, I, [st[-1] for st in sets])
+            rows = total // dims[-1] if dims[-1] else 0
+            self.emit(src, "ew_rows", args, (max(-(-dims[-1] // codegen.ROW_CHUNK), 1), max(rows, 1)), None, label)
+            return
+        src = codegen.elementwise_source(len(dims), in_dtypes, out_dtype, body, I)
         self.emit(src, "ew", args, (max(total, 1),), None, label)
 
     def pointwise(self, nodes):
@@ -189,13 +199,12 @@ class Lowerer:
         shadow = Value(-1, "", y.dtype, x.shape)
         dims, sets = codegen.collapse(list(x.shape), [list(y_strides), self.strides(x)])
         I = self.index_type(y.size, x.size)
-        src = codegen.elementwise_source(len(dims), [x.dtype], y.dtype, "r0 = x0v;", I)
         ybuf, yo = self.loc(y)
         xbuf, xo = self.loc(x)
         args = [ybuf, np.uint64(yo + y_offset), xbuf, np.uint64(xo),
                 self.meta(dims + sets[0] + sets[1], np.int32 if I == "int" else np.int64)]
         del shadow
-        self.emit(src, "ew", args, (max(int(np.prod(dims)), 1),), None, f"copy into {y.id}")
+        self.emit_ew(dims, sets, [x.dtype], y.dtype, "r0 = x0v;", I, args, f"copy into {y.id}")
 
     def fill(self, y, value):
         src = codegen.elementwise_source(1, [], y.dtype, f"r0 = ({codegen._vtype(y.dtype)}){float(value)!r};")
