@@ -54,6 +54,23 @@ def test_conv_epilogue_matches_onnxruntime(ctx, shape, weights_as_input):
     net.release()
 
 
+@pytest.mark.parametrize("weights_as_input", [False, True], ids=["const-w", "input-w"])
+@pytest.mark.parametrize("shape", SHAPES, ids=["x".join(map(str, s)) for s in SHAPES])
+def test_conv_local_panels_match_onnxruntime(ctx, shape, weights_as_input, monkeypatch):
+    """The same shapes with every packed convolution forced onto CPU devices' per-panel __local packing."""
+    import onnxruntime as ort
+    from dlnet.kernels import lowering
+    monkeypatch.setattr(lowering, "CONV_CPU_LOCAL_MIN_BYTES", 0)
+    model, feeds = conv_model(*shape, weights_as_input)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    net = dlnet.Net(ctx).load_onnx(model)
+    if ctx.is_cpu and shape[5] > 1:
+        assert "conv2d_cpu_local" in [launch.kernel.function_name for launch in net.launches]
+    got = list(net.run(feeds).values())[0]
+    assert rel_l2(got, want) < 1e-5
+    net.release()
+
+
 def test_conv_sigmoid_epilogue(ctx):
     import onnxruntime as ort
     model, feeds = conv_model(2, 8, 7, 7, 20, 3, 1, 1, 1, False, act="Sigmoid")

@@ -41,6 +41,48 @@ void im2col_pack(__global const float* x, ulong x_off, __global float* colp, int
     for (; n < NB * NR; n++) out[(n / NR) * pstride + n % NR] = 0.0f;
 }
 
+// The epilogue of one MR x NR tile: y = ACT(acc + bias[m] + res); per float8 of columns, one image's contiguous
+// pixels (vector) or a split across images (scalar). y, res, bias point at the tile's group.
+static inline __attribute__((always_inline)) void store_tile(float8 acc[MR][NV], __global float* y,
+                                                              __global const float* res, __global const float* bias,
+                                                              int m0, int n0, int K, int OHW, int NN, long y_nstride,
+                                                              long res_nstride) {
+    _Pragma("unroll") for (int j = 0; j < NV; j++) {
+        const int n = n0 + 8 * j;
+        if (n >= NN) break;
+        const int img = n / OHW, p = n - img * OHW;
+        const bool vec = n + 8 <= NN && p + 8 <= OHW;
+        _Pragma("unroll") for (int i = 0; i < MR; i++) {
+            const int m = m0 + i;
+            if (m >= K) break;
+            float8 r = acc[i][j];
+#if defined(HAS_BIAS)
+            r += (float8)(bias[m]);
+#endif
+            if (vec) {
+#if defined(HAS_RES)
+                r += *(__global const float8u*)(res + img * res_nstride + (long)m * OHW + p);
+#endif
+                float8 o;
+                o.s0 = ACT(r.s0); o.s1 = ACT(r.s1); o.s2 = ACT(r.s2); o.s3 = ACT(r.s3);
+                o.s4 = ACT(r.s4); o.s5 = ACT(r.s5); o.s6 = ACT(r.s6); o.s7 = ACT(r.s7);
+                *(__global float8u*)(y + img * y_nstride + (long)m * OHW + p) = o;
+            } else {
+                union { float8 v; float s[8]; } t;
+                t.v = r;
+                for (int e = 0; e < 8 && n + e < NN; e++) {
+                    const int ie = (n + e) / OHW, pe = n + e - ie * OHW;
+                    float v = t.s[e];
+#if defined(HAS_RES)
+                    v += res[ie * res_nstride + (long)m * OHW + pe];
+#endif
+                    y[ie * y_nstride + (long)m * OHW + pe] = ACT(v);
+                }
+            }
+        }
+    }
+}
+
 // y[img, g * K + m, oy, ox] = ACT(sum_k A[m, k] B[k, n] + bias[m] + res[...]). A is w packed as wp[g][mb][k][MR]
 // (A_PACKED, rows past K zero) or w itself, row-major per group. B is colp (B_PACKED) or, for a 1x1 stride-1
 // unpadded convolution of one image, x itself (row k = channel k, contiguous along n).
@@ -97,42 +139,76 @@ void conv2d_cpu(__global const float* x, ulong x_off, __global const float* w, u
             }
         }
     }
-    // epilogue: per float8 of columns, one image's contiguous pixels (vector) or a split across images (scalar)
     y += y_off + (long)g * K * OHW;
     res += res_off + (long)g * K * OHW;
     bias += bias_off + g * K;
-    _Pragma("unroll") for (int j = 0; j < NV; j++) {
-        const int n = n0 + 8 * j;
-        if (n >= NN) break;
-        const int img = n / OHW, p = n - img * OHW;
-        const bool vec = n + 8 <= NN && p + 8 <= OHW;
-        _Pragma("unroll") for (int i = 0; i < MR; i++) {
-            const int m = m0 + i;
-            if (m >= K) break;
-            float8 r = acc[i][j];
-#if defined(HAS_BIAS)
-            r += (float8)(bias[m]);
-#endif
-            if (vec) {
-#if defined(HAS_RES)
-                r += *(__global const float8u*)(res + img * res_nstride + (long)m * OHW + p);
-#endif
-                float8 o;
-                o.s0 = ACT(r.s0); o.s1 = ACT(r.s1); o.s2 = ACT(r.s2); o.s3 = ACT(r.s3);
-                o.s4 = ACT(r.s4); o.s5 = ACT(r.s5); o.s6 = ACT(r.s6); o.s7 = ACT(r.s7);
-                *(__global float8u*)(y + img * y_nstride + (long)m * OHW + p) = o;
-            } else {
-                union { float8 v; float s[8]; } t;
-                t.v = r;
-                for (int e = 0; e < 8 && n + e < NN; e++) {
-                    const int ie = (n + e) / OHW, pe = n + e - ie * OHW;
-                    float v = t.s[e];
-#if defined(HAS_RES)
-                    v += res[ie * res_nstride + (long)m * OHW + pe];
-#endif
-                    y[ie * y_nstride + (long)m * OHW + pe] = ACT(v);
-                }
-            }
+    store_tile(acc, y, res, bias, m0, n0, K, OHW, NN, y_nstride, res_nstride);
+}
+
+// The same tiles with B packed per panel into __local memory instead of by a separate im2col pass: one work-item per
+// (panel nb, share ms of the row blocks, group) packs its KK x NR panel and runs MBS row blocks on it. PoCL gives
+// each thread one __local area that it reuses, so the panel stays in cache: a whole-layer im2col buffer went out to
+// memory and back (densenet121's im2col: 137 ms of 300). B_LOCAL is KK * NR, at most the device's local memory.
+#if defined(B_LOCAL)
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void conv2d_cpu_local(__global const float* x, ulong x_off, __global const float* w, ulong w_off,
+                      __global const float* bias, ulong bias_off, __global const float* res, ulong res_off,
+                      __global float* y, ulong y_off, int C, int K, int KK, int OHW, int NN, long y_nstride,
+                      long res_nstride, int H, int W, int OW, int KH, int KW, int SH, int SW, int PH, int PW, int DH,
+                      int DW, long x_nstride, int MBS) {
+    __local float panel[B_LOCAL];
+    const int nb = get_global_id(0), ms = get_global_id(1), g = get_global_id(2);
+    const int n0 = nb * NR;
+    const int MB = (K + MR - 1) / MR;
+    // per column: its image's offset and the window's top-left corner; columns past NN read nothing
+    long cb[NR];
+    int iy0[NR], ix0[NR];
+    _Pragma("unroll") for (int e = 0; e < NR; e++) {
+        const int n = n0 + e < NN ? n0 + e : NN - 1;
+        const int img = n / OHW, p = n - img * OHW, oy = p / OW, ox = p - oy * OW;
+        cb[e] = img * x_nstride;
+        iy0[e] = n0 + e < NN ? oy * SH - PH : -(1 << 30);
+        ix0[e] = ox * SW - PW;
+    }
+    __global const float* xg = x + x_off + (long)g * C * H * W;
+    int kx = 0, ky = 0;
+    long coff = 0;
+    for (int k = 0; k < KK; k++) {
+        const int dy = ky * DH, dx = kx * DW;
+        _Pragma("unroll") for (int e = 0; e < NR; e++) {
+            const int iy = iy0[e] + dy, ix = ix0[e] + dx;
+            panel[k * NR + e] = (uint)iy < (uint)H && (uint)ix < (uint)W ? xg[cb[e] + coff + iy * W + ix] : 0.0f;
+        }
+        if (++kx == KW) {
+            kx = 0;
+            if (++ky == KH) { ky = 0; coff += H * W; }
         }
     }
+    y += y_off + (long)g * K * OHW;
+    res += res_off + (long)g * K * OHW;
+    bias += bias_off + g * K;
+    const int mb_end = (ms + 1) * MBS < MB ? (ms + 1) * MBS : MB;
+    for (int mb = ms * MBS; mb < mb_end; mb++) {
+        const int m0 = mb * MR;
+        float8 acc[MR][NV];
+        _Pragma("unroll") for (int i = 0; i < MR; i++)
+            _Pragma("unroll") for (int j = 0; j < NV; j++) acc[i][j] = (float8)(0.0f);
+#if defined(A_PACKED)
+        __global const float* ap = w + w_off + ((long)g * MB + mb) * KK * MR;
+#else
+        __global const float* ar[MR];
+        _Pragma("unroll") for (int i = 0; i < MR; i++)
+            ar[i] = w + w_off + ((long)g * K + (m0 + i < K ? m0 + i : K - 1)) * KK;
+#endif
+        for (int k = 0; k < KK; k++) {
+            float8 b[NV];
+            _Pragma("unroll") for (int j = 0; j < NV; j++) b[j] = *(__local const float8*)(panel + k * NR + 8 * j);
+            _Pragma("unroll") for (int i = 0; i < MR; i++) {
+                const float8 a = (float8)(A_AT(i, k));
+                _Pragma("unroll") for (int j = 0; j < NV; j++) acc[i][j] = a * b[j] + acc[i][j];
+            }
+        }
+        store_tile(acc, y, res, bias, m0, n0, K, OHW, NN, y_nstride, res_nstride);
+    }
 }
+#endif
