@@ -260,6 +260,11 @@ class Lowerer:
                 np.int32(Cin), np.int32(H), np.int32(W), np.int32(OH), np.int32(OW), np.int32(KH), np.int32(KW),
                 np.int32(strides[0]), np.int32(strides[1]), np.int32(pads[0]), np.int32(pads[1]),
                 np.int32(dil[0]), np.int32(dil[1]), np.int32(mult), np.int64(y_nstride), np.int64(y_nstride)]
+            if self.ctx.is_cpu:  # one work-item per output row, stride along W compiled in
+                args = args[:-8] + args[-7:]
+                self.emit(f"#define SW {strides[1]}\n" + head + kernel_source("dwconv_cpu"), "dwconv2d_cpu", args,
+                          (OH, N * Cout), (1, 1), label)
+                return
             lx = 16 if OW >= 16 else 8
             ly = 4
             self.emit(head + kernel_source("dwconv"), "dwconv2d", args,
