@@ -29,9 +29,9 @@ GEMM_CPU_TILES = {"rows": 6, "NV": 2}
 
 
 # Above this im2col size a CPU convolution packs each panel into __local memory right before its tiles use it
-# (conv2d_cpu_local) instead of writing the whole im2col matrix first. Best of 15 on 2 EPYC cores under load: 56x56
-# layers (7-14 MB of im2col) 8.1 -> 5.5 ms (128->32), 4.5 -> 3.1 ms (64->64), the 7x7 stem 5.1 -> 3.1 ms; a 7x7
-# 512->512 layer (1 MB, cache-resident, few panels to share out) 2.7 -> 3.4 ms.
+# (conv2d_cpu_local) instead of writing the whole im2col matrix first. Best of 15 on 2 EPYC cores shared with other
+# jobs: densenet's 56x56 128->32 layer (14 MB of im2col) 9.3 -> 4.1 ms; cache-resident layers (7x7 512->512, 1 MB;
+# 14x14 256->256, 1.8 MB) 10-25% slower this way (redundant packing when few panels are shared out).
 CONV_CPU_LOCAL_MIN_BYTES = 2 << 20
 
 
