@@ -12,12 +12,13 @@ R = np.random.default_rng(1)
 
 SHAPES = [  # (batch, Cin, H, W, Cout, kernel, stride, pad, group)
     (1, 64, 56, 56, 64, 1, 1, 0, 1),     # 1x1 on one image: B is x itself, 3136 columns = 196 panels of 16
-    (1, 32, 7, 7, 70, 1, 1, 0, 1),       # 49 columns: a ragged last panel; 70 rows: a ragged last row block
+    (1, 32, 7, 7, 70, 1, 1, 0, 1),       # 49 columns: a ragged last panel (packed); 70 rows: a ragged row block
     (1, 16, 9, 11, 13, 3, 1, 1, 1),      # 99 columns, 13 rows
     (2, 8, 7, 7, 20, 3, 2, 1, 1),        # batch 2: a panel holds the end of image 0 and the start of image 1
     (3, 12, 5, 6, 18, 1, 1, 0, 3),       # 1x1 with batch 3 and 3 groups (packed path)
     (1, 12, 10, 10, 24, 3, 1, 1, 2),     # groups with 3x3
-    (1, 24, 14, 14, 48, 1, 1, 0, 2),     # 1x1 direct with groups
+    (1, 24, 14, 14, 48, 1, 1, 0, 2),     # 1x1 with groups, 196 columns: packed
+    (1, 24, 8, 8, 42, 1, 1, 0, 2),       # 1x1 with groups, 64 columns = 4 whole panels: B is x itself
     (1, 3, 33, 33, 16, 7, 2, 3, 1),      # a stem: KK = 147
 ]
 

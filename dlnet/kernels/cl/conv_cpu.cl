@@ -88,7 +88,7 @@ void im2col_pack(__global const float* x, ulong x_off, __global float* colp, int
 
 // y[img, g * K + m, oy, ox] = ACT(sum_k A[m, k] B[k, n] + bias[m] + res[...]). A is w packed as wp[g][mb][k][MR]
 // (A_PACKED, rows past K zero) or w itself, row-major per group. B is colp (B_PACKED) or, for a 1x1 stride-1
-// unpadded convolution of one image, x itself (row k = channel k, contiguous along n).
+// unpadded convolution of one image with whole panels, x itself (row k = channel k, contiguous along n).
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void conv2d_cpu(__global const float* x, ulong x_off, __global const float* w, ulong w_off,
                 __global const float* bias, ulong bias_off, __global const float* res, ulong res_off,
@@ -112,34 +112,16 @@ void conv2d_cpu(__global const float* x, ulong x_off, __global const float* w, u
 #if defined(B_PACKED)
     __global const float* bp = colp + ((long)g * ((NN + NR - 1) / NR) + nb) * KK * NR;
     const long bstep = NR;
-    const bool full = true;
-#else
+#else  // x itself: the lowering reads x in place only where NN is a multiple of NR (no ragged last panel)
     __global const float* bp = x + x_off + (long)g * C * NN + n0;
     const long bstep = NN;
-    const bool full = n0 + NR <= NN;
 #endif
-    if (full) {  // the hot loop
-        for (int k = 0; k < KK; k++) {
-            float8 b[NV];
-            _Pragma("unroll") for (int j = 0; j < NV; j++) b[j] = *(__global const float8u*)(bp + k * bstep + 8 * j);
-            _Pragma("unroll") for (int i = 0; i < MR; i++) {
-                const float8 a = (float8)(A_AT(i, k));
-                _Pragma("unroll") for (int j = 0; j < NV; j++) acc[i][j] = a * b[j] + acc[i][j];
-            }
-        }
-    } else {  // the last panel of an unpacked B: columns past NN read column NN - 1 and are not stored
-        int col[NR];
-        _Pragma("unroll") for (int e = 0; e < NR; e++) col[e] = n0 + e < NN ? e : NN - 1 - n0;
-        for (int k = 0; k < KK; k++) {
-            __global const float* row = bp + k * bstep;
-            float8 b[NV];
-            _Pragma("unroll") for (int j = 0; j < NV; j++)
-                b[j] = (float8)(row[col[8 * j]], row[col[8 * j + 1]], row[col[8 * j + 2]], row[col[8 * j + 3]],
-                                row[col[8 * j + 4]], row[col[8 * j + 5]], row[col[8 * j + 6]], row[col[8 * j + 7]]);
-            _Pragma("unroll") for (int i = 0; i < MR; i++) {
-                const float8 a = (float8)(A_AT(i, k));
-                _Pragma("unroll") for (int j = 0; j < NV; j++) acc[i][j] = a * b[j] + acc[i][j];
-            }
+    for (int k = 0; k < KK; k++) {  // the hot loop
+        float8 b[NV];
+        _Pragma("unroll") for (int j = 0; j < NV; j++) b[j] = *(__global const float8u*)(bp + k * bstep + 8 * j);
+        _Pragma("unroll") for (int i = 0; i < MR; i++) {
+            const float8 a = (float8)(A_AT(i, k));
+            _Pragma("unroll") for (int j = 0; j < NV; j++) acc[i][j] = a * b[j] + acc[i][j];
         }
     }
     y += y_off + (long)g * K * OHW;
