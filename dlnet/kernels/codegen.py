@@ -96,6 +96,46 @@ def elementwise_source(rank, in_dtypes, out_dtype, body, I="long"):
     return "\n".join(lines)
 
 
+# Elements per work-item along the innermost loop dim in elementwise_rows_source: enough to pay for the index
+# arithmetic of the outer dims once, few enough that a flat 800K-element op still makes 1600 work-items.
+ROW_CHUNK = 512
+
+
+def elementwise_rows_source(rank, in_dtypes, out_dtype, body, I, inner_strides):
+    """Kernel `ew_rows` for CPU devices, same arguments and meta as `ew`: one work-item per ROW_CHUNK elements of one
+    row of the innermost dim (global size (chunks, rows)), the outer index decomposed once per work-item instead of
+    a division chain per element. inner_strides: [y, x0, ...] along the innermost dim; 0 and 1 become literals so
+    that PoCL's compiler sees unit-stride and broadcast loads."""
+    args = [f"__global {_ctype(out_dtype) if np.dtype(out_dtype).name != 'float16' else 'half'}* y", "ulong y_off"]
+    for i, dt in enumerate(in_dtypes):
+        args += [f"__global const {_ctype(dt)}* x{i}", f"ulong x{i}_off"]
+    args += [f"__constant const {I}* meta"]
+    last = rank - 1
+    step = [str(v) if v in (0, 1) else f"meta[{(k + 1) * rank + last}]" for k, v in enumerate(inner_strides)]
+    lines = [_preamble(list(in_dtypes) + [out_dtype]),
+             f"__kernel void ew_rows({', '.join(args)}) {{",
+             f"  const {I} j0 = ({I})get_global_id(0) * {ROW_CHUNK}, row = get_global_id(1);",
+             f"  const {I} inner = meta[{last}];",
+             f"  {I} rows = 1; for (int d = 0; d < {last}; d++) rows *= meta[d];",
+             "  if (j0 >= inner || row >= rows) return;",
+             f"  const {I} n = inner - j0 < {ROW_CHUNK} ? inner - j0 : {ROW_CHUNK};",
+             f"  {I} oy = j0 * {step[0]};"] + [f"  {I} o{i} = j0 * {step[i + 1]};" for i in range(len(in_dtypes))]
+    lines += [f"  {I} r = row;", f"  for (int d = {last - 1}; d >= 0; d--) {{",
+              f"    {I} q = r % meta[d]; r /= meta[d];", f"    oy += q * meta[{rank} + d];"]
+    lines += [f"    o{i} += q * meta[{(i + 2) * rank} + d];" for i in range(len(in_dtypes))]
+    lines += ["  }", "  y += y_off + oy;"] + [f"  x{i} += x{i}_off + o{i};" for i in range(len(in_dtypes))]
+    lines += [f"  for ({I} j = 0; j < n; j++) {{"]
+    for i, dt in enumerate(in_dtypes):
+        idx = f"j * {step[i + 1]}"
+        load = f"vload_half({idx}, x{i})" if np.dtype(dt).name == "float16" else f"x{i}[{idx}]"
+        lines.append(f"    {_vtype(dt)} x{i}v = {load};")
+    out = f"j * {step[0]}"
+    store = f"vstore_half(r0, {out}, y);" if np.dtype(out_dtype).name == "float16" else \
+        f"y[{out}] = ({_ctype(out_dtype)})(r0);"
+    lines += [f"    {_vtype(out_dtype)} r0;", f"    {body}", f"    {store}", "  }", "}"]
+    return "\n".join(lines)
+
+
 def reduce_source(rank_out, rank_red, in_dtypes, acc_dtype, out_dtype, pre, combine, init, post, group=0,
                   I="long", prologue=""):
     """Kernel `red`: one work-item per output; loops over the reduced dims.

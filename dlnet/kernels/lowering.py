@@ -22,6 +22,29 @@ GEMM_TILES = {
 GPU_CORES = ("gemm_core", "gemm_mma")
 
 
+# CPU convolutions (conv_cpu.cl): MR x 8*NV outputs per work-item held in MR*NV float8 accumulators (AVX2 has 16
+# registers). On 2 EPYC (znver3) cores through PoCL 3.0, 6x16 ran resnet50's GEMM shapes at 120-145 GFLOP/s with
+# packed weights; 12x8 pads fewer columns where a layer's pixel count is small (7x7 = 49: 56 columns against 64).
+CONV_CPU_TILES = {"wide": dict(MR=6, NV=2), "narrow": dict(MR=12, NV=1)}
+
+
+# CPU Gemm with a constant B (gemm_cpu.cl): rows of A per tile up to 6 (a batch-1 fully connected layer is M = 1,
+# so MR = M there: no duplicated rows), 16 packed columns per panel.
+GEMM_CPU_TILES = {"rows": 6, "NV": 2}
+
+
+# Above this im2col size a CPU convolution packs each panel into __local memory right before its tiles use it
+# (conv2d_cpu_local) instead of writing the whole im2col matrix first. Best of 15 on 2 EPYC cores shared with other
+# jobs: densenet's 56x56 128->32 layer (14 MB of im2col) 9.3 -> 4.1 ms; cache-resident layers (7x7 512->512, 1 MB;
+# 14x14 256->256, 1.8 MB) 10-25% slower this way (redundant packing when few panels are shared out).
+CONV_CPU_LOCAL_MIN_BYTES = 2 << 20
+
+
+def pick_conv_cpu_tiles(NN):
+    """The CONV_CPU_TILES entry for NN output columns: narrow where 16-column panels would pad more than 15%."""
+    return CONV_CPU_TILES["narrow" if _round_up(NN, 16) > 1.15 * NN else "wide"]
+
+
 # GPUs: the 128 x 128 tiles only where their grid fills this many waves of compute units; otherwise 64 x 64 tiles
 # (four times the work-groups) before split-K has to make up the difference
 HUGE_FILL = 2.0
@@ -145,14 +168,24 @@ class Lowerer:
         dims, sets = codegen.collapse(shape, [list(y_strides)] + [list(s) for _, _, s in operands])
         rank = len(dims)
         I = self.index_type(*[v.size for v, _, _ in operands], y.size)
-        src = codegen.elementwise_source(rank, [v.dtype for v, _, _ in operands], y.dtype, body, I)
         ybuf, yo = self.loc(y)
         args = [ybuf, np.uint64(yo + y_off)]
         for v, off, _ in operands:
             buf, o = self.loc(v)
             args += [buf, np.uint64(o + off)]
         args.append(self.meta(dims + [s for st in sets for s in st], np.int32 if I == "int" else np.int64))
+        self.emit_ew(dims, sets, [v.dtype for v, _, _ in operands], y.dtype, body, I, args, label)
+
+    def emit_ew(self, dims, sets, in_dtypes, out_dtype, body, I, args, label):
+        """The generated elementwise kernel over collapsed `dims` (sets: y's strides, then each operand's): on CPUs
+        a work-item per chunk of a row (no division chain per element), elsewhere one per element."""
         total = int(np.prod(dims))
+        if self.ctx.is_cpu:
+            src = codegen.elementwise_rows_source(len(dims), in_dtypes, out_dtype, body, I, [st[-1] for st in sets])
+            rows = total // dims[-1] if dims[-1] else 0
+            self.emit(src, "ew_rows", args, (max(-(-dims[-1] // codegen.ROW_CHUNK), 1), max(rows, 1)), None, label)
+            return
+        src = codegen.elementwise_source(len(dims), in_dtypes, out_dtype, body, I)
         self.emit(src, "ew", args, (max(total, 1),), None, label)
 
     def pointwise(self, nodes):
@@ -203,13 +236,12 @@ class Lowerer:
         shadow = Value(-1, "", y.dtype, x.shape)
         dims, sets = codegen.collapse(list(x.shape), [list(y_strides), self.strides(x)])
         I = self.index_type(y.size, x.size)
-        src = codegen.elementwise_source(len(dims), [x.dtype], y.dtype, "r0 = x0v;", I)
         ybuf, yo = self.loc(y)
         xbuf, xo = self.loc(x)
         args = [ybuf, np.uint64(yo + y_offset), xbuf, np.uint64(xo),
                 self.meta(dims + sets[0] + sets[1], np.int32 if I == "int" else np.int64)]
         del shadow
-        self.emit(src, "ew", args, (max(int(np.prod(dims)), 1),), None, f"copy into {y.id}")
+        self.emit_ew(dims, sets, [x.dtype], y.dtype, "r0 = x0v;", I, args, f"copy into {y.id}")
 
     def fill(self, y, value):
         src = codegen.elementwise_source(1, [], y.dtype, f"r0 = ({codegen._vtype(y.dtype)}){float(value)!r};")
@@ -258,10 +290,20 @@ class Lowerer:
                 np.int32(Cin), np.int32(H), np.int32(W), np.int32(OH), np.int32(OW), np.int32(KH), np.int32(KW),
                 np.int32(strides[0]), np.int32(strides[1]), np.int32(pads[0]), np.int32(pads[1]),
                 np.int32(dil[0]), np.int32(dil[1]), np.int32(mult), np.int64(y_nstride), np.int64(y_nstride)]
+            if self.ctx.is_cpu:  # one work-item per output row, stride along W compiled in
+                args = args[:-8] + args[-7:]
+                self.emit(f"#define SW {strides[1]}\n" + head + kernel_source("dwconv_cpu"), "dwconv2d_cpu", args,
+                          (OH, N * Cout), (1, 1), label)
+                return
             lx = 16 if OW >= 16 else 8
             ly = 4
             self.emit(head + kernel_source("dwconv"), "dwconv2d", args,
                       (_round_up(OW, lx), _round_up(OH, ly), N * Cout), (lx, ly, 1), label)
+            return
+        if self.ctx.is_cpu and GEMM_TILES["cpu"]["core"] == "gemm_vec":  # (tests force the portable core on CPUs)
+            geo = [np.int32(v) for v in (H, W, OH, OW, KH, KW, strides[0], strides[1], pads[0], pads[1], dil[0],
+                                         dil[1])]
+            self.conv_cpu(node, head, bargs, rargs, group, Cin // group, Cout // group, geo, y_nstride)
             return
         idx = self.index_type(x.size, w.size, y.size, res.size if res is not None else 0)
         self._conv_gemm(self.args(x), self.args(w), bargs, rargs, self.args(y), head, idx, N, Cin, H, W, Cout, OH, OW,
@@ -269,25 +311,14 @@ class Lowerer:
 
     def _conv_gemm(self, xa, wa, ba, ra, ya, head, idx, N, Cin, H, W, Cout, OH, OW, KH, KW, strides, pads, dil, group,
                    label):
-        """Convolution as implicit GEMM on the device's core; xa..ya: (buffer, offset) arguments of x, w, bias,
-        residual, y; head: the epilogue's defines."""
+        """Convolution as implicit GEMM on a GPU core (CPUs: conv_cpu); xa..ya: (buffer, offset) arguments of x,
+        w, bias, residual, y; head: the epilogue's defines."""
         y_nstride = Cout * OH * OW
         C, K = Cin // group, Cout // group
         M, NN = K, N * OH * OW
         core, tiles, lsize, (g0, g1) = pick_tiles(self.ctx, M, NN, group)
-        one = KH == 1 and KW == 1 and strides == [1, 1] and pads == [0, 0]
-        if core == "gemm_vec" and not (one and N == 1):
-            # CPU: B written once by im2col into the work buffer, then read 8 columns at a time
-            tiles = dict(tiles, B_FROM_COL=1)
-            total = Cin * KH * KW * NN
-            col_args = xa + [self.dummy()[0], np.int32(Cin), np.int32(H), np.int32(W), np.int32(OH), np.int32(OW),
-                             np.int32(KH), np.int32(KW), np.int32(strides[0]), np.int32(strides[1]),
-                             np.int32(pads[0]), np.int32(pads[1]), np.int32(dil[0]), np.int32(dil[1]),
-                             np.int64(Cin * H * W), np.int32(NN), np.int64(total)]
-            self.emit(kernel_source("im2col"), "im2col", col_args, (total,), None, label + " im2col")
-            self.use_scratch(self.launches[-1].kernel, 2, 4 * total, "work")
-        elif one:
-            tiles = dict(tiles, IS_1X1=1, **({"ONE_IMAGE": 1} if N == 1 else {}))
+        if KH == 1 and KW == 1 and strides == [1, 1] and pads == [0, 0]:
+            tiles = dict(tiles, IS_1X1=1)
         src = _defines(dict(tiles, IDX=idx)) + head + kernel_source("window") + kernel_source("conv") + \
             core_source(core)
         args = xa + wa + ba + ra + ya + [self.window_table(C, H, W, KH, KW, dil)] + [
@@ -303,6 +334,63 @@ class Lowerer:
         taps = np.stack([ky * W + kx, ky, kx, np.zeros_like(ky)], -1).reshape(1, KH * KW, 4)
         ktab = taps + (np.arange(C) * H * W).reshape(C, 1, 1) * np.array([1, 0, 0, 0])
         return self.meta(ktab.ravel(), np.int32)
+
+    def conv_cpu(self, node, head, bargs, rargs, group, C, K, geo, y_nstride):
+        """A convolution on a CPU device: im2col into packed panels (unless B is x itself: 1x1, stride 1, no pads,
+        one image; per panel in __local memory where the im2col matrix is large), then conv_cpu.cl's
+        register-blocked tiles; constant weights are packed here, once."""
+        x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
+        H, W, OH, OW, KH, KW, SH, SW, PH, PW, DH, DW = (int(v) for v in geo)
+        N, Cin = x.shape[0], x.shape[1]
+        KK, OHW = C * KH * KW, OH * OW
+        NN = N * OHW
+        tiles = pick_conv_cpu_tiles(NN)
+        MR, NR = tiles["MR"], 8 * tiles["NV"]
+        MB, NB = -(-K // MR), -(-NN // NR)
+        defs = dict(tiles)
+        # x is B itself for a 1x1 stride-1 unpadded layer of one image whose pixels fill whole panels; a ragged last
+        # panel (14x14 = 12 * 16 + 4) packs instead: best of 20, 14x14 256->1024 1.74-1.87 ms in place (its last
+        # panel gathering column by column) against 1.38-1.53 packed; 56x56 (196 whole panels) no better packed
+        direct = KH == KW == SH == SW == 1 and PH == PW == 0 and N == 1 and NN % NR == 0
+        label = f"{node.name} Conv"
+        col_bytes = 4 * group * NB * NR * KK
+        local = not direct and col_bytes >= CONV_CPU_LOCAL_MIN_BYTES and \
+            4 * KK * NR <= self.ctx.info.device.local_mem_size
+        if local:  # each work-item packs its own panel: split the row blocks until 8 work-items per core
+            defs["B_LOCAL"] = KK * NR
+            splits = min(MB, -(-8 * self.ctx.info.compute_units // (NB * group)))
+            MBS = -(-MB // splits)
+            splits = -(-MB // MBS)
+        elif not direct:
+            defs["B_PACKED"] = 1
+            args = self.args(x) + [self.dummy()[0], np.int32(C)] + geo + [np.int64(Cin * H * W), np.int32(NN)]
+            self.emit(_defines(defs) + head + kernel_source("conv_cpu"), "im2col_pack", args, (KK, group), (1, 1),
+                      label + " im2col")
+            self.use_scratch(self.launches[-1].kernel, 2, col_bytes, "work")
+        if w.const is not None and not w.param:
+            defs["A_PACKED"] = 1
+            a = np.zeros((group, MB * MR, KK), np.float32)
+            a[:, :K] = np.asarray(w.const, np.float32).reshape(group, K, KK)
+            a = a.reshape(group, MB, MR, KK).transpose(0, 1, 3, 2)
+            wargs = [self.meta(a.ravel(), np.float32), np.uint64(0)]
+        else:  # a trainable weight changes in place: read it as it is
+            wargs = self.args(w)
+        if local:
+            args = self.args(x) + wargs + bargs + rargs + self.args(y) + [
+                np.int32(C), np.int32(K), np.int32(KK), np.int32(OHW), np.int32(NN), np.int64(y_nstride),
+                np.int64(y_nstride), np.int32(H), np.int32(W), np.int32(OW), np.int32(KH), np.int32(KW), np.int32(SH),
+                np.int32(SW), np.int32(PH), np.int32(PW), np.int32(DH), np.int32(DW), np.int64(Cin * H * W),
+                np.int32(MBS)]
+            self.emit(_defines(defs) + head + kernel_source("conv_cpu"), "conv2d_cpu_local", args, (NB, splits, group),
+                      (1, 1, 1), label)
+            return
+        args = self.args(x) + wargs + bargs + rargs + self.args(y) + [
+            self.dummy()[0], np.int32(C), np.int32(K), np.int32(KK), np.int32(OHW), np.int32(NN),
+            np.int64(y_nstride), np.int64(y_nstride)]
+        self.emit(_defines(defs) + head + kernel_source("conv_cpu"), "conv2d_cpu", args, (MB, NB, group), (1, 1, 1),
+                  label)
+        if not direct:
+            self.use_scratch(self.launches[-1].kernel, 10, 0, "work")
 
     def gemm(self, node):
         a, b = node.inputs[0], node.inputs[1]
@@ -326,6 +414,9 @@ class Lowerer:
         sam, sak = (sa1, sa0) if ta else (sa0, sa1)
         sbk, sbn = (sb1, sb0) if tb else (sb0, sb1)
         cs = codegen.broadcast_strides(c.shape, y.shape) if c is not None else [0] * y.rank
+        if self.ctx.is_cpu and not batch and a.rank == b.rank == 2 and b.const is not None and not b.param:
+            self.gemm_cpu(node, a, b, c, y, M, N, K, sam, sak, sbk, sbn, cs)
+            return
         sc_b, scm, scn = cs[:-2], cs[-2], cs[-1]
         table = np.zeros((max(nb, 1), 4), np.int64)
         for bi, idx in enumerate(np.ndindex(*batch) if batch else [()]):
@@ -349,6 +440,27 @@ class Lowerer:
             I(sbk), I(sbn), I(scm), I(scn), I(N), I(1),
             np.float32(at.get("alpha", 1.0)), np.float32(at.get("beta", 1.0))]
         self._matrix(src, "gemm", args, core, lsize, (g0, g1, max(nb, 1)), M, N, K, f"{node.name} Gemm")
+
+    def gemm_cpu(self, node, a, b, c, y, M, N, K, sam, sak, sbk, sbn, cs):
+        """A 2-D Gemm with a constant B on a CPU device: B packed here, once, into panels of NR columns."""
+        MR, NV = min(M, GEMM_CPU_TILES["rows"]), GEMM_CPU_TILES["NV"]
+        NR = 8 * NV
+        NB = -(-N // NR)
+        bmat = np.lib.stride_tricks.as_strided(np.asarray(b.const, np.float32).ravel(), (K, N),
+                                               (4 * sbk, 4 * sbn))
+        packed = np.zeros((K, NB * NR), np.float32)
+        packed[:, :N] = bmat
+        packed = packed.reshape(K, NB, NR).transpose(1, 0, 2)
+        at = node.attrs
+        defs = {"MR": MR, "NV": NV}
+        if c is not None:
+            defs["HAS_C"] = 1
+        src = _defines(defs) + act_macro(at.get("act")) + kernel_source("gemm_cpu")
+        args = self.args(a) + [self.meta(packed.ravel(), np.float32), np.uint64(0)] + \
+            (self.args(c) if c is not None else self.dummy()) + self.args(y) + [
+            np.int32(M), np.int32(N), np.int32(K), np.int64(sam), np.int64(sak), np.int64(cs[-2]), np.int64(cs[-1]),
+            np.float32(at.get("alpha", 1.0)), np.float32(at.get("beta", 1.0))]
+        self.emit(src, "gemm_cpu", args, (-(-M // MR), NB), (1, 1), f"{node.name} Gemm")
 
     def _matrix(self, src, name, args, core, lsize, grid, M, NN, KK, label):
         """Launch a GEMM-shaped kernel; on GPUs split K when the grid alone cannot fill the device."""
@@ -487,9 +599,17 @@ class Lowerer:
             lowest = "-INFINITY"
         else:  # INT64_MIN has no literal of its own in C
             lowest = "(-9223372036854775807L - 1)" if x.dtype == "int64" else str(np.iinfo(x.dtype).min)
-        src = (("#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n" if x.dtype == "float64" else "") +
-               _defines({"POOL_MAX" if mode == "max" else "POOL_AVG": 1, "T": DTYPE_TO_C[x.dtype], "LOWEST": lowest})
-               + kernel_source("pool"))
+        head = (("#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n" if x.dtype == "float64" else "") +
+                _defines({"POOL_MAX" if mode == "max" else "POOL_AVG": 1, "T": DTYPE_TO_C[x.dtype], "LOWEST": lowest}))
+        if self.ctx.is_cpu and nsp <= 2:  # one work-item per output row; (H, W) are the last two of the padded dims
+            args = self.args(x) + self.args(y) + [np.int32(v[d]) for v in (ins, outs, pad3(k, 1), pad3(strides, 1),
+                                                                         pad3(pads[:nsp], 0), pad3(dil, 1))
+                                                  for d in (1, 2)] + [np.int32(a.get("count_include_pad", 0))]
+            rows = int(np.prod(y.shape[:2], dtype=np.int64))
+            self.emit(head + kernel_source("pool_cpu"), "pool_cpu", args, (outs[1], rows), (1, 1),
+                      f"{node.name} {node.op}")
+            return
+        src = head + kernel_source("pool")
         args = self.args(x) + self.args(y) + [np.int32(v) for v in ins + outs + pad3(k, 1) + pad3(strides, 1) +
                                               pad3(pads[:nsp], 0) + pad3(dil, 1)]
         args += [np.int32(a.get("count_include_pad", 0)), np.int64(y.size)]
@@ -499,6 +619,12 @@ class Lowerer:
         x, y = node.inputs[0], node.outputs[0]
         a = node.attrs
         hw = int(np.prod(x.shape[2:], dtype=np.int64))
+        if self.ctx.is_cpu:
+            args = self.args(x) + self.args(y) + [np.int32(x.shape[1]), np.int32(hw), np.int32(a["size"]),
+                                                  np.float32(a.get("alpha", 1e-4)), np.float32(a.get("beta", 0.75)),
+                                                  np.float32(a.get("bias", 1.0))]
+            self.emit(kernel_source("lrn_cpu"), "lrn_cpu", args, (-(-hw // 8), x.shape[0]), (1, 1), f"{node.name} LRN")
+            return
         args = self.args(x) + self.args(y) + [np.int32(x.shape[1]), np.int64(hw), np.int32(a["size"]),
                                               np.float32(a.get("alpha", 1e-4)), np.float32(a.get("beta", 0.75)),
                                               np.float32(a.get("bias", 1.0)), np.int64(y.size)]

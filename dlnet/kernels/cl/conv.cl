@@ -20,16 +20,10 @@
     y += y_off + (long)g * K * OH * OW; res += res_off + (long)g * K * OH * OW; \
     const IDX x_nstride = (IDX)C * groups * H * W; const int OHW = OH * OW;
 #define LOAD_A(m, k) w[(IDX)(m) * KK + (k)]
-#if defined(B_FROM_COL)  // im2col already wrote B to the work buffer (CPU path), one group at a time
-#define LOAD_B(k, n) ws[((long)g * KK + (k)) * NN + (n)]
-#define LOAD_B8(k, n) vload8(0, ws + ((long)g * KK + (k)) * NN + (n))
-#elif defined(IS_1X1)
+#if defined(IS_1X1)
 #define LOAD_B(k, n) x[((n) / OHW) * x_nstride + (IDX)(k) * H * W + ((n) % OHW)]
 #define B_COLUMN(n) const IDX bbase_ = ((n) / OHW) * x_nstride + ((n) % OHW); const int HW_ = H * W;
 #define LOAD_BC(k) x[bbase_ + (IDX)(k) * HW_]
-#if defined(ONE_IMAGE)  // batch 1: B is x itself, contiguous along n
-#define LOAD_B8(k, n) vload8(0, x + (long)(k) * OHW + (n))
-#endif
 #else
 // ktab[k]: the window table of window.cl (im2col_at); the (image, oy, ox) of a column does not change along k.
 inline float im2col(__global const float* x, int4 t, int n, int H, int W, int OH, int OW, int SH, int SW, int PH,

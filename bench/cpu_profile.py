@@ -1,0 +1,50 @@
+"""Where the time goes on the CPU device: per-op-kind kernel time of one inference, from OpenCL profiling events.
+
+    python bench/cpu_profile.py [--model resnet50] [--batch 1] [--iters 5]
+
+Models are the onnx package's reference CNNs, as in bench/cpu.py. Prints one table; asserts nothing.
+"""
+import argparse
+import os
+
+import numpy as np
+import onnx
+
+import dlnet
+
+LIGHT = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="resnet50")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--top", type=int, default=20)
+    ap.add_argument("--by", choices=["kind", "launch"], default="kind")
+    args = ap.parse_args()
+    ctx = dlnet.Context("cpu", profile=True)
+    net = dlnet.Net(ctx).load_onnx(os.path.join(LIGHT, f"light_{args.model}.onnx"), batch=args.batch)
+    info = net.inputs[0]
+    x = np.random.default_rng(0).standard_normal((args.batch,) + tuple(info.shape[1:])).astype(np.float32)
+    net.run({info.name: x})
+    totals, counts = {}, {}
+    for _ in range(args.iters):
+        events = [(launch, launch.enqueue(ctx.queue)) for launch in net.launches]
+        ctx.queue.finish()
+        for index, (launch, ev) in enumerate(events):
+            if args.by == "launch":
+                key = f"{index:3d} {launch.label}"
+            else:
+                key = "/".join(launch.label.split(" ")[1:]) or launch.label  # "n19 Conv im2col" -> "Conv/im2col"
+            totals[key] = totals.get(key, 0.0) + (ev.profile.end - ev.profile.start) * 1e-6 / args.iters
+            counts[key] = counts.get(key, 0) + 1
+    total = sum(totals.values())
+    print(f"{args.model} batch {args.batch}: {total:.2f} ms of kernel time in {len(net.launches)} launches")
+    print(f"{'kind':40s} {'ms':>8} {'%':>6} {'launches':>8}")
+    for key, ms in sorted(totals.items(), key=lambda kv: -kv[1])[:args.top]:
+        print(f"{key:40s} {ms:8.2f} {100 * ms / total:6.1f} {counts[key] // args.iters:8d}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,199 @@
+// Convolution on CPU devices: B (the im2col matrix) in panels of NR columns, A (weights) in panels of MR rows, and
+// one work-item per MR x NR output tile holding it in MR * NV float8 accumulators over the whole of K.
+// No OpenCL built-ins inside loops: PoCL 3.0 links a built-in library compiled for a generic ISA level ("avx2") into
+// kernels compiled for the host CPU (e.g. znver3), and LLVM does not inline across different target features, so
+// every fma(), vload8(), min() is a function call that spills the accumulators (measured 3 against 130 GFLOP/s).
+// a * b + c contracts to an FMA (OpenCL C's default FP_CONTRACT ON); float8u does unaligned vector loads/stores.
+#if !defined(MR) || !defined(NV)
+#error "conv_cpu.cl needs MR (rows per tile) and NV (float8 vectors of columns per tile)"
+#endif
+#ifndef ACT
+#error "conv_cpu.cl needs ACT(v)"
+#endif
+#define NR (8 * NV)
+typedef float8 __attribute__((aligned(4))) float8u;
+
+// colp[g][nb][k][NR]: column n = nb * NR + e is (image, oy, ox); zeros past NN. One work-item per (k, g) walks
+// every column in order, so no division per element (one work-item per element ran at 1 GB/s).
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void im2col_pack(__global const float* x, ulong x_off, __global float* colp, int C, int H, int W, int OH,
+                 int OW, int KH, int KW, int SH, int SW, int PH, int PW, int DH, int DW, long x_nstride, int NN) {
+    const int k = get_global_id(0), g = get_global_id(1);
+    const int KK = C * KH * KW;
+    if (k >= KK) return;
+    const int NB = (NN + NR - 1) / NR, OHW = OH * OW;
+    const int kx = k % KW, t = k / KW, ky = t % KH, c = t / KH;
+    __global const float* xc = x + x_off + ((long)g * C + c) * H * W;
+    __global float* out = colp + (long)g * NB * KK * NR + (long)k * NR;
+    const long pstride = (long)KK * NR;  // from one panel to the next
+    int n = 0;
+    for (int img = 0; img < NN / OHW; img++) {
+        for (int oy = 0; oy < OH; oy++) {
+            const int iy = oy * SH - PH + ky * DH;
+            const bool row_in = iy >= 0 && iy < H;
+            __global const float* xr = xc + img * x_nstride + iy * W;
+            for (int ox = 0; ox < OW; ox++, n++) {
+                const int ix = ox * SW - PW + kx * DW;
+                out[(n / NR) * pstride + n % NR] = row_in && ix >= 0 && ix < W ? xr[ix] : 0.0f;
+            }
+        }
+    }
+    for (; n < NB * NR; n++) out[(n / NR) * pstride + n % NR] = 0.0f;
+}
+
+// The epilogue of one MR x NR tile, acc -> y = ACT(acc + bias[m] + res) with y, res, bias at the tile's group: per
+// float8 of columns, one image's contiguous pixels (vector) or a split across images (scalar). A macro, not a
+// function: PoCL kept a function's acc[][] argument in memory even inlined (direct 1x1 layers 1.5 -> 2.9 ms).
+#if defined(HAS_BIAS)
+#define ADD_BIAS(r, m) r += bias[m]
+#else
+#define ADD_BIAS(r, m)
+#endif
+#if defined(HAS_RES)
+#define ADD_RES8(r, at) r += *(__global const float8u*)(res + (at))
+#define ADD_RES(r, at) r += res[at]
+#else
+#define ADD_RES8(r, at)
+#define ADD_RES(r, at)
+#endif
+#define STORE_TILE()                                                                                                 \
+    _Pragma("unroll") for (int j = 0; j < NV; j++) {                                                                 \
+        const int n = n0 + 8 * j;                                                                                    \
+        if (n >= NN) break;                                                                                          \
+        const int img = n / OHW, p = n - img * OHW;                                                                  \
+        const bool vec = n + 8 <= NN && p + 8 <= OHW;                                                                \
+        _Pragma("unroll") for (int i = 0; i < MR; i++) {                                                             \
+            const int m = m0 + i;                                                                                    \
+            if (m >= K) break;                                                                                       \
+            float8 r = acc[i][j];                                                                                    \
+            ADD_BIAS(r, m);                                                                                          \
+            if (vec) {                                                                                               \
+                ADD_RES8(r, img * res_nstride + (long)m * OHW + p);                                                  \
+                float8 o;                                                                                            \
+                o.s0 = ACT(r.s0); o.s1 = ACT(r.s1); o.s2 = ACT(r.s2); o.s3 = ACT(r.s3);                              \
+                o.s4 = ACT(r.s4); o.s5 = ACT(r.s5); o.s6 = ACT(r.s6); o.s7 = ACT(r.s7);                              \
+                *(__global float8u*)(y + img * y_nstride + (long)m * OHW + p) = o;                                   \
+            } else {                                                                                                 \
+                union { float8 v; float s[8]; } t;                                                                   \
+                t.v = r;                                                                                             \
+                for (int e = 0; e < 8 && n + e < NN; e++) {                                                          \
+                    const int ie = (n + e) / OHW, pe = n + e - ie * OHW;                                             \
+                    float v = t.s[e];                                                                                \
+                    ADD_RES(v, ie * res_nstride + (long)m * OHW + pe);                                               \
+                    y[ie * y_nstride + (long)m * OHW + pe] = ACT(v);                                                 \
+                }                                                                                                    \
+            }                                                                                                        \
+        }                                                                                                            \
+    }
+
+// y[img, g * K + m, oy, ox] = ACT(sum_k A[m, k] B[k, n] + bias[m] + res[...]). A is w packed as wp[g][mb][k][MR]
+// (A_PACKED, rows past K zero) or w itself, row-major per group. B is colp (B_PACKED) or, for a 1x1 stride-1
+// unpadded convolution of one image with whole panels, x itself (row k = channel k, contiguous along n).
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void conv2d_cpu(__global const float* x, ulong x_off, __global const float* w, ulong w_off,
+                __global const float* bias, ulong bias_off, __global const float* res, ulong res_off,
+                __global float* y, ulong y_off, __global const float* colp, int C, int K, int KK, int OHW, int NN,
+                long y_nstride, long res_nstride) {
+    const int mb = get_global_id(0), nb = get_global_id(1), g = get_global_id(2);
+    const int m0 = mb * MR, n0 = nb * NR;
+    const int MB = (K + MR - 1) / MR;
+    float8 acc[MR][NV];
+    _Pragma("unroll") for (int i = 0; i < MR; i++)
+        _Pragma("unroll") for (int j = 0; j < NV; j++) acc[i][j] = (float8)(0.0f);
+#if defined(A_PACKED)
+    __global const float* ap = w + w_off + ((long)g * MB + mb) * KK * MR;
+#define A_AT(i, k) ap[(k) * MR + (i)]
+#else
+    __global const float* ar[MR];
+    _Pragma("unroll") for (int i = 0; i < MR; i++)
+        ar[i] = w + w_off + ((long)g * K + (m0 + i < K ? m0 + i : K - 1)) * KK;
+#define A_AT(i, k) ar[i][k]
+#endif
+#if defined(B_PACKED)
+    __global const float* bp = colp + ((long)g * ((NN + NR - 1) / NR) + nb) * KK * NR;
+    const long bstep = NR;
+#else  // x itself: the lowering reads x in place only where NN is a multiple of NR (no ragged last panel)
+    __global const float* bp = x + x_off + (long)g * C * NN + n0;
+    const long bstep = NN;
+#endif
+    for (int k = 0; k < KK; k++) {  // the hot loop
+        float8 b[NV];
+        _Pragma("unroll") for (int j = 0; j < NV; j++) b[j] = *(__global const float8u*)(bp + k * bstep + 8 * j);
+        _Pragma("unroll") for (int i = 0; i < MR; i++) {
+            const float8 a = (float8)(A_AT(i, k));
+            _Pragma("unroll") for (int j = 0; j < NV; j++) acc[i][j] = a * b[j] + acc[i][j];
+        }
+    }
+    y += y_off + (long)g * K * OHW;
+    res += res_off + (long)g * K * OHW;
+    bias += bias_off + g * K;
+    STORE_TILE();
+}
+
+// The same tiles with B packed per panel into __local memory instead of by a separate im2col pass: one work-item per
+// (panel nb, share ms of the row blocks, group) packs its KK x NR panel and runs MBS row blocks on it. PoCL gives
+// each thread one __local area that it reuses, so the panel stays in cache: a whole-layer im2col buffer went out to
+// memory and back (densenet121's im2col: 137 ms of 300). B_LOCAL is KK * NR, at most the device's local memory.
+#if defined(B_LOCAL)
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void conv2d_cpu_local(__global const float* x, ulong x_off, __global const float* w, ulong w_off,
+                      __global const float* bias, ulong bias_off, __global const float* res, ulong res_off,
+                      __global float* y, ulong y_off, int C, int K, int KK, int OHW, int NN, long y_nstride,
+                      long res_nstride, int H, int W, int OW, int KH, int KW, int SH, int SW, int PH, int PW, int DH,
+                      int DW, long x_nstride, int MBS) {
+    __local float panel[B_LOCAL];
+    const int nb = get_global_id(0), ms = get_global_id(1), g = get_global_id(2);
+    const int n0 = nb * NR;
+    const int MB = (K + MR - 1) / MR;
+    // per column: its image's offset and the window's top-left corner; columns past NN read nothing
+    long cb[NR];
+    int iy0[NR], ix0[NR];
+    _Pragma("unroll") for (int e = 0; e < NR; e++) {
+        const int n = n0 + e < NN ? n0 + e : NN - 1;
+        const int img = n / OHW, p = n - img * OHW, oy = p / OW, ox = p - oy * OW;
+        cb[e] = img * x_nstride;
+        iy0[e] = n0 + e < NN ? oy * SH - PH : -(1 << 30);
+        ix0[e] = ox * SW - PW;
+    }
+    __global const float* xg = x + x_off + (long)g * C * H * W;
+    int kx = 0, ky = 0;
+    long coff = 0;
+    for (int k = 0; k < KK; k++) {
+        const int dy = ky * DH, dx = kx * DW;
+        _Pragma("unroll") for (int e = 0; e < NR; e++) {
+            const int iy = iy0[e] + dy, ix = ix0[e] + dx;
+            panel[k * NR + e] = (uint)iy < (uint)H && (uint)ix < (uint)W ? xg[cb[e] + coff + iy * W + ix] : 0.0f;
+        }
+        if (++kx == KW) {
+            kx = 0;
+            if (++ky == KH) { ky = 0; coff += H * W; }
+        }
+    }
+    y += y_off + (long)g * K * OHW;
+    res += res_off + (long)g * K * OHW;
+    bias += bias_off + g * K;
+    const int mb_end = (ms + 1) * MBS < MB ? (ms + 1) * MBS : MB;
+    for (int mb = ms * MBS; mb < mb_end; mb++) {
+        const int m0 = mb * MR;
+        float8 acc[MR][NV];
+        _Pragma("unroll") for (int i = 0; i < MR; i++)
+            _Pragma("unroll") for (int j = 0; j < NV; j++) acc[i][j] = (float8)(0.0f);
+#if defined(A_PACKED)
+        __global const float* ap = w + w_off + ((long)g * MB + mb) * KK * MR;
+#else
+        __global const float* ar[MR];
+        _Pragma("unroll") for (int i = 0; i < MR; i++)
+            ar[i] = w + w_off + ((long)g * K + (m0 + i < K ? m0 + i : K - 1)) * KK;
+#endif
+        for (int k = 0; k < KK; k++) {
+            float8 b[NV];
+            _Pragma("unroll") for (int j = 0; j < NV; j++) b[j] = *(__local const float8*)(panel + k * NR + 8 * j);
+            _Pragma("unroll") for (int i = 0; i < MR; i++) {
+                const float8 a = (float8)(A_AT(i, k));
+                _Pragma("unroll") for (int j = 0; j < NV; j++) acc[i][j] = a * b[j] + acc[i][j];
+            }
+        }
+        STORE_TILE();
+    }
+}
+#endif

@@ -1,0 +1,77 @@
+// Depthwise convolution on CPU devices (groups == channels, M filters per channel): one work-item per output row
+// of one (image, output channel). Blocks of 8 outputs whose every tap lies inside the row run as float8 with the
+// tap's weight broadcast (SW, the horizontal stride, is a define so that stride 1 is one unaligned vector load);
+// the rest, near the borders, one output at a time. No fma(): PoCL calls built-ins out of line (dwconv.cl's fma
+// per tap ran shufflenet's depthwise layers in 42 ms).
+#if !defined(ACT) || !defined(SW)
+#error "dwconv_cpu.cl needs ACT(v) and SW (horizontal stride)"
+#endif
+typedef float8 __attribute__((aligned(4))) float8u;
+#if SW == 1
+#define LOAD8(p) (*(__global const float8u*)(p))
+#else
+#define LOAD8(p) ((float8)((p)[0], (p)[SW], (p)[2 * SW], (p)[3 * SW], (p)[4 * SW], (p)[5 * SW], (p)[6 * SW], \
+                           (p)[7 * SW]))
+#endif
+
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void dwconv2d_cpu(__global const float* x, ulong x_off, __global const float* w, ulong w_off,
+                  __global const float* bias, ulong bias_off, __global const float* res, ulong res_off,
+                  __global float* y, ulong y_off, int C, int H, int W, int OH, int OW, int KH, int KW, int SH,
+                  int PH, int PW, int DH, int DW, int M, long y_nstride, long res_nstride) {
+    const int oy = get_global_id(0), nc = get_global_id(1);
+    const int CO = C * M;
+    const int n = nc / CO, co = nc - n * CO, ci = co / M;
+    x += x_off + ((long)n * C + ci) * H * W;
+    w += w_off + (long)co * KH * KW;
+    const long out = (long)co * OH * OW + (long)oy * OW;
+    y += y_off + n * y_nstride + out;
+    res += res_off + n * res_nstride + out;
+    const int iy0 = oy * SH - PH;
+    int ky0 = 0, ky1 = KH;  // taps [ky0, ky1) inside the image
+    while (ky0 < KH && iy0 + ky0 * DH < 0) ky0++;
+    while (ky1 > ky0 && iy0 + (ky1 - 1) * DH >= H) ky1--;
+#if defined(HAS_BIAS)
+    const float b = bias[bias_off + co];
+#else
+    const float b = 0.0f;
+#endif
+    // outputs [ox_lo, ox_hi) have every tap inside the row
+    int ox_lo = 0;
+    while (ox_lo < OW && ox_lo * SW - PW < 0) ox_lo++;
+    int ox_hi = OW;
+    while (ox_hi > ox_lo && (ox_hi - 1) * SW - PW + (KW - 1) * DW >= W) ox_hi--;
+    int ox = 0;
+    while (ox < OW) {
+        if (ox >= ox_lo && ox + 8 <= ox_hi) {
+            float8 acc = (float8)(b);
+            for (int ky = ky0; ky < ky1; ky++) {
+                __global const float* xr = x + (iy0 + ky * DH) * W + ox * SW - PW;
+                for (int kx = 0; kx < KW; kx++) acc = (float8)(w[ky * KW + kx]) * LOAD8(xr + kx * DW) + acc;
+            }
+#if defined(HAS_RES)
+            acc += *(__global const float8u*)(res + ox);
+#endif
+            float8 o;
+            o.s0 = ACT(acc.s0); o.s1 = ACT(acc.s1); o.s2 = ACT(acc.s2); o.s3 = ACT(acc.s3);
+            o.s4 = ACT(acc.s4); o.s5 = ACT(acc.s5); o.s6 = ACT(acc.s6); o.s7 = ACT(acc.s7);
+            *(__global float8u*)(y + ox) = o;
+            ox += 8;
+        } else {
+            float acc = b;
+            const int ix0 = ox * SW - PW;
+            for (int ky = ky0; ky < ky1; ky++) {
+                __global const float* xr = x + (iy0 + ky * DH) * W;
+                for (int kx = 0; kx < KW; kx++) {
+                    const int ix = ix0 + kx * DW;
+                    if (ix >= 0 && ix < W) acc = w[ky * KW + kx] * xr[ix] + acc;
+                }
+            }
+#if defined(HAS_RES)
+            acc += res[ox];
+#endif
+            y[ox] = ACT(acc);
+            ox++;
+        }
+    }
+}

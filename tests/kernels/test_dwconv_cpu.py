@@ -1,0 +1,55 @@
+"""Depthwise convolutions shaped to cross the CPU kernel's edges (rows shorter and longer than an 8-output block,
+border outputs on both sides, strides 1 and 2, dilation, a depth multiplier, batch 2) with the fused bias +
+residual + activation epilogue, against NumPy in float64."""
+import numpy as np
+import pytest
+from onnx import helper
+
+import dlnet
+from tests.conftest import make_model, rel_l2
+
+R = np.random.default_rng(11)
+
+SHAPES = [  # (batch, C, H, W, multiplier, kernel, stride, pad, dilation)
+    (1, 3, 19, 21, 1, 3, 1, 1, 1),    # 21 outputs per row: two vector blocks between the borders, a scalar tail
+    (2, 4, 14, 14, 1, 3, 2, 1, 1),    # stride 2, batch 2
+    (1, 2, 9, 30, 2, 5, 1, 2, 1),     # 5x5, depth multiplier 2
+    (1, 2, 11, 26, 1, 3, 2, 2, 2),    # dilation 2 with stride 2
+    (1, 5, 6, 5, 1, 3, 1, 0, 1),      # rows too short for a vector block
+]
+
+
+def dwconv_numpy(x, w, b, s, p, d):
+    n, c, h, wd = x.shape
+    co, _, k, _ = w.shape
+    m = co // c
+    xp = np.pad(x, ((0, 0), (0, 0), (p, p), (p, p)))
+    oh, ow = (h + 2 * p - d * (k - 1) - 1) // s + 1, (wd + 2 * p - d * (k - 1) - 1) // s + 1
+    y = np.zeros((n, co, oh, ow))
+    for o in range(co):
+        for ky in range(k):
+            for kx in range(k):
+                y[:, o] += w[o, 0, ky, kx] * xp[:, o // m, ky * d:ky * d + s * (oh - 1) + 1:s,
+                                                kx * d:kx * d + s * (ow - 1) + 1:s]
+    return y + b[None, :, None, None]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=["x".join(map(str, s)) for s in SHAPES])
+def test_depthwise_matches_numpy(ctx, shape):
+    n, c, h, wd, m, k, s, p, d = shape
+    x = R.uniform(-1, 1, (n, c, h, wd)).astype(np.float32)
+    w = R.uniform(-1, 1, (c * m, 1, k, k)).astype(np.float32)
+    b = R.uniform(-1, 1, c * m).astype(np.float32)
+    conv = dwconv_numpy(x.astype(np.float64), w.astype(np.float64), b.astype(np.float64), s, p, d)
+    r = R.uniform(-1, 1, conv.shape).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], kernel_shape=[k, k], strides=[s, s], pads=[p] * 4,
+                              dilations=[d, d], group=c),
+             helper.make_node("Add", ["c", "r"], ["a"]), helper.make_node("Relu", ["a"], ["y"])]
+    model = make_model(nodes, {"x": x, "r": r}, ["y"], {"w": w, "b": b})
+    net = dlnet.Net(ctx).load_onnx(model)
+    if ctx.is_cpu:
+        assert "dwconv2d_cpu" in [launch.kernel.function_name for launch in net.launches]
+    got = list(net.run({"x": x, "r": r}).values())[0]
+    want = np.maximum(conv + r, 0)
+    assert got.shape == want.shape
+    assert rel_l2(got, want) < 1e-6
