@@ -2,7 +2,7 @@
 import numpy as np
 
 from . import codegen
-from .runtime import DTYPE_TO_C, Launch, cl, kernel_source
+from .runtime import DTYPE_TO_C, Launch, PendingKernel, cl, kernel_source
 from ..errors import ModelError
 
 # How matrix-shaped kernels (conv as implicit GEMM, gemm) are blocked, per device class. GPUs use the tiled core
@@ -148,11 +148,9 @@ class Lowerer:
         return buf
 
     def emit(self, source, name, args, gsize, lsize=None, label="", options=()):
-        k = self.ctx.kernel(source, name, options)
-        try:
-            k.set_args(*args)
-        except cl.Error as e:
-            raise ModelError(f"{label}: binding kernel {name} arguments failed: {e}") from e
+        """Append a launch; its program is built in finish(), with every other program of the plan."""
+        k = PendingKernel(source, name, options)
+        k.set_args(*args)
         self.launches.append(Launch(k, tuple(int(g) for g in gsize), None if lsize is None else tuple(lsize), label,
                                     self.layer or label))
 
@@ -489,11 +487,19 @@ class Lowerer:
         self.scratch_bytes[pool] = max(self.scratch_bytes.get(pool, 0), nbytes)
 
     def finish(self):
-        """Bind the scratch buffers (one per pool for the plan: its launches run in order) once sizes are known."""
+        """Bind the scratch buffers (one per pool for the plan: its launches run in order) once sizes are known,
+        build every program of the plan at once, and bind each launch's arguments to its kernel."""
         for pool, nbytes in self.scratch_bytes.items():
             self.scratch[pool] = self.ctx.alloc(nbytes)
         for kernel, index, pool in self.scratch_users:
             kernel.set_arg(index, self.scratch[pool])
+        pending = [launch for launch in self.launches if isinstance(launch.kernel, PendingKernel)]
+        self.ctx.build_all([launch.kernel.key for launch in pending])
+        for launch in pending:
+            try:
+                launch.kernel = launch.kernel.bind(self.ctx)
+            except cl.Error as e:
+                raise ModelError(f"{launch.label}: binding kernel {launch.kernel.name} arguments failed: {e}") from e
 
     def conv_grad(self, node, which):
         """dW (which="dw") or dX ("dx") of a 1-D/2-D convolution as a GEMM on the device's core."""

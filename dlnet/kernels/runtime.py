@@ -1,6 +1,7 @@
 """OpenCL devices, contexts, the program cache and the launch list."""
 import hashlib
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib import resources
 
@@ -100,6 +101,10 @@ def pick_device(spec=None):
     raise DeviceError(f"device {spec!r}: expected 'ocl:N', 'gpu' or 'cpu'")
 
 
+# programs compiled at once by Context.build_all (DLNET_BUILD_THREADS=1 builds one at a time)
+BUILD_THREADS = int(os.environ.get("DLNET_BUILD_THREADS") or min(8, os.cpu_count() or 1))
+
+
 def _cache_dir():
     root = os.environ.get("DLNET_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME") or
                                                           os.path.expanduser("~/.cache"), "dlnet")
@@ -165,6 +170,16 @@ class Context:
         """A fresh cl.Kernel (each launch binds its own arguments once)."""
         return cl.Kernel(self.program(source, options), name)
 
+    def build_all(self, keys):
+        """Build the programs (source, options) not built yet, several at a time: the OpenCL compiler runs outside
+        Python's lock, so a cold plan's programs compile in parallel."""
+        todo = list(dict.fromkeys(k for k in keys if k not in self._programs))
+        if len(todo) > 1 and BUILD_THREADS > 1:
+            with ThreadPoolExecutor(min(BUILD_THREADS, len(todo))) as pool:
+                list(pool.map(lambda k: self.program(*k), todo))
+        for k in todo:
+            self.program(*k)
+
     GUARD = 1 << 16  # DLNET_DEBUG_BOUNDS=1: bytes of guard pattern after every arena, checked after each run
 
     def alloc(self, nbytes):
@@ -202,6 +217,27 @@ class Context:
 
     def finish(self):
         self.queue.finish()
+
+
+class PendingKernel:
+    """A kernel whose program is built later, with the rest of its plan's (Context.build_all); its arguments are
+    recorded until then and bound by `bind`."""
+
+    def __init__(self, source, name, options=()):
+        self.key = (source, tuple(options))
+        self.name = name
+        self.args = []
+
+    def set_args(self, *args):
+        self.args = list(args)
+
+    def set_arg(self, index, value):
+        self.args[index] = value
+
+    def bind(self, ctx):
+        k = ctx.kernel(self.key[0], self.name, self.key[1])
+        k.set_args(*self.args)
+        return k
 
 
 @dataclass
