@@ -11,8 +11,9 @@ from ..errors import ModelError
 # "tf32" is the tensor-core core for NVIDIA devices in precision="tf32" (inline PTX mma.sync); small or narrow
 # problems stay on the fp32 core.
 GEMM_TILES = {
-    # measured on an H100 (bench/RESULTS.md): 128x128x16 with 8x8 per work-item 23-24 TFLOP/s, 64x64 with 4x4 18
-    "gpu": {"core": "gemm_core", "huge": dict(TM=128, TN=128, TK=16, WM=8, WN=8),
+    # measured on an H100 (bench/RESULTS.md, `bench/gpu.py --tiles`): 128x128 with 8x8 per work-item 34 TFLOP/s at
+    # TK=8 against 27 at TK=16 (fewer prefetch registers); 64x64 4x4 at TK=16 ran the nets best as the small tile
+    "gpu": {"core": "gemm_core", "huge": dict(TM=128, TN=128, TK=8, WM=8, WN=8),
             "big": dict(TM=64, TN=64, TK=16, WM=4, WN=4),
             "narrow_m": dict(TM=16, TN=64, TK=16, WM=2, WN=4), "narrow_n": dict(TM=64, TN=16, TK=16, WM=4, WN=2)},
     "tf32": {"core": "gemm_mma", "huge": dict(TM=128, TN=128, TK=16, WARPS_M=2, WARPS_N=4),
@@ -47,7 +48,7 @@ def pick_conv_cpu_tiles(NN):
 
 # GPUs: the 128 x 128 tiles only where their grid fills this many waves of compute units; otherwise 64 x 64 tiles
 # (four times the work-groups) before split-K has to make up the difference
-HUGE_FILL = 2.0
+HUGE_FILL = 1.0
 
 
 def pick_tiles(ctx, M, N, batches=1):
