@@ -12,9 +12,9 @@ from ..errors import ModelError
 # problems stay on the fp32 core.
 GEMM_TILES = {
     # measured on an H100 (bench/RESULTS.md, `bench/gpu.py --tiles`): 128x128 with 8x8 per work-item 34 TFLOP/s at
-    # TK=8 against 27 at TK=16 (fewer prefetch registers); 64x64 4x4 at TK=16 ran the nets best as the small tile
+    # TK=8 against 27 at TK=16 (fewer prefetch registers); as the small tile 64x64 4x4 at TK=8 ran the nets best
     "gpu": {"core": "gemm_core", "huge": dict(TM=128, TN=128, TK=8, WM=8, WN=8),
-            "big": dict(TM=64, TN=64, TK=16, WM=4, WN=4),
+            "big": dict(TM=64, TN=64, TK=8, WM=4, WN=4),
             "narrow_m": dict(TM=16, TN=64, TK=16, WM=2, WN=4), "narrow_n": dict(TM=64, TN=16, TK=16, WM=4, WN=2)},
     "tf32": {"core": "gemm_mma", "huge": dict(TM=128, TN=128, TK=16, WARPS_M=2, WARPS_N=4),
              "big": dict(TM=64, TN=64, TK=16, WARPS_M=2, WARPS_N=2)},
