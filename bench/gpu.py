@@ -136,14 +136,20 @@ import time, sys, torch, torchvision, io, onnx
 t0 = time.perf_counter()
 import dlnet, numpy as np
 sys.path.insert(0, {root!r})
+t1 = time.perf_counter()
 proto = onnx.load({path!r})
-net = dlnet.Net(dlnet.Context('gpu')).load_onnx(proto, batch=1)
+ctx = dlnet.Context('gpu')
+t2 = time.perf_counter()
+net = dlnet.Net(ctx).load_onnx(proto, batch=1)
+t3 = time.perf_counter()
 net.run({{'x': np.ones((1, 3, 224, 224), np.float32)}})
-print(f'{{time.perf_counter() - t0:.3f}}')
+t4 = time.perf_counter()
+print(f'{{t4 - t0:.3f}} (import {{t1 - t0:.2f}}, onnx.load + context {{t2 - t1:.2f}}, plan + build {{t3 - t2:.2f}}, '
+      f'first run {{t4 - t3:.2f}})')
 """
 
 
-def bench_startup():
+def bench_startup(profile=False):
     torch.manual_seed(0)
     model = torchvision.models.resnet50(weights=None).eval()
     with tempfile.TemporaryDirectory() as d:
@@ -155,6 +161,11 @@ def bench_startup():
         warm = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
         print(f"\ntime to first inference, resnet50 batch 1: cold {cold.stdout.strip() or cold.stderr[-300:]} s, "
               f"warm {warm.stdout.strip() or warm.stderr[-300:]} s")
+        if profile:  # a third, warm start under cProfile: where the warm time goes
+            prof = "import cProfile, pstats\ncProfile.run(" + repr(code) + ", '/tmp/dlnet_startup.prof')\n" \
+                "pstats.Stats('/tmp/dlnet_startup.prof').sort_stats('cumtime').print_stats(30)"
+            out = subprocess.run([sys.executable, "-c", prof], env=env, capture_output=True, text=True)
+            print(out.stdout[-6000:] or out.stderr[-2000:])
 
 
 def main():
@@ -164,6 +175,7 @@ def main():
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--gemm", default="")
     ap.add_argument("--startup", action="store_true")
+    ap.add_argument("--startup-profile", action="store_true", help="also profile a warm start (cProfile)")
     ap.add_argument("--precision", default="fp32", help="fp32, tf32 or both: fp32,tf32")
     ap.add_argument("--tiles", default="", help="GEMM sweep over GPU fp32 tile configs 'TM,TN,TK,WM,WN;...'")
     args = ap.parse_args()
@@ -189,8 +201,8 @@ def main():
                     lowering.GEMM_TILES["gpu"]["big"] = lowering.GEMM_TILES["gpu"]["huge"] = tiles
                     print(f"\ntiles {cfg}")
                 bench_gemm(ctx, [int(n) for n in args.gemm.split(",")])
-    if args.startup:
-        bench_startup()
+    if args.startup or args.startup_profile:
+        bench_startup(args.startup_profile)
 
 
 if __name__ == "__main__":

@@ -103,6 +103,9 @@ def pick_device(spec=None):
 
 # programs compiled at once by Context.build_all (DLNET_BUILD_THREADS=1 builds one at a time)
 BUILD_THREADS = int(os.environ.get("DLNET_BUILD_THREADS") or min(8, os.cpu_count() or 1))
+# extra options for every OpenCL build, e.g. DLNET_BUILD_OPTIONS=-cl-nv-verbose (NVIDIA: registers and spills in
+# each program's build log)
+EXTRA_BUILD_OPTIONS = os.environ.get("DLNET_BUILD_OPTIONS", "").split()
 
 
 def _cache_dir():
@@ -157,7 +160,7 @@ class Context:
         if prg is None:
             # IEEE division and sqrt everywhere: OpenCL 1.2 lets them be 2.5 ulp off otherwise (NVIDIA is), which
             # moves round-half cases (quantisation) away from numpy's answers
-            opts = ["-cl-fp32-correctly-rounded-divide-sqrt"] + list(options)
+            opts = ["-cl-fp32-correctly-rounded-divide-sqrt"] + list(options) + EXTRA_BUILD_OPTIONS
             try:
                 prg = cl.Program(self.cl, source).build(options=opts, cache_dir=_cache_dir())
             except cl.Error as e:
