@@ -34,19 +34,20 @@ runtime.PendingKernel.bind = _recording_bind
 
 
 def node_flops(graph):
-    """{"name Op": FLOPs} of the convolution and matrix nodes (2 per multiply-add)."""
+    """{"name Op": (FLOPs, M, N, K)} of the convolution and matrix nodes (2 FLOPs per multiply-add; a convolution's
+    GEMM per group: M output channels, N pixels of the batch, K window elements)."""
     out = {}
     for n in graph.nodes:
         y = n.outputs[0]
         if n.op == "Conv":
             w = n.inputs[1]
-            out[f"{n.name} {n.op}"] = 2 * y.size * int(np.prod(w.shape[1:]))
+            k = int(np.prod(w.shape[1:]))
+            g = n.attrs.get("group", 1)
+            out[f"{n.name} {n.op}"] = (2 * y.size * k, w.shape[0] // g, y.size // w.shape[0], k)
         elif n.op in ("Gemm", "MatMul"):
             a = n.inputs[0]
             k = a.shape[-2] if n.attrs.get("transA", 0) else a.shape[-1]
-            out[f"{n.name} {n.op}"] = 2 * y.size * k
-        elif n.op in ("ConvGradW", "ConvGradX", "ConvGrad"):
-            out[f"{n.name} {n.op}"] = None
+            out[f"{n.name} {n.op}"] = (2 * y.size * k, y.shape[-2], y.shape[-1], k)
     return out
 
 
@@ -86,12 +87,12 @@ def profile(ctx, launches, flops, iters, ptx_dir, tag):
     for launch in launches:
         layers.setdefault(launch.layer, []).append(launch)
     print(f"\n{tag}: {total:.2f} ms of kernel time in {len(launches)} launches")
-    print(f"{'layer':34s} {'ms':>7} {'TFLOP/s':>8} {'%':>5}  kernels (regs/spill)")
+    print(f"{'layer':34s} {'ms':>7} {'TFLOP/s':>8} {'%':>5} {'M':>5} {'N':>7} {'K':>5}  kernels (regs/spill)")
     rows = []
     for layer, ls in layers.items():
-        f = flops.get(layer)
-        if f is None:
+        if layer not in flops:
             continue
+        f, M, N, K = flops[layer]
         ms = sum(statistics.median(per[id(x)]) for x in ls)
         names = []
         for x in ls:
@@ -110,11 +111,11 @@ def profile(ctx, launches, flops, iters, ptx_dir, tag):
                         fh.write(key[0])
                     with open(path + ".log", "w") as fh:
                         fh.write(log)
-        rows.append((layer, ms, f / ms / 1e9, names))
-    for layer, ms, tf, names in rows:
-        print(f"{layer[-34:]:34s} {ms:7.3f} {tf:8.1f} {100 * ms / total:5.1f}  {' '.join(names)}")
+        rows.append((layer, ms, f / ms / 1e9, names, M, N, K))
+    for layer, ms, tf, names, M, N, K in rows:
+        print(f"{layer[-34:]:34s} {ms:7.3f} {tf:8.1f} {100 * ms / total:5.1f} {M:5d} {N:7d} {K:5d}  {' '.join(names)}")
     mat = sum(r[1] for r in rows)
-    print(f"matrix layers {mat:.2f} ms ({100 * mat / total:.0f}%), {sum(flops[r[0]] for r in rows) / mat / 1e9:.1f} "
+    print(f"matrix layers {mat:.2f} ms ({100 * mat / total:.0f}%), {sum(flops[r[0]][0] for r in rows) / mat / 1e9:.1f} "
           f"TFLOP/s over them")
 
 
@@ -127,9 +128,16 @@ def main():
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--ptx", default="")
     ap.add_argument("--device", default="gpu")
+    ap.add_argument("--tiles", default="", help="force one fp32 tile config 'TM,TN,TK,WM,WN[,MAXREG]' on every layer")
     args = ap.parse_args()
     if args.ptx:
         os.makedirs(args.ptx, exist_ok=True)
+    if args.tiles:
+        from dlnet.kernels import lowering
+        v = [int(t) for t in args.tiles.split(",")]
+        tiles = dict(zip(["TM", "TN", "TK", "WM", "WN", "MAXREG"], v))
+        lowering.GEMM_TILES["gpu"] = dict(lowering.GEMM_TILES["gpu"], huge=tiles, big=tiles)
+        print(f"tiles forced: {tiles}")
     ctx = dlnet.Context(args.device, precision=args.precision, profile=True)
     print(f"device: {ctx.info}; {args.precision}; build options {runtime.EXTRA_BUILD_OPTIONS}")
     for name in [n for n in args.nets.split(",") if n]:

@@ -13,7 +13,7 @@ from ..errors import ModelError
 GEMM_TILES = {
     # measured on an H100 (bench/RESULTS.md, `bench/gpu.py --tiles`): 128x128 with 8x8 per work-item 34 TFLOP/s at
     # TK=8 against 27 at TK=16 (fewer prefetch registers); as the small tile 64x64 4x4 at TK=8 ran the nets best
-    "gpu": {"core": "gemm_core", "huge": dict(TM=128, TN=128, TK=8, WM=8, WN=8),
+    "gpu": {"core": "gemm_core", "huge": dict(TM=128, TN=128, TK=8, WM=8, WN=8, MAXREG=128),
             "big": dict(TM=64, TN=64, TK=8, WM=4, WN=4),
             "narrow_m": dict(TM=16, TN=64, TK=16, WM=2, WN=4), "narrow_n": dict(TM=64, TN=16, TK=16, WM=4, WN=2)},
     "tf32": {"core": "gemm_mma", "huge": dict(TM=128, TN=128, TK=16, WARPS_M=2, WARPS_N=4),
@@ -325,7 +325,7 @@ class Lowerer:
             np.int32(KW), np.int32(strides[0]), np.int32(strides[1]), np.int32(pads[0]), np.int32(pads[1]),
             np.int32(dil[0]), np.int32(dil[1]), np.int32(group), np.int32(N), np.int64(y_nstride),
             np.int64(y_nstride)]
-        self._matrix(src, "conv2d", args, core, lsize, (g0, g1, group), M, NN, C * KH * KW, label)
+        self._matrix(src, "conv2d", args, core, tiles, lsize, (g0, g1, group), M, NN, C * KH * KW, label)
 
     def window_table(self, C, H, W, KH, KW, dil):
         """The int4 table of window.cl for (c, ky, kx) of C channels: a device buffer."""
@@ -438,7 +438,7 @@ class Lowerer:
             self.meta(table.ravel()), np.int32(M), np.int32(N), np.int32(K), I(sam), I(sak),
             I(sbk), I(sbn), I(scm), I(scn), I(N), I(1),
             np.float32(at.get("alpha", 1.0)), np.float32(at.get("beta", 1.0))]
-        self._matrix(src, "gemm", args, core, lsize, (g0, g1, max(nb, 1)), M, N, K, f"{node.name} Gemm")
+        self._matrix(src, "gemm", args, core, tiles, lsize, (g0, g1, max(nb, 1)), M, N, K, f"{node.name} Gemm")
 
     def gemm_cpu(self, node, a, b, c, y, M, N, K, sam, sak, sbk, sbn, cs):
         """A 2-D Gemm with a constant B on a CPU device: B packed here, once, into panels of NR columns."""
@@ -461,21 +461,23 @@ class Lowerer:
             np.float32(at.get("alpha", 1.0)), np.float32(at.get("beta", 1.0))]
         self.emit(src, "gemm_cpu", args, (-(-M // MR), NB), (1, 1), f"{node.name} Gemm")
 
-    def _matrix(self, src, name, args, core, lsize, grid, M, NN, KK, label):
+    def _matrix(self, src, name, args, core, tiles, lsize, grid, M, NN, KK, label):
         """Launch a GEMM-shaped kernel; on GPUs split K when the grid alone cannot fill the device."""
+        # MAXREG: NVIDIA's compiler gave some 128x128 variants 150 registers, one work-group per SM instead of two
+        options = (f"-cl-nv-maxrregcount {tiles['MAXREG']}",) if "MAXREG" in tiles and self.ctx.is_nvidia else ()
         groups = grid[0] // (lsize[0] if lsize else 1) * grid[1] * grid[2]
         target = 2 * self.ctx.info.compute_units
         splits = 1
         if core in GPU_CORES and groups < target and KK >= 512:
             splits = min(64, -(-target // groups), KK // 256)
         if splits <= 1:
-            self.emit(src, name, args + [self.dummy()[0]], grid, lsize, label)
+            self.emit(src, name, args + [self.dummy()[0]], grid, lsize, label, options)
             if core == "gemm_vec":  # the CPU conv path reads im2col's output from the work buffer
                 self.use_scratch(self.launches[-1].kernel, len(args), 0, "work")
             return
         src = f"#define SPLITS {splits}\n" + src + kernel_source("gemm_reduce")
         self.emit(src, name, args + [self.dummy()[0]], (grid[0], grid[1], grid[2] * splits), lsize,
-                  label + f" splitK{splits}")
+                  label + f" splitK{splits}", options)
         self.emit(src, name + "_reduce", args + [self.dummy()[0]], (_round_up(NN, 64), M, grid[2]), (64, 1, 1),
                   label + " reduce")
         nbytes = 4 * splits * grid[2] * M * NN
@@ -560,7 +562,7 @@ class Lowerer:
             self.window_table(C, H, W, KH, KW, d) if implicit else self.dummy()[0]] + [
             np.int32(v) for v in (H, W, OW, s[0], s[1], p[0], p[1])] + [np.int64(Cin * H * W), np.int64(C * H * W)]
         n_launch = len(self.launches)
-        self._matrix(src, f"conv_{which}", args, core, lsize, (g0, g1, group), M, NN, KK, label)
+        self._matrix(src, f"conv_{which}", args, core, tiles, lsize, (g0, g1, group), M, NN, KK, label)
         if not implicit and not direct:
             for launch in self.launches[n_launch:]:
                 self.use_scratch(launch.kernel, 6, work, "work")  # argument 6: col

@@ -31,8 +31,9 @@ inline float im2col(__global const float* x, int4 t, int n, int H, int W, int OH
     const int ox = n % OW; const int t2 = n / OW; const int oy = t2 % OH; const int img = t2 / OH;
     const int iy0 = oy * SH - PH, ix0 = ox * SW - PW;
     const int iy = iy0 + t.y, ix = ix0 + t.z;
-    if (iy < 0 || iy >= H || ix < 0 || ix >= W) return 0.0f;
-    return x[img * x_nstride + (IDX)iy0 * W + ix0 + t.x];
+    const bool in = (uint)iy < (uint)H && (uint)ix < (uint)W;
+    const float v = x[in ? img * x_nstride + (IDX)iy0 * W + ix0 + t.x : 0];
+    return in ? v : 0.0f;
 }
 #define LOAD_B(k, n) im2col(x, ktab[k], n, H, W, OH, OW, SH, SW, PH, PW, x_nstride)
 // the same per column: the window's corner (iy0, ix0) and its offset, then one table entry per k

@@ -1,7 +1,10 @@
 // One element of a convolution window: the input at (iy0 + t.y, ix0 + t.z) of the image whose window corner sits at
 // `base`, or 0 in the padding. t is the layer's table entry for (c, ky, kx): (c * H * W + ky * DH * W + kx * DW,
 // ky * DH, kx * DW), written once by the planner so no division by KW or KH runs per element.
+// The load is unconditional (from x[0] in the padding), so callers can have many in flight: see gemm_fetch.cl.
 inline float im2col_at(__global const float* x, int4 t, IDX base, int iy0, int ix0, int H, int W) {
     const int iy = iy0 + t.y, ix = ix0 + t.z;
-    return (iy < 0 || iy >= H || ix < 0 || ix >= W) ? 0.0f : x[base + t.x];
+    const bool in = (uint)iy < (uint)H && (uint)ix < (uint)W;
+    const float v = x[in ? base + t.x : 0];
+    return in ? v : 0.0f;
 }
