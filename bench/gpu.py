@@ -198,7 +198,8 @@ def main():
                 if cfg:
                     tm, tn, tk, wm, wn = (int(v) for v in cfg.split(","))
                     tiles = dict(TM=tm, TN=tn, TK=tk, WM=wm, WN=wn)
-                    lowering.GEMM_TILES["gpu"]["big"] = lowering.GEMM_TILES["gpu"]["huge"] = tiles
+                    for shape in ("huge", "mid", "big"):
+                        lowering.GEMM_TILES["gpu"][shape] = tiles
                     print(f"\ntiles {cfg}")
                 bench_gemm(ctx, [int(n) for n in args.gemm.split(",")])
     if args.startup or args.startup_profile:

@@ -136,7 +136,7 @@ def main():
         from dlnet.kernels import lowering
         v = [int(t) for t in args.tiles.split(",")]
         tiles = dict(zip(["TM", "TN", "TK", "WM", "WN", "MAXREG"], v))
-        lowering.GEMM_TILES["gpu"] = dict(lowering.GEMM_TILES["gpu"], huge=tiles, big=tiles)
+        lowering.GEMM_TILES["gpu"] = dict(lowering.GEMM_TILES["gpu"], huge=tiles, mid=tiles, big=tiles)
         print(f"tiles forced: {tiles}")
     ctx = dlnet.Context(args.device, precision=args.precision, profile=True)
     print(f"device: {ctx.info}; {args.precision}; build options {runtime.EXTRA_BUILD_OPTIONS}")

@@ -11,15 +11,33 @@ from ..errors import ModelError
 # "tf32" is the tensor-core core for NVIDIA devices in precision="tf32" (inline PTX mma.sync); small or narrow
 # problems stay on the fp32 core.
 GEMM_TILES = {
-    # measured on an H100 (bench/RESULTS.md, `bench/gpu.py --tiles`): 128x128 with 8x8 per work-item 34 TFLOP/s at
-    # TK=8 against 27 at TK=16 (fewer prefetch registers); as the small tile 64x64 4x4 at TK=8 ran the nets best
-    "gpu": {"core": "gemm_core", "huge": dict(TM=128, TN=128, TK=8, WM=8, WN=8, MAXREG=128),
-            "big": dict(TM=64, TN=64, TK=8, WM=4, WN=4),
+    # measured on an H100 (bench/RESULTS.md, `bench/gpu.py --tiles`, `bench/gpu_kernels.py --tiles`): 128x128 with
+    # 8x8 per work-item 34 TFLOP/s at TK=8 against 27 at TK=16 (fewer prefetch registers); 64x64 with 8x4 per
+    # work-item (128 work-items) beats 4x4 (256) on long K, 4x4 wins on short K (GPU_TILE_MODEL picks per layer)
+    "gpu": {"core": "gemm_core", "huge": dict(TM=128, TN=128, TK=8, WM=8, WN=8),
+            "mid": dict(TM=64, TN=64, TK=8, WM=8, WN=4), "big": dict(TM=64, TN=64, TK=8, WM=4, WN=4),
             "narrow_m": dict(TM=16, TN=64, TK=16, WM=2, WN=4), "narrow_n": dict(TM=64, TN=16, TK=16, WM=4, WN=2)},
     "tf32": {"core": "gemm_mma", "huge": dict(TM=128, TN=128, TK=16, WARPS_M=2, WARPS_N=4),
              "big": dict(TM=64, TN=64, TK=16, WARPS_M=2, WARPS_N=2)},
     "cpu": {"core": "gemm_vec", "huge": dict(RM=8), "big": dict(RM=8), "narrow_m": dict(RM=1), "narrow_n": dict(RM=8)},
 }
+# How the fp32 GPU tiles run, for picking one per layer: work-groups resident per compute unit, the device's rate in
+# TFLOP/s with every unit full, and a fixed cost per tile in units of K (prologue, epilogue). Fitted by least squares
+# to every convolution of vgg16 and resnet50 at batch 16 on an H100 (`bench/gpu_kernels.py --tiles ...`, median
+# error of the fit 9-14%). A layer takes the tile with the least estimated time: whole waves of work-groups, each
+# wave costing per_cu tiles of TM x TN x (K + k0) at `rate` (a grid short of one wave costs one: split-K fills it).
+GPU_TILE_MODEL = {"huge": dict(per_cu=2, rate=25.5, k0=30), "mid": dict(per_cu=4, rate=23.1, k0=33),
+                  "big": dict(per_cu=4, rate=21.0, k0=13)}
+
+
+def tile_estimate(shape, M, N, K, batches, compute_units):
+    """Relative time of an M x N x K product (`batches` of them) on GEMM_TILES["gpu"][shape]."""
+    t, model = GEMM_TILES["gpu"][shape], GPU_TILE_MODEL[shape]
+    groups = -(-M // t["TM"]) * -(-N // t["TN"]) * batches
+    waves = -(-groups // (model["per_cu"] * compute_units))  # a grid short of one wave is split along K later
+    return waves * model["per_cu"] * t["TM"] * t["TN"] * (K + model["k0"]) / model["rate"]
+
+
 GPU_CORES = ("gemm_core", "gemm_mma")
 
 
@@ -46,24 +64,27 @@ def pick_conv_cpu_tiles(NN):
     return CONV_CPU_TILES["narrow" if _round_up(NN, 16) > 1.15 * NN else "wide"]
 
 
-# GPUs: the 128 x 128 tiles only where their grid fills this many waves of compute units; otherwise 64 x 64 tiles
+# tf32: the 128 x 128 tiles only where their grid fills this many waves of compute units; otherwise 64 x 64 tiles
 # (four times the work-groups) before split-K has to make up the difference
 HUGE_FILL = 1.0
 
 
-def pick_tiles(ctx, M, N, batches=1):
-    """(core file name, defines, local size, global size for `batches` M x N problems)."""
+def pick_tiles(ctx, M, N, K, batches=1):
+    """(core file name, defines, local size, global size for `batches` M x N problems of depth K)."""
     table = GEMM_TILES["cpu" if ctx.is_cpu else "gpu"]
+    tf32 = ctx.precision == "tf32" and ctx.is_nvidia and min(M, N) >= 32
     if M <= 4 and N > 16:
         shape = "narrow_m"
     elif N <= 4 and M > 16:
         shape = "narrow_n"
+    elif table["core"] == "gemm_core" and not tf32:  # (the GPU table forced onto a CPU device in tests too)
+        shape = min(GPU_TILE_MODEL, key=lambda s: tile_estimate(s, M, N, K, batches, ctx.info.compute_units))
     elif M >= 96 and N >= 2048 and (ctx.is_cpu or
                                     -(-M // 128) * -(-N // 128) * batches >= HUGE_FILL * ctx.info.compute_units):
         shape = "huge"
     else:
         shape = "big"
-    if ctx.precision == "tf32" and ctx.is_nvidia and shape in GEMM_TILES["tf32"] and min(M, N) >= 32:
+    if tf32 and shape in GEMM_TILES["tf32"]:
         table = GEMM_TILES["tf32"]
     tiles = table[shape]
     if table["core"] == "gemm_vec":  # 8 columns per work-item as float8
@@ -315,7 +336,7 @@ class Lowerer:
         y_nstride = Cout * OH * OW
         C, K = Cin // group, Cout // group
         M, NN = K, N * OH * OW
-        core, tiles, lsize, (g0, g1) = pick_tiles(self.ctx, M, NN, group)
+        core, tiles, lsize, (g0, g1) = pick_tiles(self.ctx, M, NN, C * KH * KW, group)
         if KH == 1 and KW == 1 and strides == [1, 1] and pads == [0, 0]:
             tiles = dict(tiles, IS_1X1=1)
         src = _defines(dict(tiles, IDX=idx)) + head + kernel_source("window") + kernel_source("conv") + \
@@ -327,12 +348,15 @@ class Lowerer:
             np.int64(y_nstride)]
         self._matrix(src, "conv2d", args, core, tiles, lsize, (g0, g1, group), M, NN, C * KH * KW, label)
 
+    WINDOW_PAD_ROWS = 128  # >= any tile's TK and TN: fetches run that far past the end (B_SAFE in gemm_fetch.cl)
+
     def window_table(self, C, H, W, KH, KW, dil):
-        """The int4 table of window.cl for (c, ky, kx) of C channels: a device buffer."""
+        """The int4 table of window.cl for (c, ky, kx) of C channels, then rows wholly in the padding: a buffer."""
         ky, kx = np.meshgrid(np.arange(KH) * dil[0], np.arange(KW) * dil[1], indexing="ij")
         taps = np.stack([ky * W + kx, ky, kx, np.zeros_like(ky)], -1).reshape(1, KH * KW, 4)
         ktab = taps + (np.arange(C) * H * W).reshape(C, 1, 1) * np.array([1, 0, 0, 0])
-        return self.meta(ktab.ravel(), np.int32)
+        outside = np.tile(np.array([0, -0x40000000, 0, 0]), (self.WINDOW_PAD_ROWS, 1))
+        return self.meta(np.concatenate([ktab.reshape(-1, 4), outside]).ravel(), np.int32)
 
     def conv_cpu(self, node, head, bargs, rargs, group, C, K, geo, y_nstride):
         """A convolution on a CPU device: im2col into packed panels (unless B is x itself: 1x1, stride 1, no pads,
@@ -421,7 +445,7 @@ class Lowerer:
         for bi, idx in enumerate(np.ndindex(*batch) if batch else [()]):
             table[bi] = [sum(i * s for i, s in zip(idx, sa_b)), sum(i * s for i, s in zip(idx, sb_b)),
                          sum(i * s for i, s in zip(idx, sc_b)), bi * M * N]
-        core, tiles, lsize, (g0, g1) = pick_tiles(self.ctx, M, N, max(nb, 1))
+        core, tiles, lsize, (g0, g1) = pick_tiles(self.ctx, M, N, K, max(nb, 1))
         defs = dict(tiles)
         if c is not None:
             defs["HAS_C"] = 1
@@ -463,8 +487,9 @@ class Lowerer:
 
     def _matrix(self, src, name, args, core, tiles, lsize, grid, M, NN, KK, label):
         """Launch a GEMM-shaped kernel; on GPUs split K when the grid alone cannot fill the device."""
-        # MAXREG: NVIDIA's compiler gave some 128x128 variants 150 registers, one work-group per SM instead of two
-        options = (f"-cl-nv-maxrregcount {tiles['MAXREG']}",) if "MAXREG" in tiles and self.ctx.is_nvidia else ()
+        # MAXREG: a register cap for NVIDIA's compiler (-cl-nv-maxrregcount, which its driver accepts, but which did
+        # not keep a 128x128 variant under 129 registers on an H100)
+        options = (f"-cl-nv-maxrregcount={tiles['MAXREG']}",) if "MAXREG" in tiles and self.ctx.is_nvidia else ()
         groups = grid[0] // (lsize[0] if lsize else 1) * grid[1] * grid[2]
         target = 2 * self.ctx.info.compute_units
         splits = 1
@@ -523,7 +548,7 @@ class Lowerer:
             return
         work = 4 * group * CKK * NPIX
         M, NN, KK = (K, CKK, NPIX) if which == "dw" else (CKK, NPIX, K)
-        core, tiles, lsize, (g0, g1) = pick_tiles(self.ctx, M, NN, group)
+        core, tiles, lsize, (g0, g1) = pick_tiles(self.ctx, M, NN, KK, group)
         if which == "dx" and core in GPU_CORES and list(s) == [1, 1] and KH * KW > 1 and \
                 p[0] <= d[0] * (KH - 1) and p[1] <= d[1] * (KW - 1):
             # stride 1: dx = conv(dy, w flipped and transposed per group), pads d * (k - 1) - p: no col buffer

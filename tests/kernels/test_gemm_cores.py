@@ -11,6 +11,7 @@ from onnx import helper
 
 import dlnet
 from dlnet.kernels import lowering
+from dlnet.kernels.runtime import cl
 
 from ..conftest import context, make_model, rel_l2
 
@@ -119,3 +120,55 @@ def test_conv_gradients(core):
     torch.nn.functional.cross_entropy(model(torch.from_numpy(x)), torch.from_numpy(y)).backward()
     for name, p in model.named_parameters():
         assert rel_l2(grads[name], p.grad.numpy()) < max(tol, 1e-4) * 10, name
+
+
+def test_conv_weight_gradient_split_k(core):
+    """dW with its pixel axis split across slices (split-K) and ragged at the end: 2 * 23 * 23 = 1058 pixels, so
+    the window fetches run past the last pixel and past the last (c, ky, kx) column into the table's padding."""
+    torch = pytest.importorskip("torch")
+    ctx, tol = core
+    from dlnet.train import Trainer
+    model = torch.nn.Sequential(torch.nn.Conv2d(7, 16, 3, padding=1), torch.nn.Flatten(),
+                                torch.nn.Linear(16 * 23 * 23, 5))
+    x, y = f32(2, 7, 23, 23), rng.integers(0, 5, 2)
+    import io
+    import onnx
+    buf = io.BytesIO()
+    torch.onnx.export(model, (torch.from_numpy(x),), buf, opset_version=13, dynamo=False, input_names=["input"],
+                      output_names=["output"])
+    net = dlnet.Net(ctx).load_onnx(onnx.load_from_string(buf.getvalue()))
+    tr = Trainer(net, loss="cross_entropy", optimizer=dlnet.optim.SGD(lr=0.0))
+    tr.step({"input": x, "target": y})
+    labels = [launch.label for launch in tr._active.plan.launches]
+    if lowering.GEMM_TILES["cpu" if ctx.is_cpu else "gpu"]["core"] == "gemm_core":  # the split this test is about
+        assert any("splitK" in label and "ConvGrad" in label for label in labels), labels
+    grads = {n: tr._active.download(ctx, gv) for n, _, gv in tr._active.params}
+    model.zero_grad()
+    torch.nn.functional.cross_entropy(model(torch.from_numpy(x)), torch.from_numpy(y)).backward()
+    for name, p in model.named_parameters():
+        assert rel_l2(grads[name], p.grad.numpy()) < max(tol, 1e-4) * 10, name
+
+
+@pytest.mark.parametrize("shape", sorted(lowering.GPU_TILE_MODEL))
+def test_each_gpu_tile(shape, monkeypatch):
+    """Every tile of the fp32 GPU table on this device (the portable core forced onto CPUs): a convolution with
+    its epilogue, a ragged GEMM, and a convolution's weight and input gradients, with that tile picked for all."""
+    ctx = context()
+    if ctx.is_cpu:
+        monkeypatch.setitem(lowering.GEMM_TILES, "cpu", lowering.GEMM_TILES["gpu"])
+    monkeypatch.setattr(lowering, "GPU_TILE_MODEL", {shape: lowering.GPU_TILE_MODEL[shape]})
+    xs, ws, attrs = CONVS[0]
+    x, w, b = f32(*xs), f32(*ws), f32(ws[0])
+    ref = conv_ref(x, w, b, attrs)
+    model = make_model([helper.make_node("Conv", ["x", "w", "b"], ["y"], **attrs)], {"x": x}, ["y"],
+                       {"w": w, "b": b})
+    net = dlnet.Net(ctx).load_onnx(model)
+    want = "".join(f"#define {k} {v}\n" for k, v in lowering.GEMM_TILES["gpu"][shape].items())
+    assert any(launch.kernel.program.get_info(cl.program_info.SOURCE).startswith(want)
+               for launch in net.launches if launch.kernel.function_name == "conv2d")
+    assert rel_l2(net.run({"x": x})["y"], ref) < 1e-5
+    a, bm = f32(130, 77), f32(77, 150)
+    gm = make_model([helper.make_node("MatMul", ["a", "b"], ["y"])], {"a": a, "b": bm}, ["y"])
+    y = dlnet.Net(ctx).load_onnx(gm).run({"a": a, "b": bm})["y"]
+    assert rel_l2(y, a.astype(np.float64) @ bm) < 1e-5
+    test_conv_weight_gradient_split_k((ctx, 1e-5))

@@ -37,8 +37,11 @@ inline float im2col(__global const float* x, int4 t, int n, int H, int W, int OH
 }
 #define LOAD_B(k, n) im2col(x, ktab[k], n, H, W, OH, OW, SH, SW, PH, PW, x_nstride)
 // the same per column: the window's corner (iy0, ix0) and its offset, then one table entry per k
+// B_SAFE (gemm_fetch.cl): the table has rows of padding past KK, and a column past NN gets a corner far outside x
+#define B_SAFE
 #define B_COLUMN(n) \
-    const int box_ = (n) % OW, bt_ = (n) / OW, biy0_ = bt_ % OH * SH - PH, bix0_ = box_ * SW - PW; \
+    const int box_ = (n) % OW, bt_ = (n) / OW, bix0_ = box_ * SW - PW; \
+    const int biy0_ = (n) < NN ? bt_ % OH * SH - PH : OUTSIDE; \
     const IDX bbase_ = (bt_ / OH) * x_nstride + (IDX)biy0_ * W + bix0_;
 #define LOAD_BC(k) im2col_at(x, ktab[k], bbase_, biy0_, bix0_, H, W)
 #endif

@@ -30,9 +30,10 @@
 #define LOAD_AK(m) dy[abase_ + (IDX)(m) * OHW]
 #define LOAD_B(k, n) col[(IDX)(n) * NPIX + (k)]
 #if defined(IMPLICIT_COL)  // read the window from x (window.cl) instead of an im2col buffer
+#define B_SAFE  // gemm_fetch.cl: the table's padding rows cover columns past NN, pixels past KK get a corner outside
 #define B_KROW(k) \
     const int bimg_ = (k) / OHW, bp_ = (k) - bimg_ * OHW, boy_ = bp_ / OW; \
-    const int biy0_ = boy_ * SH - PH, bix0_ = (bp_ - boy_ * OW) * SW - PW; \
+    const int biy0_ = (k) < KK ? boy_ * SH - PH : OUTSIDE, bix0_ = (bp_ - boy_ * OW) * SW - PW; \
     const IDX bbase_ = bimg_ * (IDX)x_nstride + (IDX)biy0_ * W + bix0_;
 #define LOAD_BK(n) im2col_at(x, ktab[n], bbase_, biy0_, bix0_, H, W)
 #endif

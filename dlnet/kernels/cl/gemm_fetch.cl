@@ -1,11 +1,6 @@
 // Shared by the GPU GEMM cores (gemm_core.cl, gemm_mma.cl), which the including file follows with: split-K slicing,
 // and which element of the A (TK x TM) and B (TK x TN) tiles each of the NTHREADS work-items fetches from global
 // memory. A_ALONG_M / B_ALONG_K: A is contiguous along m, B along k (so neighbouring work-items read neighbours).
-// Fetches through a per-column or per-row table (B_COLUMN, B_KROW: convolution windows) load from an index clamped
-// into the matrix and zero what lies outside afterwards: under a condition such a load compiled to a branch around
-// it (NVIDIA: each window load waited for its table entry, one after another); unconditional, all of a tile's loads
-// are in flight at once. Plain loads (LOAD_A, LOAD_B) stay conditional: those compile to predicated loads, and the
-// clamping cost the tf32 GEMM 20% (H100, n = 4096).
 #if !defined(LOAD_A) || !defined(LOAD_B) || !defined(STORE) || !defined(PROLOGUE)
 #error "the GEMM cores need LOAD_A LOAD_B STORE PROLOGUE"
 #endif
@@ -35,27 +30,35 @@
 #define B_KK(e) ((e) / TN)
 #define B_NN(e) ((e) % TN)
 #endif
+#if defined(B_SAFE)
+// B_SAFE: the including file's loads read 0 outside the matrix (rows past KK of its window table, columns past NN
+// with a poisoned window corner), so its fetches need no bounds test: under one, a load through a table compiled
+// to a branch around it (NVIDIA: each window load waited for its table entry, one after another); unconditional,
+// all of a tile's loads are in flight at once. Split-K slices end on multiples of TK, so only the last tile of the
+// last slice runs past KK. (Plain loads stay conditional: those compile to predicated loads.)
+#define B_GUARD(ok, v) (float)(v)
+#else
+#define B_GUARD(ok, v) ((ok) ? (float)(v) : 0.0f)
+#endif
 #if defined(B_KROW) && defined(B_ALONG_K)
 // B contiguous along k: every work-item fetches B elements of one row k = k0 + tid % TK (NTHREADS is a multiple of
 // TK); the including file's B_KROW(k) works out once per tile what LOAD_BK(n) needs about row k (for a weight
 // gradient: the image and window corner of pixel k), and LOAD_BK(n) reads column n of that row.
 #define B_SETUP
 #define FETCH_B(k0) { \
-    const int bk0_ = (k0) + tid % TK, bk_ = min(bk0_, kend - 1); B_KROW(bk_) \
+    const int bk_ = (k0) + tid % TK; B_KROW(bk_) \
     for (int l = 0; l < LB; l++) { \
         const int n = n0 + (tid + l * NTHREADS) / TK; \
-        const float v_ = (float)(LOAD_BK(min(n, NN - 1))); \
-        rb[l] = (n < NN && bk0_ < kend) ? v_ : 0.0f; } }
+        rb[l] = B_GUARD(n < NN && bk_ < kend, LOAD_BK(n)); } }
 #elif defined(B_COLUMN) && !defined(B_ALONG_K)
 // Every work-item fetches B elements of one column n = n0 + tid % TN (the cores' NTHREADS are multiples of TN):
 // the including file's B_COLUMN(n) works out once, before the K loop, what LOAD_BC(k) needs about column n (for a
 // convolution: the image and the input window), and LOAD_BC(k) reads row k of that column.
-#define B_SETUP const bool bok_ = n0 + tid % TN < NN; const int bn_ = min(n0 + tid % TN, NN - 1); B_COLUMN(bn_)
+#define B_SETUP const int bn_ = n0 + tid % TN; B_COLUMN(bn_)
 #define FETCH_B(k0) \
     for (int l = 0; l < LB; l++) { \
         const int k = (k0) + tid / TN + l * (NTHREADS / TN); \
-        const float v_ = (float)(LOAD_BC(min(k, kend - 1))); \
-        rb[l] = (bok_ && k < kend) ? v_ : 0.0f; }
+        rb[l] = B_GUARD(bn_ < NN && k < kend, LOAD_BC(k)); }
 #else
 #define B_SETUP
 #define FETCH_B(k0) \

@@ -2,6 +2,8 @@
 // `base`, or 0 in the padding. t is the layer's table entry for (c, ky, kx): (c * H * W + ky * DH * W + kx * DW,
 // ky * DH, kx * DW), written once by the planner so no division by KW or KH runs per element.
 // The load is unconditional (from x[0] in the padding), so callers can have many in flight: see gemm_fetch.cl.
+// The table ends with rows whose ky offset is OUTSIDE: every tap of them lies in the padding (B_SAFE).
+#define OUTSIDE (-0x40000000)
 inline float im2col_at(__global const float* x, int4 t, IDX base, int iy0, int ix0, int H, int W) {
     const int iy = iy0 + t.y, ix = ix0 + t.z;
     const bool in = (uint)iy < (uint)H && (uint)ix < (uint)W;
