@@ -24,10 +24,10 @@ GEMM_TILES = {
 # How the fp32 GPU tiles run, for picking one per layer: work-groups resident per compute unit, the device's rate in
 # TFLOP/s with every unit full, and a fixed cost per tile in units of K (prologue, epilogue). Fitted by least squares
 # to every convolution of vgg16 and resnet50 at batch 16 on an H100 (`bench/gpu_kernels.py --tiles ...`, median
-# error of the fit 9-14%). A layer takes the tile with the least estimated time: whole waves of work-groups, each
+# error of the fit 7-16%). A layer takes the tile with the least estimated time: whole waves of work-groups, each
 # wave costing per_cu tiles of TM x TN x (K + k0) at `rate` (a grid short of one wave costs one: split-K fills it).
-GPU_TILE_MODEL = {"huge": dict(per_cu=2, rate=25.5, k0=30), "mid": dict(per_cu=4, rate=23.1, k0=33),
-                  "big": dict(per_cu=4, rate=21.0, k0=13)}
+GPU_TILE_MODEL = {"huge": dict(per_cu=2, rate=31.0, k0=26), "mid": dict(per_cu=4, rate=24.4, k0=35),
+                  "big": dict(per_cu=4, rate=21.7, k0=18)}
 
 
 def tile_estimate(shape, M, N, K, batches, compute_units):
