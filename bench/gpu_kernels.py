@@ -128,14 +128,14 @@ def main():
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--ptx", default="")
     ap.add_argument("--device", default="gpu")
-    ap.add_argument("--tiles", default="", help="force one fp32 tile config 'TM,TN,TK,WM,WN[,MAXREG]' on every layer")
+    ap.add_argument("--tiles", default="", help="force one fp32 tile config 'TM,TN,TK,WM,WN' on every layer")
     args = ap.parse_args()
     if args.ptx:
         os.makedirs(args.ptx, exist_ok=True)
     if args.tiles:
         from dlnet.kernels import lowering
         v = [int(t) for t in args.tiles.split(",")]
-        tiles = dict(zip(["TM", "TN", "TK", "WM", "WN", "MAXREG"], v))
+        tiles = dict(zip(["TM", "TN", "TK", "WM", "WN"], v))
         lowering.GEMM_TILES["gpu"] = dict(lowering.GEMM_TILES["gpu"], huge=tiles, mid=tiles, big=tiles)
         print(f"tiles forced: {tiles}")
     ctx = dlnet.Context(args.device, precision=args.precision, profile=True)

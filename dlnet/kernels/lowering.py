@@ -69,6 +69,15 @@ def pick_conv_cpu_tiles(NN):
 HUGE_FILL = 1.0
 
 
+def resident_groups(tiles):
+    """Work-groups of these tiles one compute unit holds at once: GPU_TILE_MODEL's figure for the fp32 GPU tiles
+    (a 1x1 convolution's variant too), else 2."""
+    for shape, model in GPU_TILE_MODEL.items():
+        if all(tiles.get(k) == v for k, v in GEMM_TILES["gpu"][shape].items()):
+            return model["per_cu"]
+    return 2
+
+
 def pick_tiles(ctx, M, N, K, batches=1):
     """(core file name, defines, local size, global size for `batches` M x N problems of depth K)."""
     table = GEMM_TILES["cpu" if ctx.is_cpu else "gpu"]
@@ -487,22 +496,19 @@ class Lowerer:
 
     def _matrix(self, src, name, args, core, tiles, lsize, grid, M, NN, KK, label):
         """Launch a GEMM-shaped kernel; on GPUs split K when the grid alone cannot fill the device."""
-        # MAXREG: a register cap for NVIDIA's compiler (-cl-nv-maxrregcount, which its driver accepts, but which did
-        # not keep a 128x128 variant under 129 registers on an H100)
-        options = (f"-cl-nv-maxrregcount={tiles['MAXREG']}",) if "MAXREG" in tiles and self.ctx.is_nvidia else ()
         groups = grid[0] // (lsize[0] if lsize else 1) * grid[1] * grid[2]
-        target = 2 * self.ctx.info.compute_units
+        target = resident_groups(tiles) * self.ctx.info.compute_units  # every resident slot of the device busy
         splits = 1
         if core in GPU_CORES and groups < target and KK >= 512:
             splits = min(64, -(-target // groups), KK // 256)
         if splits <= 1:
-            self.emit(src, name, args + [self.dummy()[0]], grid, lsize, label, options)
+            self.emit(src, name, args + [self.dummy()[0]], grid, lsize, label)
             if core == "gemm_vec":  # the CPU conv path reads im2col's output from the work buffer
                 self.use_scratch(self.launches[-1].kernel, len(args), 0, "work")
             return
         src = f"#define SPLITS {splits}\n" + src + kernel_source("gemm_reduce")
         self.emit(src, name, args + [self.dummy()[0]], (grid[0], grid[1], grid[2] * splits), lsize,
-                  label + f" splitK{splits}", options)
+                  label + f" splitK{splits}")
         self.emit(src, name + "_reduce", args + [self.dummy()[0]], (_round_up(NN, 64), M, grid[2]), (64, 1, 1),
                   label + " reduce")
         nbytes = 4 * splits * grid[2] * M * NN
