@@ -92,18 +92,23 @@ def bench_nets(ctx, nets, batches, iters, rows):
         torch.cuda.empty_cache()
 
 
-def bench_gemm(ctx, sizes):
+def matmul_model(n):
+    """An ONNX model y = a @ b of two n x n float inputs."""
     from onnx import TensorProto, helper
+    g = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["y"], name="mm")], "mm",
+                          [helper.make_tensor_value_info("a", TensorProto.FLOAT, [n, n]),
+                           helper.make_tensor_value_info("b", TensorProto.FLOAT, [n, n])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [n, n])])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def bench_gemm(ctx, sizes):
     set_tf32(ctx.precision == "tf32")
     tf32 = "on" if ctx.precision == "tf32" else "off"
     print(f"\nGEMM {ctx.precision} (kernel time only, median of 10; cuBLAS with TF32 {tf32})")
     print(f"{'n':>6} {'cuBLAS TFLOP/s':>15} {'dlnet TFLOP/s':>14} {'ratio':>6}")
     for n in sizes:
-        g = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["y"])], "mm",
-                              [helper.make_tensor_value_info("a", TensorProto.FLOAT, [n, n]),
-                               helper.make_tensor_value_info("b", TensorProto.FLOAT, [n, n])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [n, n])])
-        net = dlnet.Net(ctx).load_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]))
+        net = dlnet.Net(ctx).load_onnx(matmul_model(n))
         a = np.random.default_rng(0).standard_normal((n, n)).astype(np.float32)
         out = net.run({"a": a, "b": a})["y"]
         ta = torch.from_numpy(a).cuda()

@@ -147,13 +147,9 @@ def main():
         net.run({net.inputs[0].name: x})
         profile(ctx, net.launches, node_flops(net._last.graph), args.iters, args.ptx, f"{name}_b{args.batch}")
         net.release()
-    from onnx import TensorProto, helper
     for n in [int(v) for v in args.gemm.split(",") if v]:
-        g = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["y"], name="mm")], "mm",
-                              [helper.make_tensor_value_info("a", TensorProto.FLOAT, [n, n]),
-                               helper.make_tensor_value_info("b", TensorProto.FLOAT, [n, n])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [n, n])])
-        net = dlnet.Net(ctx).load_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]))
+        from gpu import matmul_model
+        net = dlnet.Net(ctx).load_onnx(matmul_model(n))
         a = np.random.default_rng(0).standard_normal((n, n)).astype(np.float32)
         out = net.run({"a": a, "b": a})["y"]
         ref = a.astype(np.float64) @ a.astype(np.float64) if n <= 4096 else None

@@ -96,19 +96,15 @@ def test_conv_with_epilogue(core, xs, ws, attrs):
     assert rel_l2(y, np.maximum(ref + r, 0)) < tol
 
 
-def test_conv_gradients(core):
-    """dW and dX of a convolution (the conv_grad_gemm kernels on this core) against torch autograd."""
-    torch = pytest.importorskip("torch")
-    ctx, tol = core
-    from dlnet.train import Trainer
-    conv = torch.nn.Conv2d(8, 40, 3, padding=1, stride=2)
-    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1),
-                                torch.nn.Conv2d(8, 8, 3, padding=2, dilation=2, groups=2),
-                                torch.nn.Conv2d(8, 8, 1, groups=2), conv, torch.nn.Flatten(),
-                                torch.nn.Linear(40 * 6 * 6, 10))
-    x, y = f32(4, 3, 11, 11), rng.integers(0, 10, 4)  # 484 pixels: k runs past the last full tile
+def check_gradients_against_torch(ctx, tol, model, x, y):
+    """One SGD(lr=0) step of `model` exported to ONNX: every parameter gradient against torch autograd. Returns the
+    labels of the step's forward and backward launches."""
     import io
+
     import onnx
+    import torch
+
+    from dlnet.train import Trainer
     buf = io.BytesIO()
     torch.onnx.export(model, (torch.from_numpy(x),), buf, opset_version=13, dynamo=False, input_names=["input"],
                       output_names=["output"])
@@ -120,6 +116,20 @@ def test_conv_gradients(core):
     torch.nn.functional.cross_entropy(model(torch.from_numpy(x)), torch.from_numpy(y)).backward()
     for name, p in model.named_parameters():
         assert rel_l2(grads[name], p.grad.numpy()) < max(tol, 1e-4) * 10, name
+    return [launch.label for launch in tr._active.plan.launches]
+
+
+def test_conv_gradients(core):
+    """dW and dX of a convolution (the conv_grad_gemm kernels on this core) against torch autograd."""
+    torch = pytest.importorskip("torch")
+    ctx, tol = core
+    conv = torch.nn.Conv2d(8, 40, 3, padding=1, stride=2)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1),
+                                torch.nn.Conv2d(8, 8, 3, padding=2, dilation=2, groups=2),
+                                torch.nn.Conv2d(8, 8, 1, groups=2), conv, torch.nn.Flatten(),
+                                torch.nn.Linear(40 * 6 * 6, 10))
+    x, y = f32(4, 3, 11, 11), rng.integers(0, 10, 4)  # 484 pixels: k runs past the last full tile
+    check_gradients_against_torch(ctx, tol, model, x, y)
 
 
 def test_conv_weight_gradient_split_k(core):
@@ -127,26 +137,12 @@ def test_conv_weight_gradient_split_k(core):
     the window fetches run past the last pixel and past the last (c, ky, kx) column into the table's padding."""
     torch = pytest.importorskip("torch")
     ctx, tol = core
-    from dlnet.train import Trainer
     model = torch.nn.Sequential(torch.nn.Conv2d(7, 16, 3, padding=1), torch.nn.Flatten(),
                                 torch.nn.Linear(16 * 23 * 23, 5))
     x, y = f32(2, 7, 23, 23), rng.integers(0, 5, 2)
-    import io
-    import onnx
-    buf = io.BytesIO()
-    torch.onnx.export(model, (torch.from_numpy(x),), buf, opset_version=13, dynamo=False, input_names=["input"],
-                      output_names=["output"])
-    net = dlnet.Net(ctx).load_onnx(onnx.load_from_string(buf.getvalue()))
-    tr = Trainer(net, loss="cross_entropy", optimizer=dlnet.optim.SGD(lr=0.0))
-    tr.step({"input": x, "target": y})
-    labels = [launch.label for launch in tr._active.plan.launches]
+    labels = check_gradients_against_torch(ctx, tol, model, x, y)
     if lowering.GEMM_TILES["cpu" if ctx.is_cpu else "gpu"]["core"] == "gemm_core":  # the split this test is about
         assert any("splitK" in label and "ConvGrad" in label for label in labels), labels
-    grads = {n: tr._active.download(ctx, gv) for n, _, gv in tr._active.params}
-    model.zero_grad()
-    torch.nn.functional.cross_entropy(model(torch.from_numpy(x)), torch.from_numpy(y)).backward()
-    for name, p in model.named_parameters():
-        assert rel_l2(grads[name], p.grad.numpy()) < max(tol, 1e-4) * 10, name
 
 
 @pytest.mark.parametrize("shape", sorted(lowering.GPU_TILE_MODEL))
