@@ -4,7 +4,8 @@
 
 Protocol (shared/GPU.md): torchvision definitions with their random initialisation, exported to ONNX; the time of one
 inference includes copying the input to the device and the output back; warm-up, then the median of --iters runs;
-fp32 compared with PyTorch TF32 off. Prints tables; asserts nothing.
+fp32 compared with PyTorch TF32 off. Each net is timed twice: with the input in an ordinary numpy array / CPU tensor,
+and with both engines' inputs in pinned host memory (torch pin_memory(), dlnet Net.input_array). Prints tables; asserts nothing.
 """
 import argparse
 import io
@@ -67,9 +68,13 @@ def bench_nets(ctx, nets, batches, iters, rows):
             x = np.random.default_rng(batch).standard_normal((batch, 3, 224, 224)).astype(np.float32)
             xt = torch.from_numpy(x)
 
-            def run_torch():
+            xt_pinned = xt.pin_memory()
+            x_pinned = net.input_array("x", x.shape)
+            x_pinned[...] = x
+
+            def run_torch(src=xt):
                 with torch.no_grad():
-                    y = cuda_model(xt.cuda()).cpu()
+                    y = cuda_model(src.cuda(non_blocking=src.is_pinned())).cpu()
                 torch.cuda.synchronize()
                 return y
 
@@ -78,14 +83,17 @@ def bench_nets(ctx, nets, batches, iters, rows):
             set_tf32(tf32)
             t_torch = median_ms(run_torch, iters)
             t_dlnet = median_ms(lambda: net.run({"x": x}), iters)
+            t_torch_p = median_ms(lambda: run_torch(xt_pinned), iters)
+            t_dlnet_p = median_ms(lambda: net.run({"x": x_pinned}), iters)
             err = rel_l2(net.run({"x": x})["y"], y_fp32)
             torch.cuda.reset_peak_memory_stats()
             run_torch()
             torch_mem = torch.cuda.max_memory_allocated()
             mem = net.memory
             rows.append((name, batch, t_torch, t_dlnet, t_torch / t_dlnet, err, mem.total / 2**20, torch_mem / 2**20,
-                         len(net.launches)))
+                         len(net.launches), t_torch_p, t_dlnet_p, t_torch_p / t_dlnet_p))
             print(f"{name:13s} b{batch:<3d} torch {t_torch:8.2f} ms  dlnet {t_dlnet:8.2f} ms  ratio {t_torch / t_dlnet:5.2f}"
+                  f"  pinned: torch {t_torch_p:8.2f} dlnet {t_dlnet_p:8.2f} ratio {t_torch_p / t_dlnet_p:5.2f}"
                   f"  err {err:.1e}  mem {mem.total / 2**20:.0f}/{torch_mem / 2**20:.0f} MiB", flush=True)
         net.release()
         del cuda_model
@@ -192,11 +200,13 @@ def main():
             bench_nets(ctx, args.nets.split(","), [int(b) for b in args.batches.split(",")], args.iters, rows)
             print(f"\n{precision}: PyTorch with TF32 {'on' if precision == 'tf32' else 'off'}; rel err against "
                   f"PyTorch fp32")
-            print(f"{'net':13s} {'batch':>5} {'torch ms':>9} {'dlnet ms':>9} {'ratio':>6} {'rel err':>8} "
-                  f"{'mem MiB (dlnet/torch)':>22} {'launches':>8}")
+            print("plain: both copy the input from an ordinary (pageable) host array; pinned: both from page-locked "
+                  "memory (torch pin_memory(), dlnet Net.input_array)")
+            print(f"{'net':13s} {'batch':>5} {'torch ms':>9} {'dlnet ms':>9} {'ratio':>6} {'pinned: torch':>14} "
+                  f"{'dlnet':>7} {'ratio':>6} {'rel err':>8} {'mem MiB (dlnet/torch)':>22} {'launches':>8}")
             for r in rows:
-                print(f"{r[0]:13s} {r[1]:5d} {r[2]:9.2f} {r[3]:9.2f} {r[4]:6.2f} {r[5]:8.1e} "
-                      f"{r[6]:10.0f}/{r[7]:<11.0f} {r[8]:8d}")
+                print(f"{r[0]:13s} {r[1]:5d} {r[2]:9.2f} {r[3]:9.2f} {r[4]:6.2f} {r[9]:14.2f} {r[10]:7.2f} "
+                      f"{r[11]:6.2f} {r[5]:8.1e} {r[6]:10.0f}/{r[7]:<11.0f} {r[8]:8d}")
         if args.gemm:
             from dlnet.kernels import lowering
             for cfg in args.tiles.split(";") if args.tiles else [""]:

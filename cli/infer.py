@@ -89,12 +89,19 @@ class InputSpec:
                 raise InputError(f"--batch {batch}: the model's input {info.name!r} has a fixed batch of {fixed_batch}")
             batch = fixed_batch
         self.batch = batch
+        self.net, self.pinned = net, None
 
     def stack(self, arrays):
-        """CxHxW arrays -> one batch, padded with zeros to the batch size (rows are independent)."""
-        x = np.zeros((self.batch, self.channels) + self.size, np.float32)
+        """CxHxW arrays -> one batch, padded with zeros to the batch size (rows are independent), written into one
+        pinned host array that every batch reuses (run() has finished with it when it returns)."""
+        if self.pinned is None:
+            shape = (self.batch, self.channels) + self.size
+            self.pinned = self.net.input_array(self.name, shape if self.layout == "nchw" else
+                                               (shape[0], shape[2], shape[3], shape[1]))
+        x = self.pinned.transpose(0, 3, 1, 2) if self.layout == "nhwc" else self.pinned
         x[:len(arrays)] = np.stack(arrays)
-        return x.transpose(0, 2, 3, 1).copy() if self.layout == "nhwc" else x
+        x[len(arrays):] = 0
+        return self.pinned
 
 
 class Progress:
