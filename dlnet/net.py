@@ -7,8 +7,9 @@ import numpy as np
 from .errors import InputError, ModelError
 from .graph.memory import MemoryReport, plan_memory
 from .graph.passes import run_passes
+from .graph.passes.winograd import winograd_weights
 from .graph.printer import format_graph
-from .kernels.lowering import Lowerer
+from .kernels.lowering import Lowerer, winograd_min_channels
 from .kernels.runtime import Context, cl
 from .onnx.importer import Importer, check_supported, graph_io, load_model
 from .stages import StagedPlan
@@ -136,6 +137,7 @@ class Net:
         graph = Importer(self.model, self.path).build(shapes)
         if passes:
             run_passes(graph)
+            winograd_weights(graph, winograd_min_channels(self.ctx))
         return graph
 
     def _plan(self, shapes):
@@ -241,7 +243,9 @@ class Net:
             mem = plan_memory(self.build_graph(shapes))
         else:
             mem = self._last.memory
-        return MemoryReport(mem.act_bytes, mem.const_bytes, mem.naive_act_bytes)
+        lw = getattr(self._last, "lowerer", None)
+        work = sum(b.size for b in list(lw.scratch.values()) + lw.keepalive) if lw is not None else 0
+        return MemoryReport(mem.act_bytes, mem.const_bytes, mem.naive_act_bytes, work)
 
     def release(self):
         for p in self.plans.values():

@@ -36,15 +36,17 @@ class MemoryReport:
     activations: int
     weights: int
     naive_activations: int
+    workspace: int = 0  # scratch buffers (split-K partials, Winograd tiles) and tables the launches read
 
     @property
     def total(self):
-        return self.activations + self.weights
+        return self.activations + self.weights + self.workspace
 
     def __str__(self):
         mib = 2 ** 20
         return (f"activations {self.activations / mib:.2f} MiB (one buffer per value would take "
-                f"{self.naive_activations / mib:.2f} MiB), weights {self.weights / mib:.2f} MiB")
+                f"{self.naive_activations / mib:.2f} MiB), weights {self.weights / mib:.2f} MiB"
+                + (f", workspace {self.workspace / mib:.2f} MiB" if self.workspace else ""))
 
 
 def _inplace_candidate(node, x, y):

@@ -1,4 +1,6 @@
 """Lowering: each node of a planned graph becomes kernel launches with arguments bound once."""
+import os
+
 import numpy as np
 
 from . import codegen
@@ -39,6 +41,20 @@ def tile_estimate(shape, M, N, K, batches, compute_units):
 
 
 GPU_CORES = ("gemm_core", "gemm_mma")
+
+# Winograd F(2x2, 3x3) for 3x3 stride-1 convolutions with at least this many channels in and out (0: never). On an
+# H100 at batch 16 (bench/gpu_kernels.py) 64 beat 128 and 256 on vgg16, resnet18 and resnet50: the transforms' memory
+# traffic (V and M are 4x the input and output) costs less than the 2.25x fewer products save.
+WINOGRAD_MIN_CHANNELS = int(os.environ.get("DLNET_WINOGRAD_MIN_CHANNELS", 64))
+# Its transformed tiles (V: 16 C, M: 16 K floats per 2x2 output tile) take at most this fraction of the plan's
+# activation arena, or WINOGRAD_WORKSPACE_MIN bytes; a larger layer runs in chunks of tiles.
+WINOGRAD_WORKSPACE = 0.25
+WINOGRAD_WORKSPACE_MIN = 16 << 20
+
+
+def winograd_min_channels(ctx):
+    """WINOGRAD_MIN_CHANNELS where convolutions run on the GPU core (passes/winograd.py), else 0: none."""
+    return WINOGRAD_MIN_CHANNELS if GEMM_TILES["cpu" if ctx.is_cpu else "gpu"]["core"] == "gemm_core" else 0
 
 
 # CPU convolutions (conv_cpu.cl): MR x 8*NV outputs per work-item held in MR*NV float8 accumulators (AVX2 has 16
@@ -311,8 +327,11 @@ class Lowerer:
         head = _defines(defs) + act_macro(a.get("act"))
         bargs = self.args(bias) if bias is not None else self.dummy()
         rargs = self.args(res) if res is not None else self.dummy()
-        y_nstride = Cout * OH * OW
         label = f"{node.name} Conv"
+        if a.get("winograd"):
+            self.winograd(x, w, bargs, rargs, y, head, pads, label)
+            return
+        y_nstride = Cout * OH * OW
         if group == Cin and w.shape[1] == 1 and group > 1:
             mult = Cout // Cin
             args = self.args(x) + self.args(w) + bargs + rargs + self.args(y) + [
@@ -356,6 +375,39 @@ class Lowerer:
             np.int32(dil[0]), np.int32(dil[1]), np.int32(group), np.int32(N), np.int64(y_nstride),
             np.int64(y_nstride)]
         self._matrix(src, "conv2d", args, core, tiles, lsize, (g0, g1, group), M, NN, C * KH * KW, label)
+
+    def winograd(self, x, u, bargs, rargs, y, head, pads, label):
+        """A convolution whose weights passes/winograd.py transformed (u = G w G^T, [4, 4, K, C]): input transform
+        (winograd.cl) -> 16 products U[xi] V[xi] as one batched GEMM on the core -> output transform with the
+        epilogue. V and M live in two scratch pools of at most WINOGRAD_WORKSPACE x the activation arena together
+        (at least WINOGRAD_WORKSPACE_MIN): a larger layer runs in chunks of tiles, three launches each."""
+        N, C, H, W = x.shape
+        K, OH, OW = y.shape[1:]
+        TH, TW = -(-OH // 2), -(-OW // 2)
+        T = N * TH * TW
+        budget = max(WINOGRAD_WORKSPACE_MIN, int(WINOGRAD_WORKSPACE * self.plan.act_bytes))
+        TC = min(T, max(256, budget // (64 * (C + K)) // 256 * 256))  # tiles per chunk
+        vbytes, mbytes = 64 * C * TC, 64 * K * TC
+        idx = self.index_type(x.size, y.size, 16 * C * TC, 16 * K * TC)
+        src = _defines({"IDX": idx}) + head + kernel_source("winograd")
+        for t0 in range(0, T, TC):
+            tc = min(TC, T - t0)
+            table = np.array([[xi * K * C, xi * C * tc, 0, xi * K * tc] for xi in range(16)], np.int64)
+            tag = f" winograd{'' if TC == T else f' tiles {t0}+{tc}'}"
+            self.emit(src, "wino_input", self.args(x) + self.dummy() + [np.int32(v) for v in (
+                C, H, W, pads[0], pads[1], TH, TW, t0, tc)], (_round_up(tc, 64), C), (64, 1), label + tag + " in")
+            self.use_scratch(self.launches[-1].kernel, 2, vbytes, "wino_v")
+            first = len(self.launches)
+            self._gemm_launch(self.args(u), self.dummy(), None, self.dummy(), table, K, tc, C,
+                              (C, 1, tc, 1, 0, 0), idx, None, 1.0, 0.0, label + tag + " gemm")
+            for launch in self.launches[first:]:
+                if launch.kernel.name == "gemm":
+                    self.use_scratch(launch.kernel, 2, vbytes, "wino_v")
+                self.use_scratch(launch.kernel, 6, mbytes, "wino_m")
+            self.emit(src, "wino_output", self.dummy() + bargs + rargs + self.args(y) + [
+                np.int32(v) for v in (K, OH, OW, TH, TW, t0, tc)] + [np.int64(K * OH * OW)] * 2,
+                (_round_up(tc, 64), K), (64, 1), label + tag + " out")
+            self.use_scratch(self.launches[-1].kernel, 0, mbytes, "wino_m")
 
     WINDOW_PAD_ROWS = 128  # >= any tile's TK and TN: fetches run that far past the end (B_SAFE in gemm_fetch.cl)
 
@@ -454,9 +506,20 @@ class Lowerer:
         for bi, idx in enumerate(np.ndindex(*batch) if batch else [()]):
             table[bi] = [sum(i * s for i, s in zip(idx, sa_b)), sum(i * s for i, s in zip(idx, sb_b)),
                          sum(i * s for i, s in zip(idx, sc_b)), bi * M * N]
-        core, tiles, lsize, (g0, g1) = pick_tiles(self.ctx, M, N, K, max(nb, 1))
+        idx = self.index_type(a.size, b.size, y.size, c.size if c is not None else 0)
+        self._gemm_launch(self.args(a), self.args(b), self.args(c) if c is not None else None, self.args(y), table,
+                          M, N, K, (sam, sak, sbk, sbn, scm, scn), idx, at.get("act"), at.get("alpha", 1.0),
+                          at.get("beta", 1.0), f"{node.name} Gemm")
+
+    def _gemm_launch(self, aa, ba, ca, ya, table, M, N, K, strides, idx, act, alpha, beta, label):
+        """gemm.cl on the device's core: len(table) products y = act(alpha A B + beta C), M x N x K, addressed by
+        (buffer, offset) arguments aa..ya (ca None: no C), per-batch offsets `table` and element strides
+        (sam, sak, sbk, sbn, scm, scn); y is row-major with N columns."""
+        sam, sak, sbk, sbn, scm, scn = strides
+        nb = len(table)
+        core, tiles, lsize, (g0, g1) = pick_tiles(self.ctx, M, N, K, nb)
         defs = dict(tiles)
-        if c is not None:
+        if ca is not None:
             defs["HAS_C"] = 1
         if sbn == 1:
             defs["B_ROWS"] = 1
@@ -464,14 +527,13 @@ class Lowerer:
             defs["B_ALONG_K"] = 1
         if sam == 1 and sak != 1:
             defs["A_ALONG_M"] = 1
-        defs["IDX"] = self.index_type(a.size, b.size, y.size, c.size if c is not None else 0)
-        I = np.int32 if defs["IDX"] == "int" else np.int64
-        src = _defines(defs) + act_macro(at.get("act")) + kernel_source("gemm") + core_source(core)
-        args = self.args(a) + self.args(b) + (self.args(c) if c is not None else self.dummy()) + self.args(y) + [
-            self.meta(table.ravel()), np.int32(M), np.int32(N), np.int32(K), I(sam), I(sak),
-            I(sbk), I(sbn), I(scm), I(scn), I(N), I(1),
-            np.float32(at.get("alpha", 1.0)), np.float32(at.get("beta", 1.0))]
-        self._matrix(src, "gemm", args, core, tiles, lsize, (g0, g1, max(nb, 1)), M, N, K, f"{node.name} Gemm")
+        defs["IDX"] = idx
+        I = np.int32 if idx == "int" else np.int64
+        src = _defines(defs) + act_macro(act) + kernel_source("gemm") + core_source(core)
+        args = aa + ba + (ca if ca is not None else self.dummy()) + ya + [
+            self.meta(np.asarray(table).ravel()), np.int32(M), np.int32(N), np.int32(K), I(sam), I(sak),
+            I(sbk), I(sbn), I(scm), I(scn), I(N), I(1), np.float32(alpha), np.float32(beta)]
+        self._matrix(src, "gemm", args, core, tiles, lsize, (g0, g1, nb), M, N, K, label)
 
     def gemm_cpu(self, node, a, b, c, y, M, N, K, sam, sak, sbk, sbn, cs):
         """A 2-D Gemm with a constant B on a CPU device: B packed here, once, into panels of NR columns."""

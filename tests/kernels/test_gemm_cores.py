@@ -168,3 +168,57 @@ def test_each_gpu_tile(shape, monkeypatch):
     y = dlnet.Net(ctx).load_onnx(gm).run({"a": a, "b": bm})["y"]
     assert rel_l2(y, a.astype(np.float64) @ bm) < 1e-5
     test_conv_weight_gradient_split_k((ctx, 1e-5))
+
+
+WINOGRAD_CONVS = [  # (x shape, output channels, pads)
+    ((2, 16, 20, 20), 24, 1),
+    ((1, 8, 7, 9), 8, 1),  # odd output sizes: ragged 2x2 tiles
+    ((2, 8, 6, 5), 16, 0),
+    ((1, 12, 5, 5), 8, 2),
+    ((1, 600, 4, 4), 16, 1),  # few tiles, long K: the batched GEMM split along K
+    ((2, 16, 40, 40), 8, 1),  # 800 tiles in chunks of 256 (workspace limit forced down), the last one ragged
+]
+
+
+@pytest.mark.parametrize("xs,k,p", WINOGRAD_CONVS)
+def test_winograd_conv(core, xs, k, p, monkeypatch):
+    """3x3 stride-1 convolutions through Winograd F(2x2, 3x3) (input transform, 16 products as one batched GEMM on
+    the core, output transform with bias + residual + Relu) against float64."""
+    ctx, tol = core
+    if lowering.GEMM_TILES["cpu" if ctx.is_cpu else "gpu"]["core"] != "gemm_core":
+        pytest.skip("Winograd runs on the GPU core (forced onto CPUs by the 'portable' case)")
+    monkeypatch.setattr(lowering, "WINOGRAD_MIN_CHANNELS", 8)
+    if xs[2] == 40:
+        monkeypatch.setattr(lowering, "WINOGRAD_WORKSPACE", 0)
+        monkeypatch.setattr(lowering, "WINOGRAD_WORKSPACE_MIN", 0)
+    x, w, b = f32(*xs), f32(k, xs[1], 3, 3), f32(k)
+    attrs = {"pads": [p] * 4}
+    ref = conv_ref(x, w, b, attrs)
+    r = f32(*ref.shape)
+    model = make_model([helper.make_node("Conv", ["x", "w", "b"], ["c"], **attrs),
+                        helper.make_node("Add", ["c", "r"], ["s"]), helper.make_node("Relu", ["s"], ["y"])],
+                       {"x": x, "r": r}, ["y"], {"w": w, "b": b})
+    net = dlnet.Net(ctx).load_onnx(model)
+    labels = [launch.label for launch in net.launches]
+    assert sum("winograd" in label and label.endswith(" gemm") for label in labels) == (4 if xs[2] == 40 else 1), \
+        labels
+    assert "winograd=1" in str(net.graph)
+    assert rel_l2(net.run({"x": x, "r": r})["y"], np.maximum(ref + r, 0)) < tol
+
+
+def test_winograd_only_where_it_applies(monkeypatch):
+    """Strided, grouped or narrow convolutions keep the implicit GEMM."""
+    ctx = context()
+    if ctx.is_cpu:
+        monkeypatch.setitem(lowering.GEMM_TILES, "cpu", lowering.GEMM_TILES["gpu"])
+    monkeypatch.setattr(lowering, "WINOGRAD_MIN_CHANNELS", 16)
+    for xs, ws, attrs, want in [((1, 16, 9, 9), (16, 16, 3, 3), {"pads": [1] * 4}, True),
+                                ((1, 16, 9, 9), (16, 16, 3, 3), {"strides": [2, 2]}, False),
+                                ((1, 16, 9, 9), (16, 8, 3, 3), {"group": 2}, False),
+                                ((1, 8, 9, 9), (16, 8, 3, 3), {}, False),
+                                ((1, 16, 9, 9), (16, 16, 3, 3), {"dilations": [2, 2]}, False)]:
+        x, w = f32(*xs), f32(*ws)
+        model = make_model([helper.make_node("Conv", ["x", "w"], ["y"], **attrs)], {"x": x}, ["y"], {"w": w})
+        net = dlnet.Net(ctx).load_onnx(model)
+        assert any("winograd" in launch.label for launch in net.launches) == want, (attrs, ws)
+        assert rel_l2(net.run({"x": x})["y"], conv_ref(x, w, np.zeros(ws[0], np.float32), attrs)) < 1e-5

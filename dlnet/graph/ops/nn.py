@@ -25,7 +25,8 @@ class Conv(Op):
     """y = act(conv(x, w) + b + res);  dx = conv_transpose(dy, w), dw = conv(x, dy) (see autodiff)
 
     attrs: strides, pads (begins + ends, symmetric after the padding pass), dilations, group;
-    fused epilogue: act (a unary pointwise node's (op, attrs)) and a residual input.
+    fused epilogue: act (a unary pointwise node's (op, attrs)) and a residual input;
+    winograd: w holds U = G w G^T [4, 4, K, C] for Winograd F(2x2, 3x3) (passes/winograd.py, GPU inference).
     """
     name = "Conv"
     dtypes = ("float32",)
@@ -35,20 +36,23 @@ class Conv(Op):
         nsp = x.rank - 2
         strides, pads, dil = spatial_attrs(node, nsp)
         group = node.attrs.get("group", 1)
-        if x.shape[1] != w.shape[1] * group:
+        cout, cin, kernel = w.shape[0], w.shape[1], w.shape[2:]
+        if node.attrs.get("winograd"):  # weights transformed for Winograd F(2x2, 3x3): U [4, 4, K, C]
+            cout, cin, kernel = w.shape[2], w.shape[3], (3, 3)
+        if x.shape[1] != cin * group:
             raise ValueError(f"input has {x.shape[1]} channels, weights {list(w.shape)} with group={group} "
-                             f"expect {w.shape[1] * group}")
-        out = [conv_out(x.shape[2 + i], w.shape[2 + i], strides[i], pads[i], pads[i + nsp], dil[i])
+                             f"expect {cin * group}")
+        out = [conv_out(x.shape[2 + i], kernel[i], strides[i], pads[i], pads[i + nsp], dil[i])
                for i in range(nsp)]
-        return [(x.dtype, (x.shape[0], w.shape[0], *out))]
+        return [(x.dtype, (x.shape[0], cout, *out))]
 
     def lower(self, node, lw):
         lw.conv(node)
 
     def grad(self, b, node, dys):
         x, w = node.inputs[0], node.inputs[1]
-        if node.attrs.get("act") or len(node.inputs) > 3:
-            return None  # a fused epilogue: autodiff runs before fusion
+        if node.attrs.get("act") or len(node.inputs) > 3 or node.attrs.get("winograd"):
+            return None  # a fused epilogue or Winograd weights: autodiff runs before those passes
         dy = dys[0]
         grads = [b.op("ConvGradX", [dy, w], dict(node.attrs, x_shape=x.shape)),
                  b.op("ConvGradW", [dy, x], dict(node.attrs, w_shape=w.shape))]

@@ -1,0 +1,88 @@
+// Winograd F(2x2, 3x3) for 3x3 stride-1 convolutions (Lavin & Gray, 2015). Per 2x2 output tile and channel pair,
+// y = A^T [U . V] A with U = G w G^T (the weights, transformed once at plan time) and V = B^T d B (d: the 4x4 input
+// tile under it). The sixteen sums over channels of U[xi] . V[xi] are a batched GEMM on the device's core
+// (M[xi] = U[xi] V[xi], K x C times C x T); these two kernels are the transforms around it. t numbers the tiles
+// (image, tile row, tile column); a launch covers the chunk of tiles t0 .. t0 + tc, with V [16][C][tc] and
+// M [16][K][tc], so work-items along t touch consecutive words.
+#ifndef IDX
+#define IDX long
+#endif
+#ifndef ACT
+#error "winograd.cl needs ACT(v)"
+#endif
+
+// global (T, C): one 4x4 input tile of one channel -> its 16 transformed values
+__kernel void wino_input(__global const float* x, ulong x_off, __global float* v, ulong v_off,
+                         int C, int H, int W, int PH, int PW, int TH, int TW, int t0, int tc) {
+    const int tl = get_global_id(0), c = get_global_id(1), t = t0 + tl;
+    if (tl >= tc) return;
+    const int tx = t % TW, r = t / TW, ty = r % TH, img = r / TH;
+    x += x_off + ((IDX)img * C + c) * H * W;
+    const int y0 = 2 * ty - PH, x0 = 2 * tx - PW;
+    float d[4][4];
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 4; j++) {
+            const int iy = y0 + i, ix = x0 + j;
+            const bool in = (uint)iy < (uint)H && (uint)ix < (uint)W;
+            const float val = x[in ? iy * W + ix : 0];
+            d[i][j] = in ? val : 0.0f;
+        }
+    float e[4][4];  // B^T d
+    for (int j = 0; j < 4; j++) {
+        e[0][j] = d[0][j] - d[2][j]; e[1][j] = d[1][j] + d[2][j];
+        e[2][j] = d[2][j] - d[1][j]; e[3][j] = d[1][j] - d[3][j];
+    }
+    const IDX plane = (IDX)C * tc;
+    v += v_off + (IDX)c * tc + tl;
+    for (int i = 0; i < 4; i++) {  // (B^T d) B
+        v[(4 * i + 0) * plane] = e[i][0] - e[i][2];
+        v[(4 * i + 1) * plane] = e[i][1] + e[i][2];
+        v[(4 * i + 2) * plane] = e[i][2] - e[i][1];
+        v[(4 * i + 3) * plane] = e[i][1] - e[i][3];
+    }
+}
+
+#if defined(HAS_RES)
+#define RES(o) res[o]
+#else
+#define RES(o) 0.0f
+#endif
+#if defined(HAS_BIAS)
+#define BIAS(k) bias[k]
+#else
+#define BIAS(k) 0.0f
+#endif
+
+// global (T, K): the 16 products of one tile and output channel -> its 2x2 outputs, + bias, + residual, activation
+__kernel void wino_output(__global const float* m, ulong m_off, __global const float* bias, ulong bias_off,
+                          __global const float* res, ulong res_off, __global float* y, ulong y_off,
+                          int K, int OH, int OW, int TH, int TW, int t0, int tc, long y_nstride,
+                          long res_nstride) {
+    const int tl = get_global_id(0), k = get_global_id(1), t = t0 + tl;
+    if (tl >= tc) return;
+    const int tx = t % TW, r = t / TW, ty = r % TH, img = r / TH;
+    const IDX plane = (IDX)K * tc;
+    m += m_off + (IDX)k * tc + tl;
+    float a[16];
+    for (int i = 0; i < 16; i++)
+        a[i] = m[i * plane];
+    float s[2][4];  // A^T a
+    for (int j = 0; j < 4; j++) {
+        s[0][j] = a[j] + a[4 + j] + a[8 + j];
+        s[1][j] = a[4 + j] - a[8 + j] - a[12 + j];
+    }
+    bias += bias_off;
+    const float b = BIAS(k);
+    const IDX ybase = (IDX)img * y_nstride + (IDX)k * OH * OW, rbase = (IDX)img * res_nstride + (IDX)k * OH * OW;
+    y += y_off; res += res_off;
+    for (int i = 0; i < 2; i++) {  // (A^T a) A
+        const int oy = 2 * ty + i;
+        const float o0 = s[i][0] + s[i][1] + s[i][2], o1 = s[i][1] - s[i][2] - s[i][3];
+        if (oy < OH) {
+            const int ox = 2 * tx;
+            const IDX p = (IDX)oy * OW + ox;
+            { float r_ = o0 + b + RES(rbase + p); y[ybase + p] = ACT(r_); }
+            if (ox + 1 < OW) { float r_ = o1 + b + RES(rbase + p + 1); y[ybase + p + 1] = ACT(r_); }
+        }
+    }
+}
