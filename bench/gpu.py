@@ -94,7 +94,9 @@ def bench_nets(ctx, nets, batches, iters, rows):
                          len(net.launches), t_torch_p, t_dlnet_p, t_torch_p / t_dlnet_p))
             print(f"{name:13s} b{batch:<3d} torch {t_torch:8.2f} ms  dlnet {t_dlnet:8.2f} ms  ratio {t_torch / t_dlnet:5.2f}"
                   f"  pinned: torch {t_torch_p:8.2f} dlnet {t_dlnet_p:8.2f} ratio {t_torch_p / t_dlnet_p:5.2f}"
-                  f"  err {err:.1e}  mem {mem.total / 2**20:.0f}/{torch_mem / 2**20:.0f} MiB", flush=True)
+                  f"  err {err:.1e}  mem {mem.total / 2**20:.0f}/{torch_mem / 2**20:.0f} MiB (dlnet: activations "
+                  f"{mem.activations / 2**20:.0f}, weights {mem.weights / 2**20:.0f}, workspace "
+                  f"{mem.workspace / 2**20:.0f})", flush=True)
         net.release()
         del cuda_model
         torch.cuda.empty_cache()
