@@ -41,9 +41,9 @@ def node_flops(graph):
         y = n.outputs[0]
         if n.op == "Conv":
             w = n.inputs[1]
-            k = int(np.prod(w.shape[1:]))
             g = n.attrs.get("group", 1)
-            out[f"{n.name} {n.op}"] = (2 * y.size * k, w.shape[0] // g, y.size // w.shape[0], k)
+            cout, k = (w.shape[2], 9 * w.shape[3]) if n.attrs.get("winograd") else (w.shape[0], int(np.prod(w.shape[1:])))
+            out[f"{n.name} {n.op}"] = (2 * y.size * k, cout // g, y.size // cout, k)  # Winograd: direct FLOPs
         elif n.op in ("Gemm", "MatMul"):
             a = n.inputs[0]
             k = a.shape[-2] if n.attrs.get("transA", 0) else a.shape[-1]
@@ -146,6 +146,7 @@ def main():
         net = dlnet.Net(ctx).load_onnx(export(torch_model(name).eval(), x))
         net.run({net.inputs[0].name: x})
         profile(ctx, net.launches, node_flops(net._last.graph), args.iters, args.ptx, f"{name}_b{args.batch}")
+        print(f"memory: {net.memory}")
         net.release()
     for n in [int(v) for v in args.gemm.split(",") if v]:
         from gpu import matmul_model

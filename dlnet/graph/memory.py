@@ -49,9 +49,11 @@ class MemoryReport:
                 + (f", workspace {self.workspace / mib:.2f} MiB" if self.workspace else ""))
 
 
-def _inplace_candidate(node, x, y):
-    """An elementwise node may write y over x when x is read at y's own indices."""
-    return node.spec.inplace and x.shape == y.shape and x.dtype == y.dtype
+def _inplace_candidate(node, index, y):
+    """y may be written over input `index` when that input is read only at y's own indices (elementwise nodes, a
+    convolution's residual)."""
+    x = node.inputs[index]
+    return x.shape == y.shape and x.dtype == y.dtype and node.spec.writes_over(node, index)
 
 
 class _Arena:
@@ -172,12 +174,12 @@ def plan_memory(graph, inplace=True, keep=()):
                 continue
             donor = None
             if inplace and y.id not in pinned:
-                for x in node.inputs:
+                for index, x in enumerate(node.inputs):
                     if x is None or x.const is not None or x.id in weight_views:
                         continue
                     rid = find(x)[0]
                     if (last.get(rid) == i and rid not in pinned and rid in offsets and find(x)[1] == 0
-                            and _align(size[rid]) == _align(y.nbytes) and _inplace_candidate(node, x, y)
+                            and _align(size[rid]) == _align(y.nbytes) and _inplace_candidate(node, index, y)
                             and rid not in [find(o)[0] for o in node.outputs]):
                         donor = rid
                         break

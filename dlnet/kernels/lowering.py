@@ -48,7 +48,7 @@ GPU_CORES = ("gemm_core", "gemm_mma")
 WINOGRAD_MIN_CHANNELS = int(os.environ.get("DLNET_WINOGRAD_MIN_CHANNELS", 64))
 # Its transformed tiles (V: 16 C, M: 16 K floats per 2x2 output tile) take at most this fraction of the plan's
 # activation arena, or WINOGRAD_WORKSPACE_MIN bytes; a larger layer runs in chunks of tiles.
-WINOGRAD_WORKSPACE = 0.25
+WINOGRAD_WORKSPACE = float(os.environ.get("DLNET_WINOGRAD_WORKSPACE", 0.5))
 WINOGRAD_WORKSPACE_MIN = 16 << 20
 
 

@@ -83,3 +83,26 @@ def test_pinned_input_array_runs_like_a_plain_one(ctx):
         assert rel_l2(y, reference(model, {"x": data})[0]) < 1e-5
     bound = dlnet.Net(ctx).load_onnx(model, batch=3)
     assert bound.input_array("x").shape == (3, 3, 8, 8)
+
+
+def test_conv_writes_over_its_residual(ctx):
+    """A convolution with a fused residual that dies there writes its output over it (the planner's in-place
+    rule for Conv input 3), and the result still matches the reference."""
+    from onnx import helper
+
+    from tests.conftest import make_model, reference, rel_l2
+    rng = np.random.default_rng(3)
+    w, b = rng.standard_normal((8, 8, 3, 3)).astype(np.float32), rng.standard_normal(8).astype(np.float32)
+    model = make_model([helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Sigmoid", ["x"], ["r"]),
+                        helper.make_node("Conv", ["a", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+                        helper.make_node("Add", ["c", "r"], ["s"]), helper.make_node("Relu", ["s"], ["y"]),
+                        helper.make_node("GlobalAveragePool", ["y"], ["g"])],
+                       {"x": ("float32", [2, 8, 10, 10])}, ["g"], {"w": w, "b": b})
+    x = rng.standard_normal((2, 8, 10, 10)).astype(np.float32)
+    net = dlnet.Net(ctx).load_onnx(model)
+    assert rel_l2(net.run({"x": x})["g"], reference(model, {"x": x})[0]) < 1e-5
+    plan = net._last
+    conv = next(n for n in plan.graph.nodes if n.op == "Conv")
+    assert len(conv.inputs) == 4 and conv.inputs[3].producer is not None
+    offsets = plan.memory.act_offsets
+    assert offsets[conv.outputs[0].id] == offsets[conv.inputs[3].id]

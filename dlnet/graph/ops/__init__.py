@@ -16,6 +16,10 @@ class Op:
         """[(dtype, shape)] of the outputs."""
         raise NotImplementedError
 
+    def writes_over(self, node, index):
+        """May the output be written over input `index` (same shape; the planner checks that)?"""
+        return self.inplace
+
     def lower(self, node, lw):
         raise ModelError(f"node {node.name} ({node.op}): no kernel lowering")
 

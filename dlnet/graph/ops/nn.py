@@ -46,6 +46,10 @@ class Conv(Op):
                for i in range(nsp)]
         return [(x.dtype, (x.shape[0], cout, *out))]
 
+    def writes_over(self, node, index):
+        """Over its residual: every epilogue reads res at an output's own index just before writing it there."""
+        return index == 3 and node.inputs.count(node.inputs[3]) == 1
+
     def lower(self, node, lw):
         lw.conv(node)
 
