@@ -24,6 +24,7 @@ class MemoryPlan:
     act_bytes: int = 0
     const_bytes: int = 0
     naive_act_bytes: int = 0  # one buffer per value
+    temps: dict = field(default_factory=dict)  # node output id -> (byte offset, bytes) of the node's workspace
 
     def __str__(self):
         mib = 2 ** 20
@@ -79,6 +80,10 @@ class _Arena:
         off = self.end
         self.end += size
         return off
+
+    def largest_free(self):
+        """The largest block alloc() can hand out without growing the arena."""
+        return max((sz for _, sz in self.free), default=0)
 
     def release(self, off, size):
         self.free.append((off, size))
@@ -188,6 +193,12 @@ def plan_memory(graph, inplace=True, keep=()):
                 last[donor] = -2  # handed over: not released twice
             else:
                 offsets[y.id] = arena.alloc(_align(y.nbytes))
+        need = node.spec.workspace(node)
+        if need:  # scratch for this node alone: all of it where a free block holds it, else what fits (>= least)
+            full, least = need
+            nbytes = _align(full if arena.largest_free() >= full else max(least, arena.largest_free()))
+            plan.temps[node.outputs[0].id] = (arena.alloc(nbytes), nbytes)
+            arena.release(*plan.temps[node.outputs[0].id])
         for rid in dies_at.get(i, []):
             if last.get(rid) == i and rid in offsets:
                 arena.release(offsets[rid], _align(size[rid]))

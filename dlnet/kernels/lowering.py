@@ -46,10 +46,10 @@ GPU_CORES = ("gemm_core", "gemm_mma")
 # H100 at batch 16 (bench/gpu_kernels.py) 64 beat 128 and 256 on vgg16, resnet18 and resnet50: the transforms' memory
 # traffic (V and M are 4x the input and output) costs less than the 2.25x fewer products save.
 WINOGRAD_MIN_CHANNELS = int(os.environ.get("DLNET_WINOGRAD_MIN_CHANNELS", 64))
-# Its transformed tiles (V: 16 C, M: 16 K floats per 2x2 output tile) take at most this fraction of the plan's
-# activation arena, or WINOGRAD_WORKSPACE_MIN bytes; a larger layer runs in chunks of tiles.
-WINOGRAD_WORKSPACE = float(os.environ.get("DLNET_WINOGRAD_WORKSPACE", 0.5))
-WINOGRAD_WORKSPACE_MIN = 16 << 20
+# Its transformed tiles (V: 16 C, M: 16 K floats per 2x2 output tile) live in the activation arena, in whatever
+# free block the planner finds there at that layer (Conv.workspace); where none holds them all, the layer runs in
+# chunks of tiles (three launches each), each at least this many tiles.
+WINOGRAD_MIN_TILES = 1024
 
 
 def winograd_min_channels(ctx):
@@ -379,35 +379,30 @@ class Lowerer:
     def winograd(self, x, u, bargs, rargs, y, head, pads, label):
         """A convolution whose weights passes/winograd.py transformed (u = G w G^T, [4, 4, K, C]): input transform
         (winograd.cl) -> 16 products U[xi] V[xi] as one batched GEMM on the core -> output transform with the
-        epilogue. V and M live in two scratch pools of at most WINOGRAD_WORKSPACE x the activation arena together
-        (at least WINOGRAD_WORKSPACE_MIN): a larger layer runs in chunks of tiles, three launches each."""
+        epilogue. V and M live in the block of the activation arena the planner set aside for this layer
+        (plan.temps): where it is short of the whole layer, the layer runs in chunks of tiles, three launches each."""
         N, C, H, W = x.shape
         K, OH, OW = y.shape[1:]
         TH, TW = -(-OH // 2), -(-OW // 2)
         T = N * TH * TW
-        budget = max(WINOGRAD_WORKSPACE_MIN, int(WINOGRAD_WORKSPACE * self.plan.act_bytes))
-        TC = min(T, max(256, budget // (64 * (C + K)) // 256 * 256))  # tiles per chunk
-        vbytes, mbytes = 64 * C * TC, 64 * K * TC
+        off, nbytes = self.plan.temps[y.id]  # the planner's block for V and M (Conv.workspace)
+        TC = min(T, nbytes // (64 * (C + K)))  # tiles per chunk
+        if TC < T:
+            TC = max(TC // 256 * 256, min(T, WINOGRAD_MIN_TILES))
+        v_at, m_at = [self.act_buf, np.uint64(off // 4)], [self.act_buf, np.uint64(off // 4 + 16 * C * TC)]
         idx = self.index_type(x.size, y.size, 16 * C * TC, 16 * K * TC)
         src = _defines({"IDX": idx}) + head + kernel_source("winograd")
         for t0 in range(0, T, TC):
             tc = min(TC, T - t0)
             table = np.array([[xi * K * C, xi * C * tc, 0, xi * K * tc] for xi in range(16)], np.int64)
             tag = f" winograd{'' if TC == T else f' tiles {t0}+{tc}'}"
-            self.emit(src, "wino_input", self.args(x) + self.dummy() + [np.int32(v) for v in (
+            self.emit(src, "wino_input", self.args(x) + v_at + [np.int32(v) for v in (
                 C, H, W, pads[0], pads[1], TH, TW, t0, tc)], (_round_up(tc, 64), C), (64, 1), label + tag + " in")
-            self.use_scratch(self.launches[-1].kernel, 2, vbytes, "wino_v")
-            first = len(self.launches)
-            self._gemm_launch(self.args(u), self.dummy(), None, self.dummy(), table, K, tc, C,
-                              (C, 1, tc, 1, 0, 0), idx, None, 1.0, 0.0, label + tag + " gemm")
-            for launch in self.launches[first:]:
-                if launch.kernel.name == "gemm":
-                    self.use_scratch(launch.kernel, 2, vbytes, "wino_v")
-                self.use_scratch(launch.kernel, 6, mbytes, "wino_m")
-            self.emit(src, "wino_output", self.dummy() + bargs + rargs + self.args(y) + [
+            self._gemm_launch(self.args(u), v_at, None, m_at, table, K, tc, C, (C, 1, tc, 1, 0, 0), idx, None, 1.0,
+                              0.0, label + tag + " gemm")
+            self.emit(src, "wino_output", m_at + bargs + rargs + self.args(y) + [
                 np.int32(v) for v in (K, OH, OW, TH, TW, t0, tc)] + [np.int64(K * OH * OW)] * 2,
                 (_round_up(tc, 64), K), (64, 1), label + tag + " out")
-            self.use_scratch(self.launches[-1].kernel, 0, mbytes, "wino_m")
 
     WINDOW_PAD_ROWS = 128  # >= any tile's TK and TN: fetches run that far past the end (B_SAFE in gemm_fetch.cl)
 

@@ -46,6 +46,16 @@ class Conv(Op):
                for i in range(nsp)]
         return [(x.dtype, (x.shape[0], cout, *out))]
 
+    def workspace(self, node):
+        """Winograd: V and M, 16 (C + K) floats per 2x2 output tile; at least WINOGRAD_MIN_TILES tiles at once."""
+        if not node.attrs.get("winograd"):
+            return None
+        from ...kernels.lowering import WINOGRAD_MIN_TILES
+        y, u = node.outputs[0], node.inputs[1]
+        tiles = y.shape[0] * -(-y.shape[2] // 2) * -(-y.shape[3] // 2)
+        per_tile = 64 * (u.shape[2] + u.shape[3])
+        return per_tile * tiles, per_tile * min(tiles, WINOGRAD_MIN_TILES)
+
     def writes_over(self, node, index):
         """Over its residual: every epilogue reads res at an output's own index just before writing it there."""
         return index == 3 and node.inputs.count(node.inputs[3]) == 1
