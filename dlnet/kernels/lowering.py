@@ -48,7 +48,8 @@ GPU_CORES = ("gemm_core", "gemm_mma")
 WINOGRAD_MIN_CHANNELS = int(os.environ.get("DLNET_WINOGRAD_MIN_CHANNELS", 64))
 # Its transformed tiles (V: 16 C, M: 16 K floats per 2x2 output tile) live in the activation arena, in whatever
 # free block the planner finds there at that layer (Conv.workspace); where none holds them all, the layer runs in
-# chunks of tiles (three launches each), each at least this many tiles.
+# chunks of tiles (three launches each), each at least this many tiles and an eighth of the layer's (the arena grows
+# where no free block holds that much).
 WINOGRAD_MIN_TILES = 1024
 
 

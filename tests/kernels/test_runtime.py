@@ -44,10 +44,13 @@ def test_bad_precision():
         dlnet.Context("cpu", precision="fp8")
 
 
-def test_memory_planner_reuses_buffers(ctx):
+def test_memory_planner_reuses_buffers(ctx, monkeypatch):
     import os
 
     import onnx
+
+    from dlnet.kernels import lowering
+    monkeypatch.setattr(lowering, "WINOGRAD_MIN_CHANNELS", 0)  # (its tiles take arena space: not this test's point)
     path = os.path.join(os.path.dirname(onnx.__file__), "backend/test/data/light/light_resnet50.onnx")
     net = dlnet.Net(ctx)
     net.load_onnx(path)

@@ -47,14 +47,15 @@ class Conv(Op):
         return [(x.dtype, (x.shape[0], cout, *out))]
 
     def workspace(self, node):
-        """Winograd: V and M, 16 (C + K) floats per 2x2 output tile; at least WINOGRAD_MIN_TILES tiles at once."""
+        """Winograd: V and M, 16 (C + K) floats per 2x2 output tile; at least an eighth of the layer's tiles at once
+        (at most 8 chunks) and at least WINOGRAD_MIN_TILES."""
         if not node.attrs.get("winograd"):
             return None
         from ...kernels.lowering import WINOGRAD_MIN_TILES
         y, u = node.outputs[0], node.inputs[1]
         tiles = y.shape[0] * -(-y.shape[2] // 2) * -(-y.shape[3] // 2)
         per_tile = 64 * (u.shape[2] + u.shape[3])
-        return per_tile * tiles, per_tile * min(tiles, WINOGRAD_MIN_TILES)
+        return per_tile * tiles, per_tile * min(tiles, max(WINOGRAD_MIN_TILES, -(-tiles // 8)))
 
     def writes_over(self, node, index):
         """Over its residual: every epilogue reads res at an output's own index just before writing it there."""
