@@ -9,7 +9,7 @@ from .graph.memory import MemoryReport, plan_memory
 from .graph.passes import run_passes
 from .graph.passes.winograd import winograd_weights
 from .graph.printer import format_graph
-from .kernels.lowering import Lowerer, winograd_min_channels
+from .kernels.lowering import Lowerer, winograd_rule
 from .kernels.runtime import Context, cl
 from .onnx.importer import Importer, check_supported, graph_io, load_model
 from .stages import StagedPlan
@@ -42,7 +42,7 @@ class Plan:
             lw = Lowerer(ctx, graph, self.memory, self.act_buf, self.const_buf)
             self.lowerer = lw
             for node in graph.nodes:
-                lw.layer = f"{node.name} {node.op}".strip()
+                lw.layer, lw.node = f"{node.name} {node.op}".strip(), node
                 node.spec.lower(node, lw)
             lw.finish()
             self.launches = lw.launches
@@ -137,7 +137,7 @@ class Net:
         graph = Importer(self.model, self.path).build(shapes)
         if passes:
             run_passes(graph)
-            winograd_weights(graph, winograd_min_channels(self.ctx))
+            winograd_weights(graph, *winograd_rule(self.ctx))
         return graph
 
     def _plan(self, shapes):

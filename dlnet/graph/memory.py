@@ -25,6 +25,9 @@ class MemoryPlan:
     const_bytes: int = 0
     naive_act_bytes: int = 0  # one buffer per value
     temps: dict = field(default_factory=dict)  # node output id -> (byte offset, bytes) of the node's workspace
+    # node output id -> [(byte offset, bytes)] of the arena free while that node runs (its outputs and workspace
+    # placed); the last block runs to the arena's end (bytes None): the lowering puts split-K partials there
+    free_at: dict = field(default_factory=dict)
 
     def __str__(self):
         mib = 2 ** 20
@@ -198,6 +201,10 @@ def plan_memory(graph, inplace=True, keep=()):
             full, least = need
             nbytes = _align(full if arena.largest_free() >= full else max(least, arena.largest_free()))
             plan.temps[node.outputs[0].id] = (arena.alloc(nbytes), nbytes)
+        if node.outputs:
+            tail = arena.free[-1][0] if arena.free and sum(arena.free[-1]) == arena.end else arena.end
+            plan.free_at[node.outputs[0].id] = [b for b in arena.free if b[0] < tail] + [(tail, None)]
+        if need:
             arena.release(*plan.temps[node.outputs[0].id])
         for rid in dies_at.get(i, []):
             if last.get(rid) == i and rid in offsets:

@@ -51,11 +51,15 @@ WINOGRAD_MIN_CHANNELS = int(os.environ.get("DLNET_WINOGRAD_MIN_CHANNELS", 64))
 # chunks of tiles (three launches each), each at least this many tiles and an eighth of the layer's (the arena grows
 # where no free block holds that much).
 WINOGRAD_MIN_TILES = 1024
+# ... and for layers of at least this many 2x2 output tiles (the N of its products; 0: any).
+WINOGRAD_MIN_LAYER_TILES = int(os.environ.get("DLNET_WINOGRAD_MIN_LAYER_TILES", 0))
 
 
-def winograd_min_channels(ctx):
-    """WINOGRAD_MIN_CHANNELS where convolutions run on the GPU core (passes/winograd.py), else 0: none."""
-    return WINOGRAD_MIN_CHANNELS if GEMM_TILES["cpu" if ctx.is_cpu else "gpu"]["core"] == "gemm_core" else 0
+def winograd_rule(ctx):
+    """(min channels, min tiles) of the convolutions passes/winograd.py hands to Winograd: WINOGRAD_MIN_* where
+    convolutions run on the GPU core, else (0, 0): none."""
+    on = GEMM_TILES["cpu" if ctx.is_cpu else "gpu"]["core"] == "gemm_core"
+    return (WINOGRAD_MIN_CHANNELS, WINOGRAD_MIN_LAYER_TILES) if on else (0, 0)
 
 
 # CPU convolutions (conv_cpu.cl): MR x 8*NV outputs per work-item held in MR*NV float8 accumulators (AVX2 has 16
@@ -156,6 +160,8 @@ class Lowerer:
         self.launches = []
         self.keepalive = []  # small metadata buffers the launches read
         self.layer = ""  # the node being lowered, for per-layer profiles
+        self.node = None  # ... and the node itself
+        self.arena_views = []  # sub-buffers of the activation arena (split-K partials placed in a free block)
         self.scratch = {}  # pool name -> buffer: "work" (im2col/colgrad), "splitk" (partial sums)
         self.scratch_users = []  # (kernel, argument index, pool)
         self.scratch_bytes = {}
@@ -570,8 +576,26 @@ class Lowerer:
         self.emit(src, name + "_reduce", args + [self.dummy()[0]], (_round_up(NN, 64), M, grid[2]), (64, 1, 1),
                   label + " reduce")
         nbytes = 4 * splits * grid[2] * M * NN
-        self.use_scratch(self.launches[-2].kernel, len(args), nbytes, "splitk")
-        self.use_scratch(self.launches[-1].kernel, len(args), nbytes, "splitk")
+        block = self.arena_block(nbytes)
+        for launch in self.launches[-2:]:
+            if block is not None:
+                launch.kernel.set_arg(len(args), block)
+            else:
+                self.use_scratch(launch.kernel, len(args), nbytes, "splitk")
+
+    def arena_block(self, nbytes):
+        """A sub-buffer of `nbytes` of the activation arena that is free while the current node runs (the
+        planner's plan.free_at), or None where no free block holds it."""
+        if self.node is None or not self.node.outputs:
+            return None
+        align = max(self.ctx.info.device.mem_base_addr_align // 8, 4)
+        for off, size in self.plan.free_at.get(self.node.outputs[0].id, []):
+            start = _round_up(off, align)
+            if start + nbytes <= (off + size if size is not None else self.plan.act_bytes):
+                block = self.act_buf.get_sub_region(start, nbytes)
+                self.arena_views.append(block)
+                return block
+        return None
 
     def use_scratch(self, kernel, index, nbytes, pool):
         """Argument `index` of `kernel` is the plan's scratch buffer `pool`, which must hold at least `nbytes`."""

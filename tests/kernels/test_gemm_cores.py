@@ -145,6 +145,30 @@ def test_conv_weight_gradient_split_k(core):
         assert any("splitK" in label and "ConvGrad" in label for label in labels), labels
 
 
+def test_split_k_partials_in_the_arena(core):
+    """A product of few rows and a long K splits K; its partial sums go to a block of the activation arena that is
+    free at that layer (where the first convolution's output was), not to a buffer of their own. Alone, with no
+    such block, they get their own buffer. Both against float64."""
+    ctx, tol = core
+    if lowering.GEMM_TILES["cpu" if ctx.is_cpu else "gpu"]["core"] == "gemm_vec":
+        pytest.skip("split-K is the GPU cores' (forced onto CPUs by the 'portable' case)")
+    x, v, w, fc = f32(2, 8, 40, 40), f32(8, 8, 1, 1), f32(4, 8, 1, 1), f32(4 * 40 * 40, 16)
+    a = np.einsum("nchw,kc->nkhw", x.astype(np.float64), v[:, :, 0, 0])
+    ref = (np.einsum("nchw,kc->nkhw", a, w[:, :, 0, 0]).reshape(2, -1)) @ fc
+    model = make_model([helper.make_node("Conv", ["x", "v"], ["a"]), helper.make_node("Conv", ["a", "w"], ["c"]),
+                        helper.make_node("Flatten", ["c"], ["f"]), helper.make_node("MatMul", ["f", "fc"], ["y"])],
+                       {"x": x, "fc": fc}, ["y"], {"v": v, "w": w})
+    net = dlnet.Net(ctx).load_onnx(model)
+    assert any("splitK" in launch.label for launch in net.launches)
+    assert rel_l2(net.run({"x": x, "fc": fc})["y"], ref) < tol
+    assert "splitk" not in net._last.lowerer.scratch and net._last.lowerer.arena_views
+    fx = f32(2, 6400)
+    alone = make_model([helper.make_node("MatMul", ["f", "fc"], ["y"])], {"f": fx, "fc": fc}, ["y"])
+    net = dlnet.Net(ctx).load_onnx(alone)
+    assert rel_l2(net.run({"f": fx, "fc": fc})["y"], fx.astype(np.float64) @ fc) < tol
+    assert "splitk" in net._last.lowerer.scratch
+
+
 @pytest.mark.parametrize("shape", sorted(lowering.GPU_TILE_MODEL))
 def test_each_gpu_tile(shape, monkeypatch):
     """Every tile of the fp32 GPU table on this device (the portable core forced onto CPUs): a convolution with
@@ -215,12 +239,21 @@ def test_winograd_only_where_it_applies(monkeypatch):
                                 ((1, 16, 9, 9), (16, 16, 3, 3), {"strides": [2, 2]}, False),
                                 ((1, 16, 9, 9), (16, 8, 3, 3), {"group": 2}, False),
                                 ((1, 8, 9, 9), (16, 8, 3, 3), {}, False),
-                                ((1, 16, 9, 9), (16, 16, 3, 3), {"dilations": [2, 2]}, False)]:
+                                ((1, 16, 9, 9), (16, 16, 3, 3), {"dilations": [2, 2]}, False),
+                                ((1, 16, 7, 7), (16, 16, 3, 3), {"pads": [1] * 4}, False)]:  # 16 tiles < 20
+        monkeypatch.setattr(lowering, "WINOGRAD_MIN_LAYER_TILES", 20)
         x, w = f32(*xs), f32(*ws)
         model = make_model([helper.make_node("Conv", ["x", "w"], ["y"], **attrs)], {"x": x}, ["y"], {"w": w})
         net = dlnet.Net(ctx).load_onnx(model)
         assert any("winograd" in launch.label for launch in net.launches) == want, (attrs, ws)
         assert rel_l2(net.run({"x": x})["y"], conv_ref(x, w, np.zeros(ws[0], np.float32), attrs)) < 1e-5
+
+
+def test_winograd_weight_transform():
+    """U = G w G^T in float32 against the float64 product."""
+    from dlnet.graph.passes.winograd import G, transform_weights
+    w = f32(24, 40, 3, 3)
+    assert rel_l2(transform_weights(w), np.einsum("ai,kcij,bj->abkc", G, w.astype(np.float64), G)) < 1e-7
 
 
 def test_winograd_workspace_in_the_arena(monkeypatch):
