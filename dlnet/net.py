@@ -7,9 +7,8 @@ import numpy as np
 from .errors import InputError, ModelError
 from .graph.memory import MemoryReport, plan_memory
 from .graph.passes import run_passes
-from .graph.passes.winograd import winograd_weights
 from .graph.printer import format_graph
-from .kernels.lowering import Lowerer, winograd_rule
+from .kernels.lowering import Lowerer, device_passes
 from .kernels.runtime import Context, cl
 from .onnx.importer import Importer, check_supported, graph_io, load_model
 from .stages import StagedPlan
@@ -23,6 +22,9 @@ class TensorInfo:
 
     def __repr__(self):
         return f"{self.name}: {self.dtype}[{','.join(str(d) for d in self.shape)}]"
+
+
+FLUSH_EVERY = 16  # launches
 
 
 class Plan:
@@ -75,8 +77,13 @@ class Plan:
         for v, (buf, off), a in zip(self.graph.inputs, self.input_locs, arrays):
             if a.size:
                 cl.enqueue_copy(q, buf, a, dst_offset=off * a.itemsize, is_blocking=False)
-        for launch in self.launches:
+        # flushes hand the device its work while the host still enqueues the rest (NVIDIA's driver holds commands
+        # back otherwise: vgg16 at batch 1, whose 87 launches take 0.8 ms to enqueue, 2.63 -> 2.31 ms)
+        q.flush()
+        for i, launch in enumerate(self.launches):
             launch.enqueue(q)
+            if i % FLUSH_EVERY == 0:
+                q.flush()
         outs, events = [], []
         for v, loc in zip(self.graph.outputs, self.output_locs):
             if loc is None:
@@ -136,8 +143,7 @@ class Net:
     def build_graph(self, shapes, passes=True):
         graph = Importer(self.model, self.path).build(shapes)
         if passes:
-            run_passes(graph)
-            winograd_weights(graph, *winograd_rule(self.ctx))
+            device_passes(run_passes(graph), self.ctx)
         return graph
 
     def _plan(self, shapes):

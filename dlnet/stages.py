@@ -12,6 +12,7 @@ import numpy as np
 
 from .graph.memory import plan_memory
 from .graph.passes import run_passes
+from .kernels.lowering import device_passes
 
 
 @dataclass
@@ -64,7 +65,7 @@ class StagedPlan:
             types = {n: (a.dtype, a.shape) for n, a in inputs.items()}
             consts = {n: a for n, a in cut.consts.items() if n in later}
             graph = Importer(self.model, self.path).build_stage(cut.index + 1, types, consts)
-            run_passes(graph)
+            device_passes(run_passes(graph), self.ctx)
             rest = StagedPlan(self.ctx, self.model, self.path, graph, list(inputs), self.output_names)
             self.rest[key] = rest
         rest.run_env(env)

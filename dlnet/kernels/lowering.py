@@ -42,6 +42,12 @@ def tile_estimate(shape, M, N, K, batches, compute_units):
 
 GPU_CORES = ("gemm_core", "gemm_mma")
 
+# Products of at most this many rows (fully connected layers at small batches) run as gemv.cl where B's columns are
+# contiguous along k: bound by reading B, which the GEMM core's tiles (128 rows of A, 16 of them used) read at a
+# quarter of the memory's speed. Its work-groups: LK work-items along k times LN column groups of NC columns.
+GEMV_MAX_ROWS = 16
+GEMV_TILES = tuple(int(v) for v in os.environ.get("DLNET_GEMV", "32,4,2").split(","))
+
 # Winograd F(2x2, 3x3) for 3x3 stride-1 convolutions with at least this many channels in and out (0: never). On an
 # H100 at batch 16 (bench/gpu_kernels.py) 64 beat 128 and 256 on vgg16, resnet18 and resnet50: the transforms' memory
 # traffic (V and M are 4x the input and output) costs less than the 2.25x fewer products save.
@@ -55,11 +61,17 @@ WINOGRAD_MIN_TILES = 1024
 WINOGRAD_MIN_LAYER_TILES = int(os.environ.get("DLNET_WINOGRAD_MIN_LAYER_TILES", 0))
 
 
-def winograd_rule(ctx):
-    """(min channels, min tiles) of the convolutions passes/winograd.py hands to Winograd: WINOGRAD_MIN_* where
-    convolutions run on the GPU core, else (0, 0): none."""
-    on = GEMM_TILES["cpu" if ctx.is_cpu else "gpu"]["core"] == "gemm_core"
-    return (WINOGRAD_MIN_CHANNELS, WINOGRAD_MIN_LAYER_TILES) if on else (0, 0)
+def device_passes(graph, ctx):
+    """The weight layouts this device's kernels read best, after the graph passes: Gemm weights pretransposed
+    (except where gemv.cl reads them as they are) and 3x3 weights transformed for Winograd where convolutions run
+    on the GPU core."""
+    from ..graph.passes.layout import pretranspose_weights
+    from ..graph.passes.winograd import winograd_weights
+    core = GEMM_TILES["cpu" if ctx.is_cpu else "gpu"]["core"]
+    pretranspose_weights(graph, GEMV_MAX_ROWS if core in GPU_CORES else 0)
+    if core == "gemm_core":
+        winograd_weights(graph, WINOGRAD_MIN_CHANNELS, WINOGRAD_MIN_LAYER_TILES)
+    return graph
 
 
 # CPU convolutions (conv_cpu.cl): MR x 8*NV outputs per work-item held in MR*NV float8 accumulators (AVX2 has 16
@@ -500,10 +512,13 @@ class Lowerer:
         sam, sak = (sa1, sa0) if ta else (sa0, sa1)
         sbk, sbn = (sb1, sb0) if tb else (sb0, sb1)
         cs = codegen.broadcast_strides(c.shape, y.shape) if c is not None else [0] * y.rank
-        if self.ctx.is_cpu and not batch and a.rank == b.rank == 2 and b.const is not None and not b.param:
+        gpu_core = GEMM_TILES["cpu" if self.ctx.is_cpu else "gpu"]["core"] in GPU_CORES
+        if not gpu_core and not batch and a.rank == b.rank == 2 and b.const is not None and not b.param:
             self.gemm_cpu(node, a, b, c, y, M, N, K, sam, sak, sbk, sbn, cs)
             return
         sc_b, scm, scn = cs[:-2], cs[-2], cs[-1]
+        if gpu_core and not batch and self.gemv(a, b, c, y, M, N, K, sam, sak, sbk, sbn, scm, scn, at, node.name):
+            return
         table = np.zeros((max(nb, 1), 4), np.int64)
         for bi, idx in enumerate(np.ndindex(*batch) if batch else [()]):
             table[bi] = [sum(i * s for i, s in zip(idx, sa_b)), sum(i * s for i, s in zip(idx, sb_b)),
@@ -536,6 +551,26 @@ class Lowerer:
             self.meta(np.asarray(table).ravel()), np.int32(M), np.int32(N), np.int32(K), I(sam), I(sak),
             I(sbk), I(sbn), I(scm), I(scn), I(N), I(1), np.float32(alpha), np.float32(beta)]
         self._matrix(src, "gemm", args, core, tiles, lsize, (g0, g1, nb), M, N, K, label)
+
+    def gemv(self, a, b, c, y, M, N, K, sam, sak, sbk, sbn, scm, scn, at, name):
+        """A product of at most GEMV_MAX_ROWS rows on a GPU, with B's columns contiguous along k (Gemm transB=1
+        weights): gemv.cl streams B once. False where it does not apply (the GEMM core takes it)."""
+        if M > GEMV_MAX_ROWS or sak != 1 or sbk != 1 or K % 4 or sam % 4 or sbn % 4 or \
+                self.loc(a)[1] % 4 or self.loc(b)[1] % 4 or max(a.size, b.size, y.size) >= 2**31:
+            return False
+        LK, LN, NC = GEMV_TILES
+        if -(-N // (LN * NC)) < 2 * self.ctx.info.compute_units:
+            NC = 1  # fewer columns per work-group where the grid would leave compute units idle
+        defs = {"MR": M, "LK": LK, "LN": LN, "NC": NC}
+        if c is not None:
+            defs["HAS_C"] = 1
+        src = _defines(defs) + act_macro(at.get("act")) + kernel_source("gemv")
+        args = self.args(a) + self.args(b) + (self.args(c) if c is not None else self.dummy()) + self.args(y) + [
+            np.int32(v) for v in (M, N, K, sam, sbn, scm, scn)] + [
+            np.float32(at.get("alpha", 1.0)), np.float32(at.get("beta", 1.0))]
+        groups = -(-N // (LN * NC))
+        self.emit(src, "gemv", args, (groups * LK, LN), (LK, LN), f"{name} Gemm gemv")
+        return True
 
     def gemm_cpu(self, node, a, b, c, y, M, N, K, sam, sak, sbk, sbn, cs):
         """A 2-D Gemm with a constant B on a CPU device: B packed here, once, into panels of NR columns."""

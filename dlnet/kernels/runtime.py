@@ -106,6 +106,9 @@ BUILD_THREADS = int(os.environ.get("DLNET_BUILD_THREADS") or min(8, os.cpu_count
 # extra options for every OpenCL build, e.g. DLNET_BUILD_OPTIONS=-cl-nv-verbose (NVIDIA: registers and spills in
 # each program's build log)
 EXTRA_BUILD_OPTIONS = os.environ.get("DLNET_BUILD_OPTIONS", "").split()
+# DLNET_BINARY_CACHE=1: keep each program's device binary in DLNET_CACHE/bin and build from it next time, even
+# where the driver caches source builds itself
+BINARY_CACHE = os.environ.get("DLNET_BINARY_CACHE", "") == "1"
 
 
 def _cache_dir():
@@ -162,11 +165,38 @@ class Context:
             # moves round-half cases (quantisation) away from numpy's answers
             opts = ["-cl-fp32-correctly-rounded-divide-sqrt"] + list(options) + EXTRA_BUILD_OPTIONS
             try:
-                prg = cl.Program(self.cl, source).build(options=opts, cache_dir=_cache_dir())
+                prg = self._build_binary_cached(source, opts) if BINARY_CACHE else \
+                    cl.Program(self.cl, source).build(options=opts, cache_dir=_cache_dir())
             except cl.Error as e:
                 digest = hashlib.sha1(source.encode()).hexdigest()[:8]
                 raise DeviceError(f"OpenCL build failed for program {digest} with {opts}: {e}") from e
             self._programs[key] = prg
+        return prg
+
+    def _build_binary_cached(self, source, opts):
+        """Build from this device's binary of the program where DLNET_CACHE holds one (written on the first
+        build, atomically), else from source."""
+        dev = self.info.device
+        key = hashlib.sha256("\0".join([dev.platform.name, dev.name, dev.driver_version, source] + opts)
+                             .encode()).hexdigest()
+        root = _cache_dir()
+        path = os.path.join(root, "bin", key[:40]) if root else None
+        if path and os.path.exists(path):
+            try:
+                with open(path, "rb") as f:
+                    return cl.Program(self.cl, [dev], [f.read()]).build(options=opts)
+            except (OSError, cl.Error):
+                pass  # a stale or damaged binary: build from source and write it again
+        prg = cl.Program(self.cl, source).build(options=opts, cache_dir=False)
+        if path:
+            try:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                tmp = f"{path}.{os.getpid()}.tmp"
+                with open(tmp, "wb") as f:
+                    f.write(prg.get_info(cl.program_info.BINARIES)[0])
+                os.replace(tmp, path)
+            except OSError:
+                pass
         return prg
 
     def kernel(self, source, name, options=()):

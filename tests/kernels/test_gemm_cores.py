@@ -145,6 +145,23 @@ def test_conv_weight_gradient_split_k(core):
         assert any("splitK" in label and "ConvGrad" in label for label in labels), labels
 
 
+@pytest.mark.parametrize("m,n,k", [(1, 37, 260), (3, 300, 64), (16, 129, 1028), (5, 8, 4)])
+def test_gemv(core, m, n, k):
+    """A fully connected layer of at most 16 rows with transB=1 weights runs as gemv.cl: bias (beta), alpha and a
+    fused Relu, ragged column groups; a K that is not a multiple of 4 keeps the GEMM core."""
+    ctx, tol = core
+    if lowering.GEMM_TILES["cpu" if ctx.is_cpu else "gpu"]["core"] not in lowering.GPU_CORES:
+        pytest.skip("gemv.cl stands in for the GPU cores (forced onto CPUs by the 'portable' case)")
+    for kk, want in [(k, True), (k + 1, False)]:
+        a, w, bias = f32(m, kk), f32(n, kk), f32(n)
+        model = make_model([helper.make_node("Gemm", ["a", "w", "c"], ["g"], transB=1, alpha=0.7, beta=1.3),
+                            helper.make_node("Relu", ["g"], ["y"])], {"a": a}, ["y"], {"w": w, "c": bias})
+        net = dlnet.Net(ctx).load_onnx(model)
+        assert any("gemv" in launch.label for launch in net.launches) == want, [x.label for x in net.launches]
+        ref = np.maximum(0.7 * a.astype(np.float64) @ w.T.astype(np.float64) + 1.3 * bias, 0)
+        assert rel_l2(net.run({"a": a})["y"], ref) < (1e-5 if want else tol)
+
+
 def test_split_k_partials_in_the_arena(core):
     """A product of few rows and a long K splits K; its partial sums go to a block of the activation arena that is
     free at that layer (where the first convolution's output was), not to a buffer of their own. Alone, with no

@@ -7,7 +7,7 @@ from .layout import pretranspose_weights
 from .normalize import normalize_layers
 
 INFERENCE_PASSES = [explicit_padding, fold_batchnorm, fold_constants, normalize_layers, fuse_epilogues,
-                    fuse_pointwise, remove_dead, pretranspose_weights]
+                    fuse_pointwise, remove_dead]  # then the device's layout passes (lowering.device_passes)
 
 
 def run_passes(graph, passes=None, verify=True):

@@ -1,6 +1,6 @@
 """Winograd weights: a 3x3 stride-1 convolution that lowering will run as Winograd F(2x2, 3x3) gets its constant
 weights w [K, C, 3, 3] replaced by U = G w G^T [4, 4, K, C], so the planner stores U instead of w. Device-dependent:
-Net runs it only where the lowering has a Winograd path (lowering.winograd_rule)."""
+Net runs it only where the lowering has a Winograd path (lowering.device_passes)."""
 import numpy as np
 
 G = np.array([[1, 0, 0], [.5, .5, .5], [.5, -.5, .5], [0, 0, 1]])
