@@ -43,10 +43,12 @@ def tile_estimate(shape, M, N, K, batches, compute_units):
 GPU_CORES = ("gemm_core", "gemm_mma")
 
 # Products of at most this many rows (fully connected layers at small batches) run as gemv.cl where B's columns are
-# contiguous along k: bound by reading B, which the GEMM core's tiles (128 rows of A, 16 of them used) read at a
-# quarter of the memory's speed. Its work-groups: LK work-items along k times LN column groups of NC columns.
-GEMV_MAX_ROWS = 16
-GEMV_TILES = tuple(int(v) for v in os.environ.get("DLNET_GEMV", "32,4,2").split(","))
+# contiguous along k: bound by reading B. H100 (probe of 6 configs, kernel time): 1 x 4096 x 25088 0.143 ms (2.9
+# TB/s) against the GEMM core's 0.518 and cuBLAS's 0.159; 4 x 4096 x 9216 0.059 against 0.200 and 0.095; at 16 rows
+# it lost (0.98 against the core's 0.63: every row of A is re-read per column group). Its work-groups: LK
+# work-items along k times LN column groups of NC columns.
+GEMV_MAX_ROWS = 8
+GEMV_TILES = tuple(int(v) for v in os.environ.get("DLNET_GEMV", "64,2,2").split(","))
 
 # Winograd F(2x2, 3x3) for 3x3 stride-1 convolutions with at least this many channels in and out (0: never). On an
 # H100 at batch 16 (bench/gpu_kernels.py) 64 beat 128 and 256 on vgg16, resnet18 and resnet50: the transforms' memory
@@ -57,8 +59,10 @@ WINOGRAD_MIN_CHANNELS = int(os.environ.get("DLNET_WINOGRAD_MIN_CHANNELS", 64))
 # chunks of tiles (three launches each), each at least this many tiles and an eighth of the layer's (the arena grows
 # where no free block holds that much).
 WINOGRAD_MIN_TILES = 1024
-# ... and for layers of at least this many 2x2 output tiles (the N of its products; 0: any).
-WINOGRAD_MIN_LAYER_TILES = int(os.environ.get("DLNET_WINOGRAD_MIN_LAYER_TILES", 0))
+# ... and for layers of at least this many 2x2 output tiles (the N of its products): smaller ones gain little (vgg16
+# at batch 1 on an H100, kernel time: 14x14 layers, 49 tiles, 0.052 against 0.075 ms direct) and U takes 16/9 of
+# the weights' memory (vgg16's batch-1 plan came to 609 MiB against PyTorch's 586 with Winograd everywhere).
+WINOGRAD_MIN_LAYER_TILES = int(os.environ.get("DLNET_WINOGRAD_MIN_LAYER_TILES", 256))
 
 
 def device_passes(graph, ctx):
@@ -109,6 +113,21 @@ def resident_groups(tiles):
         if all(tiles.get(k) == v for k, v in GEMM_TILES["gpu"][shape].items()):
             return model["per_cu"]
     return 2
+
+
+def pick_splits(groups, target, K, k0=32):
+    """Slices of K for a grid of `groups` work-groups on `target` resident slots: the count with the least time in
+    whole waves, waves(groups * s) * (K / s + k0) (k0: a tile's fixed cost, GPU_TILE_MODEL), where that beats one
+    slice by 10% (the partial sums cost a reduction pass); at most 64 slices of at least 256. A count that spills
+    into one more wave loses: alexnet's batch-16 fully connected layers had split 9 ways into 576 work-groups on
+    528 slots (two waves) where 8 fill one."""
+    if groups >= target or K < 512:
+        return 1
+
+    def cost(s):
+        return -(-groups * s // target) * (K / s + k0)
+    best = min(range(1, min(64, K // 256) + 1), key=lambda s: (cost(s), s))
+    return best if cost(best) < 0.9 * cost(1) else 1
 
 
 def pick_tiles(ctx, M, N, K, batches=1):
@@ -597,9 +616,7 @@ class Lowerer:
         """Launch a GEMM-shaped kernel; on GPUs split K when the grid alone cannot fill the device."""
         groups = grid[0] // (lsize[0] if lsize else 1) * grid[1] * grid[2]
         target = resident_groups(tiles) * self.ctx.info.compute_units  # every resident slot of the device busy
-        splits = 1
-        if core in GPU_CORES and groups < target and KK >= 512:
-            splits = min(64, -(-target // groups), KK // 256)
+        splits = pick_splits(groups, target, KK) if core in GPU_CORES else 1
         if splits <= 1:
             self.emit(src, name, args + [self.dummy()[0]], grid, lsize, label)
             if core == "gemm_vec":  # the CPU conv path reads im2col's output from the work buffer

@@ -145,9 +145,9 @@ def test_conv_weight_gradient_split_k(core):
         assert any("splitK" in label and "ConvGrad" in label for label in labels), labels
 
 
-@pytest.mark.parametrize("m,n,k", [(1, 37, 260), (3, 300, 64), (16, 129, 1028), (5, 8, 4)])
+@pytest.mark.parametrize("m,n,k", [(1, 37, 260), (3, 300, 64), (8, 129, 1028), (5, 8, 4)])
 def test_gemv(core, m, n, k):
-    """A fully connected layer of at most 16 rows with transB=1 weights runs as gemv.cl: bias (beta), alpha and a
+    """A fully connected layer of at most 8 rows with transB=1 weights runs as gemv.cl: bias (beta), alpha and a
     fused Relu, ragged column groups; a K that is not a multiple of 4 keeps the GEMM core."""
     ctx, tol = core
     if lowering.GEMM_TILES["cpu" if ctx.is_cpu else "gpu"]["core"] not in lowering.GPU_CORES:
@@ -229,6 +229,7 @@ def test_winograd_conv(core, xs, k, p, monkeypatch):
     if lowering.GEMM_TILES["cpu" if ctx.is_cpu else "gpu"]["core"] != "gemm_core":
         pytest.skip("Winograd runs on the GPU core (forced onto CPUs by the 'portable' case)")
     monkeypatch.setattr(lowering, "WINOGRAD_MIN_CHANNELS", 8)
+    monkeypatch.setattr(lowering, "WINOGRAD_MIN_LAYER_TILES", 0)
     if xs[2] == 40:  # no free block in the arena at that layer: chunks of the least the planner must give
         monkeypatch.setattr(lowering, "WINOGRAD_MIN_TILES", 256)
     x, w, b = f32(*xs), f32(k, xs[1], 3, 3), f32(k)
@@ -252,6 +253,7 @@ def test_winograd_only_where_it_applies(monkeypatch):
     if ctx.is_cpu:
         monkeypatch.setitem(lowering.GEMM_TILES, "cpu", lowering.GEMM_TILES["gpu"])
     monkeypatch.setattr(lowering, "WINOGRAD_MIN_CHANNELS", 16)
+    monkeypatch.setattr(lowering, "WINOGRAD_MIN_LAYER_TILES", 0)
     for xs, ws, attrs, want in [((1, 16, 9, 9), (16, 16, 3, 3), {"pads": [1] * 4}, True),
                                 ((1, 16, 9, 9), (16, 16, 3, 3), {"strides": [2, 2]}, False),
                                 ((1, 16, 9, 9), (16, 8, 3, 3), {"group": 2}, False),
@@ -280,6 +282,7 @@ def test_winograd_workspace_in_the_arena(monkeypatch):
     if ctx.is_cpu:
         monkeypatch.setitem(lowering.GEMM_TILES, "cpu", lowering.GEMM_TILES["gpu"])
     monkeypatch.setattr(lowering, "WINOGRAD_MIN_CHANNELS", 8)
+    monkeypatch.setattr(lowering, "WINOGRAD_MIN_LAYER_TILES", 0)
     monkeypatch.setattr(lowering, "WINOGRAD_MIN_TILES", 256)
     ws = {f"w{i}": (f32(16, 16, 3, 3) * 0.3).astype(np.float32) for i in range(3)}
     pads = {"pads": [1, 1, 1, 1]}
