@@ -115,18 +115,23 @@ def resident_groups(tiles):
     return 2
 
 
-def pick_splits(groups, target, K, k0=32):
+# Split-K's partial sums go to a block of the activation arena free at their layer; a split whose partials need
+# more than such a block has is taken only up to this many bytes, in a buffer of their own.
+SPLITK_SCRATCH_MAX = 4 << 20
+
+
+def pick_splits(groups, target, K, k0=32, max_splits=64):
     """Slices of K for a grid of `groups` work-groups on `target` resident slots: the count with the least time in
     whole waves, waves(groups * s) * (K / s + k0) (k0: a tile's fixed cost, GPU_TILE_MODEL), where that beats one
-    slice by 10% (the partial sums cost a reduction pass); at most 64 slices of at least 256. A count that spills
-    into one more wave loses: alexnet's batch-16 fully connected layers had split 9 ways into 576 work-groups on
-    528 slots (two waves) where 8 fill one."""
+    slice by 10% (the partial sums cost a reduction pass); at most 64 (and max_splits) slices of at least 256. A
+    count that spills into one more wave loses: alexnet's batch-16 fully connected layers had split 9 ways into
+    576 work-groups on 528 slots (two waves) where 8 fill one."""
     if groups >= target or K < 512:
         return 1
 
     def cost(s):
         return -(-groups * s // target) * (K / s + k0)
-    best = min(range(1, min(64, K // 256) + 1), key=lambda s: (cost(s), s))
+    best = min(range(1, max(1, min(64, K // 256, max_splits)) + 1), key=lambda s: (cost(s), s))
     return best if cost(best) < 0.9 * cost(1) else 1
 
 
@@ -616,7 +621,9 @@ class Lowerer:
         """Launch a GEMM-shaped kernel; on GPUs split K when the grid alone cannot fill the device."""
         groups = grid[0] // (lsize[0] if lsize else 1) * grid[1] * grid[2]
         target = resident_groups(tiles) * self.ctx.info.compute_units  # every resident slot of the device busy
-        splits = pick_splits(groups, target, KK) if core in GPU_CORES else 1
+        per_split = 4 * grid[2] * M * NN  # bytes of partial sums per slice
+        room = max(self.arena_room(), SPLITK_SCRATCH_MAX)
+        splits = pick_splits(groups, target, KK, max_splits=room // per_split) if core in GPU_CORES else 1
         if splits <= 1:
             self.emit(src, name, args + [self.dummy()[0]], grid, lsize, label)
             if core == "gemm_vec":  # the CPU conv path reads im2col's output from the work buffer
@@ -634,6 +641,14 @@ class Lowerer:
                 launch.kernel.set_arg(len(args), block)
             else:
                 self.use_scratch(launch.kernel, len(args), nbytes, "splitk")
+
+    def arena_room(self):
+        """Bytes of the largest block of the activation arena free while the current node runs."""
+        if self.node is None or not self.node.outputs:
+            return 0
+        align = max(self.ctx.info.device.mem_base_addr_align // 8, 4)
+        return max([(off + size if size is not None else self.plan.act_bytes) - _round_up(off, align)
+                    for off, size in self.plan.free_at.get(self.node.outputs[0].id, [])] + [0])
 
     def arena_block(self, nbytes):
         """A sub-buffer of `nbytes` of the activation arena that is free while the current node runs (the
