@@ -65,10 +65,6 @@ class Plan:
 
     def release(self):
         scratch = list(self.lowerer.scratch.values()) if self.lowerer is not None else []
-        if self.lowerer is not None:  # sub-buffers of the arena go before the arena itself
-            for view in self.lowerer.arena_views:
-                view.release()
-            self.lowerer.arena_views = []
         for b in [self.act_buf, self.const_buf] + scratch:
             if b is not None:
                 self.ctx.free(b)

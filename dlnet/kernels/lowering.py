@@ -197,7 +197,6 @@ class Lowerer:
         self.keepalive = []  # small metadata buffers the launches read
         self.layer = ""  # the node being lowered, for per-layer profiles
         self.node = None  # ... and the node itself
-        self.arena_views = []  # sub-buffers of the activation arena (split-K partials placed in a free block)
         self.scratch = {}  # pool name -> buffer: "work" (im2col/colgrad), "splitk" (partial sums)
         self.scratch_users = []  # (kernel, argument index, pool)
         self.scratch_bytes = {}
@@ -625,44 +624,37 @@ class Lowerer:
         room = max(self.arena_room(), SPLITK_SCRATCH_MAX)
         splits = pick_splits(groups, target, KK, max_splits=room // per_split) if core in GPU_CORES else 1
         if splits <= 1:
-            self.emit(src, name, args + [self.dummy()[0]], grid, lsize, label)
+            self.emit(src, name, args + [self.dummy()[0], np.uint64(0)], grid, lsize, label)
             if core == "gemm_vec":  # the CPU conv path reads im2col's output from the work buffer
                 self.use_scratch(self.launches[-1].kernel, len(args), 0, "work")
             return
         src = f"#define SPLITS {splits}\n" + src + kernel_source("gemm_reduce")
-        self.emit(src, name, args + [self.dummy()[0]], (grid[0], grid[1], grid[2] * splits), lsize,
-                  label + f" splitK{splits}")
-        self.emit(src, name + "_reduce", args + [self.dummy()[0]], (_round_up(NN, 64), M, grid[2]), (64, 1, 1),
-                  label + " reduce")
-        nbytes = 4 * splits * grid[2] * M * NN
-        block = self.arena_block(nbytes)
-        for launch in self.launches[-2:]:
-            if block is not None:
-                launch.kernel.set_arg(len(args), block)
-            else:
+        nbytes = per_split * splits
+        at = self.arena_block(nbytes)  # the partial sums: a free block of the arena, else their own buffer
+        ws = [self.act_buf, np.uint64(at // 4)] if at is not None else [self.dummy()[0], np.uint64(0)]
+        self.emit(src, name, args + ws, (grid[0], grid[1], grid[2] * splits), lsize, label + f" splitK{splits}")
+        self.emit(src, name + "_reduce", args + ws, (_round_up(NN, 64), M, grid[2]), (64, 1, 1), label + " reduce")
+        if at is None:
+            for launch in self.launches[-2:]:
                 self.use_scratch(launch.kernel, len(args), nbytes, "splitk")
 
     def arena_room(self):
         """Bytes of the largest block of the activation arena free while the current node runs."""
-        if self.node is None or not self.node.outputs:
-            return 0
-        align = max(self.ctx.info.device.mem_base_addr_align // 8, 4)
-        return max([(off + size if size is not None else self.plan.act_bytes) - _round_up(off, align)
-                    for off, size in self.plan.free_at.get(self.node.outputs[0].id, [])] + [0])
+        return max([stop - start for start, stop in self._free_blocks()] + [0])
 
     def arena_block(self, nbytes):
-        """A sub-buffer of `nbytes` of the activation arena that is free while the current node runs (the
-        planner's plan.free_at), or None where no free block holds it."""
-        if self.node is None or not self.node.outputs:
-            return None
-        align = max(self.ctx.info.device.mem_base_addr_align // 8, 4)
-        for off, size in self.plan.free_at.get(self.node.outputs[0].id, []):
-            start = _round_up(off, align)
-            if start + nbytes <= (off + size if size is not None else self.plan.act_bytes):
-                block = self.act_buf.get_sub_region(start, nbytes)
-                self.arena_views.append(block)
-                return block
+        """Byte offset of `nbytes` in the activation arena that are free while the current node runs (the
+        planner's plan.free_at), or None where no free block holds them."""
+        for start, stop in self._free_blocks():
+            if start + nbytes <= stop:
+                return start
         return None
+
+    def _free_blocks(self):
+        if self.node is None or not self.node.outputs:
+            return []
+        return [(_round_up(off, 256), off + size if size is not None else self.plan.act_bytes)
+                for off, size in self.plan.free_at.get(self.node.outputs[0].id, [])]
 
     def use_scratch(self, kernel, index, nbytes, pool):
         """Argument `index` of `kernel` is the plan's scratch buffer `pool`, which must hold at least `nbytes`."""

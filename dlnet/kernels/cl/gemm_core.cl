@@ -33,7 +33,8 @@
 #define PAD_A 4
 
 __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1)))
-void KERNEL_NAME(KERNEL_ARGS, __global float* ws) {
+void KERNEL_NAME(KERNEL_ARGS, __global float* ws, ulong ws_off) {
+    ws += ws_off;
     PROLOGUE
     const int tid = get_local_id(0);
 #if NT_N % 8 == 0 && NT_M % 4 == 0 && NTHREADS % 32 == 0

@@ -36,7 +36,8 @@ inline float tf32_round(float x) {
                    "f"(d[0]), "f"(d[1]), "f"(d[2]), "f"(d[3]))
 
 __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1)))
-void KERNEL_NAME(KERNEL_ARGS, __global float* ws) {
+void KERNEL_NAME(KERNEL_ARGS, __global float* ws, ulong ws_off) {
+    ws += ws_off;
     PROLOGUE
     const int tid = get_local_id(0);
     const int warp = tid / 32, lane = tid % 32, gid = lane / 4, tig = lane % 4;

@@ -5,8 +5,9 @@
 #define CAT(a, b) CAT_(a, b)
 #undef ZID
 #define ZID get_group_id(2)  // the reduce grid has one z per batch index
-__kernel void CAT(KERNEL_NAME, _reduce)(KERNEL_ARGS, __global float* ws) {
+__kernel void CAT(KERNEL_NAME, _reduce)(KERNEL_ARGS, __global float* ws, ulong ws_off) {
     PROLOGUE
+    ws += ws_off;
     const int n = get_global_id(0), m = get_global_id(1);
     if (n >= NN || m >= M) return;
     float v = 0.0f;

@@ -5,7 +5,8 @@
 #error "gemm_vec.cl needs RM"
 #endif
 #define ZID get_global_id(2)  // no local size is set on CPUs: group ids follow the runtime's choice
-__kernel void KERNEL_NAME(KERNEL_ARGS, __global float* ws) {
+__kernel void KERNEL_NAME(KERNEL_ARGS, __global float* ws, ulong ws_off) {
+    ws += ws_off;
     PROLOGUE
     const int n0 = get_global_id(0) * 8;
     const int m0 = get_global_id(1) * RM;
