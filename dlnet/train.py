@@ -14,6 +14,7 @@ from .graph.passes import run_passes
 from .graph.passes.fold import fold_constants, remove_dead
 from .graph.passes.fuse import broadcast_expands, fuse_pointwise, fuse_reduce_prologues
 from .graph.passes.padding import explicit_padding
+from .kernels.lowering import device_passes
 from .kernels.runtime import Launch, cl, kernel_source
 from .net import Plan
 from .onnx.importer import Importer
@@ -51,6 +52,7 @@ class _TrainPlan:
         g.output_names = ["loss", trainer.output] + [f"grad:{n}" for n, _, _ in self.params] + \
             [f"state:{i}" for i in range(len(self.updates))]
         run_passes(g, [fold_constants, broadcast_expands, fuse_pointwise, fuse_reduce_prologues, remove_dead])
+        device_passes(g, trainer.ctx, training=True)
         self.graph = g
         self.plan = Plan(trainer.ctx, g)
         # an initializer the graph read as a constant (Dropout's ratio) has no device copy: the model's stays true

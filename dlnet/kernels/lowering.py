@@ -59,19 +59,26 @@ WINOGRAD_MIN_CHANNELS = int(os.environ.get("DLNET_WINOGRAD_MIN_CHANNELS", 64))
 # chunks of tiles (three launches each), each at least this many tiles and an eighth of the layer's (the arena grows
 # where no free block holds that much).
 WINOGRAD_MIN_TILES = 1024
+# ... in training too (DLNET_WINOGRAD_TRAINING=0: not), for convolutions and their input gradients ...
+WINOGRAD_TRAINING = os.environ.get("DLNET_WINOGRAD_TRAINING", "1") != "0"
 # ... and for layers of at least this many 2x2 output tiles (the N of its products): smaller ones gain little (vgg16
 # at batch 1 on an H100, kernel time: 14x14 layers, 49 tiles, 0.052 against 0.075 ms direct) and U takes 16/9 of
 # the weights' memory (vgg16's batch-1 plan came to 609 MiB against PyTorch's 586 with Winograd everywhere).
 WINOGRAD_MIN_LAYER_TILES = int(os.environ.get("DLNET_WINOGRAD_MIN_LAYER_TILES", 256))
 
 
-def device_passes(graph, ctx):
+def device_passes(graph, ctx, training=False):
     """The weight layouts this device's kernels read best, after the graph passes: Gemm weights pretransposed
     (except where gemv.cl reads them as they are) and 3x3 weights transformed for Winograd where convolutions run
-    on the GPU core."""
+    on the GPU core. Training (weights change every step): Winograd with the transform on the device, for the
+    convolutions and their input gradients."""
     from ..graph.passes.layout import pretranspose_weights
-    from ..graph.passes.winograd import winograd_weights
+    from ..graph.passes.winograd import winograd_on_device, winograd_weights
     core = GEMM_TILES["cpu" if ctx.is_cpu else "gpu"]["core"]
+    if training:
+        if core == "gemm_core" and WINOGRAD_TRAINING:
+            winograd_on_device(graph, WINOGRAD_MIN_CHANNELS, WINOGRAD_MIN_LAYER_TILES)
+        return graph
     pretranspose_weights(graph, GEMV_MAX_ROWS if core in GPU_CORES else 0)
     if core == "gemm_core":
         winograd_weights(graph, WINOGRAD_MIN_CHANNELS, WINOGRAD_MIN_LAYER_TILES)
@@ -370,8 +377,8 @@ class Lowerer:
         bargs = self.args(bias) if bias is not None else self.dummy()
         rargs = self.args(res) if res is not None else self.dummy()
         label = f"{node.name} Conv"
-        if a.get("winograd"):
-            self.winograd(x, w, bargs, rargs, y, head, pads, label)
+        if a.get("winograd"):  # 1: w holds U (passes/winograd.py); 2: U from w on the device, every run
+            self.winograd(x, w if a["winograd"] == 1 else None, bargs, rargs, y, head, pads, label, w=w)
             return
         y_nstride = Cout * OH * OW
         if group == Cin and w.shape[1] == 1 and group > 1:
@@ -418,16 +425,28 @@ class Lowerer:
             np.int64(y_nstride)]
         self._matrix(src, "conv2d", args, core, tiles, lsize, (g0, g1, group), M, NN, C * KH * KW, label)
 
-    def winograd(self, x, u, bargs, rargs, y, head, pads, label):
-        """A convolution whose weights passes/winograd.py transformed (u = G w G^T, [4, 4, K, C]): input transform
-        (winograd.cl) -> 16 products U[xi] V[xi] as one batched GEMM on the core -> output transform with the
-        epilogue. V and M live in the block of the activation arena the planner set aside for this layer
-        (plan.temps): where it is short of the whole layer, the layer runs in chunks of tiles, three launches each."""
+    def winograd(self, x, u, bargs, rargs, y, head, pads, label, w=None, flip=False):
+        """A convolution through Winograd F(2x2, 3x3), u = G w G^T [4, 4, K, C]: input transform (winograd.cl) ->
+        16 products U[xi] V[xi] as one batched GEMM on the core -> output transform with the epilogue. V and M live
+        in the block of the activation arena the planner set aside for this layer (plan.temps): where it is short
+        of the whole layer, the layer runs in chunks of tiles, three launches each. u: the transformed weights
+        (passes/winograd.py), or None with w: weights that change every run (training), transformed here first
+        into the front of that block (flip: dX's filters, w [C, K, 3, 3] flipped and transposed)."""
         N, C, H, W = x.shape
         K, OH, OW = y.shape[1:]
         TH, TW = -(-OH // 2), -(-OW // 2)
         T = N * TH * TW
-        off, nbytes = self.plan.temps[y.id]  # the planner's block for V and M (Conv.workspace)
+        off, nbytes = self.plan.temps[y.id]  # the planner's block for U, V and M (winograd_workspace)
+        if u is None:
+            u_bytes = _round_up(64 * K * C, 256)
+            src = _defines({"IDX": self.index_type(w.size, 16 * K * C)} | ({"FLIP": 1} if flip else {})) + \
+                act_macro(None) + kernel_source("winograd")
+            self.emit(src, "wino_weights", self.args(w) + [self.act_buf, np.uint64(off // 4)] + [
+                np.int32(K), np.int32(C)], (_round_up(K * C, 64),), (64,), label + " winograd weights")
+            uargs = [self.act_buf, np.uint64(off // 4)]
+            off, nbytes = off + u_bytes, nbytes - u_bytes
+        else:
+            uargs = self.args(u)
         TC = min(T, nbytes // (64 * (C + K)))  # tiles per chunk
         if TC < T:
             TC = max(TC // 256 * 256, min(T, WINOGRAD_MIN_TILES))
@@ -440,7 +459,7 @@ class Lowerer:
             tag = f" winograd{'' if TC == T else f' tiles {t0}+{tc}'}"
             self.emit(src, "wino_input", self.args(x) + v_at + [np.int32(v) for v in (
                 C, H, W, pads[0], pads[1], TH, TW, t0, tc)], (_round_up(tc, 64), C), (64, 1), label + tag + " in")
-            self._gemm_launch(self.args(u), v_at, None, m_at, table, K, tc, C, (C, 1, tc, 1, 0, 0), idx, None, 1.0,
+            self._gemm_launch(uargs, v_at, None, m_at, table, K, tc, C, (C, 1, tc, 1, 0, 0), idx, None, 1.0,
                               0.0, label + tag + " gemm")
             self.emit(src, "wino_output", m_at + bargs + rargs + self.args(y) + [
                 np.int32(v) for v in (K, OH, OW, TH, TW, t0, tc)] + [np.int64(K * OH * OW)] * 2,
@@ -696,6 +715,10 @@ class Lowerer:
         work = 4 * group * CKK * NPIX
         M, NN, KK = (K, CKK, NPIX) if which == "dw" else (CKK, NPIX, K)
         core, tiles, lsize, (g0, g1) = pick_tiles(self.ctx, M, NN, KK, group)
+        if which == "dx" and node.attrs.get("winograd"):  # dx = conv(dy, w flipped and transposed), Winograd
+            self.winograd(dy, None, self.dummy(), self.dummy(), out, act_macro(None), [2 - p[0], 2 - p[1]], label,
+                          w=other, flip=True)
+            return
         if which == "dx" and core in GPU_CORES and list(s) == [1, 1] and KH * KW > 1 and \
                 p[0] <= d[0] * (KH - 1) and p[1] <= d[1] * (KW - 1):
             # stride 1: dx = conv(dy, w flipped and transposed per group), pads d * (k - 1) - p: no col buffer

@@ -268,6 +268,28 @@ def test_winograd_only_where_it_applies(monkeypatch):
         assert rel_l2(net.run({"x": x})["y"], conv_ref(x, w, np.zeros(ws[0], np.float32), attrs)) < 1e-5
 
 
+@pytest.mark.parametrize("pad", [1, 0, 2])
+def test_winograd_training(core, pad, monkeypatch):
+    """Training: the convolutions (weights that change every step) and their input gradients run as Winograd with
+    U made on the device (wino_weights; dX's filters flipped and transposed, pads 2 - p); every parameter gradient
+    against torch autograd."""
+    torch = pytest.importorskip("torch")
+    ctx, tol = core
+    if lowering.GEMM_TILES["cpu" if ctx.is_cpu else "gpu"]["core"] != "gemm_core":
+        pytest.skip("Winograd runs on the GPU core (forced onto CPUs by the 'portable' case)")
+    monkeypatch.setattr(lowering, "WINOGRAD_MIN_CHANNELS", 8)
+    monkeypatch.setattr(lowering, "WINOGRAD_MIN_LAYER_TILES", 0)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
+                                torch.nn.Conv2d(8, 12, 3, padding=pad), torch.nn.ReLU(),
+                                torch.nn.Conv2d(12, 8, 3, padding=1, bias=False), torch.nn.Flatten(),
+                                torch.nn.Linear(8 * (11 + 2 * pad - 2) ** 2, 5))
+    x, y = f32(2, 3, 11, 11), rng.integers(0, 5, 2)
+    labels = check_gradients_against_torch(ctx, tol, model, x, y)
+    assert sum("winograd weights" in label for label in labels) == 4, labels  # 2 forward, 2 dX
+    assert any("ConvGradX winograd" in label for label in labels), labels
+
+
 def test_winograd_weight_transform():
     """U = G w G^T in float32 against the float64 product."""
     from dlnet.graph.passes.winograd import G, transform_weights

@@ -32,6 +32,14 @@ class ConvGradX(Op):
     def infer(self, node):
         return [(node.inputs[0].dtype, tuple(node.attrs["x_shape"]))]
 
+    def workspace(self, node):
+        """winograd (passes/winograd.py): U of the flipped, transposed filters, then V and M over dx's tiles."""
+        if not node.attrs.get("winograd"):
+            return None
+        from .nn import winograd_workspace
+        w, dx = node.inputs[1], node.outputs[0]
+        return winograd_workspace(w.shape[1], w.shape[0], dx.shape, on_device=True)
+
     def lower(self, node, lw):
         lw.conv_grad(node, "dx")
 

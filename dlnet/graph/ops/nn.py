@@ -20,13 +20,25 @@ def spatial_attrs(node, nsp):
             list(a.get("dilations") or [1] * nsp))
 
 
+def winograd_workspace(k, c, y_shape, on_device=False):
+    """(all, least) bytes of a Winograd convolution's workspace (lowering.winograd): V and M, 16 (C + K) floats per
+    2x2 output tile, all of them or at least an eighth of the layer's tiles (at most 8 chunks) and at least
+    WINOGRAD_MIN_TILES; before them U (16 K C floats) where it is made on the device every run."""
+    from ...kernels.lowering import WINOGRAD_MIN_TILES
+    tiles = y_shape[0] * -(-y_shape[2] // 2) * -(-y_shape[3] // 2)
+    per_tile = 64 * (k + c)
+    u = -(-64 * k * c // 256) * 256 if on_device else 0
+    return u + per_tile * tiles, u + per_tile * min(tiles, max(WINOGRAD_MIN_TILES, -(-tiles // 8)))
+
+
 @register
 class Conv(Op):
     """y = act(conv(x, w) + b + res);  dx = conv_transpose(dy, w), dw = conv(x, dy) (see autodiff)
 
     attrs: strides, pads (begins + ends, symmetric after the padding pass), dilations, group;
     fused epilogue: act (a unary pointwise node's (op, attrs)) and a residual input;
-    winograd: w holds U = G w G^T [4, 4, K, C] for Winograd F(2x2, 3x3) (passes/winograd.py, GPU inference).
+    winograd: 1: w holds U = G w G^T [4, 4, K, C] for Winograd F(2x2, 3x3) (passes/winograd.py, GPU inference);
+    2: U is made from w on the device every run (training).
     """
     name = "Conv"
     dtypes = ("float32",)
@@ -37,7 +49,7 @@ class Conv(Op):
         strides, pads, dil = spatial_attrs(node, nsp)
         group = node.attrs.get("group", 1)
         cout, cin, kernel = w.shape[0], w.shape[1], w.shape[2:]
-        if node.attrs.get("winograd"):  # weights transformed for Winograd F(2x2, 3x3): U [4, 4, K, C]
+        if node.attrs.get("winograd") == 1:  # weights transformed for Winograd F(2x2, 3x3): U [4, 4, K, C]
             cout, cin, kernel = w.shape[2], w.shape[3], (3, 3)
         if x.shape[1] != cin * group:
             raise ValueError(f"input has {x.shape[1]} channels, weights {list(w.shape)} with group={group} "
@@ -47,15 +59,12 @@ class Conv(Op):
         return [(x.dtype, (x.shape[0], cout, *out))]
 
     def workspace(self, node):
-        """Winograd: V and M, 16 (C + K) floats per 2x2 output tile; at least an eighth of the layer's tiles at once
-        (at most 8 chunks) and at least WINOGRAD_MIN_TILES."""
         if not node.attrs.get("winograd"):
             return None
-        from ...kernels.lowering import WINOGRAD_MIN_TILES
-        y, u = node.outputs[0], node.inputs[1]
-        tiles = y.shape[0] * -(-y.shape[2] // 2) * -(-y.shape[3] // 2)
-        per_tile = 64 * (u.shape[2] + u.shape[3])
-        return per_tile * tiles, per_tile * min(tiles, max(WINOGRAD_MIN_TILES, -(-tiles // 8)))
+        w, y = node.inputs[1], node.outputs[0]
+        if node.attrs["winograd"] == 1:
+            return winograd_workspace(w.shape[2], w.shape[3], y.shape)
+        return winograd_workspace(w.shape[0], w.shape[1], y.shape, on_device=True)
 
     def writes_over(self, node, index):
         """Over its residual: every epilogue reads res at an output's own index just before writing it there."""

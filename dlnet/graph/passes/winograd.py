@@ -12,15 +12,36 @@ def winograd_tiles(node):
     return n * -(-oh // 2) * -(-ow // 2)
 
 
+def _geometry(node, w_shape, min_channels, min_tiles):
+    """A 2-D 3x3 stride-1 undilated ungrouped convolution (or its dX) wide and large enough for Winograd."""
+    a = node.attrs
+    return (min_channels > 0 and len(node.outputs[0].shape) == 4 and tuple(w_shape[2:]) == (3, 3)
+            and list(a.get("strides") or [1, 1]) == [1, 1] and list(a.get("dilations") or [1, 1]) == [1, 1]
+            and a.get("group", 1) == 1 and min(w_shape[0], w_shape[1]) >= min_channels
+            and all(0 <= p <= 2 for p in a.get("pads") or [0])
+            and winograd_tiles(node) >= min_tiles)
+
+
 def winograd_eligible(node, min_channels, min_tiles=0):
-    if node.op != "Conv" or node.attrs.get("winograd") or len(node.inputs[0].shape) != 4:
+    """Inference: constant weights, transformed here once."""
+    if node.op != "Conv" or node.attrs.get("winograd"):
         return False
     w = node.inputs[1]
-    a = node.attrs
-    return (min_channels > 0 and w.const is not None and not w.param and w.shape[2:] == (3, 3)
-            and list(a.get("strides") or [1, 1]) == [1, 1] and list(a.get("dilations") or [1, 1]) == [1, 1]
-            and a.get("group", 1) == 1 and min(w.shape[0], w.shape[1]) >= min_channels
-            and winograd_tiles(node) >= min_tiles)
+    return w.const is not None and not w.param and _geometry(node, w.shape, min_channels, min_tiles)
+
+
+def winograd_on_device(graph, min_channels, min_tiles=0):
+    """Training: convolutions whose weights change every step, and their input gradients (dX is a 3x3 stride-1
+    convolution of dy with the filters flipped and transposed, pads 2 - p), run as Winograd with U made on the
+    device each step (attr winograd=2). Weight gradients keep the implicit GEMM."""
+    changed = False
+    for node in graph.nodes:
+        if node.op in ("Conv", "ConvGradX") and not node.attrs.get("winograd") and \
+                _geometry(node, node.inputs[1].shape, min_channels, min_tiles) and \
+                (node.op == "ConvGradX" or node.inputs[1].const is None or node.inputs[1].param):
+            node.attrs["winograd"] = 2
+            changed = True
+    return changed
 
 
 def transform_weights(w):

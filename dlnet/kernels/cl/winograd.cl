@@ -86,3 +86,38 @@ __kernel void wino_output(__global const float* m, ulong m_off, __global const f
         }
     }
 }
+
+// global (K * C): one 3x3 filter -> its 16 transformed values U[xi][k][c] = (G g G^T)[xi], for weights that change
+// every step (training). g = w[k][c] ([K, C, 3, 3]); with FLIP, the filter of dX = conv(dy, w flipped and
+// transposed): g[i][j] = w[c][k][2 - i][2 - j] (w [C, K, 3, 3]: dy's channels are this convolution's inputs).
+__kernel void wino_weights(__global const float* w, ulong w_off, __global float* u, ulong u_off, int K, int C) {
+    const int id = get_global_id(0);
+    if (id >= K * C) return;
+    const int k = id / C, c = id % C;
+    float g[3][3];
+#ifdef FLIP
+    w += w_off + ((IDX)c * K + k) * 9;
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 3; j++)
+            g[i][j] = w[(2 - i) * 3 + (2 - j)];
+#else
+    w += w_off + ((IDX)k * C + c) * 9;
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 3; j++)
+            g[i][j] = w[i * 3 + j];
+#endif
+    float t[4][3];  // G g
+    for (int j = 0; j < 3; j++) {
+        const float s = g[0][j] + g[2][j];
+        t[0][j] = g[0][j]; t[1][j] = (s + g[1][j]) * 0.5f; t[2][j] = (s - g[1][j]) * 0.5f; t[3][j] = g[2][j];
+    }
+    const IDX plane = (IDX)K * C;
+    u += u_off + (IDX)k * C + c;
+    for (int i = 0; i < 4; i++) {  // (G g) G^T
+        const float s = t[i][0] + t[i][2];
+        u[(4 * i + 0) * plane] = t[i][0];
+        u[(4 * i + 1) * plane] = (s + t[i][1]) * 0.5f;
+        u[(4 * i + 2) * plane] = (s - t[i][1]) * 0.5f;
+        u[(4 * i + 3) * plane] = t[i][2];
+    }
+}
