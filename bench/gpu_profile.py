@@ -1,6 +1,7 @@
 """Where the time goes: per-op-kind GPU time of one inference and one training step, from OpenCL profiling events.
 
     python3 bench/gpu_profile.py [--net resnet50] [--batch 16] [--precision tf32] [--no-train] [--top 20]
+                                 [--nodes ConvGradW]
 
 Prints two tables (inference, training step): kernel time grouped by the kind of node each launch belongs to, with
 launch counts and % of the total. Runs on the GPU machine (torchvision there); asserts nothing.
@@ -17,7 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_train import export, torch_model  # noqa: E402
 
 
-def table(title, launches, queue, iters=5, top=0):
+def table(title, launches, queue, iters=5, top=0, nodes=""):
     totals, counts, each = {}, {}, {}
     for _ in range(iters):
         events = [(launch, launch.enqueue(queue)) for launch in launches]
@@ -36,6 +37,15 @@ def table(title, launches, queue, iters=5, top=0):
     print(f"{'kind':28s} {'ms':>8} {'%':>6} {'launches':>8}")
     for kind, ms in sorted(totals.items(), key=lambda kv: -kv[1])[:16]:
         print(f"{kind:28s} {ms:8.2f} {100 * ms / total:6.1f} {counts[kind] // iters:8d}")
+    if nodes:  # per node: the launches whose label holds this text, grouped by their node's name
+        per = {}
+        for launch in launches:
+            if nodes in launch.label:
+                name = launch.label.split(" ")[0]
+                per[name] = per.get(name, 0.0) + each.get(id(launch), 0.0)
+        print(f"per node, launches labelled '{nodes}':")
+        for name, ms in per.items():
+            print(f"  {ms:7.3f} ms  {name}")
     if top:
         print(f"slowest {top} launches:")
         by_id = {id(launch): launch for launch in launches}
@@ -51,6 +61,7 @@ def main():
     ap.add_argument("--precision", default="fp32")
     ap.add_argument("--no-train", action="store_true", help="inference only")
     ap.add_argument("--top", type=int, default=0, help="also list the N slowest launches")
+    ap.add_argument("--nodes", default="", help="also list kernel time per node of the launches labelled so")
     args = ap.parse_args()
     ctx = dlnet.Context("gpu", precision=args.precision, profile=True)
     model = torch_model(args.net)
@@ -58,7 +69,8 @@ def main():
     proto = export(model, xs)
     net = dlnet.Net(ctx).load_onnx(proto)
     net.run({net.inputs[0].name: xs})
-    table(f"{args.net} inference, batch {args.batch}, {args.precision}", net.launches, ctx.queue, top=args.top)
+    table(f"{args.net} inference, batch {args.batch}, {args.precision}", net.launches, ctx.queue, top=args.top,
+          nodes=args.nodes)
     if args.no_train:
         return
     trainer = dlnet.Trainer(dlnet.Net(ctx).load_onnx(proto), loss="cross_entropy",
@@ -67,7 +79,7 @@ def main():
     trainer.step({net.inputs[0].name: xs, "target": y})
     plan = trainer._active
     table(f"{args.net} training step (Adam), batch {args.batch}", plan.plan.launches + plan.launches, ctx.queue,
-          top=args.top)
+          top=args.top, nodes=args.nodes)
 
 
 if __name__ == "__main__":

@@ -137,7 +137,7 @@ def elementwise_rows_source(rank, in_dtypes, out_dtype, body, I, inner_strides):
 
 
 def reduce_source(rank_out, rank_red, in_dtypes, acc_dtype, out_dtype, pre, combine, init, post, group=0,
-                  I="long", prologue=""):
+                  I="long", prologue="", splits=1):
     """Kernel `red`: one work-item per output; loops over the reduced dims.
 
     prologue: C statements of x0v.. run per element before pre (a fused pointwise producer);
@@ -146,6 +146,8 @@ def reduce_source(rank_out, rank_red, in_dtypes, acc_dtype, out_dtype, pre, comb
     post: C expression of `acc` and `count` giving the output.
     group > 0: one work-group of `group` work-items per output (GPUs, long reductions): each strides over the
     reduced elements, then the partial results combine in local memory.
+    splits > 1 (with group): `splits` work-groups per output, each over every splits-th run of `group` elements,
+    write their partial results to `part` (no post); kernel `red_finish`, one work-item per output, combines them.
     """
     args = [f"__global {_ctype(out_dtype)}* y", "ulong y_off"]
     for i, dt in enumerate(in_dtypes):
@@ -153,11 +155,14 @@ def reduce_source(rank_out, rank_red, in_dtypes, acc_dtype, out_dtype, pre, comb
     n = len(in_dtypes)
     # meta: out dims, y strides, x_i strides over out dims, red dims, x_i strides over red dims
     args += [f"__constant const {I}* meta"]
+    if splits > 1:
+        args += [f"__global {_ctype(acc_dtype)}* part"]
     ro, rr = rank_out, rank_red
     base_red = ro * (2 + n)
+    at = f"get_group_id(0) / {splits}" if splits > 1 else "get_group_id(0)" if group else "get_global_id(0)"
     lines = [_preamble(list(in_dtypes) + [out_dtype, acc_dtype]),
              f"__kernel void red({', '.join(args)}) {{",
-             f"  {I} i = get_group_id(0);" if group else f"  {I} i = get_global_id(0);",
+             f"  {I} i = {at};",
              f"  {I} total = 1; for (int d = 0; d < {ro}; d++) total *= meta[d];",
              "  if (i >= total) return;",
              "  y += y_off;"]
@@ -169,6 +174,8 @@ def reduce_source(rank_out, rank_red, in_dtypes, acc_dtype, out_dtype, pre, comb
     lines += ["  }",
               f"  {I} count = 1; for (int d = 0; d < {rr}; d++) count *= meta[{base_red} + d];",
               f"  {_ctype(acc_dtype)} acc = {init};",
+              f"  for ({I} j = (get_group_id(0) % {splits}) * {group} + get_local_id(0); j < count; "
+              f"j += {group * splits}) {{" if splits > 1 else
               f"  for ({I} j = get_local_id(0); j < count; j += {group}) {{" if group else
               f"  for ({I} j = 0; j < count; j++) {{"]
     lines += [f"    {I} o{k} = b{k};" for k in range(n)]
@@ -185,5 +192,21 @@ def reduce_source(rank_out, rank_red, in_dtypes, acc_dtype, out_dtype, pre, comb
                   f"  for (int s = {group // 2}; s > 0; s >>= 1) {{",
                   f"    if (l < s) {{ acc = part[l]; {_ctype(acc_dtype)} v = part[l + s]; {combine} part[l] = acc; }}",
                   "    barrier(CLK_LOCAL_MEM_FENCE);", "  }", "  if (l != 0) return;", "  acc = part[0];"]
-    lines += [f"  y[oy] = ({_ctype(out_dtype)})({post});", "}"]
+        if splits > 1:
+            lines = [line.replace("part[", "lpart[") for line in lines]
+    if splits > 1:
+        lines += ["  part[get_group_id(0)] = acc;", "}",
+                  f"__kernel void red_finish({', '.join(args)}) {{",
+                  f"  {I} i = get_global_id(0);",
+                  f"  {I} total = 1; for (int d = 0; d < {ro}; d++) total *= meta[d];",
+                  "  if (i >= total) return;",
+                  f"  {I} oy = 0, r = i;",
+                  f"  for (int d = {ro - 1}; d >= 0; d--) {{ {I} q = r % meta[d]; r /= meta[d]; "
+                  f"oy += q * meta[{ro} + d]; }}",
+                  f"  {I} count = 1; for (int d = 0; d < {rr}; d++) count *= meta[{base_red} + d];",
+                  f"  {_ctype(acc_dtype)} acc = {init};",
+                  f"  for (int s = 0; s < {splits}; s++) {{ {_ctype(acc_dtype)} v = part[i * {splits} + s]; "
+                  f"{combine} }}"]
+    lines += [f"  y[y_off + oy] = ({_ctype(out_dtype)})({post});" if splits > 1 else
+              f"  y[oy] = ({_ctype(out_dtype)})({post});", "}"]
     return "\n".join(lines)

@@ -61,23 +61,38 @@ WINOGRAD_MIN_CHANNELS = int(os.environ.get("DLNET_WINOGRAD_MIN_CHANNELS", 64))
 WINOGRAD_MIN_TILES = 1024
 # ... in training too (DLNET_WINOGRAD_TRAINING=0: not), for convolutions and their input gradients ...
 WINOGRAD_TRAINING = os.environ.get("DLNET_WINOGRAD_TRAINING", "1") != "0"
+# ... weight gradients included (DLNET_WINOGRAD_DW=0: they keep the implicit GEMM) ...
+WINOGRAD_DW = os.environ.get("DLNET_WINOGRAD_DW", "1") != "0"
 # ... and for layers of at least this many 2x2 output tiles (the N of its products): smaller ones gain little (vgg16
 # at batch 1 on an H100, kernel time: 14x14 layers, 49 tiles, 0.052 against 0.075 ms direct) and U takes 16/9 of
 # the weights' memory (vgg16's batch-1 plan came to 609 MiB against PyTorch's 586 with Winograd everywhere).
 WINOGRAD_MIN_LAYER_TILES = int(os.environ.get("DLNET_WINOGRAD_MIN_LAYER_TILES", 256))
 
 
+# Long reductions (Reduce): on GPUs a work-group of this many work-items per output (0: one work-item), and where
+# that leaves the device short of work, several work-groups per output, enough for this many per compute unit
+REDUCE_GROUP = {"cpu": 0, "gpu": 256}
+REDUCE_GROUPS_PER_CU = 8
+
+
+def _wino_chunk(T, nbytes, C, K):
+    """Tiles per chunk of a Winograd layer of T tiles whose V and M (or dW's V and E) get nbytes: all of them, else
+    a multiple of 256 and at least WINOGRAD_MIN_TILES."""
+    TC = min(T, nbytes // (64 * (C + K)))
+    return TC if TC == T else max(TC // 256 * 256, min(T, WINOGRAD_MIN_TILES))
+
+
 def device_passes(graph, ctx, training=False):
     """The weight layouts this device's kernels read best, after the graph passes: Gemm weights pretransposed
     (except where gemv.cl reads them as they are) and 3x3 weights transformed for Winograd where convolutions run
     on the GPU core. Training (weights change every step): Winograd with the transform on the device, for the
-    convolutions and their input gradients."""
+    convolutions and their input and weight gradients."""
     from ..graph.passes.layout import pretranspose_weights
     from ..graph.passes.winograd import winograd_on_device, winograd_weights
     core = GEMM_TILES["cpu" if ctx.is_cpu else "gpu"]["core"]
     if training:
         if core == "gemm_core" and WINOGRAD_TRAINING:
-            winograd_on_device(graph, WINOGRAD_MIN_CHANNELS, WINOGRAD_MIN_LAYER_TILES)
+            winograd_on_device(graph, WINOGRAD_MIN_CHANNELS, WINOGRAD_MIN_LAYER_TILES, WINOGRAD_DW)
         return graph
     pretranspose_weights(graph, GEMV_MAX_ROWS if core in GPU_CORES else 0)
     if core == "gemm_core":
@@ -127,10 +142,16 @@ def resident_groups(tiles):
 SPLITK_SCRATCH_MAX = 4 << 20
 
 
-def pick_splits(groups, target, K, k0=32, max_splits=64):
+# Split-K: at most this many slices (a single tile of a first layer's weight gradient, 64 x 27 x 800k at batch 16,
+# took 1.97 ms in 64 slices on an H100's 132 SMs)
+SPLITK_MAX = 256
+
+
+def pick_splits(groups, target, K, k0=32, max_splits=SPLITK_MAX):
     """Slices of K for a grid of `groups` work-groups on `target` resident slots: the count with the least time in
     whole waves, waves(groups * s) * (K / s + k0) (k0: a tile's fixed cost, GPU_TILE_MODEL), where that beats one
-    slice by 10% (the partial sums cost a reduction pass); at most 64 (and max_splits) slices of at least 256. A
+    slice by 10% (the partial sums cost a reduction pass); at most SPLITK_MAX (and max_splits) slices of at least
+    256. A
     count that spills into one more wave loses: alexnet's batch-16 fully connected layers had split 9 ways into
     576 work-groups on 528 slots (two waves) where 8 fill one."""
     if groups >= target or K < 512:
@@ -138,7 +159,7 @@ def pick_splits(groups, target, K, k0=32, max_splits=64):
 
     def cost(s):
         return -(-groups * s // target) * (K / s + k0)
-    best = min(range(1, max(1, min(64, K // 256, max_splits)) + 1), key=lambda s: (cost(s), s))
+    best = min(range(1, max(1, min(SPLITK_MAX, K // 256, max_splits)) + 1), key=lambda s: (cost(s), s))
     return best if cost(best) < 0.9 * cost(1) else 1
 
 
@@ -447,9 +468,7 @@ class Lowerer:
             off, nbytes = off + u_bytes, nbytes - u_bytes
         else:
             uargs = self.args(u)
-        TC = min(T, nbytes // (64 * (C + K)))  # tiles per chunk
-        if TC < T:
-            TC = max(TC // 256 * 256, min(T, WINOGRAD_MIN_TILES))
+        TC = _wino_chunk(T, nbytes, C, K)
         v_at, m_at = [self.act_buf, np.uint64(off // 4)], [self.act_buf, np.uint64(off // 4 + 16 * C * TC)]
         idx = self.index_type(x.size, y.size, 16 * C * TC, 16 * K * TC)
         src = _defines({"IDX": idx}) + head + kernel_source("winograd")
@@ -464,6 +483,36 @@ class Lowerer:
             self.emit(src, "wino_output", m_at + bargs + rargs + self.args(y) + [
                 np.int32(v) for v in (K, OH, OW, TH, TW, t0, tc)] + [np.int64(K * OH * OW)] * 2,
                 (_round_up(tc, 64), K), (64, 1), label + tag + " out")
+
+    def winograd_dw(self, dy, x, dw, pads, label):
+        """dW of a 3x3 stride-1 convolution through Winograd F(2x2, 3x3): per chunk of tiles, x's tiles transformed
+        (V = B^T d B, wino_input), dy's (E = A dY A^T, wino_dy), and the 16 sums over tiles M[xi] += E[xi] V[xi]^T
+        as one batched GEMM (K x tc times tc x C, both along the tiles); then dw = G^T M G (wino_dw). M sits at the
+        front of the planner's block for this node (plan.temps), E and V after it."""
+        N, C, H, W = x.shape
+        K, OH, OW = dy.shape[1:]
+        TH, TW = -(-OH // 2), -(-OW // 2)
+        T = N * TH * TW
+        off, nbytes = self.plan.temps[dw.id]  # ConvGradW.workspace
+        m_bytes = _round_up(64 * K * C, 256)
+        m_at = [self.act_buf, np.uint64(off // 4)]
+        off, nbytes = off + m_bytes, nbytes - m_bytes
+        TC = _wino_chunk(T, nbytes, C, K)
+        e_at, v_at = [self.act_buf, np.uint64(off // 4)], [self.act_buf, np.uint64(off // 4 + 16 * K * TC)]
+        idx = self.index_type(x.size, dy.size, 16 * C * TC, 16 * K * TC, 16 * K * C)
+        src = _defines({"IDX": idx}) + act_macro(None) + kernel_source("winograd")
+        for t0 in range(0, T, TC):
+            tc = min(TC, T - t0)
+            tag = f" winograd{'' if TC == T else f' tiles {t0}+{tc}'}"
+            self.emit(src, "wino_input", self.args(x) + v_at + [np.int32(v) for v in (
+                C, H, W, pads[0], pads[1], TH, TW, t0, tc)], (_round_up(tc, 64), C), (64, 1), label + tag + " in")
+            self.emit(src, "wino_dy", self.args(dy) + e_at + [np.int32(v) for v in (K, OH, OW, TH, TW, t0, tc)],
+                      (_round_up(tc, 64), K), (64, 1), label + tag + " dy")
+            table = np.array([[xi * K * tc, xi * C * tc, xi * K * C, xi * K * C] for xi in range(16)], np.int64)
+            self._gemm_launch(e_at, v_at, m_at if t0 else None, m_at, table, K, C, tc, (tc, 1, 1, tc, C, 1), idx,
+                              None, 1.0, 1.0, label + tag + " gemm")
+        self.emit(src, "wino_dw", m_at + self.args(dw) + [np.int32(K), np.int32(C)], (_round_up(K * C, 64),), (64,),
+                  label + " winograd dw")
 
     WINDOW_PAD_ROWS = 128  # >= any tile's TK and TN: fetches run that far past the end (B_SAFE in gemm_fetch.cl)
 
@@ -715,6 +764,9 @@ class Lowerer:
         work = 4 * group * CKK * NPIX
         M, NN, KK = (K, CKK, NPIX) if which == "dw" else (CKK, NPIX, K)
         core, tiles, lsize, (g0, g1) = pick_tiles(self.ctx, M, NN, KK, group)
+        if which == "dw" and node.attrs.get("winograd"):
+            self.winograd_dw(dy, other, out, p, label)
+            return
         if which == "dx" and node.attrs.get("winograd"):  # dx = conv(dy, w flipped and transposed), Winograd
             self.winograd(dy, None, self.dummy(), self.dummy(), out, act_macro(None), [2 - p[0], 2 - p[1]], label,
                           w=other, flip=True)
@@ -897,14 +949,27 @@ class Lowerer:
                 if acc != "bool" else "1"
         n_out, count = int(np.prod(out_dims)), int(np.prod(red_dims))
         # GPUs: a work-group per output once each output reduces many elements (batch-norm statistics, losses)
-        group = 256 if not self.ctx.is_cpu and count >= 1024 and n_out < 64 * self.ctx.info.compute_units else 0
-        I = self.index_type(x.size, y.size)
+        group = REDUCE_GROUP["cpu" if self.ctx.is_cpu else "gpu"]
+        group = group if count >= 1024 and n_out < 64 * self.ctx.info.compute_units else 0
+        # ... and several work-groups per output where the outputs alone would leave the device short of work
+        # (a bias gradient: 64 sums of 800k elements each), their partial results combined by red_finish
+        splits = min(-(-REDUCE_GROUPS_PER_CU * self.ctx.info.compute_units // n_out), count // (16 * group)) \
+            if group else 1
+        splits = max(splits, 1)
+        I = self.index_type(x.size, y.size, n_out * splits)
         src = codegen.reduce_source(len(out_dims), len(red_dims), [v.dtype for v, _, _ in operands], acc, y.dtype,
-                                    pre, combine, init, post, group, I, prologue=" ".join(lines))
+                                    pre, combine, init, post, group, I, prologue=" ".join(lines), splits=splits)
         meta = out_dims + y_strides + x_out + red_dims + x_red
         args = self.args(y) + [a for v, _, _ in operands for a in self.args(v)]
         args.append(self.meta(meta, np.int32 if I == "int" else np.int64))
-        if group:
+        if splits > 1:
+            nbytes = n_out * splits * np.dtype(acc).itemsize
+            self.emit(src, "red", args + [self.dummy()[0]], (n_out * splits * group,), (group,),
+                      f"{node.name} Reduce split{splits}")
+            self.use_scratch(self.launches[-1].kernel, len(args), nbytes, "splitk")
+            self.emit(src, "red_finish", args + [self.dummy()[0]], (n_out,), None, f"{node.name} Reduce finish")
+            self.use_scratch(self.launches[-1].kernel, len(args), nbytes, "splitk")
+        elif group:
             self.emit(src, "red", args, (n_out * group,), (group,), f"{node.name} Reduce")
         else:
             self.emit(src, "red", args, (n_out,), None, f"{node.name} Reduce")

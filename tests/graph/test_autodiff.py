@@ -122,6 +122,8 @@ CASES = [
     ("Conv-depthwise-1d", "Conv", [normal(2, 4, 9), normal(4, 1, 5)], {"group": 4, "strides": (2,), "pads": (2, 2)}),
     ("Conv-1d", "Conv", [normal(2, 3, 7), normal(2, 3, 3), normal(2)], {"strides": (2,), "pads": (1, 1)}),
     ("MaxPool", "MaxPool", [distinct(2, 2, 4, 4)], {"kernel_shape": (2, 2), "strides": (2, 2)}),
+    ("MaxPool-3x2-tiled", "MaxPool", [distinct(1, 3, 6, 8)], {"kernel_shape": (3, 2), "strides": (3, 2)}),
+    ("MaxPool-ragged", "MaxPool", [distinct(2, 2, 5, 5)], {"kernel_shape": (2, 2), "strides": (2, 2)}),
     ("MaxPool-overlap-pad", "MaxPool", [distinct(1, 2, 5, 5)],
      {"kernel_shape": (3, 3), "strides": (1, 1), "pads": (1, 1, 1, 1)}),
     ("AveragePool", "AveragePool", [normal(2, 2, 4, 4)], {"kernel_shape": (2, 2), "strides": (2, 2)}),

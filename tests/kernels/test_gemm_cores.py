@@ -268,17 +268,20 @@ def test_winograd_only_where_it_applies(monkeypatch):
         assert rel_l2(net.run({"x": x})["y"], conv_ref(x, w, np.zeros(ws[0], np.float32), attrs)) < 1e-5
 
 
-@pytest.mark.parametrize("pad", [1, 0, 2])
-def test_winograd_training(core, pad, monkeypatch):
+@pytest.mark.parametrize("pad,chunk", [(1, None), (0, None), (2, None), (1, 24)])
+def test_winograd_training(core, pad, chunk, monkeypatch):
     """Training: the convolutions (weights that change every step) and their input gradients run as Winograd with
-    U made on the device (wino_weights; dX's filters flipped and transposed, pads 2 - p); every parameter gradient
-    against torch autograd."""
+    U made on the device (wino_weights; dX's filters flipped and transposed, pads 2 - p), and so do their weight
+    gradients (wino_dy, the 16 sums over tiles, wino_dw; chunk: in chunks of that many tiles, each GEMM adding to
+    the last); every parameter gradient against torch autograd."""
     torch = pytest.importorskip("torch")
     ctx, tol = core
     if lowering.GEMM_TILES["cpu" if ctx.is_cpu else "gpu"]["core"] != "gemm_core":
         pytest.skip("Winograd runs on the GPU core (forced onto CPUs by the 'portable' case)")
     monkeypatch.setattr(lowering, "WINOGRAD_MIN_CHANNELS", 8)
     monkeypatch.setattr(lowering, "WINOGRAD_MIN_LAYER_TILES", 0)
+    if chunk:
+        monkeypatch.setattr(lowering, "_wino_chunk", lambda T, nbytes, C, K: min(T, chunk))
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
                                 torch.nn.Conv2d(8, 12, 3, padding=pad), torch.nn.ReLU(),
@@ -288,6 +291,8 @@ def test_winograd_training(core, pad, monkeypatch):
     labels = check_gradients_against_torch(ctx, tol, model, x, y)
     assert sum("winograd weights" in label for label in labels) == 4, labels  # 2 forward, 2 dX
     assert any("ConvGradX winograd" in label for label in labels), labels
+    assert sum("ConvGradW winograd dw" in label for label in labels) == 2, labels
+    assert not chunk or any("ConvGradW winograd tiles 24+" in label for label in labels), labels
 
 
 def test_winograd_weight_transform():

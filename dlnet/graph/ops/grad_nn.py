@@ -52,6 +52,14 @@ class ConvGradW(Op):
     def infer(self, node):
         return [(node.inputs[0].dtype, tuple(node.attrs["w_shape"]))]
 
+    def workspace(self, node):
+        """winograd (passes/winograd.py): the 16 sums over tiles [16, K, C], then dY's and x's transformed tiles."""
+        if not node.attrs.get("winograd"):
+            return None
+        from .nn import winograd_workspace
+        k, c = node.attrs["w_shape"][:2]
+        return winograd_workspace(k, c, node.inputs[0].shape, on_device=True)
+
     def lower(self, node, lw):
         lw.conv_grad(node, "dw")
 
@@ -75,6 +83,11 @@ class PoolGrad(Op):
         w_shape = (1, 1) + tuple(a["kernel_shape"])
         H, W, OH, OW, KH, KW, s, p, d = _conv_dims(x.shape, dy.shape, w_shape, a)
         src = f"#define POOL_{a['mode'].upper()} 1\n" + kernel_source("pool_grad")
+        if [KH, KW] == list(s) and list(p) == [0, 0] and list(d) == [1, 1] and x.rank == 4 and \
+                list(x.shape[2:]) == [OH * KH, OW * KW] and not any(a.get("pads") or [0]):
+            args = lw.args(dy) + lw.args(x) + lw.args(dx) + _ints([OH, OW, KH, KW]) + [np.int64(dy.size)]
+            lw.emit(src, "pool_grad_tiled", args, (max(dy.size, 1),), None, f"{node.name} PoolGrad")
+            return
         args = lw.args(dy) + lw.args(x) + lw.args(dx) + _ints(
             [H, W, OH, OW, KH, KW, s[0], s[1], p[0], p[1], d[0], d[1], a.get("count_include_pad", 0)]) + \
             [np.int64(dx.size)]

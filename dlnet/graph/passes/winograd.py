@@ -6,20 +6,22 @@ import numpy as np
 G = np.array([[1, 0, 0], [.5, .5, .5], [.5, -.5, .5], [0, 0, 1]])
 
 
-def winograd_tiles(node):
-    """2x2 output tiles of a convolution: the N of its 16 Winograd products."""
-    n, _, oh, ow = node.outputs[0].shape
+def winograd_tiles(y_shape):
+    """2x2 output tiles of a convolution's output y: the N of its 16 Winograd products."""
+    n, _, oh, ow = y_shape
     return n * -(-oh // 2) * -(-ow // 2)
 
 
-def _geometry(node, w_shape, min_channels, min_tiles):
-    """A 2-D 3x3 stride-1 undilated ungrouped convolution (or its dX) wide and large enough for Winograd."""
+def _geometry(node, w_shape, min_channels, min_tiles, y_shape=None):
+    """A 2-D 3x3 stride-1 undilated ungrouped convolution (or its dX, or its dW with y_shape dy's) wide and large
+    enough for Winograd."""
     a = node.attrs
-    return (min_channels > 0 and len(node.outputs[0].shape) == 4 and tuple(w_shape[2:]) == (3, 3)
+    y_shape = y_shape or node.outputs[0].shape
+    return (min_channels > 0 and len(y_shape) == 4 and tuple(w_shape[2:]) == (3, 3)
             and list(a.get("strides") or [1, 1]) == [1, 1] and list(a.get("dilations") or [1, 1]) == [1, 1]
             and a.get("group", 1) == 1 and min(w_shape[0], w_shape[1]) >= min_channels
             and all(0 <= p <= 2 for p in a.get("pads") or [0])
-            and winograd_tiles(node) >= min_tiles)
+            and winograd_tiles(y_shape) >= min_tiles)
 
 
 def winograd_eligible(node, min_channels, min_tiles=0):
@@ -30,15 +32,23 @@ def winograd_eligible(node, min_channels, min_tiles=0):
     return w.const is not None and not w.param and _geometry(node, w.shape, min_channels, min_tiles)
 
 
-def winograd_on_device(graph, min_channels, min_tiles=0):
+def winograd_on_device(graph, min_channels, min_tiles=0, weight_grads=True):
     """Training: convolutions whose weights change every step, and their input gradients (dX is a 3x3 stride-1
     convolution of dy with the filters flipped and transposed, pads 2 - p), run as Winograd with U made on the
-    device each step (attr winograd=2). Weight gradients keep the implicit GEMM."""
+    device each step (attr winograd=2); so do their weight gradients (weight_grads: dW = G^T [sum over tiles of
+    (A dY A^T) . V] G)."""
     changed = False
     for node in graph.nodes:
-        if node.op in ("Conv", "ConvGradX") and not node.attrs.get("winograd") and \
+        if node.attrs.get("winograd"):
+            continue
+        if node.op == "ConvGradW":
+            ok = weight_grads and _geometry(node, node.attrs["w_shape"], min_channels, min_tiles,
+                                            node.inputs[0].shape)
+        else:
+            ok = node.op in ("Conv", "ConvGradX") and \
                 _geometry(node, node.inputs[1].shape, min_channels, min_tiles) and \
-                (node.op == "ConvGradX" or node.inputs[1].const is None or node.inputs[1].param):
+                (node.op == "ConvGradX" or node.inputs[1].const is None or node.inputs[1].param)
+        if ok:
             node.attrs["winograd"] = 2
             changed = True
     return changed

@@ -55,3 +55,36 @@ __kernel void pool_grad(__global const float* dy, ulong dy_off, __global const f
     }
     dx[dx_off + i] = acc;
 }
+
+// Windows that tile the input exactly (kernel = stride, no pads, no dilation, H = OH KH, W = OW KW): one work-item
+// per window, which writes every input element under it once (max: the first maximum in scan order gets dy, the
+// rest 0; average: dy / (KH KW)).
+__kernel void pool_grad_tiled(__global const float* dy, ulong dy_off, __global const float* x, ulong x_off,
+                              __global float* dx, ulong dx_off, int OH, int OW, int KH, int KW, long total) {
+    const long i = get_global_id(0);
+    if (i >= total) return;
+    const int ox = i % OW; const long t = i / OW;
+    const int oy = t % OH; const long nc = t / OH;
+    const int W = OW * KW;
+    const long base = (nc * OH * KH + (long)oy * KH) * W + (long)ox * KW;
+    const float g = dy[dy_off + i];
+    x += x_off + base;
+    dx += dx_off + base;
+#if defined(POOL_MAX)
+    float best = x[0];
+    int at = 0;
+    for (int wy = 0; wy < KH; wy++)
+        for (int wx = 0; wx < KW; wx++) {
+            const float v = x[wy * W + wx];
+            if (v > best) { best = v; at = wy * W + wx; }
+        }
+    for (int wy = 0; wy < KH; wy++)
+        for (int wx = 0; wx < KW; wx++)
+            dx[wy * W + wx] = wy * W + wx == at ? g : 0.0f;
+#else
+    const float share = g / (float)(KH * KW);
+    for (int wy = 0; wy < KH; wy++)
+        for (int wx = 0; wx < KW; wx++)
+            dx[wy * W + wx] = share;
+#endif
+}

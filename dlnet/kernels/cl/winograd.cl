@@ -121,3 +121,58 @@ __kernel void wino_weights(__global const float* w, ulong w_off, __global float*
         u[(4 * i + 3) * plane] = t[i][2];
     }
 }
+
+// Weight gradients. With Y = A^T [U . V] A per tile, dL/dU = sum over tiles of (A dY A^T) . V, and dw = G^T (dL/dU) G.
+// global (T, K): one 2x2 tile of dy (zeros past the output's edge) of one channel -> its 16 values A dY A^T,
+// laid out as wino_input lays out V ([16][K][tc]), so that the sixteen sums over tiles are a batched GEMM.
+__kernel void wino_dy(__global const float* dy, ulong dy_off, __global float* e, ulong e_off,
+                      int K, int OH, int OW, int TH, int TW, int t0, int tc) {
+    const int tl = get_global_id(0), k = get_global_id(1), t = t0 + tl;
+    if (tl >= tc) return;
+    const int tx = t % TW, r = t / TW, ty = r % TH, img = r / TH;
+    dy += dy_off + ((IDX)img * K + k) * OH * OW;
+    float g[2][2];
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 2; j++) {
+            const int oy = 2 * ty + i, ox = 2 * tx + j;
+            const bool in = oy < OH && ox < OW;
+            const float val = dy[in ? oy * OW + ox : 0];
+            g[i][j] = in ? val : 0.0f;
+        }
+    float s[4][2];  // A g, A = [[1, 0], [1, 1], [1, -1], [0, -1]]
+    for (int j = 0; j < 2; j++) {
+        s[0][j] = g[0][j]; s[1][j] = g[0][j] + g[1][j]; s[2][j] = g[0][j] - g[1][j]; s[3][j] = -g[1][j];
+    }
+    const IDX plane = (IDX)K * tc;
+    e += e_off + (IDX)k * tc + tl;
+    for (int i = 0; i < 4; i++) {  // (A g) A^T
+        e[(4 * i + 0) * plane] = s[i][0];
+        e[(4 * i + 1) * plane] = s[i][0] + s[i][1];
+        e[(4 * i + 2) * plane] = s[i][0] - s[i][1];
+        e[(4 * i + 3) * plane] = -s[i][1];
+    }
+}
+
+// global (K * C): the 16 sums m[xi][k][c] of one filter -> its 3x3 gradient G^T m G, stored as w [K, C, 3, 3]
+__kernel void wino_dw(__global const float* m, ulong m_off, __global float* dw, ulong dw_off, int K, int C) {
+    const int id = get_global_id(0);
+    if (id >= K * C) return;
+    const IDX plane = (IDX)K * C;
+    m += m_off + id;
+    float a[4][4];
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 4; j++)
+            a[i][j] = m[(4 * i + j) * plane];
+    float t[3][4];  // G^T a, G^T = [[1, .5, .5, 0], [0, .5, -.5, 0], [0, .5, .5, 1]]
+    for (int j = 0; j < 4; j++) {
+        const float p = 0.5f * (a[1][j] + a[2][j]);
+        t[0][j] = a[0][j] + p; t[1][j] = 0.5f * (a[1][j] - a[2][j]); t[2][j] = p + a[3][j];
+    }
+    dw += dw_off + (IDX)id * 9;
+    for (int i = 0; i < 3; i++) {  // (G^T a) G
+        const float p = 0.5f * (t[i][1] + t[i][2]);
+        dw[3 * i + 0] = t[i][0] + p;
+        dw[3 * i + 1] = 0.5f * (t[i][1] - t[i][2]);
+        dw[3 * i + 2] = p + t[i][3];
+    }
+}
