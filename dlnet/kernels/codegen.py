@@ -178,11 +178,14 @@ def reduce_source(rank_out, rank_red, in_dtypes, acc_dtype, out_dtype, pre, comb
               f"j += {group * splits}) {{" if splits > 1 else
               f"  for ({I} j = get_local_id(0); j < count; j += {group}) {{" if group else
               f"  for ({I} j = 0; j < count; j++) {{"]
-    lines += [f"    {I} o{k} = b{k};" for k in range(n)]
-    lines += [f"    {I} s = j;", f"    for (int d = {rr - 1}; d >= 0; d--) {{",
-              f"      {I} q = s % meta[{base_red} + d]; s /= meta[{base_red} + d];"]
-    lines += [f"      o{k} += q * meta[{base_red + (k + 1) * rr} + d];" for k in range(n)]
-    lines += ["    }"]
+    if rr == 1:  # one reduced dim (the lowering merges contiguous ones): no division per element
+        lines += [f"    {I} o{k} = b{k} + j * meta[{base_red + k + 1}];" for k in range(n)]
+    else:
+        lines += [f"    {I} o{k} = b{k};" for k in range(n)]
+        lines += [f"    {I} s = j;", f"    for (int d = {rr - 1}; d >= 0; d--) {{",
+                  f"      {I} q = s % meta[{base_red} + d]; s /= meta[{base_red} + d];"]
+        lines += [f"      o{k} += q * meta[{base_red + (k + 1) * rr} + d];" for k in range(n)]
+        lines += ["    }"]
     lines += [f"    {_vtype(dt)} x{k}v = {_load(k, dt)};" for k, dt in enumerate(in_dtypes)]
     lines += [f"    {prologue}"] if prologue else []
     lines += [f"    {_ctype(acc_dtype)} v = {pre};", f"    {combine}", "  }"]

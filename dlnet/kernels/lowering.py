@@ -17,6 +17,7 @@ GEMM_TILES = {
     # 8x8 per work-item 34 TFLOP/s at TK=8 against 27 at TK=16 (fewer prefetch registers); 64x64 with 8x4 per
     # work-item (128 work-items) beats 4x4 (256) on long K, 4x4 wins on short K (GPU_TILE_MODEL picks per layer)
     "gpu": {"core": "gemm_core", "huge": dict(TM=128, TN=128, TK=8, WM=8, WN=8),
+            "wide": dict(TM=64, TN=128, TK=8, WM=8, WN=8),
             "mid": dict(TM=64, TN=64, TK=8, WM=8, WN=4), "big": dict(TM=64, TN=64, TK=8, WM=4, WN=4),
             "narrow_m": dict(TM=16, TN=64, TK=16, WM=2, WN=4), "narrow_n": dict(TM=64, TN=16, TK=16, WM=4, WN=2)},
     "tf32": {"core": "gemm_mma", "huge": dict(TM=128, TN=128, TK=16, WARPS_M=2, WARPS_N=4),
@@ -30,6 +31,10 @@ GEMM_TILES = {
 # wave costing per_cu tiles of TM x TN x (K + k0) at `rate` (a grid short of one wave costs one: split-K fills it).
 GPU_TILE_MODEL = {"huge": dict(per_cu=2, rate=31.0, k0=26), "mid": dict(per_cu=4, rate=24.4, k0=35),
                   "big": dict(per_cu=4, rate=21.7, k0=18)}
+# 64 x 128 with 8 x 8 per work-item (128 work-items): the huge tile's inner loop for layers of 64 or 192 output
+# channels, which fill half or three quarters of a 128-row tile (DLNET_WIDE_TILE=0: not used)
+if os.environ.get("DLNET_WIDE_TILE", "1") != "0":
+    GPU_TILE_MODEL["wide"] = dict(per_cu=4, rate=29.0, k0=26)
 
 
 def tile_estimate(shape, M, N, K, batches, compute_units):
@@ -69,6 +74,8 @@ WINOGRAD_DW = os.environ.get("DLNET_WINOGRAD_DW", "1") != "0"
 WINOGRAD_MIN_LAYER_TILES = int(os.environ.get("DLNET_WINOGRAD_MIN_LAYER_TILES", 256))
 
 
+# CPU pooling (pool_cpu.cl): a work-item takes rows of about this many outputs (at least one row)
+POOL_CPU_ROWS = int(os.environ.get("DLNET_POOL_CPU_ROWS", 64))
 # Long reductions (Reduce): on GPUs a work-group of this many work-items per output (0: one work-item), and where
 # that leaves the device short of work, several work-groups per output, enough for this many per compute unit
 REDUCE_GROUP = {"cpu": 0, "gpu": 256}
@@ -858,12 +865,17 @@ class Lowerer:
         head = (("#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n" if x.dtype == "float64" else "") +
                 _defines({"POOL_MAX" if mode == "max" else "POOL_AVG": 1, "T": DTYPE_TO_C[x.dtype], "LOWEST": lowest}))
         if self.ctx.is_cpu and nsp <= 2:  # one work-item per output row; (H, W) are the last two of the padded dims
-            args = self.args(x) + self.args(y) + [np.int32(v[d]) for v in (ins, outs, pad3(k, 1), pad3(strides, 1),
-                                                                         pad3(pads[:nsp], 0), pad3(dil, 1))
+            window = {name: v[d] for name, v in (("K", pad3(k, 1)), ("S", pad3(strides, 1)), ("D", pad3(dil, 1)))
+                      for d, name in ((1, name + "H"), (2, name + "W"))}
+            if x.dtype == "float32":
+                window["VEC"] = 1
+            args = self.args(x) + self.args(y) + [np.int32(v[d]) for v in (ins, outs, pad3(pads[:nsp], 0))
                                                   for d in (1, 2)] + [np.int32(a.get("count_include_pad", 0))]
-            rows = int(np.prod(y.shape[:2], dtype=np.int64))
-            self.emit(head + kernel_source("pool_cpu"), "pool_cpu", args, (outs[1], rows), (1, 1),
-                      f"{node.name} {node.op}")
+            planes = int(np.prod(y.shape[:2], dtype=np.int64))
+            # rows per work-item: PoCL's cost per work-group outweighed a short row's (192 x 56 rows of 56: 1.2 ms)
+            window["ROWS"] = R = max(1, min(outs[1], POOL_CPU_ROWS * 8 // max(outs[2], 8)))
+            self.emit(head + _defines(window) + kernel_source("pool_cpu"), "pool_cpu", args,
+                      (-(-outs[1] // R), planes), (1, 1), f"{node.name} {node.op}")
             return
         src = head + kernel_source("pool")
         args = self.args(x) + self.args(y) + [np.int32(v) for v in ins + outs + pad3(k, 1) + pad3(strides, 1) +
@@ -930,11 +942,18 @@ class Lowerer:
             operands, lines = [(x, 0, self.strides(x))], []
         out_dims = [x.shape[d] for d in keep] or [1]
         y_strides = codegen.contiguous_strides(out_dims)
-        red_dims = [x.shape[d] for d in axes] or [1]
+        # reduced dims that are adjacent in every operand (stride = the next one's stride times its extent) merge
+        groups = []
+        for d in axes:
+            if groups and groups[-1][-1] == d - 1 and all(xs[d - 1] == xs[d] * x.shape[d] for _, _, xs in operands):
+                groups[-1].append(d)
+            else:
+                groups.append([d])
+        red_dims = [int(np.prod([x.shape[d] for d in g])) for g in groups] or [1]
         x_out, x_red = [], []
         for _, _, xs in operands:  # each operand's strides over the kept dims, then over the reduced ones
             x_out += [xs[d] for d in keep] or [0]
-            x_red += [xs[d] for d in axes] or [0]
+            x_red += [xs[g[-1]] for g in groups] or [0]
         pre, combine, init, post = self.REDUCE[node.attrs["mode"]]
         if prologue:  # the mode's expression reads the prologue's result in place of x0v
             lines.append(f"{codegen._vtype(x.dtype)} p0 = t{len(prologue) - 1};")
@@ -1012,8 +1031,12 @@ class Lowerer:
         src = self._typed("pad", x.dtype).replace("#define T", f"#define MODE {mode}\n#define T", 1)
         value = np.asarray(node.attrs.get("value", 0)).astype(x.dtype if x.dtype != "bool" else "uint8")
         args = self.args(y) + self.args(x) + [self.meta(list(y.shape) + list(x.shape) + list(pads[:r])),
-                                              np.int32(r), value[()] if value.ndim else value, np.int64(y.size)]
-        self.emit(src, "pad", args, (max(y.size, 1),), None, f"{node.name} Pad")
+                                              np.int32(r), value[()] if value.ndim else value]
+        if self.ctx.is_cpu and r > 0 and y.size:
+            rows = y.size // y.shape[-1]
+            self.emit(src, "pad_rows", args + [np.int64(rows)], (rows,), None, f"{node.name} Pad")
+        else:
+            self.emit(src, "pad", args + [np.int64(y.size)], (max(y.size, 1),), None, f"{node.name} Pad")
 
     def alias(self, y, x):
         pass  # a view: the memory plan gave y x's place, in the weight arena where x is a weight

@@ -32,7 +32,17 @@ void im2col_pack(__global const float* x, ulong x_off, __global float* colp, int
             const int iy = oy * SH - PH + ky * DH;
             const bool row_in = iy >= 0 && iy < H;
             __global const float* xr = xc + img * x_nstride + iy * W;
-            for (int ox = 0; ox < OW; ox++, n++) {
+            int ox = 0;
+            if (SW == 1 && row_in) {  // stride 1: after at most 7 columns, float8s of the panel while inside x
+                for (; ox < OW && (n % 8 || ox - PW + kx * DW < 0); ox++, n++) {
+                    const int ix = ox - PW + kx * DW;
+                    out[(n / NR) * pstride + n % NR] = ix >= 0 && ix < W ? xr[ix] : 0.0f;
+                }
+                for (; ox + 8 <= OW && ox - PW + kx * DW + 8 <= W; ox += 8, n += 8)
+                    *(__global float8u*)(out + (n / NR) * pstride + n % NR) =
+                        *(__global const float8u*)(xr + ox - PW + kx * DW);
+            }
+            for (; ox < OW; ox++, n++) {
                 const int ix = ox * SW - PW + kx * DW;
                 out[(n / NR) * pstride + n % NR] = row_in && ix >= 0 && ix < W ? xr[ix] : 0.0f;
             }

@@ -1,46 +1,94 @@
 // Max and average pooling over one or two spatial dims on CPU devices: one work-item per output row of one
-// (image, channel), the window clipped to the image once per row and once per column instead of a bounds test per
-// tap and a division chain per output (pool.cl, one work-item per output). Pads are symmetric, as in pool.cl.
+// (image, channel). The window's shape, strides and dilations are compile-time (KH KW SH SW DH DW), so its loops
+// unroll. Per row, the window is clipped to the image once; the columns whose windows lie inside the image (all but
+// a few at each edge) run without clipping, eight outputs at a time as float8 where the stride is 1 or 2 (VEC).
+// Pads are symmetric, as in pool.cl.
 #if !defined(POOL_MAX) && !defined(POOL_AVG)
 #error "pool_cpu.cl needs POOL_MAX or POOL_AVG"
 #endif
-#if !defined(T) || !defined(LOWEST)
-#error "pool_cpu.cl needs T (element type) and LOWEST (its smallest value)"
+#if !defined(T) || !defined(LOWEST) || !defined(KH) || !defined(KW) || !defined(SH) || !defined(SW) || \
+    !defined(DH) || !defined(DW)
+#error "pool_cpu.cl needs T (element type), LOWEST (its smallest value) and the window KH KW SH SW DH DW"
+#endif
+#if defined(POOL_MAX)
+#define ACC_T T
+#define INIT LOWEST
+#define ADD(acc, v) acc = (v) > acc ? (v) : acc
+#define ADD8(acc, v) { const float8 v_ = (v); acc = v_ > acc ? v_ : acc; }
+#else
+#define ACC_T float
+#define INIT 0.0f
+#define ADD(acc, v) acc += (v)
+#define ADD8(acc, v) acc += (v)
+#endif
+typedef float8 __attribute__((aligned(4))) float8u;  // unaligned vector loads (PoCL's vload8 went element-wise)
+#if SW == 1
+#define LOAD8(p) (*(__global const float8u*)(p))
+#elif SW == 2
+#define LOAD8(p) load8_even(p)
+inline float8 load8_even(__global const float* p) {  // p[0], p[2], ..., p[14]
+    const float8 a = *(__global const float8u*)p, b = *(__global const float8u*)(p + 8);
+    return (float8)(a.even, b.even);
+}
 #endif
 
-__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
-void pool_cpu(__global const T* x, ulong x_off, __global T* y, ulong y_off, int H, int W, int OH, int OW, int KH,
-              int KW, int SH, int SW, int PH, int PW, int DH, int DW, int count_include_pad) {
-    const int oy = get_global_id(0);
-    const long nc = get_global_id(1);
-    x += x_off + nc * H * W;
-    y += y_off + (nc * OH + oy) * OW;
+inline void pool_row(__global const T* x, __global T* y, int oy, int H, int W, int OW, int PH, int PW,
+                     int count_include_pad) {
     const int iy0 = oy * SH - PH;
     int ky0 = 0, ky1 = KH, kyp = KH;  // taps [ky0, ky1) inside the image; [0, kyp) inside the padded image
     while (ky0 < KH && iy0 + ky0 * DH < 0) ky0++;
     while (ky1 > ky0 && iy0 + (ky1 - 1) * DH >= H) ky1--;
     while (kyp > 0 && iy0 + (kyp - 1) * DH >= H + PH) kyp--;
+    // columns [oxa, oxb): every tap inside the image
+    const int oxa = min(OW, (PW + SW - 1) / SW);
+    const int last = W - 1 - (KW - 1) * DW + PW;
+    const int oxb = max(oxa, min(OW, last >= 0 ? last / SW + 1 : 0));
     for (int ox = 0; ox < OW; ox++) {
+        if (ox == oxa) {  // the interior
+#if defined(VEC) && (SW == 1 || SW == 2)
+            // SW 2 reads 16 values from each tap's start: the 16th lies under the next interior window
+            for (; ox + 8 + (SW - 1) <= oxb; ox += 8) {
+                float8 acc = (float8)(INIT);
+                for (int ky = ky0; ky < ky1; ky++) {
+                    __global const T* xr = x + (iy0 + ky * DH) * W + ox * SW - PW;
+                    #pragma unroll
+                    for (int kx = 0; kx < KW; kx++)
+                        ADD8(acc, LOAD8(xr + kx * DW));
+                }
+#if defined(POOL_AVG)
+                const int n = count_include_pad ? kyp * KW : (ky1 - ky0) * KW;
+                acc = n > 0 ? acc / (float)n : (float8)(0.0f);
+#endif
+                *(__global float8u*)(y + ox) = acc;
+            }
+#endif
+            for (; ox < oxb; ox++) {
+                ACC_T acc = INIT;
+                for (int ky = ky0; ky < ky1; ky++) {
+                    __global const T* xr = x + (iy0 + ky * DH) * W + ox * SW - PW;
+                    #pragma unroll
+                    for (int kx = 0; kx < KW; kx++)
+                        ADD(acc, xr[kx * DW]);
+                }
+#if defined(POOL_AVG)
+                const int n = count_include_pad ? kyp * KW : (ky1 - ky0) * KW;
+                acc = n > 0 ? acc / n : 0.0f;
+#endif
+                y[ox] = acc;
+            }
+            if (ox >= OW) break;
+        }
+        // an edge column: the window clipped to the image
         const int ix0 = ox * SW - PW;
         int kx0 = 0, kx1 = KW, kxp = KW;
         while (kx0 < KW && ix0 + kx0 * DW < 0) kx0++;
         while (kx1 > kx0 && ix0 + (kx1 - 1) * DW >= W) kx1--;
         while (kxp > 0 && ix0 + (kxp - 1) * DW >= W + PW) kxp--;
-#if defined(POOL_MAX)
-        T acc = LOWEST;
-#else
-        float acc = 0.0f;
-#endif
+        ACC_T acc = INIT;
         for (int ky = ky0; ky < ky1; ky++) {
             __global const T* xr = x + (iy0 + ky * DH) * W + ix0;
-            for (int kx = kx0; kx < kx1; kx++) {
-                const T v = xr[kx * DW];
-#if defined(POOL_MAX)
-                acc = v > acc ? v : acc;
-#else
-                acc += v;
-#endif
-            }
+            for (int kx = kx0; kx < kx1; kx++)
+                ADD(acc, xr[kx * DW]);
         }
 #if defined(POOL_AVG)
         // count_include_pad counts padding cells but never cells past the padded border (ceil_mode)
@@ -49,4 +97,13 @@ void pool_cpu(__global const T* x, ulong x_off, __global T* y, ulong y_off, int 
 #endif
         y[ox] = acc;
     }
+}
+
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void pool_cpu(__global const T* x, ulong x_off, __global T* y, ulong y_off, int H, int W, int OH, int OW, int PH,
+              int PW, int count_include_pad) {
+    const long nc = get_global_id(1);
+    x += x_off + nc * H * W;
+    for (int oy = get_global_id(0) * ROWS; oy < min(OH, (int)(get_global_id(0) + 1) * ROWS); oy++)
+        pool_row(x, y + y_off + (nc * OH + oy) * OW, oy, H, W, OW, PH, PW, count_include_pad);
 }
