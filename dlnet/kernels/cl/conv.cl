@@ -57,3 +57,13 @@ inline float im2col(__global const float* x, int4 t, int n, int H, int W, int OH
 #endif
 #define STORE(m, n, v) { float r_ = (v) + BIAS(m) + RES(m, n); \
     y[((n) / OHW) * (IDX)y_nstride + (IDX)(m) * OHW + ((n) % OHW)] = ACT(r_); }
+// per column (gemm_core.cl): the image and pixel of n once, not a division per output
+#define STORE_COLUMN(n) \
+    const int simg_ = (n) / OHW, spix_ = (n) - simg_ * OHW; \
+    const IDX ybase_ = simg_ * (IDX)y_nstride + spix_, rbase_ = simg_ * (IDX)res_nstride + spix_;
+#if defined(HAS_RES)
+#define RES_IN_COLUMN(m) res[rbase_ + (IDX)(m) * OHW]
+#else
+#define RES_IN_COLUMN(m) 0.0f
+#endif
+#define STORE_IN_COLUMN(m, v) { float r_ = (v) + BIAS(m) + RES_IN_COLUMN(m); y[ybase_ + (IDX)(m) * OHW] = ACT(r_); }

@@ -1,7 +1,8 @@
 // Tiled, register-blocked GEMM body shared by every matrix-shaped kernel on GPUs (conv as implicit GEMM, gemm,
 // matmul, conv gradients). Plain OpenCL C: it is the portable path on every GPU, and the fp32 path on NVIDIA.
 // The including file defines (then gemm_fetch.cl comes first): KERNEL_NAME, KERNEL_ARGS, PROLOGUE (sets M, NN, KK from get_group_id(2)),
-// LOAD_A(m,k), LOAD_B(k,n) and STORE(m,n,v); optionally A_ALONG_M / B_ALONG_K when A is contiguous along m or B
+// LOAD_A(m,k), LOAD_B(k,n) and STORE(m,n,v) (or STORE_COLUMN(n) then STORE_IN_COLUMN(m,v), per column of outputs);
+// optionally A_ALONG_M / B_ALONG_K when A is contiguous along m or B
 // along k (which element each work-item fetches, so that neighbours read neighbours). Tile sizes come as defines;
 // one table per device picks them.
 //
@@ -108,6 +109,20 @@ void KERNEL_NAME(KERNEL_ARGS, __global float* ws, ulong ws_off) {
         barrier(CLK_LOCAL_MEM_FENCE);
         buf ^= 1;
     }
+#if defined(STORE_COLUMN) && SPLITS == 1
+    // the including file works out once per column what its stores need (a convolution: image and pixel of n)
+    #pragma unroll
+    for (int j = 0; j < WN; j++) {
+        const int n = n0 + (j / VN) * NT_N * VN + tn * VN + j % VN;
+        if (n >= NN) continue;
+        STORE_COLUMN(n)
+        #pragma unroll
+        for (int i = 0; i < WM; i++) {
+            const int m = m0 + (i / VM) * NT_M * VM + tm * VM + i % VM;
+            if (m < M) STORE_IN_COLUMN(m, acc[i][j]);
+        }
+    }
+#else
     #pragma unroll
     for (int i = 0; i < WM; i++) {
         const int m = m0 + (i / VM) * NT_M * VM + tm * VM + i % VM;
@@ -123,4 +138,5 @@ void KERNEL_NAME(KERNEL_ARGS, __global float* ws, ulong ws_off) {
 #endif
         }
     }
+#endif
 }
