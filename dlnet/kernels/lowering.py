@@ -24,6 +24,9 @@ GEMM_TILES = {
              "big": dict(TM=64, TN=64, TK=16, WARPS_M=2, WARPS_N=2)},
     "cpu": {"core": "gemm_vec", "huge": dict(RM=8), "big": dict(RM=8), "narrow_m": dict(RM=1), "narrow_n": dict(RM=8)},
 }
+if os.environ.get("DLNET_TF32_TILES"):  # experiments: the tf32 huge tile as 'TM,TN,TK,WARPS_M,WARPS_N'
+    GEMM_TILES["tf32"]["huge"] = dict(zip(["TM", "TN", "TK", "WARPS_M", "WARPS_N"],
+                                          (int(v) for v in os.environ["DLNET_TF32_TILES"].split(","))))
 # How the fp32 GPU tiles run, for picking one per layer: work-groups resident per compute unit, the device's rate in
 # TFLOP/s with every unit full, and a fixed cost per tile in units of K (prologue, epilogue). Fitted by least squares
 # to every convolution of vgg16 and resnet50 at batch 16 on an H100 (`bench/gpu_kernels.py --tiles ...`, median
@@ -42,7 +45,12 @@ def tile_estimate(shape, M, N, K, batches, compute_units):
     t, model = GEMM_TILES["gpu"][shape], GPU_TILE_MODEL[shape]
     groups = -(-M // t["TM"]) * -(-N // t["TN"]) * batches
     waves = -(-groups // (model["per_cu"] * compute_units))  # a grid short of one wave is split along K later
+    if TILE_PER_SM and waves == 1:  # one wave: the busiest compute unit's share of it
+        waves = -(-groups // compute_units) / model["per_cu"]
     return waves * model["per_cu"] * t["TM"] * t["TN"] * (K + model["k0"]) / model["rate"]
+
+
+TILE_PER_SM = os.environ.get("DLNET_TILE_PER_SM", "0") != "0"
 
 
 GPU_CORES = ("gemm_core", "gemm_mma")
