@@ -102,6 +102,24 @@ void KERNEL_NAME(KERNEL_ARGS, __global float* ws, ulong ws_off) {
         barrier(CLK_LOCAL_MEM_FENCE);
         buf ^= 1;
     }
+#if defined(STORE_COLUMN) && SPLITS == 1
+    // per column of outputs, as gemm_core.cl: c0, c2 are column 2t of rows g, g + 8; c1, c3 column 2t + 1
+    #pragma unroll
+    for (int j = 0; j < NI; j++)
+        #pragma unroll
+        for (int c = 0; c < 2; c++) {
+            const int n = n0 + wn * NI * 8 + j * 8 + 2 * tig + c;
+            if (n >= NN) continue;
+            STORE_COLUMN(n)
+            #pragma unroll
+            for (int i = 0; i < MI; i++)
+                #pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    const int m = m0 + wm * MI * 16 + i * 16 + gid + r * 8;
+                    if (m < M) STORE_IN_COLUMN(m, acc[i][j][2 * r + c]);
+                }
+        }
+#else
     #pragma unroll
     for (int i = 0; i < MI; i++)
         #pragma unroll
@@ -117,4 +135,5 @@ void KERNEL_NAME(KERNEL_ARGS, __global float* ws, ulong ws_off) {
                 STORE(m, n, acc[i][j][q]);
 #endif
             }
+#endif
 }
