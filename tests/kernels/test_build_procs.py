@@ -1,0 +1,93 @@
+"""Context.build_all in several processes (DLNET_BUILD_PROCS): worker processes compile a plan's new programs and
+hand their device binaries back through the binary cache (DLNET_CACHE/bin)."""
+import os
+import subprocess
+
+import numpy as np
+import pytest
+from onnx import helper
+
+import dlnet
+from dlnet.kernels import runtime
+from dlnet.kernels.compile_worker import device_identity, same_devices
+from tests.conftest import make_model, reference, rel_l2
+
+GOOD = "__kernel void k(__global float *x) { x[get_global_id(0)] += 1.0f; }"
+BAD = "__kernel void k(__global float *x) { x[get_global_id(0)] += no_such_name; }"
+
+
+@pytest.fixture
+def procs(monkeypatch, tmp_path):
+    """Two compiling processes, an empty binary cache, and the list of the workers started (their Popen objects).
+    This process claims no program, so the worker builds every one."""
+    monkeypatch.setenv("DLNET_CACHE", str(tmp_path))
+    monkeypatch.setenv("DLNET_BUILD_PROCS", "2")
+    monkeypatch.setattr(runtime, "claim", lambda folder, n: False)
+    started = []
+    popen = subprocess.Popen
+
+    def spy(*args, **kwargs):
+        started.append(popen(*args, **kwargs))
+        return started[-1]
+    monkeypatch.setattr(subprocess, "Popen", spy)
+    return started
+
+
+def small_model(rng):
+    w = rng.standard_normal((6, 3, 3, 3)).astype(np.float32)
+    fc = rng.standard_normal((6, 5)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("GlobalAveragePool", ["p"], ["g"]), helper.make_node("Flatten", ["g"], ["f"]),
+             helper.make_node("MatMul", ["f", "fc"], ["m"]), helper.make_node("Softmax", ["m"], ["y"], axis=1)]
+    return make_model(nodes, {"x": ("float32", [2, 3, 12, 12])}, ["y"], {"w": w, "fc": fc})
+
+
+def test_worker_builds_a_plan(ctx, procs, monkeypatch, tmp_path):
+    rng = np.random.default_rng(11)
+    model = small_model(rng)
+    written = []  # binaries this process writes itself (it builds from source only where a worker failed)
+    write_binary = runtime.write_binary
+    monkeypatch.setattr(runtime, "write_binary", lambda path, prg: written.append(path) or write_binary(path, prg))
+    fresh = dlnet.Context(ctx.info)
+    net = dlnet.Net(fresh).load_onnx(model)
+    assert len(procs) == 1 and procs[0].returncode == 0 and not written
+    assert len(fresh._programs) >= 3
+    assert len(os.listdir(tmp_path / "bin")) == len(fresh._programs)
+
+    monkeypatch.setenv("DLNET_BUILD_PROCS", "0")
+    plain = dlnet.Net(dlnet.Context(ctx.info)).load_onnx(model)
+    for _ in range(2):
+        x = rng.standard_normal((2, 3, 12, 12)).astype(np.float32)
+        y = net.run({"x": x})["y"]
+        assert rel_l2(y, plain.run({"x": x})["y"]) < 1e-6
+        assert rel_l2(y, reference(model, {"x": x})[0]) < 1e-5
+
+    monkeypatch.setenv("DLNET_BUILD_PROCS", "2")
+    warm = dlnet.Context(ctx.info)
+    dlnet.Net(warm).load_onnx(model)
+    assert len(procs) == 1, "every binary is in the cache: no worker to start"
+    assert warm._programs.keys() == fresh._programs.keys()
+
+
+def test_build_error_in_a_worker_is_a_device_error(ctx, procs):
+    fresh = dlnet.Context(ctx.info)
+    with pytest.raises(dlnet.DeviceError, match=r"(?s)OpenCL build failed for program .*no_such_name"):
+        fresh.build_all([(GOOD, ()), (BAD, ()), (GOOD, ("-DUNUSED=1",))])
+    assert procs[0].returncode == 1
+    assert (GOOD, ()) in fresh._programs and (GOOD, ("-DUNUSED=1",)) in fresh._programs
+
+
+def test_failed_worker_falls_back_to_this_process(ctx, procs, monkeypatch):
+    """A worker that cannot even start its work (here: no such device) leaves its programs to this process."""
+    monkeypatch.setattr(runtime, "device_identity", lambda device: ("no platform", "no device", 0))
+    fresh = dlnet.Context(ctx.info)
+    keys = [(GOOD, ()), (GOOD, ("-DUNUSED=1",))]
+    with pytest.warns(RuntimeWarning, match="compile worker exited with status 2 .*no device 0 named 'no device'"):
+        fresh.build_all(keys)
+    assert all(k in fresh._programs for k in keys)
+
+
+def test_device_identity_finds_the_device(ctx):
+    platform, name, index = device_identity(ctx.device)
+    assert same_devices(platform, name)[index] == ctx.device
