@@ -20,13 +20,21 @@ GEMM_TILES = {
             "wide": dict(TM=64, TN=128, TK=8, WM=8, WN=8),
             "mid": dict(TM=64, TN=64, TK=8, WM=8, WN=4), "big": dict(TM=64, TN=64, TK=8, WM=4, WN=4),
             "narrow_m": dict(TM=16, TN=64, TK=16, WM=2, WN=4), "narrow_n": dict(TM=64, TN=16, TK=16, WM=4, WN=2)},
-    "tf32": {"core": "gemm_mma", "huge": dict(TM=128, TN=128, TK=16, WARPS_M=2, WARPS_N=4),
+    "tf32": {"core": "gemm_mma", "huge": dict(TM=128, TN=128, TK=16, WARPS_M=2, WARPS_N=2),
              "big": dict(TM=64, TN=64, TK=16, WARPS_M=2, WARPS_N=2)},
     "cpu": {"core": "gemm_vec", "huge": dict(RM=8), "big": dict(RM=8), "narrow_m": dict(RM=1), "narrow_n": dict(RM=8)},
 }
 if os.environ.get("DLNET_TF32_TILES"):  # experiments: the tf32 huge tile as 'TM,TN,TK,WARPS_M,WARPS_N'
     GEMM_TILES["tf32"]["huge"] = dict(zip(["TM", "TN", "TK", "WARPS_M", "WARPS_N"],
                                           (int(v) for v in os.environ["DLNET_TF32_TILES"].split(","))))
+# tf32 programs' build options: DLNET_TF32_MAXREG=N caps registers per work-item (NVIDIA -cl-nv-maxrregcount)
+TF32_OPTIONS = (f"-cl-nv-maxrregcount={os.environ['DLNET_TF32_MAXREG']}",) if os.environ.get("DLNET_TF32_MAXREG") \
+    else ()
+# tf32: slices of K in the cp.async pipeline (gemm_mma.cl), at least 2
+TF32_STAGES = max(2, int(os.environ.get("DLNET_TF32_STAGES", "4")))
+for _t in GEMM_TILES["tf32"].values():
+    if isinstance(_t, dict):
+        _t["STAGES"] = TF32_STAGES
 # How the fp32 GPU tiles run, for picking one per layer: work-groups resident per compute unit, the device's rate in
 # TFLOP/s with every unit full, and a fixed cost per tile in units of K (prologue, epilogue). Fitted by least squares
 # to every convolution of vgg16 and resnet50 at batch 16 on an H100 (`bench/gpu_kernels.py --tiles ...`, median
@@ -141,6 +149,7 @@ def pick_conv_cpu_tiles(NN):
 # tf32: the 128 x 128 tiles only where their grid fills this many waves of compute units; otherwise 64 x 64 tiles
 # (four times the work-groups) before split-K has to make up the difference
 HUGE_FILL = 1.0
+HUGE_TM, HUGE_TN_TF32 = GEMM_TILES["tf32"]["huge"]["TM"], GEMM_TILES["tf32"]["huge"]["TN"]
 
 
 def resident_groups(tiles):
@@ -188,8 +197,8 @@ def pick_tiles(ctx, M, N, K, batches=1):
         shape = "narrow_n"
     elif table["core"] == "gemm_core" and not tf32:  # (the GPU table forced onto a CPU device in tests too)
         shape = min(GPU_TILE_MODEL, key=lambda s: tile_estimate(s, M, N, K, batches, ctx.info.compute_units))
-    elif M >= 96 and N >= 2048 and (ctx.is_cpu or
-                                    -(-M // 128) * -(-N // 128) * batches >= HUGE_FILL * ctx.info.compute_units):
+    elif M >= 96 and N >= 2048 and (ctx.is_cpu or -(-M // HUGE_TM) * -(-N // (HUGE_TN_TF32 if tf32 else 128)) *
+                                    batches >= HUGE_FILL * ctx.info.compute_units):
         shape = "huge"
     else:
         shape = "big"
@@ -452,6 +461,8 @@ class Lowerer:
         core, tiles, lsize, (g0, g1) = pick_tiles(self.ctx, M, NN, C * KH * KW, group)
         if KH == 1 and KW == 1 and strides == [1, 1] and pads == [0, 0]:
             tiles = dict(tiles, IS_1X1=1)
+        if core == "gemm_mma" and (C * KH * KW) % 4 == 0 and wa[1] % 4 == 0:
+            tiles = dict(tiles, A_VEC=1)  # weight rows as 16-byte copies (gemm_fetch.cl)
         src = _defines(dict(tiles, IDX=idx)) + head + kernel_source("window") + kernel_source("conv") + \
             core_source(core)
         args = xa + wa + ba + ra + ya + [self.window_table(C, H, W, KH, KW, dil)] + [
@@ -650,6 +661,12 @@ class Lowerer:
             defs["B_ALONG_K"] = 1
         if sam == 1 and sak != 1:
             defs["A_ALONG_M"] = 1
+        if core == "gemm_mma":  # 16-byte copies where rows are contiguous and aligned (gemm_fetch.cl)
+            offs = np.asarray(table).reshape(nb, 4)
+            if sak == 1 and sam % 4 == 0 and aa[1] % 4 == 0 and not (offs[:, 0] % 4).any():
+                defs["A_VEC"] = 1
+            if sbn == 1 and sbk % 4 == 0 and ba[1] % 4 == 0 and not (offs[:, 1] % 4).any():
+                defs["B_VEC"] = 1
         defs["IDX"] = idx
         I = np.int32 if idx == "int" else np.int64
         src = _defines(defs) + act_macro(act) + kernel_source("gemm") + core_source(core)
@@ -706,8 +723,9 @@ class Lowerer:
         per_split = 4 * grid[2] * M * NN  # bytes of partial sums per slice
         room = max(self.arena_room(), SPLITK_SCRATCH_MAX)
         splits = pick_splits(groups, target, KK, max_splits=room // per_split) if core in GPU_CORES else 1
+        opts = TF32_OPTIONS if core == "gemm_mma" else ()
         if splits <= 1:
-            self.emit(src, name, args + [self.dummy()[0], np.uint64(0)], grid, lsize, label)
+            self.emit(src, name, args + [self.dummy()[0], np.uint64(0)], grid, lsize, label, opts)
             if core == "gemm_vec":  # the CPU conv path reads im2col's output from the work buffer
                 self.use_scratch(self.launches[-1].kernel, len(args), 0, "work")
             return
@@ -715,8 +733,9 @@ class Lowerer:
         nbytes = per_split * splits
         at = self.arena_block(nbytes)  # the partial sums: a free block of the arena, else their own buffer
         ws = [self.act_buf, np.uint64(at // 4)] if at is not None else [self.dummy()[0], np.uint64(0)]
-        self.emit(src, name, args + ws, (grid[0], grid[1], grid[2] * splits), lsize, label + f" splitK{splits}")
-        self.emit(src, name + "_reduce", args + ws, (_round_up(NN, 64), M, grid[2]), (64, 1, 1), label + " reduce")
+        self.emit(src, name, args + ws, (grid[0], grid[1], grid[2] * splits), lsize, label + f" splitK{splits}", opts)
+        self.emit(src, name + "_reduce", args + ws, (_round_up(NN, 64), M, grid[2]), (64, 1, 1), label + " reduce",
+                  opts)
         if at is None:
             for launch in self.launches[-2:]:
                 self.use_scratch(launch.kernel, len(args), nbytes, "splitk")

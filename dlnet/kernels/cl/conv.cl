@@ -20,10 +20,12 @@
     y += y_off + (long)g * K * OH * OW; res += res_off + (long)g * K * OH * OW; \
     const IDX x_nstride = (IDX)C * groups * H * W; const int OHW = OH * OW;
 #define LOAD_A(m, k) w[(IDX)(m) * KK + (k)]
+#define PTR_A(m, k) (w + (IDX)(m) * KK + (k))  // address forms (gemm_fetch.cl)
 #if defined(IS_1X1)
 #define LOAD_B(k, n) x[((n) / OHW) * x_nstride + (IDX)(k) * H * W + ((n) % OHW)]
 #define B_COLUMN(n) const IDX bbase_ = ((n) / OHW) * x_nstride + ((n) % OHW); const int HW_ = H * W;
 #define LOAD_BC(k) x[bbase_ + (IDX)(k) * HW_]
+#define PTR_BC(k) (x + bbase_ + (IDX)(k) * HW_)
 #else
 // ktab[k]: the window table of window.cl (im2col_at); the (image, oy, ox) of a column does not change along k.
 inline float im2col(__global const float* x, int4 t, int n, int H, int W, int OH, int OW, int SH, int SW, int PH,
@@ -44,6 +46,7 @@ inline float im2col(__global const float* x, int4 t, int n, int H, int W, int OH
     const int biy0_ = (n) < NN ? bt_ % OH * SH - PH : OUTSIDE; \
     const IDX bbase_ = (bt_ / OH) * x_nstride + (IDX)biy0_ * W + bix0_;
 #define LOAD_BC(k) im2col_at(x, ktab[k], bbase_, biy0_, bix0_, H, W)
+#define BC_AT(k, p, ok) IM2COL_PTR(x, ktab[k], bbase_, biy0_, bix0_, H, W, p, ok)
 #endif
 #if defined(HAS_RES)
 #define RES(m, n) res[((n) / OHW) * (IDX)res_nstride + (IDX)(m) * OHW + ((n) % OHW)]

@@ -28,7 +28,9 @@
 // GPU cores: pixel k's image is worked out once per tile (A_KROW, B_KROW in gemm_fetch.cl)
 #define A_KROW(k) const int aimg_ = (k) / OHW; const IDX abase_ = aimg_ * (IDX)dy_nstride + ((k) - aimg_ * OHW);
 #define LOAD_AK(m) dy[abase_ + (IDX)(m) * OHW]
+#define PTR_AK(m) (dy + abase_ + (IDX)(m) * OHW)  // address forms (gemm_fetch.cl)
 #define LOAD_B(k, n) col[(IDX)(n) * NPIX + (k)]
+#define PTR_B(k, n) (col + (IDX)(n) * NPIX + (k))
 #if defined(IMPLICIT_COL)  // read the window from x (window.cl) instead of an im2col buffer
 #define B_SAFE  // gemm_fetch.cl: the table's padding rows cover columns past NN, pixels past KK get a corner outside
 #define B_KROW(k) \
@@ -36,6 +38,7 @@
     const int biy0_ = (k) < KK ? boy_ * SH - PH : OUTSIDE, bix0_ = (bp_ - boy_ * OW) * SW - PW; \
     const IDX bbase_ = bimg_ * (IDX)x_nstride + (IDX)biy0_ * W + bix0_;
 #define LOAD_BK(n) im2col_at(x, ktab[n], bbase_, biy0_, bix0_, H, W)
+#define BK_AT(n, p, ok) IM2COL_PTR(x, ktab[n], bbase_, biy0_, bix0_, H, W, p, ok)
 #endif
 #define STORE(m, n, v) dw[(IDX)(m) * CKK + (n)] = (v)
 #else
@@ -44,9 +47,11 @@
     dy += dy_off + (long)g * K * OHW; w += w_off + (long)g * K * CKK; col += (long)g * CKK * NPIX; \
     dw += dw_off + (long)g * CKK * OHW;
 #define LOAD_A(m, k) w[(IDX)(k) * CKK + (m)]
+#define PTR_A(m, k) (w + (IDX)(k) * CKK + (m))  // address forms (gemm_fetch.cl)
 #define LOAD_B(k, n) dy[((n) / OHW) * (IDX)dy_nstride + (IDX)(k) * OHW + ((n) % OHW)]
 #define B_COLUMN(n) const IDX bbase_ = ((n) / OHW) * (IDX)dy_nstride + ((n) % OHW);
 #define LOAD_BC(k) dy[bbase_ + (IDX)(k) * OHW]
+#define PTR_BC(k) (dy + bbase_ + (IDX)(k) * OHW)
 #if defined(DX_DIRECT)  // 1x1, stride 1, no padding: colgrad is dx itself, written in dx's layout (no col2im)
 #define STORE(m, n, v) dw[((n) / OHW) * (IDX)x_nstride + (IDX)(m) * OHW + ((n) % OHW)] = (v)
 #else

@@ -18,6 +18,8 @@
     y += y_off + boff[4 * bi + 3];
 #define LOAD_A(m, k) a[(m) * sam + (k) * sak]
 #define LOAD_B(k, n) b[(k) * sbk + (n) * sbn]
+#define PTR_A(m, k) (a + (m) * sam + (k) * sak)  // address forms (gemm_fetch.cl)
+#define PTR_B(k, n) (b + (k) * sbk + (n) * sbn)
 #if defined(B_ROWS)  // B contiguous along n (sbn == 1): vector loads on CPUs
 #define LOAD_B8(k, n) vload8(0, b + (k) * sbk + (n))
 #endif

@@ -80,3 +80,75 @@
         ra[l] = (m < M && k < kend) ? (float)(LOAD_A(m, k)) : 0.0f; }
 #endif
 #define FETCH(k0) FETCH_A(k0) FETCH_B(k0)
+#if defined(STAGES)
+// Address form of the same fetches, for the tensor-core core (gemm_mma.cl): each element is copied by cp.async
+// straight into __local memory (AS_AT, BS_AT), with no registers held. The including file gives the address of an
+// element (PTR_A(m, k), PTR_B(k, n); per row or column PTR_AK(m), PTR_BC(k), or BK_AT(n, p, ok) / BC_AT(k, p, ok)
+// where an element may lie in the padding). A copy whose `ok` is false writes zeros and reads nothing (cp.async's
+// src-size 0). A_VEC: A contiguous along k, rows and base 16-byte aligned; B_VEC: B contiguous along n, likewise:
+// those copy 4 floats at once, the tail of a row zero-filled.
+#define CP_ASYNC4(dst, src, ok) \
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" \
+                 :: "r"((uint)(ulong)(dst)), "l"(src), "r"((ok) ? 4 : 0) : "memory")
+#define CP_ASYNC16(dst, src, nbytes) \
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" \
+                 :: "r"((uint)(ulong)(dst)), "l"(src), "r"(nbytes) : "memory")
+#define CP_COMMIT() asm volatile("cp.async.commit_group;" ::: "memory")
+#define CP_STR_(x) #x
+#define CP_STR(x) CP_STR_(x)
+#define CP_WAIT(n) asm volatile("cp.async.wait_group " CP_STR(n) ";" ::: "memory")
+#define CP_BYTES(left) (clamp((left), 0, 4) * 4)  // of 4 floats, those before the end
+#if defined(B_SAFE)
+#define B_OK(ok) true
+#else
+#define B_OK(ok) (ok)
+#endif
+#ifndef BK_AT
+#define BK_AT(n, p, ok) { p = PTR_BK(n); ok = true; }
+#endif
+#ifndef BC_AT
+#define BC_AT(k, p, ok) { p = PTR_BC(k); ok = true; }
+#endif
+#if defined(B_VEC)
+#define ISSUE_B(buf, k0) \
+    for (int l = 0; l < TK * TN / 4 / NTHREADS; l++) { \
+        const int c = tid + l * NTHREADS, kk = c / (TN / 4), nn = c % (TN / 4) * 4, k = (k0) + kk, n = n0 + nn; \
+        CP_ASYNC16(&BS_AT(buf, kk, nn), PTR_B(k, n), k < kend ? CP_BYTES(NN - n) : 0); }
+#elif defined(B_KROW) && defined(B_ALONG_K)
+#define ISSUE_B(buf, k0) { \
+    const int bk_ = (k0) + tid % TK; B_KROW(bk_) \
+    for (int l = 0; l < LB; l++) { \
+        const int e = tid + l * NTHREADS, n = n0 + e / TK; \
+        __global const float* p_; bool ok_; BK_AT(n, p_, ok_) \
+        CP_ASYNC4(&BS_AT(buf, B_KK(e), B_NN(e)), p_, ok_ && B_OK(n < NN && bk_ < kend)); } }
+#elif defined(B_COLUMN) && !defined(B_ALONG_K)
+#define ISSUE_B(buf, k0) \
+    for (int l = 0; l < LB; l++) { \
+        const int e = tid + l * NTHREADS, k = (k0) + B_KK(e); \
+        __global const float* p_; bool ok_; BC_AT(k, p_, ok_) \
+        CP_ASYNC4(&BS_AT(buf, B_KK(e), B_NN(e)), p_, ok_ && B_OK(bn_ < NN && k < kend)); }
+#else
+#define ISSUE_B(buf, k0) \
+    for (int l = 0; l < LB; l++) { \
+        const int e = tid + l * NTHREADS, n = n0 + B_NN(e), k = (k0) + B_KK(e); \
+        CP_ASYNC4(&BS_AT(buf, B_KK(e), B_NN(e)), PTR_B(k, n), n < NN && k < kend); }
+#endif
+#if defined(A_VEC)
+#define ISSUE_A(buf, k0) \
+    for (int l = 0; l < TK * TM / 4 / NTHREADS; l++) { \
+        const int c = tid + l * NTHREADS, mm = c / (TK / 4), kk = c % (TK / 4) * 4, m = m0 + mm, k = (k0) + kk; \
+        CP_ASYNC16(&AS_AT(buf, mm, kk), PTR_A(m, k), m < M ? CP_BYTES(kend - k) : 0); }
+#elif defined(A_KROW) && !defined(A_ALONG_M)
+#define ISSUE_A(buf, k0) { \
+    const int ak_ = (k0) + tid % TK; A_KROW(ak_) \
+    for (int l = 0; l < LA; l++) { \
+        const int e = tid + l * NTHREADS, m = m0 + e / TK; \
+        CP_ASYNC4(&AS_AT(buf, A_MM(e), A_KK(e)), PTR_AK(m), m < M && ak_ < kend); } }
+#else
+#define ISSUE_A(buf, k0) \
+    for (int l = 0; l < LA; l++) { \
+        const int e = tid + l * NTHREADS, m = m0 + A_MM(e), k = (k0) + A_KK(e); \
+        CP_ASYNC4(&AS_AT(buf, A_MM(e), A_KK(e)), PTR_A(m, k), m < M && k < kend); }
+#endif
+#define ISSUE(buf, k0) ISSUE_A(buf, k0) ISSUE_B(buf, k0)
+#endif

@@ -1,32 +1,37 @@
 // TF32 tensor-core GEMM body for NVIDIA GPUs (Context(precision="tf32")): the interface of gemm_core.cl (and
-// gemm_fetch.cl before it), multiplied by inline PTX mma.sync.m16n8k8 instead of FMA. Inputs are rounded to tf32
-// (cvt.rna) once, as they enter __local memory; products accumulate in fp32.
+// gemm_fetch.cl before it), multiplied by inline PTX mma.sync.m16n8k8 instead of FMA; products accumulate in fp32.
 //
 // Work-group: WARPS_M x WARPS_N warps; each warp owns a (16 MI) x (8 NI) block of the TM x TN tile. Fragment
 // layout of m16n8k8 (PTX ISA), with g = lane / 4 (gid) and t = lane % 4 (tig): a0..a3 = A[g][t], A[g+8][t],
-// A[g][t+4], A[g+8][t+4]; b0, b1 = B[t][g], B[t+4][g]; c0..c3 = C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1]. The order of k inside one
-// mma is free as long as A and B agree, so slot t holds k = 2t and slot t+4 holds k = 2t+1: (a0, a2) and (a1, a3)
-// are then neighbours in the k-contiguous A tile and load as float2.
-#if !defined(TM) || !defined(TN) || !defined(TK) || !defined(WARPS_M) || !defined(WARPS_N)
-#error "gemm_mma.cl needs TM TN TK WARPS_M WARPS_N"
+// A[g][t+4], A[g+8][t+4]; b0, b1 = B[t][g], B[t+4][g]; c0..c3 = C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1].
+// The order of k inside one mma is free as long as A and B agree, so in each 16 of depth, thread t's slots t and
+// t + 4 of the first mma take k = 4t, 4t + 1 and those of the second k = 4t + 2, 4t + 3: a row's four A values
+// for both mma are one float4 in the k-contiguous A tile.
+//
+// Tiles come from global memory by cp.async (gemm_fetch.cl's ISSUE), STAGES - 1 slices of TK ahead, straight into
+// __local memory. A's rows are AS_STRIDE floats apart (16 mod 32: the float4 reads of 8 lanes hit 32 distinct
+// banks); B's rows are TN floats, each 4-float chunk moved by BS_SWZ (the rows 4t + s that lanes t read fall in
+// distinct banks). Inputs reach the tensor cores as fp32 bits, so half a tf32 unit is added as a fragment is read
+// (TF32_BITS): the mma drops the low 13 bits, which then rounds to nearest. (Truncation alone biases the error,
+// which grows with depth: resnet50 1.9e-2 against 5e-4.)
+#if !defined(TM) || !defined(TN) || !defined(TK) || !defined(WARPS_M) || !defined(WARPS_N) || !defined(STAGES)
+#error "gemm_mma.cl needs TM TN TK WARPS_M WARPS_N STAGES"
 #endif
 #define NTHREADS (32 * WARPS_M * WARPS_N)
 #define MI (TM / (16 * WARPS_M))
 #define NI (TN / (8 * WARPS_N))
-#if (TK * TM) % NTHREADS || (TK * TN) % NTHREADS || TK % 8 || MI * 16 * WARPS_M != TM || NI * 8 * WARPS_N != TN
+#if (TK * TM) % (4 * NTHREADS) || (TK * TN) % (4 * NTHREADS) || TK % 16 || TN % 32 || \
+    MI * 16 * WARPS_M != TM || NI * 8 * WARPS_N != TN
 #error "gemm_mma.cl: tile sizes do not divide evenly"
 #endif
 #if NTHREADS % TN
 #error "gemm_mma.cl: the work-items must be a multiple of TN (gemm_fetch.cl)"
 #endif
-#define PAD_AK 8  // As row stride TK + 8: the float2 fragment reads of each half-warp hit distinct banks
-#define PAD_BN 4  // Bs row stride TN + 4: rows 2t and 2t+1 of the B fragments fall in distinct banks
-
-inline float tf32_round(float x) {
-    uint u;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(u) : "f"(x));
-    return as_float(u);
-}
+#define AS_STRIDE (TK + (48 - TK % 32) % 32)
+#define BS_SWZ(k, n) ((n) ^ ((((k) >> 2) & 3) << 3))
+#define AS_AT(buf, m, k) As[buf][(m) * AS_STRIDE + (k)]
+#define BS_AT(buf, k, n) Bs[buf][(k) * TN + BS_SWZ(k, n)]
+#define TF32_BITS(x) (as_uint(x) + 0x1000u)
 
 #define MMA_TF32(d, a, b) \
     asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 " \
@@ -44,8 +49,8 @@ void KERNEL_NAME(KERNEL_ARGS, __global float* ws, ulong ws_off) {
     const int wm = warp / WARPS_N, wn = warp % WARPS_N;
     const int m0 = get_group_id(1) * TM;
     const int n0 = get_group_id(0) * TN;
-    __local float As[2][TM][TK + PAD_AK];
-    __local float Bs[2][TK][TN + PAD_BN];
+    __local float As[STAGES][TM * AS_STRIDE] __attribute__((aligned(16)));
+    __local float Bs[STAGES][TK * TN] __attribute__((aligned(16)));
     float acc[MI][NI][4];
     #pragma unroll
     for (int i = 0; i < MI; i++)
@@ -56,51 +61,50 @@ void KERNEL_NAME(KERNEL_ARGS, __global float* ws, ulong ws_off) {
                 acc[i][j][q] = 0.0f;
     K_SLICE
     B_SETUP
-    float ra[LA], rb[LB];
-#define STASH(buf) \
-    for (int l = 0; l < LA; l++) { \
-        const int e = tid + l * NTHREADS; As[buf][A_MM(e)][A_KK(e)] = tf32_round(ra[l]); } \
-    for (int l = 0; l < LB; l++) { \
-        const int e = tid + l * NTHREADS; Bs[buf][B_KK(e)][B_NN(e)] = tf32_round(rb[l]); }
-    if (kbeg < kend) {
-        FETCH(kbeg)
-        STASH(0)
+    // Every thread commits one group of copies per slice, empty or not, so wait_group STAGES - 2 always means
+    // "slice t has landed"; the barrier after it publishes every thread's copies and retires the buffer that the
+    // next copy overwrites (slice t - 1's).
+    const int ntiles = kend > kbeg ? (kend - kbeg + TK - 1) / TK : 0;
+    #pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) {
+        if (s < ntiles) ISSUE(s, kbeg + s * TK)
+        CP_COMMIT();
     }
-    barrier(CLK_LOCAL_MEM_FENCE);
-    int buf = 0;
-    for (int k0 = kbeg; k0 < kend; k0 += TK) {
-        const bool more = k0 + TK < kend;
-        if (more) {
-            FETCH(k0 + TK)
-        }
+    for (int t = 0; t < ntiles; t++) {
+        CP_WAIT(STAGES - 2);
+        barrier(CLK_LOCAL_MEM_FENCE);
+        const int tn = t + STAGES - 1;
+        if (tn < ntiles) ISSUE(tn % STAGES, kbeg + tn * TK)
+        CP_COMMIT();
+        const int buf = t % STAGES;
         #pragma unroll
-        for (int kb = 0; kb < TK; kb += 8) {
-            uint a[MI][4], b[NI][2];
+        for (int kq = 0; kq < TK; kq += 16) {
+            uint a[2][MI][4], b[2][NI][2];
             #pragma unroll
             for (int i = 0; i < MI; i++) {
                 const int row = wm * MI * 16 + i * 16 + gid;
-                const float2 lo = *(__local const float2*)&As[buf][row][kb + 2 * tig];
-                const float2 hi = *(__local const float2*)&As[buf][row + 8][kb + 2 * tig];
-                a[i][0] = as_uint(lo.x); a[i][2] = as_uint(lo.y);
-                a[i][1] = as_uint(hi.x); a[i][3] = as_uint(hi.y);
+                const float4 lo = *(__local const float4*)&AS_AT(buf, row, kq + 4 * tig);
+                const float4 hi = *(__local const float4*)&AS_AT(buf, row + 8, kq + 4 * tig);
+                a[0][i][0] = TF32_BITS(lo.x); a[0][i][1] = TF32_BITS(hi.x);
+                a[0][i][2] = TF32_BITS(lo.y); a[0][i][3] = TF32_BITS(hi.y);
+                a[1][i][0] = TF32_BITS(lo.z); a[1][i][1] = TF32_BITS(hi.z);
+                a[1][i][2] = TF32_BITS(lo.w); a[1][i][3] = TF32_BITS(hi.w);
             }
             #pragma unroll
             for (int j = 0; j < NI; j++) {
                 const int col = wn * NI * 8 + j * 8 + gid;
-                b[j][0] = as_uint(Bs[buf][kb + 2 * tig][col]);
-                b[j][1] = as_uint(Bs[buf][kb + 2 * tig + 1][col]);
+                #pragma unroll
+                for (int s = 0; s < 4; s++)
+                    b[s >> 1][j][s & 1] = TF32_BITS(BS_AT(buf, kq + 4 * tig + s, col));
             }
             #pragma unroll
-            for (int i = 0; i < MI; i++)
+            for (int h = 0; h < 2; h++)
                 #pragma unroll
-                for (int j = 0; j < NI; j++)
-                    MMA_TF32(acc[i][j], a[i], b[j]);
+                for (int i = 0; i < MI; i++)
+                    #pragma unroll
+                    for (int j = 0; j < NI; j++)
+                        MMA_TF32(acc[i][j], a[h][i], b[h][j]);
         }
-        if (more) {
-            STASH(buf ^ 1)
-        }
-        barrier(CLK_LOCAL_MEM_FENCE);
-        buf ^= 1;
     }
 #if defined(STORE_COLUMN) && SPLITS == 1
     // per column of outputs, as gemm_core.cl: c0, c2 are column 2t of rows g, g + 8; c1, c3 column 2t + 1
