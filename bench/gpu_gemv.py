@@ -1,11 +1,15 @@
-"""gemv.cl's work-group configs (and the GEMM core) against cuBLAS (torch F.linear) on fully connected layers' shapes.
+"""gemv.cl's and gemv_rows.cl's work-group configs (and the GEMM core) against cuBLAS (torch F.linear) on fully
+connected layers' shapes.
 
-    python3 bench/gpu_gemv.py
+    python3 bench/gpu_gemv.py [--rows]
 
 Kernel time from OpenCL profiling events and CUDA events, median; prints a table (the last column: B's bytes per
-second for the best config). Runs on the GPU machine; asserts nothing.
+second for the best config). --rows: only the shapes of more than GEMV_REG_ROWS rows, against gemv_rows.cl's configs
+(and gemv.cl at its default config taking those rows too). Runs on the GPU machine; asserts nothing. A config that
+does not apply to a shape (gemv.cl beyond its rows, gemv_rows.cl within them) prints '-'.
 """
 import statistics
+import sys
 
 import numpy as np
 import torch
@@ -25,7 +29,17 @@ def model(m, n, k, w):
 
 SHAPES = [(1, 4096, 25088), (1, 4096, 9216), (1, 4096, 4096), (1, 1000, 4096), (16, 4096, 25088), (16, 4096, 9216),
           (16, 4096, 4096), (16, 1000, 4096), (4, 4096, 9216)]
-CONFIGS = ["32,4,2", "32,8,1", "64,4,1", "32,4,4", "32,2,2", "64,2,2", "core"]  # LK,LN,NC of gemv.cl; the GEMM core
+# LK,LN,NC of gemv.cl (taking 16 rows too); gemv_rows.cl's table (more than GEMV_REG_ROWS rows); the GEMM core
+CONFIGS = ["32,4,2", "32,8,1", "64,4,1", "32,4,4", "32,2,2", "64,2,2", "table", "core"]
+# batch 9..32: vgg16's (25088) and alexnet's (9216) classifiers, their 4096 -> 4096 and -> 1000 layers
+ROW_SHAPES = [(16, 4096, 25088), (16, 4096, 9216), (16, 4096, 4096), (16, 1000, 4096), (32, 4096, 25088),
+              (32, 4096, 9216), (32, 4096, 4096), (32, 1000, 4096), (12, 4096, 9216)]
+# gemv_rows.cl as 'rows:LK,LN,NC,KC,per_cu[/splits]' (splits: GEMV_ROWS_SPLITS, at most what 4 MiB of partial sums
+# hold here; none: picked); 'table': its GEMV_ROWS_TILES as they are; '64,2,2': gemv.cl taking these rows; the core
+ROW_CONFIGS = ["table", "rows:8,32,4,512,2", "rows:8,16,4,512,3", "rows:8,16,4,256,3", "rows:8,32,2,512,3",
+               "rows:16,16,4,256,2", "rows:8,64,4,512,1", "rows:8,32,4,512,2/4", "rows:8,32,4,512,2/12", "64,2,2",
+               "core"]
+TABLE = dict(lowering.GEMV_ROWS_TILES)
 
 
 def cublas_ms(a, w):
@@ -40,12 +54,29 @@ def cublas_ms(a, w):
     return statistics.median(times[3:])
 
 
-def dlnet_ms(ctx, cfg, a, w, ref):
+def configure(cfg, m):
+    """Set lowering's module constants for `cfg` at m rows; False where cfg's kernel does not take m rows."""
+    lowering.GEMV_MAX_ROWS, lowering.GEMV_REG_ROWS, lowering.GEMV_ROWS_SPLITS = 32, 8, 0
+    lowering.GEMV_ROWS_TILES = TABLE
     if cfg == "core":
         lowering.GEMV_MAX_ROWS = 0
+    elif cfg == "table" or cfg.startswith("rows:"):
+        if m <= lowering.GEMV_REG_ROWS:
+            return False
+        if cfg != "table":
+            tiles, _, splits = cfg[5:].partition("/")
+            lowering.GEMV_ROWS_TILES = {32: dict(zip(["LK", "LN", "NC", "KC", "per_cu"],
+                                                     (int(v) for v in tiles.split(","))))}
+            lowering.GEMV_ROWS_SPLITS = int(splits or 0)
     else:
-        lowering.GEMV_MAX_ROWS = 16
+        lowering.GEMV_REG_ROWS = 32  # gemv.cl for every row count
         lowering.GEMV_TILES = tuple(int(v) for v in cfg.split(","))
+    return True
+
+
+def dlnet_ms(ctx, cfg, a, w, ref):
+    if not configure(cfg, a.shape[0]):
+        return None
     net = dlnet.Net(ctx).load_onnx(model(a.shape[0], w.shape[0], w.shape[1], w))
     y = net.run({"a": a})["y"]
     err = np.linalg.norm(y - ref) / np.linalg.norm(ref)
@@ -63,17 +94,22 @@ def dlnet_ms(ctx, cfg, a, w, ref):
 def main():
     ctx = dlnet.Context("gpu", profile=True)
     torch.backends.cuda.matmul.allow_tf32 = False
-    print(f"{'M':>3} {'N':>5} {'K':>6} {'cuBLAS ms':>9} " + " ".join(f"{c:>9}" for c in CONFIGS) +
+    shapes, configs = (ROW_SHAPES, ROW_CONFIGS) if "--rows" in sys.argv else (SHAPES, CONFIGS)
+    names = [c if len(c) <= 9 else f"cfg {i}" for i, c in enumerate(configs)]
+    print("   ".join(f"{n}: {c}" for n, c in zip(names, configs) if n != c))
+    print(f"{'M':>3} {'N':>5} {'K':>6} {'cuBLAS ms':>9} " + " ".join(f"{c:>9}" for c in names) +
           "   (GB/s of B for the best)")
-    for m, n, k in SHAPES:
+    for m, n, k in shapes:
         rng = np.random.default_rng(0)
         w = rng.standard_normal((n, k)).astype(np.float32)
         a = rng.standard_normal((m, k)).astype(np.float32)
         wt, at = torch.from_numpy(w).cuda(), torch.from_numpy(a).cuda()
         ref = (at.double() @ wt.double().T).cpu().numpy()
-        row = [dlnet_ms(ctx, cfg, a, w, ref) for cfg in CONFIGS]
-        print(f"{m:3d} {n:5d} {k:6d} {cublas_ms(at, wt):9.4f} " + " ".join(f"{t:9.4f}" for t in row) +
-              f"   {4 * n * k / min(row) / 1e6:.0f}")
+        row = [dlnet_ms(ctx, cfg, a, w, ref) for cfg in configs]
+        best = min(t for t in row if t is not None)
+        print(f"{m:3d} {n:5d} {k:6d} {cublas_ms(at, wt):9.4f} " +
+              " ".join(f"{t:9.4f}" if t is not None else f"{'-':>9}" for t in row) +
+              f"   {4 * n * k / best / 1e6:.0f}")
 
 
 if __name__ == "__main__":

@@ -67,9 +67,23 @@ GPU_CORES = ("gemm_core", "gemm_mma")
 # contiguous along k: bound by reading B. H100 (probe of 6 configs, kernel time): 1 x 4096 x 25088 0.143 ms (2.9
 # TB/s) against the GEMM core's 0.518 and cuBLAS's 0.159; 4 x 4096 x 9216 0.059 against 0.200 and 0.095; at 16 rows
 # it lost (0.98 against the core's 0.63: every row of A is re-read per column group). Its work-groups: LK
-# work-items along k times LN column groups of NC columns.
-GEMV_MAX_ROWS = 8
+# work-items along k times LN column groups of NC columns. Products of GEMV_REG_ROWS < M <= GEMV_MAX_ROWS rows run as
+# gemv_rows.cl instead (A's rows from __local memory, split-K); device_passes keeps B as it comes (transB=1) for all
+# of them. DLNET_GEMV_MAX_ROWS=8: the GEMM core (B pretransposed) above 8 rows, as before gemv_rows.cl.
+GEMV_MAX_ROWS = int(os.environ.get("DLNET_GEMV_MAX_ROWS", "32"))
+GEMV_REG_ROWS = 8
 GEMV_TILES = tuple(int(v) for v in os.environ.get("DLNET_GEMV", "64,2,2").split(","))
+# gemv_rows.cl per largest row count: LK lanes along k x LN column groups of NC columns per work-group, chunks of KC
+# floats of K (A's rows for a chunk in __local memory: MR x KC floats), and work-groups resident per compute unit for
+# the split-K choice (registers: about MR x NC accumulators + 4 NC per work-item). Not yet measured on a GPU (bench/
+# gpu_gemv.py compares configs); DLNET_GEMV_ROWS='LK,LN,NC,KC,per_cu' sets one config for every row count.
+GEMV_ROWS_TILES = {16: dict(LK=8, LN=32, NC=4, KC=512, per_cu=2), 32: dict(LK=8, LN=16, NC=4, KC=256, per_cu=3)}
+if os.environ.get("DLNET_GEMV_ROWS"):
+    GEMV_ROWS_TILES = {GEMV_MAX_ROWS: dict(zip(["LK", "LN", "NC", "KC", "per_cu"],
+                                               (int(v) for v in os.environ["DLNET_GEMV_ROWS"].split(","))))}
+# gemv_rows.cl's slices of K: 0 picks them (whole waves of resident work-groups), else this many (at most one per
+# chunk); DLNET_GEMV_ROWS_SPLITS
+GEMV_ROWS_SPLITS = int(os.environ.get("DLNET_GEMV_ROWS_SPLITS", "0"))
 
 # Winograd F(2x2, 3x3) for 3x3 stride-1 convolutions with at least this many channels in and out (0: never). On an
 # H100 at batch 16 (bench/gpu_kernels.py) 64 beat 128 and 256 on vgg16, resnet18 and resnet50: the transforms' memory
@@ -677,10 +691,14 @@ class Lowerer:
 
     def gemv(self, a, b, c, y, M, N, K, sam, sak, sbk, sbn, scm, scn, at, name):
         """A product of at most GEMV_MAX_ROWS rows on a GPU, with B's columns contiguous along k (Gemm transB=1
-        weights): gemv.cl streams B once. False where it does not apply (the GEMM core takes it)."""
+        weights): gemv.cl (at most GEMV_REG_ROWS rows) or gemv_rows.cl streams B once. False where it does not
+        apply (the GEMM core takes it)."""
         if M > GEMV_MAX_ROWS or sak != 1 or sbk != 1 or K % 4 or sam % 4 or sbn % 4 or \
                 self.loc(a)[1] % 4 or self.loc(b)[1] % 4 or max(a.size, b.size, y.size) >= 2**31:
             return False
+        if M > GEMV_REG_ROWS:
+            self.gemv_rows(a, b, c, y, M, N, K, sam, sbn, scm, scn, at, name)
+            return True
         LK, LN, NC = GEMV_TILES
         if -(-N // (LN * NC)) < 2 * self.ctx.info.compute_units:
             NC = 1  # fewer columns per work-group where the grid would leave compute units idle
@@ -694,6 +712,46 @@ class Lowerer:
         groups = -(-N // (LN * NC))
         self.emit(src, "gemv", args, (groups * LK, LN), (LK, LN), f"{name} Gemm gemv")
         return True
+
+    def gemv_rows(self, a, b, c, y, M, N, K, sam, sbn, scm, scn, at, name):
+        """gemv.cl's product for more rows: gemv_rows.cl, with K split into slices where the column blocks alone
+        leave resident work-group slots idle (partial sums in a free block of the arena, else in scratch)."""
+        tiles = GEMV_ROWS_TILES[min([r for r in GEMV_ROWS_TILES if r >= M] or [max(GEMV_ROWS_TILES)])]
+        LK, LN, NC, KC = tiles["LK"], tiles["LN"], tiles["NC"], tiles["KC"]
+        while 4 * M * KC > self.ctx.info.device.local_mem_size and KC > 4 * LK:
+            KC //= 2
+        KC4 = KC // 4
+        red_rows = max(1, min(M, M * KC // (LN * NC * (LK + 1))))  # rows of partial sums per pass of the lane sums
+        blocks, chunks = -(-N // (LN * NC)), -(-K // KC)
+        max_splits = min(chunks, max(1, max(self.arena_room(), SPLITK_SCRATCH_MAX) // (4 * M * N)))
+        if GEMV_ROWS_SPLITS:
+            splits = min(GEMV_ROWS_SPLITS, max_splits)
+        else:  # whole waves of the resident slots, each work-group costing its chunks and about one more
+            slots = tiles["per_cu"] * self.ctx.info.compute_units
+            splits = min(range(1, max_splits + 1),
+                         key=lambda s: (-(-blocks * s // slots) * (-(-chunks // s) + 1), s))
+        per_split = -(-chunks // splits)
+        splits = -(-chunks // per_split)  # no empty slices
+        defs = {"MR": M, "LK": LK, "LN": LN, "NC": NC, "KC4": KC4, "RED_ROWS": red_rows,
+                "LOCAL4": max(M * KC4, -(-LN * NC * red_rows * (LK + 1) // 4)), "SPLITS": splits}
+        if c is not None:
+            defs["HAS_C"] = 1
+        src = _defines(defs) + act_macro(at.get("act")) + kernel_source("gemv_rows")
+        args = self.args(a) + self.args(b) + (self.args(c) if c is not None else self.dummy()) + self.args(y) + [
+            np.int32(v) for v in (N, K, sam, sbn, scm, scn)] + [
+            np.float32(at.get("alpha", 1.0)), np.float32(at.get("beta", 1.0)), np.int32(per_split)]
+        label = f"{name} Gemm gemv_rows"
+        if splits == 1:
+            self.emit(src, "gemv_rows", args + self.dummy(), (blocks * LK, LN), (LK, LN), label)
+            return
+        nbytes = 4 * splits * M * N
+        off = self.arena_block(nbytes)
+        ws = [self.act_buf, np.uint64(off // 4)] if off is not None else self.dummy()
+        self.emit(src, "gemv_rows", args + ws, (blocks * LK, LN * splits), (LK, LN), label + f" splitK{splits}")
+        self.emit(src, "gemv_rows_reduce", args + ws, (_round_up(N, 64), M), (64, 1), label + " reduce")
+        if off is None:
+            for launch in self.launches[-2:]:
+                self.use_scratch(launch.kernel, len(args), nbytes, "splitk")
 
     def gemm_cpu(self, node, a, b, c, y, M, N, K, sam, sak, sbk, sbn, cs):
         """A 2-D Gemm with a constant B on a CPU device: B packed here, once, into panels of NR columns."""
