@@ -75,9 +75,11 @@ GEMV_REG_ROWS = 8
 GEMV_TILES = tuple(int(v) for v in os.environ.get("DLNET_GEMV", "64,2,2").split(","))
 # gemv_rows.cl per largest row count: LK lanes along k x LN column groups of NC columns per work-group, chunks of KC
 # floats of K (A's rows for a chunk in __local memory: MR x KC floats), and work-groups resident per compute unit for
-# the split-K choice (registers: about MR x NC accumulators + 4 NC per work-item). Not yet measured on a GPU (bench/
-# gpu_gemv.py compares configs); DLNET_GEMV_ROWS='LK,LN,NC,KC,per_cu' sets one config for every row count.
-GEMV_ROWS_TILES = {16: dict(LK=8, LN=32, NC=4, KC=512, per_cu=2), 32: dict(LK=8, LN=16, NC=4, KC=256, per_cu=3)}
+# the split-K choice (registers: about MR x NC accumulators + 4 NC per work-item); DLNET_GEMV_ROWS=
+# 'LK,LN,NC,KC,per_cu' sets one config for every row count. H100 (`python3 bench/gpu_gemv.py --rows`, kernel time, ms): 8,16,4,256,3 was best of eight configs on every
+# 16-row shape: 16 x 4096 x 25088 0.191 (2.2 TB/s; cuBLAS 0.260, the GEMM core 0.532), 16 x 4096 x 9216 0.079
+# (cuBLAS 0.115, core 0.203); 8,32,4,512,2 0.231 and 0.107
+GEMV_ROWS_TILES = {16: dict(LK=8, LN=16, NC=4, KC=256, per_cu=3), 32: dict(LK=8, LN=16, NC=4, KC=256, per_cu=3)}
 if os.environ.get("DLNET_GEMV_ROWS"):
     GEMV_ROWS_TILES = {GEMV_MAX_ROWS: dict(zip(["LK", "LN", "NC", "KC", "per_cu"],
                                                (int(v) for v in os.environ["DLNET_GEMV_ROWS"].split(","))))}
