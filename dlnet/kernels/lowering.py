@@ -35,11 +35,19 @@ TF32_STAGES = max(2, int(os.environ.get("DLNET_TF32_STAGES", "4")))
 for _t in GEMM_TILES["tf32"].values():
     if isinstance(_t, dict):
         _t["STAGES"] = TF32_STAGES
+# fp32 core on NVIDIA: slices of K in a cp.async pipeline (gemm_core.cl's STAGES; 0: fetched through registers, the
+# portable path every other device takes). H100, 128x128x8 tiles, GEMM n = 2048/4096/8192 (bench/probes/
+# fp32_stages.py): through registers 29.4/31.8/32.6 TFLOP/s; 3 stages 37.9/41.1/42.2, against cuBLAS 47.7/51.2/51.4;
+# 2 and 4 stages within 2% of 3; TK=16 no better (37.0/39.4/41.6 at 3 stages)
+FP32_STAGES = int(os.environ.get("DLNET_FP32_STAGES", "3"))
+FP32_TK = int(os.environ.get("DLNET_FP32_TK", "0"))  # experiments: TK of every fp32 GPU tile
 # How the fp32 GPU tiles run, for picking one per layer: work-groups resident per compute unit, the device's rate in
-# TFLOP/s with every unit full, and a fixed cost per tile in units of K (prologue, epilogue). Fitted by least squares
-# to every convolution of vgg16 and resnet50 at batch 16 on an H100 (`bench/gpu_kernels.py --tiles ...`, median
-# error of the fit 7-16%). A layer takes the tile with the least estimated time: whole waves of work-groups, each
-# wave costing per_cu tiles of TM x TN x (K + k0) at `rate` (a grid short of one wave costs one: split-K fills it).
+# TFLOP/s with every unit full, and a fixed cost per tile in units of K (prologue, epilogue). These are the H100's
+# entry in the tuner's database (tuner.DATABASE): fitted by least squares to every convolution of vgg16 and resnet50
+# at batch 16 on an H100 (`bench/gpu_kernels.py --tiles ...`, median error of the fit 7-16%). Other GPUs are measured
+# on first use (tuner.tile_model, cached in DLNET_CACHE/tune); with DLNET_TUNE=0 they take these values too. A layer
+# takes the tile with the least estimated time: whole waves of work-groups, each wave costing per_cu tiles of
+# TM x TN x (K + k0) at `rate` (a grid short of one wave costs one: split-K fills it).
 GPU_TILE_MODEL = {"huge": dict(per_cu=2, rate=31.0, k0=26), "mid": dict(per_cu=4, rate=24.4, k0=35),
                   "big": dict(per_cu=4, rate=21.7, k0=18)}
 # 64 x 128 with 8 x 8 per work-item (128 work-items): the huge tile's inner loop for layers of 64 or 192 output
@@ -48,9 +56,10 @@ if os.environ.get("DLNET_WIDE_TILE", "1") != "0":
     GPU_TILE_MODEL["wide"] = dict(per_cu=4, rate=29.0, k0=26)
 
 
-def tile_estimate(shape, M, N, K, batches, compute_units):
-    """Relative time of an M x N x K product (`batches` of them) on GEMM_TILES["gpu"][shape]."""
-    t, model = GEMM_TILES["gpu"][shape], GPU_TILE_MODEL[shape]
+def tile_estimate(shape, M, N, K, batches, compute_units, tile_model):
+    """Relative time of an M x N x K product (`batches` of them) on GEMM_TILES["gpu"][shape], by a tile model
+    (GPU_TILE_MODEL's form: tuner.tile_model)."""
+    t, model = GEMM_TILES["gpu"][shape], tile_model[shape]
     groups = -(-M // t["TM"]) * -(-N // t["TN"]) * batches
     waves = -(-groups // (model["per_cu"] * compute_units))  # a grid short of one wave is split along K later
     if TILE_PER_SM and waves == 1:  # one wave: the busiest compute unit's share of it
@@ -168,10 +177,10 @@ HUGE_FILL = 1.0
 HUGE_TM, HUGE_TN_TF32 = GEMM_TILES["tf32"]["huge"]["TM"], GEMM_TILES["tf32"]["huge"]["TN"]
 
 
-def resident_groups(tiles):
-    """Work-groups of these tiles one compute unit holds at once: GPU_TILE_MODEL's figure for the fp32 GPU tiles
+def resident_groups(tiles, tile_model):
+    """Work-groups of these tiles one compute unit holds at once: the tile model's figure for the fp32 GPU tiles
     (a 1x1 convolution's variant too), else 2."""
-    for shape, model in GPU_TILE_MODEL.items():
+    for shape, model in tile_model.items():
         if all(tiles.get(k) == v for k, v in GEMM_TILES["gpu"][shape].items()):
             return model["per_cu"]
     return 2
@@ -212,7 +221,9 @@ def pick_tiles(ctx, M, N, K, batches=1):
     elif N <= 4 and M > 16:
         shape = "narrow_n"
     elif table["core"] == "gemm_core" and not tf32:  # (the GPU table forced onto a CPU device in tests too)
-        shape = min(GPU_TILE_MODEL, key=lambda s: tile_estimate(s, M, N, K, batches, ctx.info.compute_units))
+        from .tuner import tile_model
+        model = tile_model(ctx)
+        shape = min(model, key=lambda s: tile_estimate(s, M, N, K, batches, ctx.info.compute_units, model))
     elif M >= 96 and N >= 2048 and (ctx.is_cpu or -(-M // HUGE_TM) * -(-N // (HUGE_TN_TF32 if tf32 else 128)) *
                                     batches >= HUGE_FILL * ctx.info.compute_units):
         shape = "huge"
@@ -221,13 +232,21 @@ def pick_tiles(ctx, M, N, K, batches=1):
     if tf32 and shape in GEMM_TILES["tf32"]:
         table = GEMM_TILES["tf32"]
     tiles = table[shape]
+    if table["core"] == "gemm_core" and ctx.is_nvidia and (FP32_STAGES or FP32_TK):
+        tiles = dict(tiles, **({"STAGES": max(2, FP32_STAGES)} if FP32_STAGES else {}),
+                     **({"TK": FP32_TK} if FP32_TK else {}))
     if table["core"] == "gemm_vec":  # 8 columns per work-item as float8
         return table["core"], tiles, None, (-(-N // 8), -(-M // tiles["RM"]))
     if table["core"] == "gemm_mma":
         nthreads = 32 * tiles["WARPS_M"] * tiles["WARPS_N"]
     else:
-        nthreads = (tiles["TM"] // tiles["WM"]) * (tiles["TN"] // tiles["WN"])
+        nthreads = core_threads(tiles)
     return table["core"], tiles, (nthreads, 1, 1), (-(-N // tiles["TN"]) * nthreads, -(-M // tiles["TM"]))
+
+
+def core_threads(tiles):
+    """Work-items per work-group of gemm_core.cl with these tiles (NTHREADS)."""
+    return (tiles["TM"] // tiles["WM"]) * (tiles["TN"] // tiles["WN"])
 
 
 def core_source(core):
@@ -237,6 +256,19 @@ def core_source(core):
 
 def _defines(d):
     return "".join(f"#define {k} {v}\n" for k, v in d.items())
+
+
+def gemm_source(core, defines, act=None):
+    """gemm.cl's program on a GEMM core: its defines (tiles, operand layout, IDX), a fused activation (act_macro)."""
+    return _defines(defines) + act_macro(act) + kernel_source("gemm") + core_source(core)
+
+
+def gemm_args(aa, ba, ca, ya, boff, M, N, K, strides, idx, alpha=1.0, beta=0.0):
+    """gemm.cl's arguments before the split-K workspace: (buffer, offset) lists aa..ya, the per-batch offset table
+    `boff`, and element strides (sam, sak, sbk, sbn, scm, scn) as IDX; y is row-major with N columns."""
+    I = np.int32 if idx == "int" else np.int64
+    return aa + ba + ca + ya + [boff, np.int32(M), np.int32(N), np.int32(K)] + [I(v) for v in strides] + [
+        I(N), I(1), np.float32(alpha), np.float32(beta)]
 
 
 def act_macro(act, T="float"):
@@ -677,18 +709,17 @@ class Lowerer:
             defs["B_ALONG_K"] = 1
         if sam == 1 and sak != 1:
             defs["A_ALONG_M"] = 1
-        if core == "gemm_mma":  # 16-byte copies where rows are contiguous and aligned (gemm_fetch.cl)
+        if "STAGES" in tiles:  # 16-byte copies where rows are contiguous and aligned (gemm_fetch.cl)
             offs = np.asarray(table).reshape(nb, 4)
-            if sak == 1 and sam % 4 == 0 and aa[1] % 4 == 0 and not (offs[:, 0] % 4).any():
-                defs["A_VEC"] = 1
-            if sbn == 1 and sbk % 4 == 0 and ba[1] % 4 == 0 and not (offs[:, 1] % 4).any():
+            if core == "gemm_mma" and sak == 1 and sam % 4 == 0 and aa[1] % 4 == 0 and not (offs[:, 0] % 4).any():
+                defs["A_VEC"] = 1  # (the fp32 core's A tile is k-major: 4-byte copies)
+            if sbn == 1 and sbk % 4 == 0 and ba[1] % 4 == 0 and not (offs[:, 1] % 4).any() and \
+                    (core == "gemm_mma" or tiles["TK"] * tiles["TN"] // 4 % lsize[0] == 0):
                 defs["B_VEC"] = 1
         defs["IDX"] = idx
-        I = np.int32 if idx == "int" else np.int64
-        src = _defines(defs) + act_macro(act) + kernel_source("gemm") + core_source(core)
-        args = aa + ba + (ca if ca is not None else self.dummy()) + ya + [
-            self.meta(np.asarray(table).ravel()), np.int32(M), np.int32(N), np.int32(K), I(sam), I(sak),
-            I(sbk), I(sbn), I(scm), I(scn), I(N), I(1), np.float32(alpha), np.float32(beta)]
+        src = gemm_source(core, defs, act)
+        args = gemm_args(aa, ba, ca if ca is not None else self.dummy(), ya, self.meta(np.asarray(table).ravel()), M,
+                         N, K, strides, idx, alpha, beta)
         self._matrix(src, "gemm", args, core, tiles, lsize, (g0, g1, nb), M, N, K, label)
 
     def gemv(self, a, b, c, y, M, N, K, sam, sak, sbk, sbn, scm, scn, at, name):
@@ -779,10 +810,13 @@ class Lowerer:
     def _matrix(self, src, name, args, core, tiles, lsize, grid, M, NN, KK, label):
         """Launch a GEMM-shaped kernel; on GPUs split K when the grid alone cannot fill the device."""
         groups = grid[0] // (lsize[0] if lsize else 1) * grid[1] * grid[2]
-        target = resident_groups(tiles) * self.ctx.info.compute_units  # every resident slot of the device busy
         per_split = 4 * grid[2] * M * NN  # bytes of partial sums per slice
         room = max(self.arena_room(), SPLITK_SCRATCH_MAX)
-        splits = pick_splits(groups, target, KK, max_splits=room // per_split) if core in GPU_CORES else 1
+        splits = 1
+        if core in GPU_CORES:  # every resident slot of the device busy
+            from .tuner import tile_model
+            target = resident_groups(tiles, tile_model(self.ctx)) * self.ctx.info.compute_units
+            splits = pick_splits(groups, target, KK, max_splits=room // per_split)
         opts = TF32_OPTIONS if core == "gemm_mma" else ()
         if splits <= 1:
             self.emit(src, name, args + [self.dummy()[0], np.uint64(0)], grid, lsize, label, opts)

@@ -8,7 +8,8 @@
 //
 // Work-group: NT_M x NT_N work-items, each owning WM x WN outputs in groups of 4 rows / 4 columns read from the
 // __local tiles as float4. Tiles are double-buffered: the next TK slice is fetched into registers while the
-// current one is multiplied, then stored into the other buffer, one barrier per slice.
+// current one is multiplied, then stored into the other buffer, one barrier per slice. STAGES (NVIDIA only: inline
+// PTX): a cp.async pipeline of STAGES buffers instead.
 #if !defined(TM) || !defined(TN) || !defined(TK) || !defined(WM) || !defined(WN)
 #error "gemm_core.cl needs TM TN TK WM WN"
 #endif
@@ -20,6 +21,9 @@
 #endif
 #if NTHREADS % TN
 #error "gemm_core.cl: the work-items must be a multiple of TN (gemm_fetch.cl)"
+#endif
+#if defined(A_VEC) || (defined(B_VEC) && (TK * TN / 4) % NTHREADS)
+#error "gemm_core.cl: A_VEC does not fit its k-major A tile; B_VEC needs TK * TN / 4 to divide among the work-items"
 #endif
 #if WM % 4 == 0
 #define VM 4
@@ -49,8 +53,13 @@ void KERNEL_NAME(KERNEL_ARGS, __global float* ws, ulong ws_off) {
 #endif
     const int m0 = get_group_id(1) * TM;
     const int n0 = get_group_id(0) * TN;
+#if defined(STAGES)
+    __local float As[STAGES][TK][TM + PAD_A] __attribute__((aligned(16)));
+    __local float Bs[STAGES][TK][TN] __attribute__((aligned(16)));
+#else
     __local float As[2][TK][TM + PAD_A];
     __local float Bs[2][TK][TN];
+#endif
     float acc[WM][WN];
     #pragma unroll
     for (int i = 0; i < WM; i++)
@@ -59,31 +68,54 @@ void KERNEL_NAME(KERNEL_ARGS, __global float* ws, ulong ws_off) {
             acc[i][j] = 0.0f;
     K_SLICE
     B_SETUP
+    const int ntiles = kend > kbeg ? (kend - kbeg + TK - 1) / TK : 0;
+#if defined(STAGES)
+    // NVIDIA: the tiles come by cp.async (gemm_fetch.cl's ISSUE), STAGES - 1 slices ahead, with no registers held
+    // for them; the commit / wait / barrier protocol of gemm_mma.cl
+#define AS_AT(buf, m, k) As[buf][k][m]
+#define BS_AT(buf, k, n) Bs[buf][k][n]
+    #pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) {
+        if (s < ntiles) ISSUE(s, kbeg + s * TK)
+        CP_COMMIT();
+    }
+#else
+    // the next slice is fetched into registers while the current one is multiplied
     float ra[LA], rb[LB];
 #define STASH(buf) \
     for (int l = 0; l < LA; l++) { \
         const int e = tid + l * NTHREADS; As[buf][A_KK(e)][A_MM(e)] = ra[l]; } \
     for (int l = 0; l < LB; l++) { \
         const int e = tid + l * NTHREADS; Bs[buf][B_KK(e)][B_NN(e)] = rb[l]; }
-    if (kbeg < kend) {
+    if (ntiles) {
         FETCH(kbeg)
         STASH(0)
     }
     barrier(CLK_LOCAL_MEM_FENCE);
-    int buf = 0;
-    for (int k0 = kbeg; k0 < kend; k0 += TK) {
-        const bool more = k0 + TK < kend;
+#endif
+    for (int t = 0; t < ntiles; t++) {
+#if defined(STAGES)
+        CP_WAIT(STAGES - 2);
+        barrier(CLK_LOCAL_MEM_FENCE);
+        const int tq = t + STAGES - 1;
+        if (tq < ntiles) ISSUE(tq % STAGES, kbeg + tq * TK)
+        CP_COMMIT();
+        const int buf = t % STAGES;
+#else
+        const int buf = t & 1;
+        const bool more = t + 1 < ntiles;
         if (more) {
-            FETCH(k0 + TK)
+            FETCH(kbeg + (t + 1) * TK)
         }
+#endif
         #pragma unroll
         for (int kk = 0; kk < TK; kk++) {
             float a_[WM], b_[WN];
             #pragma unroll
             for (int i = 0; i < WM / VM; i++) {
 #if VM == 4
-                const float4 t = *(__local const float4*)&As[buf][kk][i * NT_M * 4 + tm * 4];
-                a_[4 * i] = t.x; a_[4 * i + 1] = t.y; a_[4 * i + 2] = t.z; a_[4 * i + 3] = t.w;
+                const float4 v = *(__local const float4*)&As[buf][kk][i * NT_M * 4 + tm * 4];
+                a_[4 * i] = v.x; a_[4 * i + 1] = v.y; a_[4 * i + 2] = v.z; a_[4 * i + 3] = v.w;
 #else
                 a_[i] = As[buf][kk][i * NT_M + tm];
 #endif
@@ -91,8 +123,8 @@ void KERNEL_NAME(KERNEL_ARGS, __global float* ws, ulong ws_off) {
             #pragma unroll
             for (int j = 0; j < WN / VN; j++) {
 #if VN == 4
-                const float4 t = *(__local const float4*)&Bs[buf][kk][j * NT_N * 4 + tn * 4];
-                b_[4 * j] = t.x; b_[4 * j + 1] = t.y; b_[4 * j + 2] = t.z; b_[4 * j + 3] = t.w;
+                const float4 v = *(__local const float4*)&Bs[buf][kk][j * NT_N * 4 + tn * 4];
+                b_[4 * j] = v.x; b_[4 * j + 1] = v.y; b_[4 * j + 2] = v.z; b_[4 * j + 3] = v.w;
 #else
                 b_[j] = Bs[buf][kk][j * NT_N + tn];
 #endif
@@ -103,11 +135,12 @@ void KERNEL_NAME(KERNEL_ARGS, __global float* ws, ulong ws_off) {
                 for (int j = 0; j < WN; j++)
                     acc[i][j] = fma(a_[i], b_[j], acc[i][j]);
         }
+#if !defined(STAGES)
         if (more) {
             STASH(buf ^ 1)
         }
         barrier(CLK_LOCAL_MEM_FENCE);
-        buf ^= 1;
+#endif
     }
 #if defined(STORE_COLUMN) && SPLITS == 1
     // the including file works out once per column what its stores need (a convolution: image and pixel of n)
