@@ -123,6 +123,13 @@ REDUCE_GROUP = {"cpu": 0, "gpu": 256}
 REDUCE_GROUPS_PER_CU = 8
 
 
+# GPU convolutions with constant weights of several taps and channels a multiple of this (every GPU tile's TK
+# divides it) take their depth tap by tap (passes/layout.py): one window-table entry and one padding test per slice
+# of depth per work-item, not one per element. DLNET_TAP_MAJOR=0: channel by channel, as before.
+TAP_MAJOR = os.environ.get("DLNET_TAP_MAJOR", "1") != "0"
+TAP_MAJOR_MULTIPLE = 16
+
+
 def _wino_chunk(T, nbytes, C, K):
     """Tiles per chunk of a Winograd layer of T tiles whose V and M (or dW's V and E) get nbytes: all of them, else
     a multiple of 256 and at least WINOGRAD_MIN_TILES."""
@@ -135,7 +142,7 @@ def device_passes(graph, ctx, training=False):
     (except where gemv.cl reads them as they are) and 3x3 weights transformed for Winograd where convolutions run
     on the GPU core. Training (weights change every step): Winograd with the transform on the device, for the
     convolutions and their input and weight gradients."""
-    from ..graph.passes.layout import pretranspose_weights
+    from ..graph.passes.layout import pretranspose_weights, tap_major_weights
     from ..graph.passes.winograd import winograd_on_device, winograd_weights
     core = GEMM_TILES["cpu" if ctx.is_cpu else "gpu"]["core"]
     if training:
@@ -145,6 +152,8 @@ def device_passes(graph, ctx, training=False):
     pretranspose_weights(graph, GEMV_MAX_ROWS if core in GPU_CORES else 0)
     if core == "gemm_core":
         winograd_weights(graph, WINOGRAD_MIN_CHANNELS, WINOGRAD_MIN_LAYER_TILES)
+        if TAP_MAJOR:
+            tap_major_weights(graph, TAP_MAJOR_MULTIPLE)
     return graph
 
 
@@ -456,7 +465,8 @@ class Lowerer:
             strides, pads, dil = [1] + strides, [0] + pads[:1], [1] + dil
             H, W, KH, KW, OH, OW = 1, x.shape[2], 1, w.shape[2], 1, y.shape[2]
         else:
-            H, W, KH, KW, OH, OW = x.shape[2], x.shape[3], w.shape[2], w.shape[3], y.shape[2], y.shape[3]
+            KH, KW = w.shape[1:3] if a.get("tap_major") else w.shape[2:4]
+            H, W, OH, OW = x.shape[2], x.shape[3], y.shape[2], y.shape[3]
             pads = pads[:2]
         N, Cin = x.shape[0], x.shape[1]
         group = a.get("group", 1)
@@ -497,23 +507,25 @@ class Lowerer:
             return
         idx = self.index_type(x.size, w.size, y.size, res.size if res is not None else 0)
         self._conv_gemm(self.args(x), self.args(w), bargs, rargs, self.args(y), head, idx, N, Cin, H, W, Cout, OH, OW,
-                        KH, KW, strides, pads, dil, group, label)
+                        KH, KW, strides, pads, dil, group, label, a.get("tap_major", 0))
 
     def _conv_gemm(self, xa, wa, ba, ra, ya, head, idx, N, Cin, H, W, Cout, OH, OW, KH, KW, strides, pads, dil, group,
-                   label):
+                   label, tap_major=0):
         """Convolution as implicit GEMM on a GPU core (CPUs: conv_cpu); xa..ya: (buffer, offset) arguments of x,
-        w, bias, residual, y; head: the epilogue's defines."""
+        w, bias, residual, y; head: the epilogue's defines; tap_major: w is [K, KH, KW, C] (passes/layout.py)."""
         y_nstride = Cout * OH * OW
         C, K = Cin // group, Cout // group
         M, NN = K, N * OH * OW
         core, tiles, lsize, (g0, g1) = pick_tiles(self.ctx, M, NN, C * KH * KW, group)
         if KH == 1 and KW == 1 and strides == [1, 1] and pads == [0, 0]:
             tiles = dict(tiles, IS_1X1=1)
+        if tap_major:
+            tiles = dict(tiles, TAP_MAJOR=1)
         if core == "gemm_mma" and (C * KH * KW) % 4 == 0 and wa[1] % 4 == 0:
             tiles = dict(tiles, A_VEC=1)  # weight rows as 16-byte copies (gemm_fetch.cl)
         src = _defines(dict(tiles, IDX=idx)) + head + kernel_source("window") + kernel_source("conv") + \
             core_source(core)
-        args = xa + wa + ba + ra + ya + [self.window_table(C, H, W, KH, KW, dil)] + [
+        args = xa + wa + ba + ra + ya + [self.window_table(C, H, W, KH, KW, dil, tap_major)] + [
             np.int32(C), np.int32(H), np.int32(W), np.int32(K), np.int32(OH), np.int32(OW), np.int32(KH),
             np.int32(KW), np.int32(strides[0]), np.int32(strides[1]), np.int32(pads[0]), np.int32(pads[1]),
             np.int32(dil[0]), np.int32(dil[1]), np.int32(group), np.int32(N), np.int64(y_nstride),
@@ -590,11 +602,14 @@ class Lowerer:
 
     WINDOW_PAD_ROWS = 128  # >= any tile's TK and TN: fetches run that far past the end (B_SAFE in gemm_fetch.cl)
 
-    def window_table(self, C, H, W, KH, KW, dil):
-        """The int4 table of window.cl for (c, ky, kx) of C channels, then rows wholly in the padding: a buffer."""
+    def window_table(self, C, H, W, KH, KW, dil, tap_major=False):
+        """The int4 table of window.cl for (c, ky, kx) of C channels (tap_major: for (ky, kx, c)), then rows wholly
+        in the padding: a buffer."""
         ky, kx = np.meshgrid(np.arange(KH) * dil[0], np.arange(KW) * dil[1], indexing="ij")
         taps = np.stack([ky * W + kx, ky, kx, np.zeros_like(ky)], -1).reshape(1, KH * KW, 4)
         ktab = taps + (np.arange(C) * H * W).reshape(C, 1, 1) * np.array([1, 0, 0, 0])
+        if tap_major:
+            ktab = ktab.transpose(1, 0, 2)
         outside = np.tile(np.array([0, -0x40000000, 0, 0]), (self.WINDOW_PAD_ROWS, 1))
         return self.meta(np.concatenate([ktab.reshape(-1, 4), outside]).ravel(), np.int32)
 

@@ -70,6 +70,8 @@ CONVS = [  # (x shape, w shape, attrs)
     ((1, 24, 15, 15), (48, 8, 3, 3), {"strides": [2, 2], "group": 3}),
     ((2, 64, 7, 7), (96, 64, 1, 1), {}),
     ((1, 256, 6, 6), (32, 256, 3, 3), {"pads": [1, 1, 1, 1]}),  # long K, few tiles: split-K
+    ((2, 32, 13, 13), (24, 32, 5, 5), {"pads": [2, 2, 2, 2], "strides": [2, 2]}),  # tap-major depth (GPU cores)
+    ((1, 16, 12, 11), (8, 16, 3, 3), {"pads": [2, 2, 2, 2], "dilations": [2, 2]}),
 ]
 
 
@@ -94,6 +96,25 @@ def test_conv_with_epilogue(core, xs, ws, attrs):
                        {"x": x, "r": r}, ["y"], {"w": w, "b": b})
     y = dlnet.Net(ctx).load_onnx(model).run({"x": x, "r": r})["y"]
     assert rel_l2(y, np.maximum(ref + r, 0)) < tol
+
+
+def test_conv_tap_major(core, monkeypatch):
+    """On the GPU cores, constant weights of several taps and 16k channels are stored [K, KH, KW, C] and the
+    depth runs tap by tap (one window-table entry per slice of it); DLNET_TAP_MAJOR=0 keeps (c, ky, kx). Both
+    against float64."""
+    ctx, tol = core
+    x, w, b = f32(2, 48, 9, 10), f32(20, 48, 5, 3), f32(20)
+    attrs = {"pads": [2, 1, 2, 1]}
+    ref = conv_ref(x, w, b, attrs)
+    model = make_model([helper.make_node("Conv", ["x", "w", "b"], ["y"], **attrs)], {"x": x}, ["y"], {"w": w, "b": b})
+    gpu_core = lowering.GEMM_TILES["cpu" if ctx.is_cpu else "gpu"]["core"] in lowering.GPU_CORES
+    for on in (True, False):
+        monkeypatch.setattr(lowering, "TAP_MAJOR", on)
+        net = dlnet.Net(ctx).load_onnx(model)
+        y = net.run({"x": x})["y"]
+        assert rel_l2(y, ref) < tol
+        conv = [n for n in net.graph.nodes if n.op == "Conv"][0]
+        assert bool(conv.attrs.get("tap_major")) == (on and gpu_core)
 
 
 def check_gradients_against_torch(ctx, tol, model, x, y):

@@ -38,7 +38,8 @@ class Conv(Op):
     attrs: strides, pads (begins + ends, symmetric after the padding pass), dilations, group;
     fused epilogue: act (a unary pointwise node's (op, attrs)) and a residual input;
     winograd: 1: w holds U = G w G^T [4, 4, K, C] for Winograd F(2x2, 3x3) (passes/winograd.py, GPU inference);
-    2: U is made from w on the device every run (training).
+    2: U is made from w on the device every run (training);
+    tap_major: w holds the weights as [K, KH, KW, C] (passes/layout.py, GPU inference): depth ordered tap by tap.
     """
     name = "Conv"
     dtypes = ("float32",)
@@ -51,6 +52,8 @@ class Conv(Op):
         cout, cin, kernel = w.shape[0], w.shape[1], w.shape[2:]
         if node.attrs.get("winograd") == 1:  # weights transformed for Winograd F(2x2, 3x3): U [4, 4, K, C]
             cout, cin, kernel = w.shape[2], w.shape[3], (3, 3)
+        if node.attrs.get("tap_major"):  # [K, KH, KW, C]
+            cout, cin, kernel = w.shape[0], w.shape[-1], w.shape[1:-1]
         if x.shape[1] != cin * group:
             raise ValueError(f"input has {x.shape[1]} channels, weights {list(w.shape)} with group={group} "
                              f"expect {cin * group}")
@@ -75,8 +78,9 @@ class Conv(Op):
 
     def grad(self, b, node, dys):
         x, w = node.inputs[0], node.inputs[1]
-        if node.attrs.get("act") or len(node.inputs) > 3 or node.attrs.get("winograd"):
-            return None  # a fused epilogue or Winograd weights: autodiff runs before those passes
+        if node.attrs.get("act") or len(node.inputs) > 3 or node.attrs.get("winograd") or \
+                node.attrs.get("tap_major"):
+            return None  # a fused epilogue or weights in a device layout: autodiff runs before those passes
         dy = dys[0]
         grads = [b.op("ConvGradX", [dy, w], dict(node.attrs, x_shape=x.shape)),
                  b.op("ConvGradW", [dy, x], dict(node.attrs, w_shape=w.shape))]

@@ -47,6 +47,11 @@ inline float im2col(__global const float* x, int4 t, int n, int H, int W, int OH
     const IDX bbase_ = (bt_ / OH) * x_nstride + (IDX)biy0_ * W + bix0_;
 #define LOAD_BC(k) im2col_at(x, ktab[k], bbase_, biy0_, bix0_, H, W)
 #define BC_AT(k, p, ok) IM2COL_PTR(x, ktab[k], bbase_, biy0_, bix0_, H, W, p, ok)
+#if defined(TAP_MAJOR)
+// depth ordered (ky, kx, c) with C a multiple of TK (the planner's weights [K, KH, KW, C]): along a slice of depth
+// only the channel moves, H * W floats a step (gemm_fetch.cl)
+#define BC_STEP ((IDX)H * W)
+#endif
 #endif
 #if defined(HAS_RES)
 #define RES(m, n) res[((n) / OHW) * (IDX)res_nstride + (IDX)(m) * OHW + ((n) % OHW)]

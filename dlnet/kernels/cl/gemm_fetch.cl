@@ -50,6 +50,16 @@
     for (int l = 0; l < LB; l++) { \
         const int n = n0 + (tid + l * NTHREADS) / TK; \
         rb[l] = B_GUARD(n < NN && bk_ < kend, LOAD_BK(n)); } }
+#elif defined(B_COLUMN) && !defined(B_ALONG_K) && defined(BC_STEP)
+// The same, where the including file's rows of one slice of TK are one window position, BC_STEP elements apart
+// (a convolution's depth taken tap by tap): the slice's first row through BC_AT (its address and whether it lies
+// inside the image), then the others at multiples of BC_STEP from it
+#define B_SETUP const int bn_ = n0 + tid % TN; B_COLUMN(bn_)
+#define FETCH_B(k0) { \
+    __global const float* p_; bool ok_; BC_AT((k0) + tid / TN, p_, ok_) \
+    ok_ = ok_ && bn_ < NN && (k0) < kend; \
+    for (int l = 0; l < LB; l++) \
+        rb[l] = ok_ ? p_[(IDX)l * (NTHREADS / TN) * BC_STEP] : 0.0f; }
 #elif defined(B_COLUMN) && !defined(B_ALONG_K)
 // Every work-item fetches B elements of one column n = n0 + tid % TN (the cores' NTHREADS are multiples of TN):
 // the including file's B_COLUMN(n) works out once, before the K loop, what LOAD_BC(k) needs about column n (for a
@@ -121,6 +131,13 @@
         const int e = tid + l * NTHREADS, n = n0 + e / TK; \
         __global const float* p_; bool ok_; BK_AT(n, p_, ok_) \
         CP_ASYNC4(&BS_AT(buf, B_KK(e), B_NN(e)), p_, ok_ && B_OK(n < NN && bk_ < kend)); } }
+#elif defined(B_COLUMN) && !defined(B_ALONG_K) && defined(BC_STEP)
+#define ISSUE_B(buf, k0) { \
+    __global const float* p_; bool ok_; BC_AT((k0) + tid / TN, p_, ok_) \
+    ok_ = ok_ && B_OK(bn_ < NN); \
+    for (int l = 0; l < LB; l++) { \
+        const int e = tid + l * NTHREADS; \
+        CP_ASYNC4(&BS_AT(buf, B_KK(e), B_NN(e)), p_ + (IDX)l * (NTHREADS / TN) * BC_STEP, ok_); } }
 #elif defined(B_COLUMN) && !defined(B_ALONG_K)
 #define ISSUE_B(buf, k0) \
     for (int l = 0; l < LB; l++) { \
