@@ -35,6 +35,9 @@ TF32_STAGES = max(2, int(os.environ.get("DLNET_TF32_STAGES", "4")))
 for _t in GEMM_TILES["tf32"].values():
     if isinstance(_t, dict):
         _t["STAGES"] = TF32_STAGES
+# tf32: products shallower than this stay on the fp32 core (experiments; vgg16's first layer, K = 27, took 0.27 ms
+# either way on an H200)
+TF32_MIN_K = int(os.environ.get("DLNET_TF32_MIN_K", "0"))
 # fp32 core on NVIDIA: slices of K in a cp.async pipeline (gemm_core.cl's STAGES; 0: fetched through registers, the
 # portable path every other device takes). H100, 128x128x8 tiles, GEMM n = 2048/4096/8192 (bench/probes/
 # fp32_stages.py): through registers 29.4/31.8/32.6 TFLOP/s; 3 stages 37.9/41.1/42.2, against cuBLAS 47.7/51.2/51.4;
@@ -100,6 +103,11 @@ GEMV_ROWS_SPLITS = int(os.environ.get("DLNET_GEMV_ROWS_SPLITS", "0"))
 # H100 at batch 16 (bench/gpu_kernels.py) 64 beat 128 and 256 on vgg16, resnet18 and resnet50: the transforms' memory
 # traffic (V and M are 4x the input and output) costs less than the 2.25x fewer products save.
 WINOGRAD_MIN_CHANNELS = int(os.environ.get("DLNET_WINOGRAD_MIN_CHANNELS", 64))
+# ... and at least this many in tf32 on NVIDIA, where the products run 3x faster and the transforms' traffic weighs
+# more: vgg16 tf32 batch 16 on an H100 (kernel ms, direct against Winograd's products alone): 64 channels at 224x224
+# 0.98 against 8 chunks of 0.19; 512 at 28x28 0.81 against 0.28. Whole net, ratio to PyTorch TF32: Winograd from 64
+# channels 0.60, from 256 0.74, never 0.63
+WINOGRAD_MIN_CHANNELS_TF32 = int(os.environ.get("DLNET_WINOGRAD_MIN_CHANNELS_TF32", 256))
 # Its transformed tiles (V: 16 C, M: 16 K floats per 2x2 output tile) live in the activation arena, in whatever
 # free block the planner finds there at that layer (Conv.workspace); where none holds them all, the layer runs in
 # chunks of tiles (three launches each), each at least this many tiles and an eighth of the layer's (the arena grows
@@ -145,13 +153,16 @@ def device_passes(graph, ctx, training=False):
     from ..graph.passes.layout import pretranspose_weights, tap_major_weights
     from ..graph.passes.winograd import winograd_on_device, winograd_weights
     core = GEMM_TILES["cpu" if ctx.is_cpu else "gpu"]["core"]
+    min_channels = WINOGRAD_MIN_CHANNELS
+    if ctx.precision == "tf32" and ctx.is_nvidia:
+        min_channels = max(min_channels, WINOGRAD_MIN_CHANNELS_TF32)
     if training:
         if core == "gemm_core" and WINOGRAD_TRAINING:
-            winograd_on_device(graph, WINOGRAD_MIN_CHANNELS, WINOGRAD_MIN_LAYER_TILES, WINOGRAD_DW)
+            winograd_on_device(graph, min_channels, WINOGRAD_MIN_LAYER_TILES, WINOGRAD_DW)
         return graph
     pretranspose_weights(graph, GEMV_MAX_ROWS if core in GPU_CORES else 0)
     if core == "gemm_core":
-        winograd_weights(graph, WINOGRAD_MIN_CHANNELS, WINOGRAD_MIN_LAYER_TILES)
+        winograd_weights(graph, min_channels, WINOGRAD_MIN_LAYER_TILES)
         if TAP_MAJOR:
             tap_major_weights(graph, TAP_MAJOR_MULTIPLE)
     return graph
@@ -224,7 +235,7 @@ def pick_splits(groups, target, K, k0=32, max_splits=SPLITK_MAX):
 def pick_tiles(ctx, M, N, K, batches=1):
     """(core file name, defines, local size, global size for `batches` M x N problems of depth K)."""
     table = GEMM_TILES["cpu" if ctx.is_cpu else "gpu"]
-    tf32 = ctx.precision == "tf32" and ctx.is_nvidia and min(M, N) >= 32
+    tf32 = ctx.precision == "tf32" and ctx.is_nvidia and min(M, N) >= 32 and K >= TF32_MIN_K
     if M <= 4 and N > 16:
         shape = "narrow_m"
     elif N <= 4 and M > 16:

@@ -250,6 +250,7 @@ def test_winograd_conv(core, xs, k, p, monkeypatch):
     if lowering.GEMM_TILES["cpu" if ctx.is_cpu else "gpu"]["core"] != "gemm_core":
         pytest.skip("Winograd runs on the GPU core (forced onto CPUs by the 'portable' case)")
     monkeypatch.setattr(lowering, "WINOGRAD_MIN_CHANNELS", 8)
+    monkeypatch.setattr(lowering, "WINOGRAD_MIN_CHANNELS_TF32", 0)
     monkeypatch.setattr(lowering, "WINOGRAD_MIN_LAYER_TILES", 0)
     if xs[2] == 40:  # no free block in the arena at that layer: chunks of the least the planner must give
         monkeypatch.setattr(lowering, "WINOGRAD_MIN_TILES", 256)
@@ -300,6 +301,7 @@ def test_winograd_training(core, pad, chunk, monkeypatch):
     if lowering.GEMM_TILES["cpu" if ctx.is_cpu else "gpu"]["core"] != "gemm_core":
         pytest.skip("Winograd runs on the GPU core (forced onto CPUs by the 'portable' case)")
     monkeypatch.setattr(lowering, "WINOGRAD_MIN_CHANNELS", 8)
+    monkeypatch.setattr(lowering, "WINOGRAD_MIN_CHANNELS_TF32", 0)
     monkeypatch.setattr(lowering, "WINOGRAD_MIN_LAYER_TILES", 0)
     if chunk:
         monkeypatch.setattr(lowering, "_wino_chunk", lambda T, nbytes, C, K: min(T, chunk))
