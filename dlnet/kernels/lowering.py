@@ -21,7 +21,11 @@ GEMM_TILES = {
             "mid": dict(TM=64, TN=64, TK=8, WM=8, WN=4), "big": dict(TM=64, TN=64, TK=8, WM=4, WN=4),
             "narrow_m": dict(TM=16, TN=64, TK=16, WM=2, WN=4), "narrow_n": dict(TM=64, TN=16, TK=16, WM=4, WN=2)},
     "tf32": {"core": "gemm_mma", "huge": dict(TM=128, TN=128, TK=16, WARPS_M=2, WARPS_N=2),
-             "big": dict(TM=64, TN=64, TK=16, WARPS_M=2, WARPS_N=2)},
+             "big": dict(TM=64, TN=64, TK=16, WARPS_M=2, WARPS_N=2),
+             # products of at most 64 rows, many columns and K >= 256 (64-channel convolutions): warps of 64 x 32,
+             # not the big tile's 32 x 32, so fewer fragment reads per mma (H200, vgg16 b16 features.2: 0.925 ->
+             # 0.874 ms; features.0, K = 27, lost: 0.27 -> 0.34)
+             "wide": dict(TM=64, TN=128, TK=16, WARPS_M=1, WARPS_N=4)},
     "cpu": {"core": "gemm_vec", "huge": dict(RM=8), "big": dict(RM=8), "narrow_m": dict(RM=1), "narrow_n": dict(RM=8)},
 }
 if os.environ.get("DLNET_TF32_TILES"):  # experiments: the tf32 huge tile as 'TM,TN,TK,WARPS_M,WARPS_N'
@@ -35,6 +39,7 @@ TF32_STAGES = max(2, int(os.environ.get("DLNET_TF32_STAGES", "4")))
 for _t in GEMM_TILES["tf32"].values():
     if isinstance(_t, dict):
         _t["STAGES"] = TF32_STAGES
+TF32_WIDE = os.environ.get("DLNET_TF32_WIDE", "1") != "0"
 # tf32: products shallower than this stay on the fp32 core (experiments; vgg16's first layer, K = 27, took 0.27 ms
 # either way on an H200)
 TF32_MIN_K = int(os.environ.get("DLNET_TF32_MIN_K", "0"))
@@ -247,6 +252,9 @@ def pick_tiles(ctx, M, N, K, batches=1):
     elif M >= 96 and N >= 2048 and (ctx.is_cpu or -(-M // HUGE_TM) * -(-N // (HUGE_TN_TF32 if tf32 else 128)) *
                                     batches >= HUGE_FILL * ctx.info.compute_units):
         shape = "huge"
+    elif tf32 and TF32_WIDE and M <= 64 and N >= 2048 and K >= 256 and \
+            -(-N // GEMM_TILES["tf32"]["wide"]["TN"]) * batches >= HUGE_FILL * ctx.info.compute_units:
+        shape = "wide"
     else:
         shape = "big"
     if tf32 and shape in GEMM_TILES["tf32"]:

@@ -117,6 +117,21 @@ def test_conv_tap_major(core, monkeypatch):
         assert bool(conv.attrs.get("tap_major")) == (on and gpu_core)
 
 
+@pytest.mark.parametrize("M,N", [(64, 2100), (48, 4100)])
+def test_tf32_wide_tile(M, N, monkeypatch):
+    """The tf32 core's 64 x 128 tile (products of at most 64 rows and many columns), ragged, against float64."""
+    ctx = context()
+    if not ctx.is_nvidia:
+        pytest.skip("the tf32 core needs an NVIDIA device (inline PTX mma.sync)")
+    ctx = dlnet.Context(ctx.info, precision="tf32")
+    monkeypatch.setattr(lowering, "HUGE_FILL", 0)
+    assert lowering.pick_tiles(ctx, M, N, 300)[1]["WARPS_M"] == 1
+    a, b = f32(M, 300), f32(300, N)
+    model = make_model([helper.make_node("MatMul", ["a", "b"], ["y"])], {"a": a, "b": b}, ["y"])
+    y = dlnet.Net(ctx).load_onnx(model).run({"a": a, "b": b})["y"]
+    assert rel_l2(y, a.astype(np.float64) @ b.astype(np.float64)) < 5e-3
+
+
 def check_gradients_against_torch(ctx, tol, model, x, y):
     """One SGD(lr=0) step of `model` exported to ONNX: every parameter gradient against torch autograd. Returns the
     labels of the step's forward and backward launches."""
