@@ -259,10 +259,7 @@ def pick_tiles(ctx, M, N, K, batches=1):
         shape = "big"
     if tf32 and shape in GEMM_TILES["tf32"]:
         table = GEMM_TILES["tf32"]
-    tiles = table[shape]
-    if table["core"] == "gemm_core" and ctx.is_nvidia and (FP32_STAGES or FP32_TK):
-        tiles = dict(tiles, **({"STAGES": max(2, FP32_STAGES)} if FP32_STAGES else {}),
-                     **({"TK": FP32_TK} if FP32_TK else {}))
+    tiles = core_tiles(ctx, table[shape]) if table["core"] == "gemm_core" else table[shape]
     if table["core"] == "gemm_vec":  # 8 columns per work-item as float8
         return table["core"], tiles, None, (-(-N // 8), -(-M // tiles["RM"]))
     if table["core"] == "gemm_mma":
@@ -270,6 +267,15 @@ def pick_tiles(ctx, M, N, K, batches=1):
     else:
         nthreads = core_threads(tiles)
     return table["core"], tiles, (nthreads, 1, 1), (-(-N // tiles["TN"]) * nthreads, -(-M // tiles["TM"]))
+
+
+def core_tiles(ctx, tiles):
+    """gemm_core.cl's tiles as ctx's device runs them: on NVIDIA through the cp.async pipeline (FP32_STAGES), with
+    FP32_TK's depth where set."""
+    if not ctx.is_nvidia or not (FP32_STAGES or FP32_TK):
+        return tiles
+    return dict(tiles, **({"STAGES": max(2, FP32_STAGES)} if FP32_STAGES else {}),
+                **({"TK": FP32_TK} if FP32_TK else {}))
 
 
 def core_threads(tiles):
@@ -286,9 +292,28 @@ def _defines(d):
     return "".join(f"#define {k} {v}\n" for k, v in d.items())
 
 
-def gemm_source(core, defines, act=None):
-    """gemm.cl's program on a GEMM core: its defines (tiles, operand layout, IDX), a fused activation (act_macro)."""
-    return _defines(defines) + act_macro(act) + kernel_source("gemm") + core_source(core)
+def gemm_source(core, tiles, strides, idx, act=None, has_c=False, aligned=(True, True)):
+    """gemm.cl's program on a GEMM core: the tiles; C or not; the operand layout, by which of the strides (sam, sak,
+    sbk, sbn, ...) are 1; 16-byte copies of rows in the STAGES pipelines where rows are contiguous and every
+    product's A / B offset is a multiple of 4 floats (aligned); IDX; a fused activation (act_macro)."""
+    sam, sak, sbk, sbn = strides[:4]
+    defs = dict(tiles)
+    if has_c:
+        defs["HAS_C"] = 1
+    if sbn == 1:
+        defs["B_ROWS"] = 1
+    elif sbk == 1:
+        defs["B_ALONG_K"] = 1
+    if sam == 1 and sak != 1:
+        defs["A_ALONG_M"] = 1
+    if "STAGES" in tiles:  # (gemm_fetch.cl)
+        if core == "gemm_mma" and sak == 1 and sam % 4 == 0 and aligned[0]:
+            defs["A_VEC"] = 1  # (the fp32 core's A tile is k-major: 4-byte copies)
+        if sbn == 1 and sbk % 4 == 0 and aligned[1] and \
+                (core == "gemm_mma" or tiles["TK"] * tiles["TN"] // 4 % core_threads(tiles) == 0):
+            defs["B_VEC"] = 1
+    defs["IDX"] = idx
+    return _defines(defs) + act_macro(act) + kernel_source("gemm") + core_source(core)
 
 
 def gemm_args(aa, ba, ca, ya, boff, M, N, K, strides, idx, alpha=1.0, beta=0.0):
@@ -731,27 +756,11 @@ class Lowerer:
         """gemm.cl on the device's core: len(table) products y = act(alpha A B + beta C), M x N x K, addressed by
         (buffer, offset) arguments aa..ya (ca None: no C), per-batch offsets `table` and element strides
         (sam, sak, sbk, sbn, scm, scn); y is row-major with N columns."""
-        sam, sak, sbk, sbn, scm, scn = strides
         nb = len(table)
         core, tiles, lsize, (g0, g1) = pick_tiles(self.ctx, M, N, K, nb)
-        defs = dict(tiles)
-        if ca is not None:
-            defs["HAS_C"] = 1
-        if sbn == 1:
-            defs["B_ROWS"] = 1
-        elif sbk == 1:
-            defs["B_ALONG_K"] = 1
-        if sam == 1 and sak != 1:
-            defs["A_ALONG_M"] = 1
-        if "STAGES" in tiles:  # 16-byte copies where rows are contiguous and aligned (gemm_fetch.cl)
-            offs = np.asarray(table).reshape(nb, 4)
-            if core == "gemm_mma" and sak == 1 and sam % 4 == 0 and aa[1] % 4 == 0 and not (offs[:, 0] % 4).any():
-                defs["A_VEC"] = 1  # (the fp32 core's A tile is k-major: 4-byte copies)
-            if sbn == 1 and sbk % 4 == 0 and ba[1] % 4 == 0 and not (offs[:, 1] % 4).any() and \
-                    (core == "gemm_mma" or tiles["TK"] * tiles["TN"] // 4 % lsize[0] == 0):
-                defs["B_VEC"] = 1
-        defs["IDX"] = idx
-        src = gemm_source(core, defs, act)
+        offs = np.asarray(table).reshape(nb, 4)
+        aligned = (aa[1] % 4 == 0 and not (offs[:, 0] % 4).any(), ba[1] % 4 == 0 and not (offs[:, 1] % 4).any())
+        src = gemm_source(core, tiles, strides, idx, act, ca is not None, aligned)
         args = gemm_args(aa, ba, ca if ca is not None else self.dummy(), ya, self.meta(np.asarray(table).ravel()), M,
                          N, K, strides, idx, alpha, beta)
         self._matrix(src, "gemm", args, core, tiles, lsize, (g0, g1, nb), M, N, K, label)

@@ -10,7 +10,7 @@ import pytest
 from onnx import helper
 
 import dlnet
-from dlnet.kernels import lowering
+from dlnet.kernels import lowering, tuner
 from dlnet.kernels.runtime import cl
 
 from ..conftest import context, make_model, rel_l2
@@ -229,7 +229,7 @@ def test_each_gpu_tile(shape, monkeypatch):
     ctx = context()
     if ctx.is_cpu:
         monkeypatch.setitem(lowering.GEMM_TILES, "cpu", lowering.GEMM_TILES["gpu"])
-    monkeypatch.setattr(lowering, "GPU_TILE_MODEL", {shape: lowering.GPU_TILE_MODEL[shape]})
+    monkeypatch.setattr(tuner, "tile_model", lambda ctx: {shape: lowering.GPU_TILE_MODEL[shape]})
     xs, ws, attrs = CONVS[0]
     x, w, b = f32(*xs), f32(*ws), f32(ws[0])
     ref = conv_ref(x, w, b, attrs)
