@@ -1,4 +1,4 @@
-"""The `dlnet` command: infer, devices, bench, show, validate (and train, where cli/train.py exists)."""
+"""The `dlnet` command: infer, devices, bench, show, validate, tune (and train, where cli/train.py exists)."""
 import ctypes.util
 import glob
 import os
@@ -248,6 +248,28 @@ def validate(model, input_file, tol, seed, device):
     click.echo(f"{'OK' if ok else 'FAIL'}: worst {worst:.3e}, tolerance {tol:.1e}")
     if not ok:
         sys.exit(EXIT_FAILED_ITEMS)
+
+
+@cli.command()
+@device_option
+@command_errors
+def tune(device):
+    """Measure the fp32 GPU tiles on DEVICE now (whatever the built-in table or the cache hold) and cache them."""
+    from dlnet.kernels import lowering, tuner
+
+    ctx = dlnet.Context(device)
+    model, seconds, path = tuner.tune(ctx)
+    click.echo(f"{ctx.info}; tile: TMxTNxTK/WMxWN per work-item[/cp.async stages]")
+    rows = [("shape", "tile", "per_cu", "TFLOP/s", "k0")]
+    for shape, m in model.items():
+        t = lowering.core_tiles(ctx, lowering.GEMM_TILES["gpu"][shape])
+        tile = f"{t['TM']}x{t['TN']}x{t['TK']}/{t['WM']}x{t['WN']}" + (f"/{t['STAGES']}" if "STAGES" in t else "")
+        rows.append((shape, tile, str(m["per_cu"]), f"{m['rate']:.4g}", f"{m['k0']:g}"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        click.echo("  ".join(c.rjust(w) if i > 1 else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))))
+    click.echo(f"tuned in {seconds:.2f} s; cached in {path}" if path else
+               f"tuned in {seconds:.2f} s; not cached (no writable DLNET_CACHE folder)")
 
 
 # `dlnet train CONFIG` lives in cli/train.py, written separately; the command appears once that module exists.

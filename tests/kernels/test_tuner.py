@@ -1,5 +1,5 @@
 """The GEMM tile tuner (dlnet/kernels/tuner.py): measurement and its fit, the disk cache, DLNET_TUNE, the built-in
-database, pick_tiles and split-K by the model. No test asserts a timing: on PoCL the tiled GPU core
+database, pick_tiles and split-K by the model, and `dlnet tune`. No test asserts a timing: on PoCL the tiled GPU core
 is forced onto a CPU device, with tiny sizes."""
 import json
 import math
@@ -7,6 +7,8 @@ import math
 import dlnet
 import numpy as np
 import pytest
+from click.testing import CliRunner
+from dlnet.cli import main as cli_main
 from dlnet.kernels import lowering, tuner
 from onnx import helper
 
@@ -193,3 +195,25 @@ def test_gemm_correct_with_a_tuned_model(tiled_core, fresh, monkeypatch, M, K, N
                                                      {"a": a, "b": b}, ["y"], {"c": c}))
     y = net.run({"a": a, "b": b})["y"]
     assert rel_l2(y, 0.5 * a.astype(np.float64) @ b.astype(np.float64) + c) < 1e-5
+
+
+def test_cli_tune(fresh, monkeypatch):
+    """`dlnet tune` measures (ignoring a database entry), prints a row per shape and writes the cache."""
+    monkeypatch.setitem(tuner.DATABASE, context().info.name, lowering.GPU_TILE_MODEL)
+    r = CliRunner().invoke(cli_main.cli, ["tune"])
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.splitlines()
+    assert lines[1].split() == ["shape", "tile", "per_cu", "TFLOP/s", "k0"]
+    rows = {line.split()[0]: line.split() for line in lines[2:-1]}
+    assert set(rows) == set(lowering.GPU_TILE_MODEL) and {len(row) for row in rows.values()} == {5}
+    assert len(fresh) == 1
+    path = lines[-1].split("cached in ")[1]
+    with open(path) as f:
+        data = json.load(f)
+    assert {s: m["per_cu"] for s, m in data["model"].items()} == {s: int(row[2]) for s, row in rows.items()}
+
+
+def test_cli_tune_bad_device():
+    r = CliRunner().invoke(cli_main.cli, ["tune", "--device", "ocl:99"])
+    assert r.exit_code == 2
+    assert r.stderr.startswith("dlnet: error: device 'ocl:99'") and len(r.stderr.splitlines()) == 1
