@@ -3,9 +3,10 @@ compute unit, TFLOP/s with every unit full, fixed cost per tile in units of K), 
 cached on disk, as CLBlast's tuner and database do.
 
 tile_model(ctx) looks in, in order: this process's memo; the built-in DATABASE for devices measured by hand (unless
-DLNET_TUNE=1); the cache file DLNET_CACHE/tune/<device>.json; else measures now (about a second on a GPU) and writes
-that file. DLNET_TUNE=0 never measures: the database's entry, else the H100's values. CPU devices run gemm_vec.cl,
-not the tiled core, and are measured only with DLNET_TUNE=1 (or by `measure` and `tune` called directly).
+DLNET_TUNE=1); the cache file DLNET_CACHE/tune/<device>.json; else measures now (1.3-1.6 s the first time on an
+H100 or H200, 0.1 s once its four programs are compiled) and writes that file. DLNET_TUNE=0 never measures: the
+database's entry, else the H100's values. CPU devices run gemm_vec.cl, not the tiled core, and are measured only
+with DLNET_TUNE=1 (or by `measure` and `tune` called directly).
 """
 import hashlib
 import json
@@ -33,7 +34,7 @@ SIZES = {"gpu": dict(compute_units=None, depths=(256, 1024), max_per_cu=6, reps=
 # per_cu: the fewest work-groups per compute unit whose throughput comes within this fraction of the best seen. On
 # an H200 (132 units) one work-group per unit ran at 0.5-0.77 of the best rate, so "time within 1.2x of one per
 # unit" took per_cu = 1 for every tile; this rule gave huge 2, mid 3, big 4 (the H100 fit: 2, 4, 4) and wide 3, where
-# the times rose in steps of 3 per unit (a second wave at 4).
+# the times rose in steps of 3 per unit (a second wave at 4), on the register-fetch core (bench/RESULTS.md).
 FULL_RATE = 0.95
 
 _MEMO = {}  # cl.Device -> tile model
