@@ -1,4 +1,5 @@
 """ModelProto -> Graph. Handlers per (op_type, since_version) live in opsets.py; they only build IR."""
+import functools
 import os
 
 import numpy as np
@@ -42,6 +43,7 @@ def model_opset(model):
     return 1
 
 
+@functools.lru_cache(maxsize=None)
 def _schema_version(op_type, opset, domain=""):
     try:
         return onnx.defs.get_schema(op_type, opset, domain).since_version
@@ -136,8 +138,9 @@ class Importer:
                 arr = numpy_helper.to_array(init, base_dir=os.path.dirname(str(self.path)))
             except Exception as e:
                 raise ModelError(f"{self.path}: initializer {init.name!r} cannot be read ({e})") from None
-            v = self.graph.constant(arr.astype(onnx_dtype(init.data_type, f"initializer {init.name!r}: ")),
-                                    init.name)
+            # (no copy where the dtype is already right: the array is a read-only view of the protobuf's bytes)
+            v = self.graph.constant(arr.astype(onnx_dtype(init.data_type, f"initializer {init.name!r}: "),
+                                               copy=False), init.name)
             v.param = training and v.dtype in ("float32", "float64", "float16")  # trainable: never folded
             self.values[init.name] = v
         ins, _ = graph_io(self.model)
