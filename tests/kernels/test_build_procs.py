@@ -2,6 +2,7 @@
 hand their device binaries back through the binary cache (DLNET_CACHE/bin)."""
 import os
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -51,7 +52,7 @@ def test_worker_builds_a_plan(ctx, procs, monkeypatch, tmp_path):
     monkeypatch.setattr(runtime, "write_binary", lambda path, prg: written.append(path) or write_binary(path, prg))
     fresh = dlnet.Context(ctx.info)
     net = dlnet.Net(fresh).load_onnx(model)
-    assert len(procs) == 1 and procs[0].returncode == 0 and not written
+    assert len(procs) == 1 and procs[0].wait() == 0 and not written
     assert len(fresh._programs) >= 3
     assert len(os.listdir(tmp_path / "bin")) == len(fresh._programs)
 
@@ -74,7 +75,7 @@ def test_build_error_in_a_worker_is_a_device_error(ctx, procs):
     fresh = dlnet.Context(ctx.info)
     with pytest.raises(dlnet.DeviceError, match=r"(?s)OpenCL build failed for program .*no_such_name"):
         fresh.build_all([(GOOD, ()), (BAD, ()), (GOOD, ("-DUNUSED=1",))])
-    assert procs[0].returncode == 1
+    assert procs[0].wait() == 1
     assert (GOOD, ()) in fresh._programs and (GOOD, ("-DUNUSED=1",)) in fresh._programs
 
 
@@ -91,3 +92,21 @@ def test_failed_worker_falls_back_to_this_process(ctx, procs, monkeypatch):
 def test_device_identity_finds_the_device(ctx):
     platform, name, index = device_identity(ctx.device)
     assert same_devices(platform, name)[index] == ctx.device
+
+
+def test_done_file_says_a_worker_is_finished(tmp_path):
+    """The parent goes on when a worker's done file appears, without waiting for its exit (a CUDA context's
+    teardown), and reads the worker's status from it; with no file, from the exit."""
+    from dlnet.kernels.compile_worker import finished, report_done
+
+    class Running:
+        pid = os.getpid()
+
+        def poll(self):
+            return None
+    assert finished(str(tmp_path), Running()) is None
+    report_done(str(tmp_path), 1)
+    assert finished(str(tmp_path), Running()) == 1
+    exited = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    exited.wait()
+    assert finished(str(tmp_path), exited) == 3

@@ -39,6 +39,35 @@ def test_no_device_says_how_to_get_one(monkeypatch):
         rt.pick_device(None)
 
 
+def test_context_opens_in_the_background(ctx):
+    """The OpenCL context is created outside Python's lock (ctypes) on a thread of its own; `cl` and `queue` wait for
+    it, and work as pyopencl's own."""
+    import pyopencl as cl
+    from dlnet.kernels import runtime
+    made = runtime.open_context(ctx.device)
+    assert made.devices == [ctx.device]
+    fresh = dlnet.Context(ctx.info)
+    assert fresh.cl.devices == [ctx.device] and fresh.queue.context == fresh.cl
+    x = np.random.default_rng(3).standard_normal(1000).astype(np.float32)
+    buf = fresh.alloc(x.nbytes)
+    cl.enqueue_copy(fresh.queue, buf, x)
+    y = np.empty_like(x)
+    fresh.download(buf, y)
+    assert np.array_equal(x, y)
+
+
+def test_context_that_cannot_open_is_a_device_error(ctx, monkeypatch):
+    import pyopencl as cl
+    from dlnet.kernels import runtime
+
+    def refuse(device):
+        raise cl.Error("clCreateContext failed: OUT_OF_HOST_MEMORY")
+    monkeypatch.setattr(runtime, "open_context", refuse)
+    fresh = dlnet.Context(ctx.info)
+    with pytest.raises(dlnet.DeviceError, match="could not create an OpenCL context .*OUT_OF_HOST_MEMORY"):
+        fresh.queue
+
+
 def test_bad_precision():
     with pytest.raises(dlnet.DeviceError, match="precision"):
         dlnet.Context("cpu", precision="fp8")
