@@ -28,9 +28,12 @@ GEMM_TILES = {
              "wide": dict(TM=64, TN=128, TK=16, WARPS_M=1, WARPS_N=4)},
     "cpu": {"core": "gemm_vec", "huge": dict(RM=8), "big": dict(RM=8), "narrow_m": dict(RM=1), "narrow_n": dict(RM=8)},
 }
-if os.environ.get("DLNET_TF32_TILES"):  # experiments: the tf32 huge tile as 'TM,TN,TK,WARPS_M,WARPS_N'
-    GEMM_TILES["tf32"]["huge"] = dict(zip(["TM", "TN", "TK", "WARPS_M", "WARPS_N"],
-                                          (int(v) for v in os.environ["DLNET_TF32_TILES"].split(","))))
+# experiments: a tf32 tile as 'TM,TN,TK,WARPS_M,WARPS_N', DLNET_TF32_TILE_HUGE / _BIG / _WIDE (DLNET_TF32_TILES: huge)
+for _shape in GEMM_TILES["tf32"]:
+    _spec = os.environ.get(f"DLNET_TF32_TILE_{_shape.upper()}") or \
+        (os.environ.get("DLNET_TF32_TILES") if _shape == "huge" else None)
+    if _spec:
+        GEMM_TILES["tf32"][_shape] = dict(zip(["TM", "TN", "TK", "WARPS_M", "WARPS_N"], map(int, _spec.split(","))))
 # tf32 programs' build options: DLNET_TF32_MAXREG=N caps registers per work-item (NVIDIA -cl-nv-maxrregcount)
 TF32_OPTIONS = (f"-cl-nv-maxrregcount={os.environ['DLNET_TF32_MAXREG']}",) if os.environ.get("DLNET_TF32_MAXREG") \
     else ()
