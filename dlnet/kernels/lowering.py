@@ -224,6 +224,20 @@ SPLITK_SCRATCH_MAX = 4 << 20
 SPLITK_MAX = 256
 
 
+# CPU depthwise convolutions: output rows per work-item, so that each does at least this many outputs (PoCL's cost per
+# work-group outweighed a 14-wide row: shufflenet's 272 x 14 x 14 layers) while the grid keeps DW_MIN_ITEMS
+DW_MIN_OUTPUTS = int(os.environ.get("DLNET_DW_MIN_OUTPUTS", 256))
+DW_MIN_ITEMS = 64
+
+
+def dw_rows(OH, OW, planes):
+    """Rows per work-item of dwconv_cpu.cl for OH x OW outputs in each of `planes` (image, channel) planes."""
+    rows = max(1, min(OH, -(-DW_MIN_OUTPUTS // OW)))
+    while rows > 1 and planes * -(-OH // rows) < DW_MIN_ITEMS:
+        rows //= 2
+    return rows
+
+
 def pick_splits(groups, target, K, k0=32, max_splits=SPLITK_MAX):
     """Slices of K for a grid of `groups` work-groups on `target` resident slots: the count with the least time in
     whole waves, waves(groups * s) * (K / s + k0) (k0: a tile's fixed cost, GPU_TILE_MODEL), where that beats one
@@ -537,10 +551,11 @@ class Lowerer:
                 np.int32(Cin), np.int32(H), np.int32(W), np.int32(OH), np.int32(OW), np.int32(KH), np.int32(KW),
                 np.int32(strides[0]), np.int32(strides[1]), np.int32(pads[0]), np.int32(pads[1]),
                 np.int32(dil[0]), np.int32(dil[1]), np.int32(mult), np.int64(y_nstride), np.int64(y_nstride)]
-            if self.ctx.is_cpu:  # one work-item per output row, stride along W compiled in
+            if self.ctx.is_cpu:  # ROWS output rows per work-item, stride along W compiled in
                 args = args[:-8] + args[-7:]
-                self.emit(f"#define SW {strides[1]}\n" + head + kernel_source("dwconv_cpu"), "dwconv2d_cpu", args,
-                          (OH, N * Cout), (1, 1), label)
+                rows = dw_rows(OH, OW, N * Cout)
+                self.emit(f"#define SW {strides[1]}\n#define ROWS {rows}\n" + head + kernel_source("dwconv_cpu"),
+                          "dwconv2d_cpu", args, (-(-OH // rows), N * Cout), (1, 1), label)
                 return
             lx = 16 if OW >= 16 else 8
             ly = 4

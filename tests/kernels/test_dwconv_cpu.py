@@ -36,6 +36,19 @@ def dwconv_numpy(x, w, b, s, p, d):
 
 @pytest.mark.parametrize("shape", SHAPES, ids=["x".join(map(str, s)) for s in SHAPES])
 def test_depthwise_matches_numpy(ctx, shape):
+    check_depthwise(ctx, shape)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=["x".join(map(str, s)) for s in SHAPES])
+def test_depthwise_several_rows_per_work_item(ctx, shape, monkeypatch):
+    """Blocks of rows per work-item (lowering.dw_rows), the last block of each plane ragged."""
+    from dlnet.kernels import lowering
+    monkeypatch.setattr(lowering, "DW_MIN_OUTPUTS", 2 * shape[3] + 1)  # three rows of the input's width
+    monkeypatch.setattr(lowering, "DW_MIN_ITEMS", 1)
+    check_depthwise(ctx, shape)
+
+
+def check_depthwise(ctx, shape):
     n, c, h, wd, m, k, s, p, d = shape
     x = R.uniform(-1, 1, (n, c, h, wd)).astype(np.float32)
     w = R.uniform(-1, 1, (c * m, 1, k, k)).astype(np.float32)

@@ -14,19 +14,25 @@ typedef float8 __attribute__((aligned(4))) float8u;
                            (p)[7 * SW]))
 #endif
 
+#ifndef ROWS
+#define ROWS 1
+#endif
+
+// ROWS output rows per work-item, one after another (PoCL's cost per work-group outweighed 14 outputs of work)
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void dwconv2d_cpu(__global const float* x, ulong x_off, __global const float* w, ulong w_off,
                   __global const float* bias, ulong bias_off, __global const float* res, ulong res_off,
                   __global float* y, ulong y_off, int C, int H, int W, int OH, int OW, int KH, int KW, int SH,
                   int PH, int PW, int DH, int DW, int M, long y_nstride, long res_nstride) {
-    const int oy = get_global_id(0), nc = get_global_id(1);
+    const int nc = get_global_id(1);
     const int CO = C * M;
     const int n = nc / CO, co = nc - n * CO, ci = co / M;
     x += x_off + ((long)n * C + ci) * H * W;
     w += w_off + (long)co * KH * KW;
-    const long out = (long)co * OH * OW + (long)oy * OW;
-    y += y_off + n * y_nstride + out;
-    res += res_off + n * res_nstride + out;
+    const int oy0 = get_global_id(0) * ROWS, oy_end = min(OH, oy0 + ROWS);
+    y += y_off + n * y_nstride + (long)co * OH * OW + (long)oy0 * OW;
+    res += res_off + n * res_nstride + (long)co * OH * OW + (long)oy0 * OW;
+    for (int oy = oy0; oy < oy_end; oy++, y += OW, res += OW) {
     const int iy0 = oy * SH - PH;
     int ky0 = 0, ky1 = KH;  // taps [ky0, ky1) inside the image
     while (ky0 < KH && iy0 + ky0 * DH < 0) ky0++;
@@ -73,5 +79,6 @@ void dwconv2d_cpu(__global const float* x, ulong x_off, __global const float* w,
             y[ox] = ACT(acc);
             ox++;
         }
+    }
     }
 }
