@@ -554,7 +554,8 @@ class Lowerer:
             if self.ctx.is_cpu:  # ROWS output rows per work-item, stride along W compiled in
                 args = args[:-8] + args[-7:]
                 rows = dw_rows(OH, OW, N * Cout)
-                self.emit(f"#define SW {strides[1]}\n#define ROWS {rows}\n" + head + kernel_source("dwconv_cpu"),
+                self.emit(f"#define SW {strides[1]}\n#define ROWS {rows}\n#define KHC {KH}\n#define KWC {KW}\n" + head +
+                          kernel_source("dwconv_cpu"),
                           "dwconv2d_cpu", args, (-(-OH // rows), N * Cout), (1, 1), label)
                 return
             lx = 16 if OW >= 16 else 8

@@ -117,20 +117,23 @@ def test_pinned_input_array_runs_like_a_plain_one(ctx):
     assert bound.input_array("x").shape == (3, 3, 8, 8)
 
 
-def test_conv_writes_over_its_residual(ctx):
+@pytest.mark.parametrize("group,width", [(1, 10), (8, 19)], ids=["dense", "depthwise"])
+def test_conv_writes_over_its_residual(ctx, group, width):
     """A convolution with a fused residual that dies there writes its output over it (the planner's in-place
-    rule for Conv input 3), and the result still matches the reference."""
+    rule for Conv input 3), and the result still matches the reference (depthwise: rows whose vector blocks overlap,
+    dwconv_cpu.cl)."""
     from onnx import helper
 
     from tests.conftest import make_model, reference, rel_l2
     rng = np.random.default_rng(3)
-    w, b = rng.standard_normal((8, 8, 3, 3)).astype(np.float32), rng.standard_normal(8).astype(np.float32)
+    w = rng.standard_normal((8, 8 // group, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(8).astype(np.float32)
     model = make_model([helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Sigmoid", ["x"], ["r"]),
-                        helper.make_node("Conv", ["a", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+                        helper.make_node("Conv", ["a", "w", "b"], ["c"], pads=[1, 1, 1, 1], group=group),
                         helper.make_node("Add", ["c", "r"], ["s"]), helper.make_node("Relu", ["s"], ["y"]),
                         helper.make_node("GlobalAveragePool", ["y"], ["g"])],
-                       {"x": ("float32", [2, 8, 10, 10])}, ["g"], {"w": w, "b": b})
-    x = rng.standard_normal((2, 8, 10, 10)).astype(np.float32)
+                       {"x": ("float32", [2, 8, 10, width])}, ["g"], {"w": w, "b": b})
+    x = rng.standard_normal((2, 8, 10, width)).astype(np.float32)
     net = dlnet.Net(ctx).load_onnx(model)
     assert rel_l2(net.run({"x": x})["g"], reference(model, {"x": x})[0]) < 1e-5
     plan = net._last

@@ -1,10 +1,11 @@
-// Depthwise convolution on CPU devices (groups == channels, M filters per channel): one work-item per output row
-// of one (image, output channel). Blocks of 8 outputs whose every tap lies inside the row run as float8 with the
-// tap's weight broadcast (SW, the horizontal stride, is a define so that stride 1 is one unaligned vector load);
-// the rest, near the borders, one output at a time. No fma(): PoCL calls built-ins out of line (dwconv.cl's fma
-// per tap ran shufflenet's depthwise layers in 42 ms).
-#if !defined(ACT) || !defined(SW)
-#error "dwconv_cpu.cl needs ACT(v) and SW (horizontal stride)"
+// Depthwise convolution on CPU devices (groups == channels, M filters per channel): one work-item per ROWS output
+// rows of one (image, output channel). Outputs whose every tap lies inside the row run as float8 blocks with the
+// tap's weight broadcast (SW, the horizontal stride, is a define so that stride 1 is one unaligned vector load; the
+// kernel's size KHC x KWC too, so that a row of taps unrolls); the last block ends where those outputs end,
+// overlapping the one before it. The borders run one output at a time. No fma(): PoCL calls built-ins out of line
+// (dwconv.cl's fma per tap ran shufflenet's depthwise layers in 42 ms).
+#if !defined(ACT) || !defined(SW) || !defined(KHC) || !defined(KWC)
+#error "dwconv_cpu.cl needs ACT(v), SW (horizontal stride), KHC and KWC (kernel size)"
 #endif
 typedef float8 __attribute__((aligned(4))) float8u;
 #if SW == 1
@@ -13,6 +14,24 @@ typedef float8 __attribute__((aligned(4))) float8u;
 #define LOAD8(p) ((float8)((p)[0], (p)[SW], (p)[2 * SW], (p)[3 * SW], (p)[4 * SW], (p)[5 * SW], (p)[6 * SW], \
                            (p)[7 * SW]))
 #endif
+
+// One output near a border: taps outside the row are skipped (rows outside the image never reach here: ky0, ky1)
+inline float scalar_out(__global const float* x, __global const float* w, __global const float* res, float b, int ox,
+                        int iy0, int ky0, int ky1, int W, int PW, int DH, int DW) {
+    float acc = b;
+    const int ix0 = ox * SW - PW;
+    for (int ky = ky0; ky < ky1; ky++) {
+        __global const float* xr = x + (iy0 + ky * DH) * W;
+        for (int kx = 0; kx < KWC; kx++) {
+            const int ix = ix0 + kx * DW;
+            if (ix >= 0 && ix < W) acc = w[ky * KWC + kx] * xr[ix] + acc;
+        }
+    }
+#if defined(HAS_RES)
+    acc += res[ox];
+#endif
+    return acc;
+}
 
 #ifndef ROWS
 #define ROWS 1
@@ -28,14 +47,14 @@ void dwconv2d_cpu(__global const float* x, ulong x_off, __global const float* w,
     const int CO = C * M;
     const int n = nc / CO, co = nc - n * CO, ci = co / M;
     x += x_off + ((long)n * C + ci) * H * W;
-    w += w_off + (long)co * KH * KW;
+    w += w_off + (long)co * KHC * KWC;
     const int oy0 = get_global_id(0) * ROWS, oy_end = min(OH, oy0 + ROWS);
     y += y_off + n * y_nstride + (long)co * OH * OW + (long)oy0 * OW;
     res += res_off + n * res_nstride + (long)co * OH * OW + (long)oy0 * OW;
     for (int oy = oy0; oy < oy_end; oy++, y += OW, res += OW) {
     const int iy0 = oy * SH - PH;
-    int ky0 = 0, ky1 = KH;  // taps [ky0, ky1) inside the image
-    while (ky0 < KH && iy0 + ky0 * DH < 0) ky0++;
+    int ky0 = 0, ky1 = KHC;  // taps [ky0, ky1) inside the image
+    while (ky0 < KHC && iy0 + ky0 * DH < 0) ky0++;
     while (ky1 > ky0 && iy0 + (ky1 - 1) * DH >= H) ky1--;
 #if defined(HAS_BIAS)
     const float b = bias[bias_off + co];
@@ -46,39 +65,37 @@ void dwconv2d_cpu(__global const float* x, ulong x_off, __global const float* w,
     int ox_lo = 0;
     while (ox_lo < OW && ox_lo * SW - PW < 0) ox_lo++;
     int ox_hi = OW;
-    while (ox_hi > ox_lo && (ox_hi - 1) * SW - PW + (KW - 1) * DW >= W) ox_hi--;
+    while (ox_hi > ox_lo && (ox_hi - 1) * SW - PW + (KWC - 1) * DW >= W) ox_hi--;
     int ox = 0;
-    while (ox < OW) {
-        if (ox >= ox_lo && ox + 8 <= ox_hi) {
+    for (; ox < OW; ox++) {  // the left border, one output at a time
+        if (ox >= ox_lo && ox_hi - ox_lo >= 8) break;
+        y[ox] = ACT(scalar_out(x, w, res, b, ox, iy0, ky0, ky1, W, PW, DH, DW));
+    }
+    if (ox < OW) {
+        // blocks of 8 outputs; the last one ends at ox_hi, overlapping the one before it, whose outputs it leaves
+        for (;; ox += 8) {
+            const int base = min(ox, ox_hi - 8);
             float8 acc = (float8)(b);
             for (int ky = ky0; ky < ky1; ky++) {
-                __global const float* xr = x + (iy0 + ky * DH) * W + ox * SW - PW;
-                for (int kx = 0; kx < KW; kx++) acc = (float8)(w[ky * KW + kx]) * LOAD8(xr + kx * DW) + acc;
+                __global const float* xr = x + (iy0 + ky * DH) * W + base * SW - PW;
+                #pragma unroll
+                for (int kx = 0; kx < KWC; kx++) acc = (float8)(w[ky * KWC + kx]) * LOAD8(xr + kx * DW) + acc;
             }
 #if defined(HAS_RES)
-            acc += *(__global const float8u*)(res + ox);
+            acc += *(__global const float8u*)(res + base);
 #endif
-            float8 o;
-            o.s0 = ACT(acc.s0); o.s1 = ACT(acc.s1); o.s2 = ACT(acc.s2); o.s3 = ACT(acc.s3);
-            o.s4 = ACT(acc.s4); o.s5 = ACT(acc.s5); o.s6 = ACT(acc.s6); o.s7 = ACT(acc.s7);
-            *(__global float8u*)(y + ox) = o;
-            ox += 8;
-        } else {
-            float acc = b;
-            const int ix0 = ox * SW - PW;
-            for (int ky = ky0; ky < ky1; ky++) {
-                __global const float* xr = x + (iy0 + ky * DH) * W;
-                for (int kx = 0; kx < KW; kx++) {
-                    const int ix = ix0 + kx * DW;
-                    if (ix >= 0 && ix < W) acc = w[ky * KW + kx] * xr[ix] + acc;
-                }
+            float o[8];
+            o[0] = ACT(acc.s0); o[1] = ACT(acc.s1); o[2] = ACT(acc.s2); o[3] = ACT(acc.s3);
+            o[4] = ACT(acc.s4); o[5] = ACT(acc.s5); o[6] = ACT(acc.s6); o[7] = ACT(acc.s7);
+            if (base == ox) {
+                *(__global float8u*)(y + ox) = (float8)(o[0], o[1], o[2], o[3], o[4], o[5], o[6], o[7]);
+            } else {  // (y may be res itself: the outputs already written are not read again)
+                for (int j = ox - base; j < 8; j++) y[base + j] = o[j];
             }
-#if defined(HAS_RES)
-            acc += res[ox];
-#endif
-            y[ox] = ACT(acc);
-            ox++;
+            if (base + 8 >= ox_hi) break;
         }
+        for (ox = ox_hi; ox < OW; ox++)  // the right border
+            y[ox] = ACT(scalar_out(x, w, res, b, ox, iy0, ky0, ky1, W, PW, DH, DW));
     }
     }
 }
