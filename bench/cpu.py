@@ -2,8 +2,10 @@
 
     python bench/cpu.py [--models resnet50,squeezenet,...] [--iters 5] [--batch 1]
 
-Models: the reference CNNs the onnx package ships (real architectures; their constant weights do not change the
-work). Time of one inference includes the copies in and out; warm-up, then the median. Prints a table.
+Models: the reference CNNs the onnx package ships (real architectures). They build each weight with ConstantOfShape
+(one value repeated, which makes every channel alike and the error column trivially 0): those are replaced by
+random initializers of the same shapes, the same model for both engines. Time of one inference includes the copies
+in and out; warm-up, then the median. Prints a table.
 """
 import argparse
 import os
@@ -12,11 +14,33 @@ import time
 
 import numpy as np
 import onnx
+from onnx import numpy_helper
 
 import dlnet
 
 LIGHT = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
 MODELS = ["squeezenet", "shufflenet", "resnet50", "inception_v1", "bvlc_alexnet", "densenet121"]
+
+
+def with_random_weights(model, rng):
+    """The model with each ConstantOfShape of a constant shape replaced by a random initializer of that shape:
+    weights uniform with the variance of 1 / fan-in, 1-D tensors (biases, BatchNorm's) in [0.5, 1.5)."""
+    consts = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    nodes = []
+    for node in model.graph.node:
+        if node.op_type == "ConstantOfShape" and node.input[0] in consts:
+            shape = [int(d) for d in consts[node.input[0]]]
+            if len(shape) > 1:
+                bound = np.sqrt(3.0 / max(1, int(np.prod(shape[1:]))))
+                a = rng.uniform(-bound, bound, shape)
+            else:
+                a = rng.uniform(0.5, 1.5, shape)
+            model.graph.initializer.append(numpy_helper.from_array(a.astype(np.float32), node.output[0]))
+        else:
+            nodes.append(node)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    return model
 
 
 def median_ms(fn, iters):
@@ -40,12 +64,12 @@ def main():
     print(f"device: {ctx.info}; onnxruntime {ort.__version__} (CPUExecutionProvider, default threads)")
     rows = []
     for name in args.models.split(","):
-        path = os.path.join(LIGHT, f"light_{name}.onnx")
-        net = dlnet.Net(ctx).load_onnx(path, batch=args.batch)
+        model = with_random_weights(onnx.load(os.path.join(LIGHT, f"light_{name}.onnx")), np.random.default_rng(1))
+        net = dlnet.Net(ctx).load_onnx(model, batch=args.batch)
         info = net.inputs[0]
         shape = (args.batch,) + tuple(info.shape[1:])
         x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
-        sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+        sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
         t_ort = median_ms(lambda: sess.run(None, {info.name: x}), args.iters)
         t_dl = median_ms(lambda: net.run({info.name: x}), args.iters)
         ref = sess.run(None, {info.name: x})[0]

@@ -2,7 +2,7 @@
 
     python bench/cpu_profile.py [--model resnet50] [--batch 1] [--iters 5]
 
-Models are the onnx package's reference CNNs, as in bench/cpu.py. Prints one table; asserts nothing.
+Models are the onnx package's reference CNNs with random weights, as in bench/cpu.py. Prints one table; asserts nothing.
 """
 import argparse
 import os
@@ -24,7 +24,9 @@ def main():
     ap.add_argument("--by", choices=["kind", "launch"], default="kind")
     args = ap.parse_args()
     ctx = dlnet.Context("cpu", profile=True)
-    net = dlnet.Net(ctx).load_onnx(os.path.join(LIGHT, f"light_{args.model}.onnx"), batch=args.batch)
+    from cpu import with_random_weights
+    model = with_random_weights(onnx.load(os.path.join(LIGHT, f"light_{args.model}.onnx")), np.random.default_rng(1))
+    net = dlnet.Net(ctx).load_onnx(model, batch=args.batch)
     info = net.inputs[0]
     x = np.random.default_rng(0).standard_normal((args.batch,) + tuple(info.shape[1:])).astype(np.float32)
     net.run({info.name: x})
