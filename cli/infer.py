@@ -11,7 +11,7 @@ import numpy as np
 from dlnet.errors import InputError, ModelError
 from dlnet.images import find_images, preprocess, read_image
 
-from .common import EXIT_FAILED_ITEMS, command_errors, device_option, fail, load_net, write_atomic
+from .common import EXIT_FAILED_ITEMS, command_errors, device_option, fail, load_net, precision_option, write_atomic
 
 
 def _floats(text, name):
@@ -137,6 +137,7 @@ class Progress:
 @click.option("--gray", is_flag=True, help="One-channel input (automatic when the model has 1 channel).")
 @click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True, help="Images per run.")
 @device_option
+@precision_option
 @click.option("--top-k", "top_k", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--labels", type=click.Path(exists=True, dir_okay=False), default=None, help="One label per line.")
 @click.option("--format", "fmt", type=click.Choice(["csv", "json"]), default="csv", show_default=True)
@@ -144,8 +145,8 @@ class Progress:
               help="Write results here (atomically) instead of stdout.")
 @click.option("--strict", is_flag=True, help="Stop at the first image that cannot be read.")
 @command_errors
-def infer(model, images, size, resize, mean, std, scale, bgr, layout, gray, batch, device, top_k, labels, fmt,
-          output, strict):
+def infer(model, images, size, resize, mean, std, scale, bgr, layout, gray, batch, device, precision, top_k, labels,
+          fmt, output, strict):
     """Classify IMAGES (files or directories; PPM/PGM/PNG/JPEG) with the ONNX classifier MODEL.
 
     Prints `path,class_index,label,score` per image (more groups with --top-k); scores are softmax probabilities.
@@ -155,7 +156,7 @@ def infer(model, images, size, resize, mean, std, scale, bgr, layout, gray, batc
     mean_v = _floats(mean, "--mean") if mean is not None else None
     std_v = _floats(std, "--std") if std is not None else None
     label_names = read_labels(labels) if labels else None
-    net = load_net(model, device)
+    net = load_net(model, device, precision=precision)
     spec = InputSpec(net, crop, gray, layout, batch)
     for name, values in (("--mean", mean_v), ("--std", std_v)):
         if values is not None and len(values) not in (1, spec.channels):

@@ -12,7 +12,7 @@ import numpy as np
 import dlnet
 from dlnet.errors import InputError
 
-from .common import EXIT_FAILED_ITEMS, command_errors, device_option, load_net, write_atomic
+from .common import EXIT_FAILED_ITEMS, command_errors, device_option, load_net, precision_option, write_atomic
 from .infer import infer
 
 # OpenCL libraries of GPU drivers, by ICD file name; a library found but not registered is the usual container case.
@@ -107,10 +107,11 @@ def random_feeds(net, batch=1, seed=0):
 @click.option("--iters", type=click.IntRange(min=1), default=20, show_default=True, help="Timed runs.")
 @click.option("--warmup", type=click.IntRange(min=0), default=3, show_default=True, help="Untimed runs first.")
 @click.option("--profile", is_flag=True, help="Per-layer time table from OpenCL events.")
+@precision_option
 @command_errors
-def bench(model, batch, device, iters, warmup, profile):
+def bench(model, batch, device, iters, warmup, profile, precision):
     """Median latency and images/s of MODEL on random input."""
-    net = load_net(model, device, batch=batch, profile=profile)
+    net = load_net(model, device, batch=batch, profile=profile, precision=precision)
     feeds = random_feeds(net, batch)
     for _ in range(warmup):
         net.run(feeds)
@@ -178,10 +179,11 @@ def graph_dot(graph):
 @click.option("--batch", type=click.IntRange(min=1), default=None, help="Bind a symbolic batch dimension.")
 @click.option("--dot", type=click.Path(dir_okay=False), default=None, help="Also write the graph as Graphviz.")
 @device_option
+@precision_option
 @command_errors
-def show(model, batch, dot, device):
+def show(model, batch, dot, device, precision):
     """Print the IR of MODEL after passes, and its memory summary."""
-    net = load_net(model, device, batch=batch)
+    net = load_net(model, device, batch=batch, precision=precision)
     graph = net.graph
     click.echo(str(graph))
     click.echo(str(net.memory))
@@ -222,10 +224,11 @@ def reference_outputs(model_path, feeds):
 @click.option("--tol", type=float, default=1e-4, show_default=True, help="Largest relative L2 error allowed.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @device_option
+@precision_option
 @command_errors
-def validate(model, input_file, tol, seed, device):
+def validate(model, input_file, tol, seed, device, precision):
     """Compare MODEL's outputs on dlnet with onnxruntime (or onnx.reference): relative L2 error per output."""
-    net = load_net(model, device)
+    net = load_net(model, device, precision=precision)
     if input_file:
         with np.load(input_file) as data:
             feeds = {k: data[k] for k in data.files}

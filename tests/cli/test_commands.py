@@ -52,6 +52,8 @@ def test_validate_ok_and_past_tolerance(runner, tmp_path):
     np.savez(tmp_path / "in.npz", image=x)
     r = runner.invoke(cli_main.cli, ["validate", DIGITS_MODEL, "--input", str(tmp_path / "in.npz"), "--tol", "-1"])
     assert r.exit_code == 1 and "[3, 10]" in r.stdout and "FAIL" in r.stdout
+    r = runner.invoke(cli_main.cli, ["validate", DIGITS_MODEL, "--precision", "tf32", "--tol", "1e-2"])
+    assert r.exit_code == 0 and "OK" in r.stdout, r.output
 
 
 def test_subprocess_module_and_script_exit_statuses(tmp_path):

@@ -27,6 +27,17 @@ def test_digits_csv_true_class_with_default_preprocessing(runner):
     assert "10 images classified" in r.stderr and "images/s" in r.stderr
 
 
+def test_tf32_precision_classifies_alike(runner):
+    """--precision tf32 (tensor cores on NVIDIA, fp32 elsewhere) gives the same classes, scores within 1e-2."""
+    fp32 = parse_csv(runner.invoke(cli_main.cli, ["infer", DIGITS_MODEL, DIGITS_DIR]).stdout)
+    r = runner.invoke(cli_main.cli, ["infer", DIGITS_MODEL, DIGITS_DIR, "--precision", "tf32"])
+    assert r.exit_code == 0, r.output
+    tf32 = parse_csv(r.stdout)
+    assert [(p, k) for p, [(k, _, _)] in tf32] == [(p, k) for p, [(k, _, _)] in fp32]
+    for (_, [(_, _, a)]), (_, [(_, _, b)]) in zip(tf32, fp32):
+        assert abs(a - b) < 1e-2
+
+
 def test_json_top_k_sorted_probabilities(runner, tmp_path):
     out = tmp_path / "res.json"
     r = runner.invoke(cli_main.cli, ["infer", DIGITS_MODEL, DIGITS_DIR, "--labels", DIGITS_LABELS, "--top-k", "10",
@@ -116,6 +127,7 @@ def test_missing_image_file_is_exit_1(runner, tmp_path):
     (["infer", DIGITS_MODEL, DIGITS_DIR, "--labels", DIGITS_MODEL], "labels"),
     (["infer", DIGITS_MODEL, DIGITS_DIR, "--top-k", "0"], "--top-k"),
     (["infer", DIGITS_MODEL, DIGITS_DIR, "--format", "xml"], "--format"),
+    (["infer", DIGITS_MODEL, DIGITS_DIR, "--precision", "fp16"], "--precision"),
     (["infer", DIGITS_MODEL, "/nonexistent-dir-for-dlnet/"], None),
 ])
 def test_bad_model_device_or_flag_is_exit_2_one_line(runner, args, message):
