@@ -10,10 +10,17 @@
 //
 // Tiles come from global memory by cp.async (gemm_fetch.cl's ISSUE), STAGES - 1 slices of TK ahead, straight into
 // __local memory. A's rows are AS_STRIDE floats apart (16 mod 32: the float4 reads of 8 lanes hit 32 distinct
-// banks); B's rows are TN floats, each 4-float chunk moved by BS_SWZ (the rows 4t + s that lanes t read fall in
-// distinct banks). Inputs reach the tensor cores as fp32 bits, so half a tf32 unit is added as a fragment is read
-// (TF32_BITS): the mma drops the low 13 bits, which then rounds to nearest. (Truncation alone biases the error,
-// which grows with depth: resnet50 1.9e-2 against 5e-4.)
+// banks). B's rows are TN floats. The columns of B are free to permute too, as long as the outputs follow: lane g's
+// column of the warp's block j is column (j / 4) * 32 + 4 g + j % 4 of the warp's TN / WARPS_N, so a lane's B
+// fragments at one k are NI / 4 float4 reads (not NI scalar ones); BS_SWZ moves each 4-float chunk of row k by
+// 2 ((k / 4) % 4) chunks, so the rows 4t + s that the lanes of one 8-lane phase read fall in distinct banks.
+// Inputs reach the tensor cores as fp32 bits, so half a tf32 unit is added as a fragment is read (TF32_BITS): the
+// mma drops the low 13 bits, which then rounds to nearest. (Truncation alone biases the error, which grows with
+// depth: resnet50 1.9e-2 against 5e-4.)
+//
+// Epilogue: the accumulators go through __local memory (the pipeline's, once it is drained), so that the stores
+// run along n, 32 consecutive columns per warp (a lane's own columns are 4 apart: stored straight from registers,
+// every store touched 32 sectors).
 #if !defined(TM) || !defined(TN) || !defined(TK) || !defined(WARPS_M) || !defined(WARPS_N) || !defined(STAGES)
 #error "gemm_mma.cl needs TM TN TK WARPS_M WARPS_N STAGES"
 #endif
@@ -27,10 +34,20 @@
 #if NTHREADS % TN
 #error "gemm_mma.cl: the work-items must be a multiple of TN (gemm_fetch.cl)"
 #endif
+#if NI % 4
+#error "gemm_mma.cl: each warp needs a multiple of 32 columns"
+#endif
 #define AS_STRIDE (TK + (48 - TK % 32) % 32)
 #define BS_SWZ(k, n) ((n) ^ ((((k) >> 2) & 3) << 3))
-#define AS_AT(buf, m, k) As[buf][(m) * AS_STRIDE + (k)]
-#define BS_AT(buf, k, n) Bs[buf][(k) * TN + BS_SWZ(k, n)]
+#define AS_FLOATS (TM * AS_STRIDE)
+#define BS_FLOATS (TK * TN)
+#define PIPE_FLOATS (STAGES * (AS_FLOATS + BS_FLOATS))
+#define CS_STRIDE (TN + 1)  // the epilogue's rows: lane (g, t) writes row g, column 8t + c, in distinct banks
+#define SMEM_FLOATS (PIPE_FLOATS > TM * CS_STRIDE ? PIPE_FLOATS : TM * CS_STRIDE)
+#define AS_AT(buf, m, k) smem[(buf) * AS_FLOATS + (m) * AS_STRIDE + (k)]
+#define BS_AT(buf, k, n) smem[STAGES * AS_FLOATS + (buf) * BS_FLOATS + (k) * TN + BS_SWZ(k, n)]
+// the tile column of lane g's block j (the fragment of B it reads, the outputs c0..c3 of lane 4 g' + t' follow it)
+#define B_COL(j, g) (wn * NI * 8 + ((j) >> 2) * 32 + 4 * (g) + ((j) & 3))
 #define TF32_BITS(x) (as_uint(x) + 0x1000u)
 
 #define MMA_TF32(d, a, b) \
@@ -49,8 +66,7 @@ void KERNEL_NAME(KERNEL_ARGS, __global float* ws, ulong ws_off) {
     const int wm = warp / WARPS_N, wn = warp % WARPS_N;
     const int m0 = get_group_id(1) * TM;
     const int n0 = get_group_id(0) * TN;
-    __local float As[STAGES][TM * AS_STRIDE] __attribute__((aligned(16)));
-    __local float Bs[STAGES][TK * TN] __attribute__((aligned(16)));
+    __local float smem[SMEM_FLOATS] __attribute__((aligned(16)));
     float acc[MI][NI][4];
     #pragma unroll
     for (int i = 0; i < MI; i++)
@@ -91,12 +107,13 @@ void KERNEL_NAME(KERNEL_ARGS, __global float* ws, ulong ws_off) {
                 a[1][i][2] = TF32_BITS(lo.w); a[1][i][3] = TF32_BITS(hi.w);
             }
             #pragma unroll
-            for (int j = 0; j < NI; j++) {
-                const int col = wn * NI * 8 + j * 8 + gid;
+            for (int s = 0; s < 4; s++)
                 #pragma unroll
-                for (int s = 0; s < 4; s++)
-                    b[s >> 1][j][s & 1] = TF32_BITS(BS_AT(buf, kq + 4 * tig + s, col));
-            }
+                for (int jq = 0; jq < NI; jq += 4) {
+                    const float4 v = *(__local const float4*)&BS_AT(buf, kq + 4 * tig + s, B_COL(jq, gid));
+                    b[s >> 1][jq][s & 1] = TF32_BITS(v.x); b[s >> 1][jq + 1][s & 1] = TF32_BITS(v.y);
+                    b[s >> 1][jq + 2][s & 1] = TF32_BITS(v.z); b[s >> 1][jq + 3][s & 1] = TF32_BITS(v.w);
+                }
             #pragma unroll
             for (int h = 0; h < 2; h++)
                 #pragma unroll
@@ -106,38 +123,36 @@ void KERNEL_NAME(KERNEL_ARGS, __global float* ws, ulong ws_off) {
                         MMA_TF32(acc[i][j], a[h][i], b[h][j]);
         }
     }
-#if defined(STORE_COLUMN) && SPLITS == 1
-    // per column of outputs, as gemm_core.cl: c0, c2 are column 2t of rows g, g + 8; c1, c3 column 2t + 1
-    #pragma unroll
-    for (int j = 0; j < NI; j++)
-        #pragma unroll
-        for (int c = 0; c < 2; c++) {
-            const int n = n0 + wn * NI * 8 + j * 8 + 2 * tig + c;
-            if (n >= NN) continue;
-            STORE_COLUMN(n)
-            #pragma unroll
-            for (int i = 0; i < MI; i++)
-                #pragma unroll
-                for (int r = 0; r < 2; r++) {
-                    const int m = m0 + wm * MI * 16 + i * 16 + gid + r * 8;
-                    if (m < M) STORE_IN_COLUMN(m, acc[i][j][2 * r + c]);
-                }
-        }
-#else
+    // Every copy has landed and every warp is past its last fragment read before the tile is overwritten. (Without
+    // the wait, split-K's products came out wrong now and then: copies were still landing here.)
+    CP_WAIT(0);
+    barrier(CLK_LOCAL_MEM_FENCE);
     #pragma unroll
     for (int i = 0; i < MI; i++)
         #pragma unroll
         for (int j = 0; j < NI; j++)
             #pragma unroll
-            for (int q = 0; q < 4; q++) {
-                const int m = m0 + wm * MI * 16 + i * 16 + gid + (q >> 1) * 8;
-                const int n = n0 + wn * NI * 8 + j * 8 + 2 * tig + (q & 1);
-                if (m >= M || n >= NN) continue;
+            for (int q = 0; q < 4; q++)
+                smem[(wm * MI * 16 + i * 16 + gid + (q >> 1) * 8) * CS_STRIDE + B_COL(j, 2 * tig + (q & 1))] =
+                    acc[i][j][q];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    // one column per work-item, NTHREADS / TN rows apart
+    const int cn = tid % TN, n = n0 + cn;
+    if (n >= NN) return;
+#if defined(STORE_COLUMN) && SPLITS == 1
+    STORE_COLUMN(n)
+#endif
+    #pragma unroll 4
+    for (int r = tid / TN; r < TM; r += NTHREADS / TN) {
+        const int m = m0 + r;
+        if (m >= M) break;
+        const float v = smem[r * CS_STRIDE + cn];
 #if SPLITS > 1
-                ws[((long)get_group_id(2) * M + m) * NN + n] = acc[i][j][q];
+        ws[((long)get_group_id(2) * M + m) * NN + n] = v;
+#elif defined(STORE_COLUMN)
+        STORE_IN_COLUMN(m, v);
 #else
-                STORE(m, n, acc[i][j][q]);
+        STORE(m, n, v);
 #endif
-            }
-#endif
+    }
 }
