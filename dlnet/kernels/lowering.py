@@ -116,6 +116,11 @@ WINOGRAD_MIN_CHANNELS = int(os.environ.get("DLNET_WINOGRAD_MIN_CHANNELS", 64))
 # 0.98 against 8 chunks of 0.19; 512 at 28x28 0.81 against 0.28. Whole net, ratio to PyTorch TF32: Winograd from 64
 # channels 0.60, from 256 0.74, never 0.63
 WINOGRAD_MIN_CHANNELS_TF32 = int(os.environ.get("DLNET_WINOGRAD_MIN_CHANNELS_TF32", 256))
+# F(4x4, 3x3) (36 products per 4x4 outputs, 4x fewer multiplications than the direct product, against F(2x2, 3x3)'s
+# 2.25x) in tf32 inference where it does at most 0.8 of F(2x2)'s products (passes/winograd.py f4_pays); its error
+# per layer with tf32 products is 2.0e-3 against 4.9e-4 for F(2x2). DLNET_WINOGRAD_M / _M_TF32: 2 or 4, per mode.
+WINOGRAD_M = int(os.environ.get("DLNET_WINOGRAD_M", 2))
+WINOGRAD_M_TF32 = int(os.environ.get("DLNET_WINOGRAD_M_TF32", 4))
 # Its transformed tiles (V: 16 C, M: 16 K floats per 2x2 output tile) live in the activation arena, in whatever
 # free block the planner finds there at that layer (Conv.workspace); where none holds them all, the layer runs in
 # chunks of tiles (three launches each), each at least this many tiles and an eighth of the layer's (the arena grows
@@ -146,10 +151,10 @@ TAP_MAJOR = os.environ.get("DLNET_TAP_MAJOR", "1") != "0"
 TAP_MAJOR_MULTIPLE = 16
 
 
-def _wino_chunk(T, nbytes, C, K):
-    """Tiles per chunk of a Winograd layer of T tiles whose V and M (or dW's V and E) get nbytes: all of them, else
-    a multiple of 256 and at least WINOGRAD_MIN_TILES."""
-    TC = min(T, nbytes // (64 * (C + K)))
+def _wino_chunk(T, nbytes, C, K, nx=16):
+    """Tiles per chunk of a Winograd layer of T tiles (nx transformed values each) whose V and M (or dW's V and E)
+    get nbytes: all of them, else a multiple of 256 and at least WINOGRAD_MIN_TILES."""
+    TC = min(T, nbytes // (4 * nx * (C + K)))
     return TC if TC == T else max(TC // 256 * 256, min(T, WINOGRAD_MIN_TILES))
 
 
@@ -161,16 +166,16 @@ def device_passes(graph, ctx, training=False):
     from ..graph.passes.layout import pretranspose_weights, tap_major_weights
     from ..graph.passes.winograd import winograd_on_device, winograd_weights
     core = GEMM_TILES["cpu" if ctx.is_cpu else "gpu"]["core"]
-    min_channels = WINOGRAD_MIN_CHANNELS
+    min_channels, wino_m = WINOGRAD_MIN_CHANNELS, WINOGRAD_M
     if ctx.precision == "tf32" and ctx.is_nvidia:
-        min_channels = max(min_channels, WINOGRAD_MIN_CHANNELS_TF32)
+        min_channels, wino_m = max(min_channels, WINOGRAD_MIN_CHANNELS_TF32), WINOGRAD_M_TF32
     if training:
         if core == "gemm_core" and WINOGRAD_TRAINING:
             winograd_on_device(graph, min_channels, WINOGRAD_MIN_LAYER_TILES, WINOGRAD_DW)
         return graph
     pretranspose_weights(graph, GEMV_MAX_ROWS if core in GPU_CORES else 0)
     if core == "gemm_core":
-        winograd_weights(graph, min_channels, WINOGRAD_MIN_LAYER_TILES)
+        winograd_weights(graph, min_channels, WINOGRAD_MIN_LAYER_TILES, wino_m)
         if TAP_MAJOR:
             tap_major_weights(graph, TAP_MAJOR_MULTIPLE)
     return graph
@@ -596,15 +601,18 @@ class Lowerer:
         self._matrix(src, "conv2d", args, core, tiles, lsize, (g0, g1, group), M, NN, C * KH * KW, label)
 
     def winograd(self, x, u, bargs, rargs, y, head, pads, label, w=None, flip=False):
-        """A convolution through Winograd F(2x2, 3x3), u = G w G^T [4, 4, K, C]: input transform (winograd.cl) ->
-        16 products U[xi] V[xi] as one batched GEMM on the core -> output transform with the epilogue. V and M live
-        in the block of the activation arena the planner set aside for this layer (plan.temps): where it is short
-        of the whole layer, the layer runs in chunks of tiles, three launches each. u: the transformed weights
-        (passes/winograd.py), or None with w: weights that change every run (training), transformed here first
-        into the front of that block (flip: dX's filters, w [C, K, 3, 3] flipped and transposed)."""
+        """A convolution through Winograd F(2x2, 3x3), u = G w G^T [4, 4, K, C], or F(4x4, 3x3), u [6, 6, K, C]:
+        input transform (winograd.cl) -> (m + 2)^2 products U[xi] V[xi] as one batched GEMM on the core -> output
+        transform with the epilogue. V and M live in the block of the activation arena the planner set aside for this
+        layer (plan.temps): where it is short of the whole layer, the layer runs in chunks of tiles, three launches
+        each. u: the transformed weights (passes/winograd.py), or None with w: weights that change every run
+        (training, F(2x2)), transformed here first into the front of that block (flip: dX's filters, w [C, K, 3, 3]
+        flipped and transposed)."""
         N, C, H, W = x.shape
         K, OH, OW = y.shape[1:]
-        TH, TW = -(-OH // 2), -(-OW // 2)
+        m = u.shape[0] - 2 if u is not None else 2
+        nx, kind = (m + 2) ** 2, "" if m == 2 else str(m)
+        TH, TW = -(-OH // m), -(-OW // m)
         T = N * TH * TW
         off, nbytes = self.plan.temps[y.id]  # the planner's block for U, V and M (winograd_workspace)
         if u is None:
@@ -617,19 +625,19 @@ class Lowerer:
             off, nbytes = off + u_bytes, nbytes - u_bytes
         else:
             uargs = self.args(u)
-        TC = _wino_chunk(T, nbytes, C, K)
-        v_at, m_at = [self.act_buf, np.uint64(off // 4)], [self.act_buf, np.uint64(off // 4 + 16 * C * TC)]
-        idx = self.index_type(x.size, y.size, 16 * C * TC, 16 * K * TC)
+        TC = _wino_chunk(T, nbytes, C, K, nx)
+        v_at, m_at = [self.act_buf, np.uint64(off // 4)], [self.act_buf, np.uint64(off // 4 + nx * C * TC)]
+        idx = self.index_type(x.size, y.size, nx * C * TC, nx * K * TC)
         src = _defines({"IDX": idx}) + head + kernel_source("winograd")
         for t0 in range(0, T, TC):
             tc = min(TC, T - t0)
-            table = np.array([[xi * K * C, xi * C * tc, 0, xi * K * tc] for xi in range(16)], np.int64)
-            tag = f" winograd{'' if TC == T else f' tiles {t0}+{tc}'}"
-            self.emit(src, "wino_input", self.args(x) + v_at + [np.int32(v) for v in (
+            table = np.array([[xi * K * C, xi * C * tc, 0, xi * K * tc] for xi in range(nx)], np.int64)
+            tag = f" winograd{kind}{'' if TC == T else f' tiles {t0}+{tc}'}"
+            self.emit(src, "wino_input" + kind, self.args(x) + v_at + [np.int32(v) for v in (
                 C, H, W, pads[0], pads[1], TH, TW, t0, tc)], (_round_up(tc, 64), C), (64, 1), label + tag + " in")
             self._gemm_launch(uargs, v_at, None, m_at, table, K, tc, C, (C, 1, tc, 1, 0, 0), idx, None, 1.0,
                               0.0, label + tag + " gemm")
-            self.emit(src, "wino_output", m_at + bargs + rargs + self.args(y) + [
+            self.emit(src, "wino_output" + kind, m_at + bargs + rargs + self.args(y) + [
                 np.int32(v) for v in (K, OH, OW, TH, TW, t0, tc)] + [np.int64(K * OH * OW)] * 2,
                 (_round_up(tc, 64), K), (64, 1), label + tag + " out")
 

@@ -257,13 +257,16 @@ WINOGRAD_CONVS = [  # (x shape, output channels, pads)
 ]
 
 
+@pytest.mark.parametrize("m", [2, 4])
 @pytest.mark.parametrize("xs,k,p", WINOGRAD_CONVS)
-def test_winograd_conv(core, xs, k, p, monkeypatch):
-    """3x3 stride-1 convolutions through Winograd F(2x2, 3x3) (input transform, 16 products as one batched GEMM on
-    the core, output transform with bias + residual + Relu) against float64."""
+def test_winograd_conv(core, xs, k, p, m, monkeypatch):
+    """3x3 stride-1 convolutions through Winograd F(2x2, 3x3) or F(4x4, 3x3) (input transform, 16 or 36 products as
+    one batched GEMM on the core, output transform with bias + residual + Relu) against float64."""
     ctx, tol = core
     if lowering.GEMM_TILES["cpu" if ctx.is_cpu else "gpu"]["core"] != "gemm_core":
         pytest.skip("Winograd runs on the GPU core (forced onto CPUs by the 'portable' case)")
+    monkeypatch.setattr(lowering, "WINOGRAD_M", m)
+    monkeypatch.setattr(lowering, "WINOGRAD_M_TF32", m)
     monkeypatch.setattr(lowering, "WINOGRAD_MIN_CHANNELS", 8)
     monkeypatch.setattr(lowering, "WINOGRAD_MIN_CHANNELS_TF32", 0)
     monkeypatch.setattr(lowering, "WINOGRAD_MIN_LAYER_TILES", 0)
@@ -279,7 +282,8 @@ def test_winograd_conv(core, xs, k, p, monkeypatch):
     net = dlnet.Net(ctx).load_onnx(model)
     labels = [launch.label for launch in net.launches]
     gemms = [label for label in labels if "winograd" in label and " gemm" in label and "reduce" not in label]
-    assert len(gemms) == (4 if xs[2] == 40 else 1), labels
+    assert len(gemms) == (4 if xs[2] == 40 and m == 2 else 1), labels  # (F(4x4): 200 tiles, one chunk)
+    assert all(f"winograd{'4' if m == 4 else ''} " in label for label in gemms), labels  # every shape here pays
     assert "winograd=1" in str(net.graph)
     assert rel_l2(net.run({"x": x, "r": r})["y"], np.maximum(ref + r, 0)) < tol
 
@@ -319,7 +323,7 @@ def test_winograd_training(core, pad, chunk, monkeypatch):
     monkeypatch.setattr(lowering, "WINOGRAD_MIN_CHANNELS_TF32", 0)
     monkeypatch.setattr(lowering, "WINOGRAD_MIN_LAYER_TILES", 0)
     if chunk:
-        monkeypatch.setattr(lowering, "_wino_chunk", lambda T, nbytes, C, K: min(T, chunk))
+        monkeypatch.setattr(lowering, "_wino_chunk", lambda T, nbytes, C, K, nx=16: min(T, chunk))
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
                                 torch.nn.Conv2d(8, 12, 3, padding=pad), torch.nn.ReLU(),
@@ -334,10 +338,13 @@ def test_winograd_training(core, pad, chunk, monkeypatch):
 
 
 def test_winograd_weight_transform():
-    """U = G w G^T in float32 against the float64 product."""
-    from dlnet.graph.passes.winograd import G, transform_weights
+    """U = G w G^T in float32 against the float64 product; F(4x4, 3x3)'s matrices reproduce the 3-tap correlation."""
+    from dlnet.graph.passes.winograd import AT4, BT4, G, G4, transform_weights
     w = f32(24, 40, 3, 3)
     assert rel_l2(transform_weights(w), np.einsum("ai,kcij,bj->abkc", G, w.astype(np.float64), G)) < 1e-7
+    assert rel_l2(transform_weights(w, 4), np.einsum("ai,kcij,bj->abkc", G4, w.astype(np.float64), G4)) < 1e-7
+    d, g = rng.standard_normal(6), rng.standard_normal(3)
+    assert np.allclose(AT4 @ ((G4 @ g) * (BT4 @ d)), [d[i:i + 3] @ g for i in range(4)], rtol=0, atol=1e-12)
 
 
 def test_winograd_workspace_in_the_arena(monkeypatch):

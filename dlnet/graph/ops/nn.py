@@ -20,13 +20,13 @@ def spatial_attrs(node, nsp):
             list(a.get("dilations") or [1] * nsp))
 
 
-def winograd_workspace(k, c, y_shape, on_device=False):
-    """(all, least) bytes of a Winograd convolution's workspace (lowering.winograd): V and M, 16 (C + K) floats per
-    2x2 output tile, all of them or at least an eighth of the layer's tiles (at most 8 chunks) and at least
-    WINOGRAD_MIN_TILES; before them U (16 K C floats) where it is made on the device every run."""
+def winograd_workspace(k, c, y_shape, on_device=False, m=2):
+    """(all, least) bytes of a Winograd F(m x m, 3x3) convolution's workspace (lowering.winograd): V and M,
+    (m + 2)^2 (C + K) floats per m x m output tile, all of them or at least an eighth of the layer's tiles (at most 8
+    chunks) and at least WINOGRAD_MIN_TILES; before them U (16 K C floats) where it is made on the device every run."""
     from ...kernels.lowering import WINOGRAD_MIN_TILES
-    tiles = y_shape[0] * -(-y_shape[2] // 2) * -(-y_shape[3] // 2)
-    per_tile = 64 * (k + c)
+    tiles = y_shape[0] * -(-y_shape[2] // m) * -(-y_shape[3] // m)
+    per_tile = 4 * (m + 2) ** 2 * (k + c)
     u = -(-64 * k * c // 256) * 256 if on_device else 0
     return u + per_tile * tiles, u + per_tile * min(tiles, max(WINOGRAD_MIN_TILES, -(-tiles // 8)))
 
@@ -37,7 +37,8 @@ class Conv(Op):
 
     attrs: strides, pads (begins + ends, symmetric after the padding pass), dilations, group;
     fused epilogue: act (a unary pointwise node's (op, attrs)) and a residual input;
-    winograd: 1: w holds U = G w G^T [4, 4, K, C] for Winograd F(2x2, 3x3) (passes/winograd.py, GPU inference);
+    winograd: 1: w holds U = G w G^T [4, 4, K, C] for Winograd F(2x2, 3x3), or [6, 6, K, C] for F(4x4, 3x3)
+    (passes/winograd.py, GPU inference);
     2: U is made from w on the device every run (training);
     tap_major: w holds the weights as [K, KH, KW, C] (passes/layout.py, GPU inference): depth ordered tap by tap.
     """
@@ -50,7 +51,7 @@ class Conv(Op):
         strides, pads, dil = spatial_attrs(node, nsp)
         group = node.attrs.get("group", 1)
         cout, cin, kernel = w.shape[0], w.shape[1], w.shape[2:]
-        if node.attrs.get("winograd") == 1:  # weights transformed for Winograd F(2x2, 3x3): U [4, 4, K, C]
+        if node.attrs.get("winograd") == 1:  # weights transformed for Winograd: U [m + 2, m + 2, K, C]
             cout, cin, kernel = w.shape[2], w.shape[3], (3, 3)
         if node.attrs.get("tap_major"):  # [K, KH, KW, C]
             cout, cin, kernel = w.shape[0], w.shape[-1], w.shape[1:-1]
@@ -66,7 +67,7 @@ class Conv(Op):
             return None
         w, y = node.inputs[1], node.outputs[0]
         if node.attrs["winograd"] == 1:
-            return winograd_workspace(w.shape[2], w.shape[3], y.shape)
+            return winograd_workspace(w.shape[2], w.shape[3], y.shape, m=w.shape[0] - 2)
         return winograd_workspace(w.shape[0], w.shape[1], y.shape, on_device=True)
 
     def writes_over(self, node, index):

@@ -1,4 +1,4 @@
-// Winograd F(2x2, 3x3) for 3x3 stride-1 convolutions (Lavin & Gray, 2015). Per 2x2 output tile and channel pair,
+// Winograd F(2x2, 3x3) for 3x3 stride-1 convolutions (Lavin & Gray, 2015), and F(4x4, 3x3) for inference below. Per 2x2 output tile and channel pair,
 // y = A^T [U . V] A with U = G w G^T (the weights, transformed once at plan time) and V = B^T d B (d: the 4x4 input
 // tile under it). The sixteen sums over channels of U[xi] . V[xi] are a batched GEMM on the device's core
 // (M[xi] = U[xi] V[xi], K x C times C x T); these two kernels are the transforms around it. t numbers the tiles
@@ -83,6 +83,111 @@ __kernel void wino_output(__global const float* m, ulong m_off, __global const f
             const IDX p = (IDX)oy * OW + ox;
             { float r_ = o0 + b + RES(rbase + p); y[ybase + p] = ACT(r_); }
             if (ox + 1 < OW) { float r_ = o1 + b + RES(rbase + p + 1); y[ybase + p + 1] = ACT(r_); }
+        }
+    }
+}
+
+// F(4x4, 3x3) for inference (passes/winograd.py's AT4, BT4: interpolation points 0, 1, -1, 1/2, -2): 6x6 input
+// tiles 4 apart, 36 products per tile (U [6, 6, K, C] made on the host), V [36][C][tc] and M [36][K][tc] as above.
+#define BT4_ROWS { {1.f, -1.5f, -2.f, 1.5f, 1.f, 0.f}, {0.f, -1.f, .5f, 2.5f, 1.f, 0.f}, \
+                   {0.f, 1.f, -2.5f, .5f, 1.f, 0.f}, {0.f, -2.f, -1.f, 2.f, 1.f, 0.f}, \
+                   {0.f, .5f, -1.f, -.5f, 1.f, 0.f}, {0.f, 1.f, -1.5f, -2.f, 1.5f, 1.f} }
+#define AT4_ROWS { {1.f, 1.f, 1.f, 1.f, 1.f, 0.f}, {0.f, 1.f, -1.f, .5f, -2.f, 0.f}, \
+                   {0.f, 1.f, 1.f, .25f, 4.f, 0.f}, {0.f, 1.f, -1.f, .125f, -8.f, 1.f} }
+
+// global (T, C): one 6x6 input tile of one channel -> its 36 transformed values B^T d B
+__kernel void wino_input4(__global const float* x, ulong x_off, __global float* v, ulong v_off,
+                          int C, int H, int W, int PH, int PW, int TH, int TW, int t0, int tc) {
+    const int tl = get_global_id(0), c = get_global_id(1), t = t0 + tl;
+    if (tl >= tc) return;
+    const float bt[6][6] = BT4_ROWS;
+    const int tx = t % TW, r = t / TW, ty = r % TH, img = r / TH;
+    x += x_off + ((IDX)img * C + c) * H * W;
+    const int y0 = 4 * ty - PH, x0 = 4 * tx - PW;
+    float d[6][6];
+    #pragma unroll
+    for (int i = 0; i < 6; i++)
+        #pragma unroll
+        for (int j = 0; j < 6; j++) {
+            const int iy = y0 + i, ix = x0 + j;
+            const bool in = (uint)iy < (uint)H && (uint)ix < (uint)W;
+            const float val = x[in ? iy * W + ix : 0];
+            d[i][j] = in ? val : 0.0f;
+        }
+    float e[6][6];  // B^T d
+    #pragma unroll
+    for (int i = 0; i < 6; i++)
+        #pragma unroll
+        for (int j = 0; j < 6; j++) {
+            float acc = 0.0f;
+            #pragma unroll
+            for (int l = 0; l < 6; l++)
+                acc += bt[i][l] * d[l][j];
+            e[i][j] = acc;
+        }
+    const IDX plane = (IDX)C * tc;
+    v += v_off + (IDX)c * tc + tl;
+    #pragma unroll
+    for (int i = 0; i < 6; i++)  // (B^T d) B
+        #pragma unroll
+        for (int j = 0; j < 6; j++) {
+            float acc = 0.0f;
+            #pragma unroll
+            for (int l = 0; l < 6; l++)
+                acc += e[i][l] * bt[j][l];
+            v[(6 * i + j) * plane] = acc;
+        }
+}
+
+// global (T, K): the 36 products of one tile and output channel -> its 4x4 outputs A^T m A, + bias, + residual,
+// activation
+__kernel void wino_output4(__global const float* m, ulong m_off, __global const float* bias, ulong bias_off,
+                           __global const float* res, ulong res_off, __global float* y, ulong y_off,
+                           int K, int OH, int OW, int TH, int TW, int t0, int tc, long y_nstride,
+                           long res_nstride) {
+    const int tl = get_global_id(0), k = get_global_id(1), t = t0 + tl;
+    if (tl >= tc) return;
+    const float at[4][6] = AT4_ROWS;
+    const int tx = t % TW, r = t / TW, ty = r % TH, img = r / TH;
+    const IDX plane = (IDX)K * tc;
+    m += m_off + (IDX)k * tc + tl;
+    float a[6][6];
+    #pragma unroll
+    for (int i = 0; i < 6; i++)
+        #pragma unroll
+        for (int j = 0; j < 6; j++)
+            a[i][j] = m[(6 * i + j) * plane];
+    float s[4][6];  // A^T a
+    #pragma unroll
+    for (int i = 0; i < 4; i++)
+        #pragma unroll
+        for (int j = 0; j < 6; j++) {
+            float acc = 0.0f;
+            #pragma unroll
+            for (int l = 0; l < 6; l++)
+                acc += at[i][l] * a[l][j];
+            s[i][j] = acc;
+        }
+    bias += bias_off;
+    const float b = BIAS(k);
+    const IDX ybase = (IDX)img * y_nstride + (IDX)k * OH * OW, rbase = (IDX)img * res_nstride + (IDX)k * OH * OW;
+    y += y_off; res += res_off;
+    #pragma unroll
+    for (int i = 0; i < 4; i++) {  // (A^T a) A
+        const int oy = 4 * ty + i;
+        if (oy >= OH) break;
+        #pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int ox = 4 * tx + j;
+            float acc = 0.0f;
+            #pragma unroll
+            for (int l = 0; l < 6; l++)
+                acc += s[i][l] * at[j][l];
+            if (ox < OW) {
+                const IDX p = (IDX)oy * OW + ox;
+                float r_ = acc + b + RES(rbase + p);
+                y[ybase + p] = ACT(r_);
+            }
         }
     }
 }
