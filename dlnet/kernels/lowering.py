@@ -117,10 +117,13 @@ WINOGRAD_MIN_CHANNELS = int(os.environ.get("DLNET_WINOGRAD_MIN_CHANNELS", 64))
 # channels 0.60, from 256 0.74, never 0.63
 WINOGRAD_MIN_CHANNELS_TF32 = int(os.environ.get("DLNET_WINOGRAD_MIN_CHANNELS_TF32", 256))
 # F(4x4, 3x3) (36 products per 4x4 outputs, 4x fewer multiplications than the direct product, against F(2x2, 3x3)'s
-# 2.25x) in tf32 inference where it does at most 0.8 of F(2x2)'s products (passes/winograd.py f4_pays); its error
-# per layer with tf32 products is 2.0e-3 against 4.9e-4 for F(2x2). DLNET_WINOGRAD_M / _M_TF32: 2 or 4, per mode.
+# 2.25x) in tf32 inference where it does at most 0.8 of F(2x2)'s products (passes/winograd.py f4_pays) on at least
+# WINOGRAD_F4_MIN_TILES 4x4 tiles: its U takes 36/9 of the weights' memory (F(2x2) 16/9), which smaller layers do not
+# repay (resnet18 tf32 b16 planned 216 MiB against PyTorch's 194 with F(4x4) everywhere, no faster). Its error per
+# layer with tf32 products is 2.0e-3 against 4.9e-4 for F(2x2). DLNET_WINOGRAD_M / _M_TF32: 2 or 4, per mode.
 WINOGRAD_M = int(os.environ.get("DLNET_WINOGRAD_M", 2))
 WINOGRAD_M_TF32 = int(os.environ.get("DLNET_WINOGRAD_M_TF32", 4))
+WINOGRAD_F4_MIN_TILES = int(os.environ.get("DLNET_WINOGRAD_F4_MIN_TILES", 512))
 # Its transformed tiles (V: 16 C, M: 16 K floats per 2x2 output tile) live in the activation arena, in whatever
 # free block the planner finds there at that layer (Conv.workspace); where none holds them all, the layer runs in
 # chunks of tiles (three launches each), each at least this many tiles and an eighth of the layer's (the arena grows
@@ -175,7 +178,7 @@ def device_passes(graph, ctx, training=False):
         return graph
     pretranspose_weights(graph, GEMV_MAX_ROWS if core in GPU_CORES else 0)
     if core == "gemm_core":
-        winograd_weights(graph, min_channels, WINOGRAD_MIN_LAYER_TILES, wino_m)
+        winograd_weights(graph, min_channels, WINOGRAD_MIN_LAYER_TILES, wino_m, WINOGRAD_F4_MIN_TILES)
         if TAP_MAJOR:
             tap_major_weights(graph, TAP_MAJOR_MULTIPLE)
     return graph
@@ -628,7 +631,7 @@ class Lowerer:
         TC = _wino_chunk(T, nbytes, C, K, nx)
         v_at, m_at = [self.act_buf, np.uint64(off // 4)], [self.act_buf, np.uint64(off // 4 + nx * C * TC)]
         idx = self.index_type(x.size, y.size, nx * C * TC, nx * K * TC)
-        src = _defines({"IDX": idx}) + head + kernel_source("winograd")
+        src = _defines({"IDX": idx, "WINO_M": m}) + head + kernel_source("winograd")
         for t0 in range(0, T, TC):
             tc = min(TC, T - t0)
             table = np.array([[xi * K * C, xi * C * tc, 0, xi * K * tc] for xi in range(nx)], np.int64)

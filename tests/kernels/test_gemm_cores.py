@@ -267,6 +267,7 @@ def test_winograd_conv(core, xs, k, p, m, monkeypatch):
         pytest.skip("Winograd runs on the GPU core (forced onto CPUs by the 'portable' case)")
     monkeypatch.setattr(lowering, "WINOGRAD_M", m)
     monkeypatch.setattr(lowering, "WINOGRAD_M_TF32", m)
+    monkeypatch.setattr(lowering, "WINOGRAD_F4_MIN_TILES", 0)
     monkeypatch.setattr(lowering, "WINOGRAD_MIN_CHANNELS", 8)
     monkeypatch.setattr(lowering, "WINOGRAD_MIN_CHANNELS_TF32", 0)
     monkeypatch.setattr(lowering, "WINOGRAD_MIN_LAYER_TILES", 0)
@@ -307,6 +308,25 @@ def test_winograd_only_where_it_applies(monkeypatch):
         net = dlnet.Net(ctx).load_onnx(model)
         assert any("winograd" in launch.label for launch in net.launches) == want, (attrs, ws)
         assert rel_l2(net.run({"x": x})["y"], conv_ref(x, w, np.zeros(ws[0], np.float32), attrs)) < 1e-5
+
+
+def test_winograd_f4_on_large_layers(monkeypatch):
+    """F(4x4, 3x3) only on layers of at least WINOGRAD_F4_MIN_TILES 4x4 tiles (its U is 36/9 of the weights);
+    smaller ones keep F(2x2, 3x3)."""
+    ctx = context()
+    if ctx.is_cpu:
+        monkeypatch.setitem(lowering.GEMM_TILES, "cpu", lowering.GEMM_TILES["gpu"])
+    for name, value in [("WINOGRAD_M", 4), ("WINOGRAD_M_TF32", 4), ("WINOGRAD_F4_MIN_TILES", 30),
+                        ("WINOGRAD_MIN_CHANNELS", 8), ("WINOGRAD_MIN_CHANNELS_TF32", 0),
+                        ("WINOGRAD_MIN_LAYER_TILES", 0)]:
+        monkeypatch.setattr(lowering, name, value)
+    for n, kind in [(1, "winograd "), (2, "winograd4 ")]:  # 25 and 50 tiles of 4x4
+        x, w = f32(n, 16, 20, 20), f32(8, 16, 3, 3)
+        attrs = {"pads": [1] * 4}
+        model = make_model([helper.make_node("Conv", ["x", "w"], ["y"], **attrs)], {"x": x}, ["y"], {"w": w})
+        net = dlnet.Net(ctx).load_onnx(model)
+        assert any(kind in launch.label for launch in net.launches), [launch.label for launch in net.launches]
+        assert rel_l2(net.run({"x": x})["y"], conv_ref(x, w, np.zeros(8, np.float32), attrs)) < 1e-5
 
 
 @pytest.mark.parametrize("pad,chunk", [(1, None), (0, None), (2, None), (1, 24)])

@@ -95,13 +95,14 @@ def transform_weights(w, m=2):
     return np.ascontiguousarray(g(t.transpose(1, 0, 2, 3)).transpose(1, 0, 2, 3))
 
 
-def winograd_weights(graph, min_channels, min_tiles=0, m=2):
-    """m = 4: F(4x4, 3x3) where it pays (f4_pays), F(2x2, 3x3) elsewhere."""
+def winograd_weights(graph, min_channels, min_tiles=0, m=2, f4_min_tiles=0):
+    """m = 4: F(4x4, 3x3) where it pays (f4_pays) on at least f4_min_tiles 4x4 tiles, F(2x2, 3x3) elsewhere."""
     changed = False
     for node in graph.nodes:
         if not winograd_eligible(node, min_channels, min_tiles):
             continue
-        mn = 4 if m == 4 and f4_pays(node.outputs[0].shape) else 2
+        y_shape = node.outputs[0].shape
+        mn = 4 if m == 4 and f4_pays(y_shape) and winograd_tiles(y_shape, 4) >= f4_min_tiles else 2
         graph.set_input(node, 1, graph.constant(transform_weights(node.inputs[1].const, mn)))
         node.attrs["winograd"] = 1
         changed = True

@@ -1,5 +1,5 @@
-// Winograd F(2x2, 3x3) for 3x3 stride-1 convolutions (Lavin & Gray, 2015), and F(4x4, 3x3) for inference below. Per 2x2 output tile and channel pair,
-// y = A^T [U . V] A with U = G w G^T (the weights, transformed once at plan time) and V = B^T d B (d: the 4x4 input
+// Winograd F(2x2, 3x3) for 3x3 stride-1 convolutions (Lavin & Gray, 2015); F(4x4, 3x3) for inference further down,
+// in programs of their own (WINO_M 4). Per 2x2 output tile and channel pair, y = A^T [U . V] A with U = G w G^T (the weights, transformed once at plan time) and V = B^T d B (d: the 4x4 input
 // tile under it). The sixteen sums over channels of U[xi] . V[xi] are a batched GEMM on the device's core
 // (M[xi] = U[xi] V[xi], K x C times C x T); these two kernels are the transforms around it. t numbers the tiles
 // (image, tile row, tile column); a launch covers the chunk of tiles t0 .. t0 + tc, with V [16][C][tc] and
@@ -10,7 +10,21 @@
 #ifndef ACT
 #error "winograd.cl needs ACT(v)"
 #endif
+#ifndef WINO_M
+#define WINO_M 2  // F(2x2, 3x3) (inference and training) or 4: F(4x4, 3x3) (inference), each program one of them
+#endif
+#if defined(HAS_RES)
+#define RES(o) res[o]
+#else
+#define RES(o) 0.0f
+#endif
+#if defined(HAS_BIAS)
+#define BIAS(k) bias[k]
+#else
+#define BIAS(k) 0.0f
+#endif
 
+#if WINO_M != 4
 // global (T, C): one 4x4 input tile of one channel -> its 16 transformed values
 __kernel void wino_input(__global const float* x, ulong x_off, __global float* v, ulong v_off,
                          int C, int H, int W, int PH, int PW, int TH, int TW, int t0, int tc) {
@@ -41,17 +55,6 @@ __kernel void wino_input(__global const float* x, ulong x_off, __global float* v
         v[(4 * i + 3) * plane] = e[i][1] - e[i][3];
     }
 }
-
-#if defined(HAS_RES)
-#define RES(o) res[o]
-#else
-#define RES(o) 0.0f
-#endif
-#if defined(HAS_BIAS)
-#define BIAS(k) bias[k]
-#else
-#define BIAS(k) 0.0f
-#endif
 
 // global (T, K): the 16 products of one tile and output channel -> its 2x2 outputs, + bias, + residual, activation
 __kernel void wino_output(__global const float* m, ulong m_off, __global const float* bias, ulong bias_off,
@@ -87,6 +90,8 @@ __kernel void wino_output(__global const float* m, ulong m_off, __global const f
     }
 }
 
+#endif
+#if WINO_M == 4
 // F(4x4, 3x3) for inference (passes/winograd.py's AT4, BT4: interpolation points 0, 1, -1, 1/2, -2): 6x6 input
 // tiles 4 apart, 36 products per tile (U [6, 6, K, C] made on the host), V [36][C][tc] and M [36][K][tc] as above.
 #define BT4_ROWS { {1.f, -1.5f, -2.f, 1.5f, 1.f, 0.f}, {0.f, -1.f, .5f, 2.5f, 1.f, 0.f}, \
@@ -191,6 +196,7 @@ __kernel void wino_output4(__global const float* m, ulong m_off, __global const 
         }
     }
 }
+#else
 
 // global (K * C): one 3x3 filter -> its 16 transformed values U[xi][k][c] = (G g G^T)[xi], for weights that change
 // every step (training). g = w[k][c] ([K, C, 3, 3]); with FLIP, the filter of dX = conv(dy, w flipped and
@@ -281,3 +287,4 @@ __kernel void wino_dw(__global const float* m, ulong m_off, __global float* dw, 
         dw[3 * i + 2] = p + t[i][3];
     }
 }
+#endif
