@@ -46,6 +46,11 @@ TF32_WIDE = os.environ.get("DLNET_TF32_WIDE", "1") != "0"
 # tf32: products shallower than this stay on the fp32 core (experiments; vgg16's first layer, K = 27, took 0.27 ms
 # either way on an H200)
 TF32_MIN_K = int(os.environ.get("DLNET_TF32_MIN_K", "0"))
+# ... and products of a depth in [lo, hi) too (DLNET_TF32_FP32_K=lo,hi): shallow and memory-bound, they ran faster on
+# the fp32 core's smaller tiles (H100, resnet50 tf32 b16 kernel time, its 1x1 convolutions of K = 64 and 128: 3.80 ms
+# all on the tf32 core, 3.54 with K in [32, 200) on the fp32 one; from K = 300 up 3.91; vgg16's first layer, K = 27,
+# lost 0.17 ms on it)
+TF32_FP32_K = tuple(int(v) for v in os.environ.get("DLNET_TF32_FP32_K", "32,200").split(","))
 # fp32 core on NVIDIA: slices of K in a cp.async pipeline (gemm_core.cl's STAGES; 0: fetched through registers, the
 # portable path every other device takes). H100, 128x128x8 tiles, GEMM n = 2048/4096/8192 (bench/probes/
 # fp32_stages.py): through registers 29.4/31.8/32.6 TFLOP/s; 3 stages 37.9/41.1/42.2, against cuBLAS 47.7/51.2/51.4;
@@ -265,7 +270,8 @@ def pick_splits(groups, target, K, k0=32, max_splits=SPLITK_MAX):
 def pick_tiles(ctx, M, N, K, batches=1):
     """(core file name, defines, local size, global size for `batches` M x N problems of depth K)."""
     table = GEMM_TILES["cpu" if ctx.is_cpu else "gpu"]
-    tf32 = ctx.precision == "tf32" and ctx.is_nvidia and min(M, N) >= 32 and K >= TF32_MIN_K
+    tf32 = ctx.precision == "tf32" and ctx.is_nvidia and min(M, N) >= 32 and K >= TF32_MIN_K and \
+        not TF32_FP32_K[0] <= K < TF32_FP32_K[1]
     if M <= 4 and N > 16:
         shape = "narrow_m"
     elif N <= 4 and M > 16:
