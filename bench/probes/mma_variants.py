@@ -1,10 +1,12 @@
 """Probe: variants of the tf32 tensor-core core (gemm_mma.cl) side by side in one process: GEMM TFLOP/s against
-cuBLAS TF32, then nets at batch 16 (ratio to PyTorch TF32, pinned input) and per-layer kernel time of one net.
+cuBLAS TF32, then nets at batch 16 (ratio to PyTorch TF32), or with --repeat how far repeated runs move.
 
-    python3 bench/probes/mma_variants.py --variants 'old=bench/probes/variants/gemm_mma_v0.cl;new=' \
-        --gemm 4096,8192 --nets vgg16,resnet50
+    git show 219c3cd^:dlnet/kernels/cl/gemm_mma.cl > bench/probes/old_mma.cl   # (in the tree: it travels along)
+    python3 bench/probes/mma_variants.py --variants 'old=bench/probes/old_mma.cl;new=' \
+        --gemm 4096,8192 --nets vgg16,resnet50 [--repeat 6]
 
-A variant is name=path of a gemm_mma.cl to use in place of dlnet's (empty: dlnet's own).
+A variant is name=path of a gemm_mma.cl to use in place of dlnet's (empty: dlnet's own), or path@COND, where COND
+is prepended as `#define EPI_SMEM (COND)` (for a file that switches on it: how the split-K race was bisected).
 """
 import argparse
 
