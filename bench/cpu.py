@@ -5,7 +5,7 @@
 Models: the reference CNNs the onnx package ships (real architectures). They build each weight with ConstantOfShape
 (one value repeated, which makes every channel alike and the error column trivially 0): those are replaced by
 random initializers of the same shapes, the same model for both engines. Time of one inference includes the copies
-in and out; warm-up, then the median. Prints a table.
+in and out; a 0.3 s pause (each engine's threads go idle), warm-up, then the median. Prints a table.
 """
 import argparse
 import os
@@ -43,7 +43,11 @@ def with_random_weights(model, rng):
     return model
 
 
-def median_ms(fn, iters):
+def median_ms(fn, iters, pause=0.3):
+    """Median of iters timed calls after a warm-up. The pause first lets the other engine's threads go idle:
+    onnxruntime's intra-op threads spin-wait after each run, and on 2 cores they took one from dlnet's next calls
+    (squeezenet 7.0-7.5 ms alone, 8.6-10.1 ms right after onnxruntime's, 6.9-7.3 after a 0.3 s pause)."""
+    time.sleep(pause)
     fn()
     times = []
     for _ in range(iters):

@@ -200,9 +200,12 @@ CONV_CPU_TILES = {"wide": dict(MR=6, NV=2), "narrow": dict(MR=12, NV=1)}
 GEMM_CPU_TILES = {"rows": 6, "NV": 2}
 
 
-# Above this im2col size a CPU convolution packs each panel into __local memory right before its tiles use it
-# (conv2d_cpu_local) instead of writing the whole im2col matrix first. Best of 15 on 2 EPYC cores shared with other
-# jobs: densenet's 56x56 128->32 layer (14 MB of im2col) 9.3 -> 4.1 ms; cache-resident layers (7x7 512->512, 1 MB;
+# A 1x1 stride-1 unpadded CPU convolution, and any above this im2col size, packs each panel into __local memory right
+# before its tiles use it (conv2d_cpu_local) instead of writing the whole im2col matrix first. 1x1 panels are float8
+# copies (PACK_1X1); against a separate im2col pass (or B read in place where pixels fill whole panels), best of 40
+# interleaved on 2 EPYC cores: squeezenet's 55x55 128->16 0.166 -> 0.102 ms, 13x13 512->1000 1.06 -> 0.86, resnet50's
+# 56x56 64->256 0.64 (in place) -> 0.56, 14x14 256->1024 0.55 -> 0.51. For other layers, best of 15 on 2 EPYC cores
+# shared with other jobs: densenet's 56x56 128->32 layer (14 MB of im2col) 9.3 -> 4.1 ms; cache-resident layers (7x7 512->512, 1 MB;
 # 14x14 256->256, 1.8 MB) 10-25% slower this way (redundant packing when few panels are shared out).
 CONV_CPU_LOCAL_MIN_BYTES = 2 << 20
 
@@ -694,9 +697,9 @@ class Lowerer:
         return self.meta(np.concatenate([ktab.reshape(-1, 4), outside]).ravel(), np.int32)
 
     def conv_cpu(self, node, head, bargs, rargs, group, C, K, geo, y_nstride):
-        """A convolution on a CPU device: im2col into packed panels (unless B is x itself: 1x1, stride 1, no pads,
-        one image; per panel in __local memory where the im2col matrix is large), then conv_cpu.cl's
-        register-blocked tiles; constant weights are packed here, once."""
+        """A convolution on a CPU device: im2col into packed panels (per panel in __local memory for 1x1 layers and
+        where the im2col matrix is large), then conv_cpu.cl's register-blocked tiles; constant weights are packed
+        here, once."""
         x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
         H, W, OH, OW, KH, KW, SH, SW, PH, PW, DH, DW = (int(v) for v in geo)
         N, Cin = x.shape[0], x.shape[1]
@@ -706,21 +709,22 @@ class Lowerer:
         MR, NR = tiles["MR"], 8 * tiles["NV"]
         MB, NB = -(-K // MR), -(-NN // NR)
         defs = dict(tiles)
-        # x is B itself for a 1x1 stride-1 unpadded layer of one image whose pixels fill whole panels; a ragged last
-        # panel (14x14 = 12 * 16 + 4) packs instead: best of 20, 14x14 256->1024 1.74-1.87 ms in place (its last
-        # panel gathering column by column) against 1.38-1.53 packed; 56x56 (196 whole panels) no better packed
-        direct = KH == KW == SH == SW == 1 and PH == PW == 0 and N == 1 and NN % NR == 0
         label = f"{node.name} Conv"
         col_bytes = 4 * group * NB * NR * KK
-        local = not direct and col_bytes >= CONV_CPU_LOCAL_MIN_BYTES and \
+        pointwise = KH == KW == SH == SW == 1 and PH == PW == 0
+        local = (pointwise or col_bytes >= CONV_CPU_LOCAL_MIN_BYTES) and \
             4 * KK * NR <= self.ctx.info.device.local_mem_size
         if local:  # each work-item packs its own panel: split the row blocks until 8 work-items per core
-            defs["B_LOCAL"] = KK * NR
+            # every such kernel declares the whole local memory: PoCL reallocates its threads' local areas when a
+            # kernel asks for another size than the last one's, about 0.12 ms between kernels (densenet121 with
+            # panels of their own sizes: 16.3 ms of gaps between its 345 kernels, against 3.4 at one size)
+            defs["B_LOCAL"] = self.ctx.info.device.local_mem_size // 4
+            if pointwise:
+                defs["PACK_1X1"] = 1
             splits = min(MB, -(-8 * self.ctx.info.compute_units // (NB * group)))
             MBS = -(-MB // splits)
             splits = -(-MB // MBS)
-        elif not direct:
-            defs["B_PACKED"] = 1
+        else:
             args = self.args(x) + [self.dummy()[0], np.int32(C)] + geo + [np.int64(Cin * H * W), np.int32(NN)]
             self.emit(_defines(defs) + head + kernel_source("conv_cpu"), "im2col_pack", args, (KK, group), (1, 1),
                       label + " im2col")
@@ -747,8 +751,7 @@ class Lowerer:
             np.int64(y_nstride), np.int64(y_nstride)]
         self.emit(_defines(defs) + head + kernel_source("conv_cpu"), "conv2d_cpu", args, (MB, NB, group), (1, 1, 1),
                   label)
-        if not direct:
-            self.use_scratch(self.launches[-1].kernel, 10, 0, "work")
+        self.use_scratch(self.launches[-1].kernel, 10, 0, "work")
 
     def gemm(self, node):
         a, b = node.inputs[0], node.inputs[1]

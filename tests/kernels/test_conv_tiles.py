@@ -1,5 +1,5 @@
 """Convolutions shaped to cross every edge of the matrix kernels' tiling (ragged rows and columns, panels that
-straddle two images, groups, the 1x1 path that reads x directly, weights as constants and as inputs) with the
+straddle two images, groups, 1x1 panels packed as vectors, weights as constants and as inputs) with the
 fused bias + residual + activation epilogue, against onnxruntime."""
 import numpy as np
 import pytest
@@ -11,14 +11,15 @@ from tests.conftest import make_model, rel_l2
 R = np.random.default_rng(1)
 
 SHAPES = [  # (batch, Cin, H, W, Cout, kernel, stride, pad, group)
-    (1, 64, 56, 56, 64, 1, 1, 0, 1),     # 1x1 on one image: B is x itself, 3136 columns = 196 panels of 16
-    (1, 32, 7, 7, 70, 1, 1, 0, 1),       # 49 columns: a ragged last panel (packed); 70 rows: a ragged row block
+    (1, 64, 56, 56, 64, 1, 1, 0, 1),     # 1x1 on one image: 3136 columns = 196 panels of 16, each a vector copy
+    (1, 32, 7, 7, 70, 1, 1, 0, 1),       # 49 columns: a ragged last panel (packed by element); 70 rows: ragged
+    (2, 16, 8, 8, 24, 1, 1, 0, 1),       # 1x1, batch 2: whole panels of the second image (its offset)
     (1, 16, 9, 11, 13, 3, 1, 1, 1),      # 99 columns, 13 rows
     (2, 8, 7, 7, 20, 3, 2, 1, 1),        # batch 2: a panel holds the end of image 0 and the start of image 1
-    (3, 12, 5, 6, 18, 1, 1, 0, 3),       # 1x1 with batch 3 and 3 groups (packed path)
+    (3, 12, 5, 6, 18, 1, 1, 0, 3),       # 1x1 with batch 3 and 3 groups: panels across images
     (1, 12, 10, 10, 24, 3, 1, 1, 2),     # groups with 3x3
     (1, 24, 14, 14, 48, 1, 1, 0, 2),     # 1x1 with groups, 196 columns: packed
-    (1, 24, 8, 8, 42, 1, 1, 0, 2),       # 1x1 with groups, 64 columns = 4 whole panels: B is x itself
+    (1, 24, 8, 8, 42, 1, 1, 0, 2),       # 1x1 with groups, 64 columns = 4 whole panels
     (1, 3, 33, 33, 16, 7, 2, 3, 1),      # a stem: KK = 147
 ]
 
@@ -49,6 +50,8 @@ def test_conv_epilogue_matches_onnxruntime(ctx, shape, weights_as_input):
     model, feeds = conv_model(*shape, weights_as_input)
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     net = dlnet.Net(ctx).load_onnx(model)
+    if ctx.is_cpu and shape[5] == 1:  # 1x1: packed per panel, as vectors where a panel lies in one image
+        assert "conv2d_cpu_local" in [launch.kernel.function_name for launch in net.launches]
     got = list(net.run(feeds).values())[0]
     assert got.shape == want.shape
     assert rel_l2(got, want) < 1e-5

@@ -97,8 +97,7 @@ void im2col_pack(__global const float* x, ulong x_off, __global float* colp, int
     }
 
 // y[img, g * K + m, oy, ox] = ACT(sum_k A[m, k] B[k, n] + bias[m] + res[...]). A is w packed as wp[g][mb][k][MR]
-// (A_PACKED, rows past K zero) or w itself, row-major per group. B is colp (B_PACKED) or, for a 1x1 stride-1
-// unpadded convolution of one image with whole panels, x itself (row k = channel k, contiguous along n).
+// (A_PACKED, rows past K zero) or w itself, row-major per group. B is colp, packed by im2col_pack.
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void conv2d_cpu(__global const float* x, ulong x_off, __global const float* w, ulong w_off,
                 __global const float* bias, ulong bias_off, __global const float* res, ulong res_off,
@@ -119,16 +118,10 @@ void conv2d_cpu(__global const float* x, ulong x_off, __global const float* w, u
         ar[i] = w + w_off + ((long)g * K + (m0 + i < K ? m0 + i : K - 1)) * KK;
 #define A_AT(i, k) ar[i][k]
 #endif
-#if defined(B_PACKED)
     __global const float* bp = colp + ((long)g * ((NN + NR - 1) / NR) + nb) * KK * NR;
-    const long bstep = NR;
-#else  // x itself: the lowering reads x in place only where NN is a multiple of NR (no ragged last panel)
-    __global const float* bp = x + x_off + (long)g * C * NN + n0;
-    const long bstep = NN;
-#endif
     for (int k = 0; k < KK; k++) {  // the hot loop
         float8 b[NV];
-        _Pragma("unroll") for (int j = 0; j < NV; j++) b[j] = *(__global const float8u*)(bp + k * bstep + 8 * j);
+        _Pragma("unroll") for (int j = 0; j < NV; j++) b[j] = *(__global const float8u*)(bp + k * NR + 8 * j);
         _Pragma("unroll") for (int i = 0; i < MR; i++) {
             const float8 a = (float8)(A_AT(i, k));
             _Pragma("unroll") for (int j = 0; j < NV; j++) acc[i][j] = a * b[j] + acc[i][j];
@@ -143,7 +136,7 @@ void conv2d_cpu(__global const float* x, ulong x_off, __global const float* w, u
 // The same tiles with B packed per panel into __local memory instead of by a separate im2col pass: one work-item per
 // (panel nb, share ms of the row blocks, group) packs its KK x NR panel and runs MBS row blocks on it. PoCL gives
 // each thread one __local area that it reuses, so the panel stays in cache: a whole-layer im2col buffer went out to
-// memory and back (densenet121's im2col: 137 ms of 300). B_LOCAL is KK * NR, at most the device's local memory.
+// memory and back (densenet121's im2col: 137 ms of 300). B_LOCAL (floats) is the whole local memory, at least KK * NR.
 #if defined(B_LOCAL)
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void conv2d_cpu_local(__global const float* x, ulong x_off, __global const float* w, ulong w_off,
@@ -168,6 +161,15 @@ void conv2d_cpu_local(__global const float* x, ulong x_off, __global const float
     __global const float* xg = x + x_off + (long)g * C * H * W;
     int kx = 0, ky = 0;
     long coff = 0;
+#if defined(PACK_1X1)  // 1x1, stride 1, no pads: a whole panel of one image is NR consecutive floats of each channel
+    const int img0 = n0 / OHW;
+    if (n0 + NR <= NN && (n0 + NR - 1) / OHW == img0) {
+        __global const float* xp = xg + img0 * x_nstride + (n0 - img0 * OHW);
+        for (int k = 0; k < KK; k++)
+            _Pragma("unroll") for (int j = 0; j < NV; j++)
+                *(__local float8*)(panel + k * NR + 8 * j) = *(__global const float8u*)(xp + (long)k * OHW + 8 * j);
+    } else
+#endif
     for (int k = 0; k < KK; k++) {
         const int dy = ky * DH, dx = kx * DW;
         _Pragma("unroll") for (int e = 0; e < NR; e++) {
