@@ -21,6 +21,8 @@ SHAPES = [  # (batch, Cin, H, W, Cout, kernel, stride, pad, group)
     (1, 24, 14, 14, 48, 1, 1, 0, 2),     # 1x1 with groups, 196 columns: packed
     (1, 24, 8, 8, 42, 1, 1, 0, 2),       # 1x1 with groups, 64 columns = 4 whole panels
     (1, 3, 33, 33, 16, 7, 2, 3, 1),      # a stem: KK = 147
+    (1, 5, 38, 45, 12, 3, 2, 1, 1),      # stride 2, 23 columns a row: strided vector gathers, then a tail
+    (1, 16, 30, 30, 20, 1, 2, 0, 1),     # 1x1 stride 2 (a downsampling shortcut): im2col, not the 1x1 panels
 ]
 
 
@@ -50,7 +52,7 @@ def test_conv_epilogue_matches_onnxruntime(ctx, shape, weights_as_input):
     model, feeds = conv_model(*shape, weights_as_input)
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     net = dlnet.Net(ctx).load_onnx(model)
-    if ctx.is_cpu and shape[5] == 1:  # 1x1: packed per panel, as vectors where a panel lies in one image
+    if ctx.is_cpu and shape[5:8] == (1, 1, 0):  # 1x1 stride 1: packed per panel, vectors where it lies in one image
         assert "conv2d_cpu_local" in [launch.kernel.function_name for launch in net.launches]
     got = list(net.run(feeds).values())[0]
     assert got.shape == want.shape

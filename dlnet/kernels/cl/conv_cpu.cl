@@ -33,14 +33,22 @@ void im2col_pack(__global const float* x, ulong x_off, __global float* colp, int
             const bool row_in = iy >= 0 && iy < H;
             __global const float* xr = xc + img * x_nstride + iy * W;
             int ox = 0;
-            if (SW == 1 && row_in) {  // stride 1: after at most 7 columns, float8s of the panel while inside x
-                for (; ox < OW && (n % 8 || ox - PW + kx * DW < 0); ox++, n++) {
-                    const int ix = ox - PW + kx * DW;
+            if (row_in) {  // after at most 7 columns, float8s of the panel while inside x
+                for (; ox < OW && (n % 8 || ox * SW - PW + kx * DW < 0); ox++, n++) {
+                    const int ix = ox * SW - PW + kx * DW;
                     out[(n / NR) * pstride + n % NR] = ix >= 0 && ix < W ? xr[ix] : 0.0f;
                 }
-                for (; ox + 8 <= OW && ox - PW + kx * DW + 8 <= W; ox += 8, n += 8)
-                    *(__global float8u*)(out + (n / NR) * pstride + n % NR) =
-                        *(__global const float8u*)(xr + ox - PW + kx * DW);
+                if (SW == 1) {
+                    for (; ox + 8 <= OW && ox - PW + kx * DW + 8 <= W; ox += 8, n += 8)
+                        *(__global float8u*)(out + (n / NR) * pstride + n % NR) =
+                            *(__global const float8u*)(xr + ox - PW + kx * DW);
+                } else {  // strided: eight loads gathered into one vector store
+                    for (; ox + 8 <= OW && (ox + 7) * SW - PW + kx * DW < W; ox += 8, n += 8) {
+                        __global const float* p = xr + ox * SW - PW + kx * DW;
+                        *(__global float8u*)(out + (n / NR) * pstride + n % NR) =
+                            (float8)(p[0], p[SW], p[2 * SW], p[3 * SW], p[4 * SW], p[5 * SW], p[6 * SW], p[7 * SW]);
+                    }
+                }
             }
             for (; ox < OW; ox++, n++) {
                 const int ix = ox * SW - PW + kx * DW;
