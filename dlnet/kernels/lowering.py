@@ -216,18 +216,20 @@ def pick_conv_cpu_tiles(NN):
 
 
 # tf32: the 128 x 128 tiles only where their grid fills this many waves of compute units; otherwise 64 x 64 tiles
-# (four times the work-groups) before split-K has to make up the difference
-HUGE_FILL = 1.0
+# (four times the work-groups) before split-K has to make up the difference (DLNET_TF32_HUGE_FILL)
+HUGE_FILL = float(os.environ.get("DLNET_TF32_HUGE_FILL", 1.0))
+# tf32 work-groups one compute unit is taken to hold at once when split-K fills the device (DLNET_TF32_RESIDENT)
+TF32_RESIDENT = int(os.environ.get("DLNET_TF32_RESIDENT", 2))
 HUGE_TM, HUGE_TN_TF32 = GEMM_TILES["tf32"]["huge"]["TM"], GEMM_TILES["tf32"]["huge"]["TN"]
 
 
 def resident_groups(tiles, tile_model):
     """Work-groups of these tiles one compute unit holds at once: the tile model's figure for the fp32 GPU tiles
-    (a 1x1 convolution's variant too), else 2."""
+    (a 1x1 convolution's variant too), else TF32_RESIDENT."""
     for shape, model in tile_model.items():
         if all(tiles.get(k) == v for k, v in GEMM_TILES["gpu"][shape].items()):
             return model["per_cu"]
-    return 2
+    return TF32_RESIDENT
 
 
 # Split-K's partial sums go to a block of the activation arena free at their layer; a split whose partials need
