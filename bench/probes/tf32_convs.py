@@ -6,8 +6,6 @@ dlnet's tf32 mode against float64 on the GPU: relative L2 error and kernel tile 
 import argparse
 
 import numpy as np
-import torch
-import torchvision
 from onnx import TensorProto, helper, numpy_helper
 
 import dlnet
@@ -33,6 +31,8 @@ def conv_model(cin, cout, k, s, p, h, w, batch, res):
 
 
 def main():
+    import torch
+    import torchvision
     ap = argparse.ArgumentParser()
     ap.add_argument("--net", default="resnet50")
     ap.add_argument("--batch", type=int, default=16)

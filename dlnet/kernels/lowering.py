@@ -25,7 +25,17 @@ GEMM_TILES = {
              # products of at most 64 rows, many columns and K >= 256 (64-channel convolutions): warps of 64 x 32,
              # not the big tile's 32 x 32, so fewer fragment reads per mma (H200, vgg16 b16 features.2: 0.925 ->
              # 0.874 ms; features.0, K = 27, lost: 0.27 -> 0.34)
-             "wide": dict(TM=64, TN=128, TK=16, WARPS_M=1, WARPS_N=4)},
+             "wide": dict(TM=64, TN=128, TK=16, WARPS_M=1, WARPS_N=4),
+             # the big tile's place for products of at least 128 rows and depth 512 whose slices of 32 are whole
+             # (plain products, 1x1 convolutions, tap-major ones of 32k channels): twice the depth per barrier and per
+             # window-table entry, twice the rows per fetched B column. H100 batch 16, kernel ms against 64x64x16
+             # (`bench/probes/tf32_tiles.py`): alexnet features.6 0.083 -> 0.060, resnet50's 3x3 stride-2 layers
+             # 0.072 / 0.121 / 0.114 -> 0.058 / 0.083 / 0.088, its 1x1 layers on 7x7 0.045 / 0.038 -> 0.042 / 0.033;
+             # 256 -> 512 1x1 at 14x14 (depth 256) lost, 0.020 -> 0.028. Three stages: four would hold one per SM.
+             "tall": dict(TM=128, TN=64, TK=32, WARPS_M=2, WARPS_N=2, STAGES=3),
+             # the huge tile's place where 96 rows pad M less than 128 do: alexnet features.3 (192 output channels,
+             # two tiles of 128 rows = 256) 0.134 -> 0.112 ms
+             "huge96": dict(TM=96, TN=128, TK=16, WARPS_M=2, WARPS_N=2)},
     "cpu": {"core": "gemm_vec", "huge": dict(RM=8), "big": dict(RM=8), "narrow_m": dict(RM=1), "narrow_n": dict(RM=8)},
 }
 # experiments: a tf32 tile as 'TM,TN,TK,WARPS_M,WARPS_N', DLNET_TF32_TILE_HUGE / _BIG / _WIDE (DLNET_TF32_TILES: huge)
@@ -37,11 +47,15 @@ for _shape in GEMM_TILES["tf32"]:
 # tf32 programs' build options: DLNET_TF32_MAXREG=N caps registers per work-item (NVIDIA -cl-nv-maxrregcount)
 TF32_OPTIONS = (f"-cl-nv-maxrregcount={os.environ['DLNET_TF32_MAXREG']}",) if os.environ.get("DLNET_TF32_MAXREG") \
     else ()
-# tf32: slices of K in the cp.async pipeline (gemm_mma.cl), at least 2
+# tf32: slices of K in the cp.async pipeline (gemm_mma.cl), at least 2; DLNET_TF32_STAGES sets every tile's
 TF32_STAGES = max(2, int(os.environ.get("DLNET_TF32_STAGES", "4")))
 for _t in GEMM_TILES["tf32"].values():
-    if isinstance(_t, dict):
+    if isinstance(_t, dict) and ("STAGES" not in _t or "DLNET_TF32_STAGES" in os.environ):
         _t["STAGES"] = TF32_STAGES
+# tf32: the tall and huge96 tiles (DLNET_TF32_TALL=0: big and huge instead, as before); the tall one only where its
+# grid is under this many waves of one work-group per compute unit (DLNET_TF32_TALL_WAVES)
+TF32_TALL = os.environ.get("DLNET_TF32_TALL", "1") != "0"
+TF32_TALL_WAVES = float(os.environ.get("DLNET_TF32_TALL_WAVES", "1e9"))
 TF32_WIDE = os.environ.get("DLNET_TF32_WIDE", "1") != "0"
 # tf32: products shallower than this stay on the fp32 core (experiments; vgg16's first layer, K = 27, took 0.27 ms
 # either way on an H200)
@@ -220,6 +234,9 @@ def pick_conv_cpu_tiles(NN):
 HUGE_FILL = float(os.environ.get("DLNET_TF32_HUGE_FILL", 1.0))
 # tf32 work-groups one compute unit is taken to hold at once when split-K fills the device (DLNET_TF32_RESIDENT)
 TF32_RESIDENT = int(os.environ.get("DLNET_TF32_RESIDENT", 2))
+# ... and of the tall tile (two fit, but split to fill both, resnet50's 128 x 12544 x 1152 layers at batch 16 took
+# 0.071 ms in 4 slices against 0.063 on the big tile unsplit; DLNET_TF32_TALL_RESIDENT)
+TF32_TALL_RESIDENT = int(os.environ.get("DLNET_TF32_TALL_RESIDENT", 1))
 HUGE_TM, HUGE_TN_TF32 = GEMM_TILES["tf32"]["huge"]["TM"], GEMM_TILES["tf32"]["huge"]["TN"]
 
 
@@ -229,6 +246,8 @@ def resident_groups(tiles, tile_model):
     for shape, model in tile_model.items():
         if all(tiles.get(k) == v for k, v in GEMM_TILES["gpu"][shape].items()):
             return model["per_cu"]
+    if all(tiles.get(k) == v for k, v in GEMM_TILES["tf32"]["tall"].items()):
+        return TF32_TALL_RESIDENT
     return TF32_RESIDENT
 
 
@@ -272,8 +291,9 @@ def pick_splits(groups, target, K, k0=32, max_splits=SPLITK_MAX):
     return best if cost(best) < 0.9 * cost(1) else 1
 
 
-def pick_tiles(ctx, M, N, K, batches=1):
-    """(core file name, defines, local size, global size for `batches` M x N problems of depth K)."""
+def pick_tiles(ctx, M, N, K, batches=1, deep=True):
+    """(core file name, defines, local size, global size for `batches` M x N problems of depth K); deep: slices of
+    32 along K are fine (a convolution's tap-major depth must hold whole slices of them)."""
     table = GEMM_TILES["cpu" if ctx.is_cpu else "gpu"]
     tf32 = ctx.precision == "tf32" and ctx.is_nvidia and min(M, N) >= 32 and K >= TF32_MIN_K and \
         not TF32_FP32_K[0] <= K < TF32_FP32_K[1]
@@ -293,6 +313,13 @@ def pick_tiles(ctx, M, N, K, batches=1):
         shape = "wide"
     else:
         shape = "big"
+    if tf32 and TF32_TALL:
+        tall = GEMM_TILES["tf32"]["tall"]
+        if shape == "big" and deep and M >= 128 and K >= 512 and \
+                -(-M // tall["TM"]) * -(-N // tall["TN"]) * batches < TF32_TALL_WAVES * ctx.info.compute_units:
+            shape = "tall"
+        elif shape == "huge" and -(-M // 96) * 96 < -(-M // HUGE_TM) * HUGE_TM:
+            shape = "huge96"
     if tf32 and shape in GEMM_TILES["tf32"]:
         table = GEMM_TILES["tf32"]
     tiles = core_tiles(ctx, table[shape]) if table["core"] == "gemm_core" else table[shape]
@@ -598,7 +625,8 @@ class Lowerer:
         y_nstride = Cout * OH * OW
         C, K = Cin // group, Cout // group
         M, NN = K, N * OH * OW
-        core, tiles, lsize, (g0, g1) = pick_tiles(self.ctx, M, NN, C * KH * KW, group)
+        core, tiles, lsize, (g0, g1) = pick_tiles(self.ctx, M, NN, C * KH * KW, group,
+                                                  deep=KH * KW == 1 or (tap_major and C % 32 == 0))
         if KH == 1 and KW == 1 and strides == [1, 1] and pads == [0, 0]:
             tiles = dict(tiles, IS_1X1=1)
         if tap_major:
@@ -975,7 +1003,7 @@ class Lowerer:
             return
         work = 4 * group * CKK * NPIX
         M, NN, KK = (K, CKK, NPIX) if which == "dw" else (CKK, NPIX, K)
-        core, tiles, lsize, (g0, g1) = pick_tiles(self.ctx, M, NN, KK, group)
+        core, tiles, lsize, (g0, g1) = pick_tiles(self.ctx, M, NN, KK, group, deep=False)
         if which == "dw" and node.attrs.get("winograd"):
             self.winograd_dw(dy, other, out, p, label)
             return

@@ -133,6 +133,59 @@ def test_tf32_wide_tile(M, N, monkeypatch):
     assert rel_l2(y, a.astype(np.float64) @ b.astype(np.float64)) < 5e-3
 
 
+class _FakeNvidia:  # what pick_tiles reads of a context: an NVIDIA device of 132 compute units in tf32 mode
+    precision, is_nvidia, is_cpu = "tf32", True, False
+
+    class info:
+        compute_units = 132
+
+
+@pytest.mark.parametrize("M,N,K,deep,shape", [
+    (384, 2704, 1728, True, "tall"),  # alexnet features.6 at batch 16
+    (384, 2704, 1728, False, "big"),  # ... with depth slices of 32 not whole (channel-major window)
+    (512, 784, 256, True, "big"),  # too shallow for the tall tile
+    (96, 2000, 1728, True, "big"),  # too few rows
+    (192, 11664, 1600, True, "huge96"),  # alexnet features.3: 96-row tiles pad nothing
+    (256, 50176, 576, True, "huge"),
+])
+def test_tf32_tile_choice(M, N, K, deep, shape):
+    """Which tf32 tile a product gets (the rule, on any machine): the tall 128 x 64 x 32 tile for products of at
+    least 128 rows and depth 512 that the big tile would take, the 96-row one where it pads M less than 128 rows."""
+    tiles = lowering.pick_tiles(_FakeNvidia, M, N, K, deep=deep)[1]
+    assert tiles == lowering.GEMM_TILES["tf32"][shape]
+
+
+@pytest.mark.parametrize("xs,ws,attrs,mm,mnk", [
+    ((2, 64, 14, 14), (128, 64, 3, 3), {"pads": [1, 1, 1, 1]}, None, (128, 392, 576)),  # tall, tap-major
+    ((2, 512, 7, 7), (160, 512, 1, 1), {}, None, (160, 98, 512)),  # tall, 1x1, ragged M
+    ((2, 96, 15, 15), (136, 96, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}, None, (136, 128, 864)),  # strided
+    (None, None, None, (192, 300, 2100), None),  # huge96, ragged N
+])
+def test_tf32_tall_and_huge96_tiles(xs, ws, attrs, mm, mnk, monkeypatch):
+    """The tf32 core's tall (128 x 64 x 32, three stages) and 96-row tiles against float64, with the epilogue."""
+    ctx = context()
+    if not ctx.is_nvidia:
+        pytest.skip("the tf32 core needs an NVIDIA device (inline PTX mma.sync)")
+    ctx = dlnet.Context(ctx.info, precision="tf32")
+    monkeypatch.setattr(lowering, "HUGE_FILL", 0)
+    if mm:
+        M, K, N = mm
+        assert lowering.pick_tiles(ctx, M, N, K)[1]["TM"] == 96
+        a, b = f32(M, K), f32(K, N)
+        model = make_model([helper.make_node("MatMul", ["a", "b"], ["y"])], {"a": a, "b": b}, ["y"])
+        net = dlnet.Net(ctx).load_onnx(model)
+        y, ref = net.run({"a": a, "b": b})["y"], a.astype(np.float64) @ b.astype(np.float64)
+    else:
+        assert lowering.pick_tiles(ctx, *mnk)[1]["TK"] == 32
+        x, w, b = f32(*xs), f32(*ws), f32(ws[0])
+        ref = np.maximum(conv_ref(x, w, b, attrs), 0)
+        model = make_model([helper.make_node("Conv", ["x", "w", "b"], ["c"], **attrs),
+                            helper.make_node("Relu", ["c"], ["y"])], {"x": x}, ["y"], {"w": w, "b": b})
+        net = dlnet.Net(ctx).load_onnx(model)
+        y = net.run({"x": x})["y"]
+    assert rel_l2(y, ref) < 5e-3
+
+
 def check_gradients_against_torch(ctx, tol, model, x, y):
     """One SGD(lr=0) step of `model` exported to ONNX: every parameter gradient against torch autograd. Returns the
     labels of the step's forward and backward launches."""
