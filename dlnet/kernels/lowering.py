@@ -166,6 +166,15 @@ REDUCE_GROUP = {"cpu": 0, "gpu": 256}
 REDUCE_GROUPS_PER_CU = 8
 
 
+# GPU inference: a convolution that alone reads a graph input of at least INPUT_CHUNK_MIN_BYTES runs as this many
+# launches over slices of the batch, each awaiting only its slice's upload (Plan.run uploads such an input in chunks
+# on a second queue), so that the upload overlaps the layer. H100 (`bench/probes/overlap.py`): 9.6 MB from pinned
+# memory 0.20 ms, then 4 kernels 0.13 ms: 0.333 ms one after the other, 0.224 in 4 overlapped chunks.
+# DLNET_INPUT_CHUNKS=1: one upload, one launch.
+INPUT_CHUNKS = int(os.environ.get("DLNET_INPUT_CHUNKS", 4))
+INPUT_CHUNK_MIN_BYTES = 1 << 20
+
+
 # GPU convolutions with constant weights of several taps and channels a multiple of this (every GPU tile's TK
 # divides it) take their depth tap by tap (passes/layout.py): one window-table entry and one padding test per slice
 # of depth per work-item, not one per element. DLNET_TAP_MAJOR=0: channel by channel, as before.
@@ -416,6 +425,7 @@ class Lowerer:
         self.scratch = {}  # pool name -> buffer: "work" (im2col/colgrad), "splitk" (partial sums)
         self.scratch_users = []  # (kernel, argument index, pool)
         self.scratch_bytes = {}
+        self.input_chunks = {}  # graph input index -> [(first, end) element of each chunk] (batch_chunks)
 
     # locations ---------------------------------------------------------------
     def loc(self, v):
@@ -427,9 +437,10 @@ class Lowerer:
         rid, eoff = self.plan.alias_of.get(v.id, (v.id, 0))
         return self.act_buf, self.plan.act_offsets[rid] // item + eoff
 
-    def args(self, v):
+    def args(self, v, image=0):
+        """[buffer, element offset] of v (from its image `image` on: v.size / batch elements each)."""
         buf, off = self.loc(v)
-        return [buf, np.uint64(off)]
+        return [buf, np.uint64(off + image * (v.size // v.shape[0] if image else 0))]
 
     def dummy(self):
         return [self.const_buf, np.uint64(0)]
@@ -615,8 +626,30 @@ class Lowerer:
             self.conv_cpu(node, head, bargs, rargs, group, Cin // group, Cout // group, geo, y_nstride)
             return
         idx = self.index_type(x.size, w.size, y.size, res.size if res is not None else 0)
-        self._conv_gemm(self.args(x), self.args(w), bargs, rargs, self.args(y), head, idx, N, Cin, H, W, Cout, OH, OW,
-                        KH, KW, strides, pads, dil, group, label, a.get("tap_major", 0))
+        for wait, b0, nb in self.batch_chunks(x):  # the whole batch at once unless x goes up in chunks
+            start = len(self.launches)
+            self._conv_gemm(self.args(x, b0), self.args(w), bargs, rargs if res is None else self.args(res, b0),
+                            self.args(y, b0), head, idx, nb, Cin, H, W, Cout, OH, OW, KH, KW, strides, pads, dil, group,
+                            label + (f" images {b0}+{nb}" if nb < N else ""), a.get("tap_major", 0))
+            for launch in self.launches[start:]:
+                launch.wait = wait
+
+    def batch_chunks(self, x):
+        """[(upload awaited, first image, images)] of the launches of a node reading x: one slice of the batch
+        awaiting nothing, or INPUT_CHUNKS slices where x is a large graph input that this node alone reads, each
+        awaiting its slice's upload ((input index, chunk), Plan.run): the upload overlaps this layer. (GPU cores
+        only: CPU devices share the host's memory and cores with the copy.)"""
+        N = x.shape[0] if x.rank else 1
+        inputs = [v.id for v in self.graph.inputs]
+        if INPUT_CHUNKS < 2 or N < 2 or x.nbytes < INPUT_CHUNK_MIN_BYTES or \
+                x.id not in inputs or x.id in [v.id for v in self.graph.outputs] or \
+                sum(any(v is not None and v.id == x.id for v in n.inputs) for n in self.graph.nodes) != 1:
+            return [(None, 0, N)]
+        xi, per = inputs.index(x.id), x.size // N
+        bounds = [N * c // min(INPUT_CHUNKS, N) for c in range(min(INPUT_CHUNKS, N) + 1)]
+        self.input_chunks[xi] = [(b0 * per, b1 * per) for b0, b1 in zip(bounds, bounds[1:])]
+        return [((xi, c), b0, b1 - b0) for c, (b0, b1) in enumerate(zip(bounds, bounds[1:]))]
+
 
     def _conv_gemm(self, xa, wa, ba, ra, ya, head, idx, N, Cin, H, W, Cout, OH, OW, KH, KW, strides, pads, dil, group,
                    label, tap_major=0):

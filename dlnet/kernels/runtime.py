@@ -204,6 +204,7 @@ class Context:
         # The OpenCL context opens in the background (0.15-0.3 s on NVIDIA, while the caller parses and plans a
         # model); `cl` and `queue` wait for it.
         self._opened = None
+        self._copy_queue = None
         self._ready = threading.Event()
         threading.Thread(target=self._open, name="dlnet-context", daemon=True).start()
 
@@ -236,6 +237,15 @@ class Context:
     def queue(self):
         """The in-order command queue every launch and copy goes to."""
         return (self._opened if isinstance(self._opened, tuple) else self._wait_open())[1]
+
+    @property
+    def copy_queue(self):
+        """A second in-order queue, for uploads of inputs in chunks that the first launches of a plan overlap
+        (Plan.run; they wait for their chunk's event)."""
+        if self._copy_queue is None:
+            props = cl.command_queue_properties.PROFILING_ENABLE if self.profile else 0
+            self._copy_queue = cl.CommandQueue(self.cl, self.device, properties=props)
+        return self._copy_queue
 
     def program(self, source, options=()):
         """Build (once per process) and return a cl.Program. Binaries are cached on disk by the driver where it
@@ -401,6 +411,8 @@ class Context:
         return cl.enqueue_copy(self.queue, array, buf, src_offset=byte_offset, is_blocking=wait)
 
     def finish(self):
+        if self._copy_queue is not None:
+            self._copy_queue.finish()
         self.queue.finish()
 
 
@@ -433,6 +445,9 @@ class Launch:
     lsize: tuple | None
     label: str = ""
     layer: str = ""  # the node this launch belongs to ("name Op"); helper launches (im2col, reduce) share it
+    wait: tuple | None = None  # (graph input index, chunk): the upload it waits for, where it goes in chunks
 
-    def enqueue(self, queue):
-        return cl.enqueue_nd_range_kernel(queue, self.kernel, self.gsize, self.lsize)
+    def enqueue(self, queue, events=None):
+        """events: {(input index, chunk): the upload's event} of a run whose inputs went up in chunks."""
+        wait = [events[self.wait]] if events and self.wait in events else None
+        return cl.enqueue_nd_range_kernel(queue, self.kernel, self.gsize, self.lsize, wait_for=wait)

@@ -99,6 +99,34 @@ def test_conv_with_epilogue(core, xs, ws, attrs):
     assert rel_l2(y, np.maximum(ref + r, 0)) < tol
 
 
+@pytest.mark.parametrize("shared", [False, True])
+def test_conv_of_an_input_uploaded_in_chunks(core, monkeypatch, shared):
+    """A convolution alone reading a graph input runs in INPUT_CHUNKS launches over slices of the batch (uneven
+    here: 6 images in 4), each awaiting its slice's upload on the copy queue; with its residual another input, and
+    twice (the second time from a pinned array) so that a stale slice would show. An input that a second node reads
+    too goes up whole."""
+    ctx, tol = core
+    monkeypatch.setattr(lowering, "INPUT_CHUNK_MIN_BYTES", 0)
+    w, b = f32(24, 16, 3, 3), f32(24)
+    attrs = {"pads": [1, 1, 1, 1]}
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], **attrs), helper.make_node("Add", ["c", "r"], ["s"]),
+             helper.make_node("Relu", ["s"], ["y"])] + ([helper.make_node("Neg", ["x"], ["n"])] if shared else [])
+    x0, r0 = f32(6, 16, 12, 12), f32(6, 24, 12, 12)
+    model = make_model(nodes, {"x": x0, "r": r0}, ["y"] + (["n"] if shared else []), {"w": w, "b": b})
+    net = dlnet.Net(ctx).load_onnx(model)
+    for pinned in (False, True):
+        x, r = f32(6, 16, 12, 12), f32(6, 24, 12, 12)
+        if pinned:
+            xp = net.input_array("x")
+            xp[...] = x
+            x = xp
+        y = net.run({"x": x, "r": r})["y"]
+        assert rel_l2(y, np.maximum(conv_ref(np.asarray(x), w, b, attrs) + r, 0)) < tol
+    waits = [la.wait for la in net.launches if la.wait is not None]
+    gpu_core = lowering.GEMM_TILES["cpu" if ctx.is_cpu else "gpu"]["core"] in lowering.GPU_CORES
+    assert sorted({c for _, c in waits}) == ([] if shared or not gpu_core else [0, 1, 2, 3])
+
+
 def test_conv_tap_major(core, monkeypatch):
     """On the GPU cores, constant weights of several taps and 16k channels are stored [K, KH, KW, C] and the
     depth runs tap by tap (one window-table entry per slice of it); DLNET_TAP_MAJOR=0 keeps (c, ky, kx). Both
