@@ -25,6 +25,39 @@ try:
 except ImportError as e:  # pragma: no cover - pyopencl is a hard dependency
     raise DeviceError(f"pyopencl is not installed ({e}); install dlnet with: pip install 'pyopencl[pocl]'") from e
 
+
+
+def _remember_invokers():
+    """Each new cl.Kernel has pyopencl generate its set_args and enqueue functions, from a disk cache that keeps none
+    in memory: a sqlite read and a compile() per kernel, 0.04 s of a warm start of resnet50 (92 kernels). What it
+    generates depends only on the arguments it is given (the function's name and argument count, no argument types
+    here), so it is kept here for the process. Nothing changes where pyopencl's internals differ."""
+    try:
+        from pyopencl import invoker
+        generate = invoker.generate_enqueue_and_set_args
+    except (ImportError, AttributeError):  # pragma: no cover - another pyopencl
+        return
+    if getattr(generate, "remembered", False):
+        return
+    memo = {}
+
+    def remembered(*args, **kwargs):
+        devs = kwargs.get("devs", ())
+        try:
+            key = (args, tuple(sorted((k, v) for k, v in kwargs.items() if k != "devs")),
+                   tuple(d.int_ptr for d in devs))
+            hash(key)
+        except (TypeError, AttributeError):
+            return generate(*args, **kwargs)
+        if key not in memo:
+            memo[key] = generate(*args, **kwargs)
+        return memo[key]
+    remembered.remembered = True
+    invoker.generate_enqueue_and_set_args = remembered
+
+
+_remember_invokers()
+
 HOW_TO_GET_A_DEVICE = (
     "no OpenCL device found. Install a CPU device with `pip install pocl-binary-distribution` "
     "(or `pip install 'pyopencl[pocl]'`), or a GPU driver's OpenCL ICD; in containers where the driver's "
@@ -86,30 +119,41 @@ def devices():
     return found
 
 
-def pick_device(spec=None):
-    """Resolve 'ocl:N', 'gpu', 'cpu' or None (DLNET_DEVICE, else first GPU, else first CPU)."""
-    found = devices()
-    if not found:
-        raise DeviceError(HOW_TO_GET_A_DEVICE)
+def _device_spec(spec):
+    """The device a spec asks for, checked before any device is looked up: ('index', N), ('type', 'gpu'|'cpu') or
+    None (the first GPU, else the first CPU). spec: 'ocl:N', 'gpu', 'cpu' or None (DLNET_DEVICE, else None)."""
     spec = spec if spec is not None else os.environ.get("DLNET_DEVICE") or None
     if spec is None:
-        return found[0]
+        return None
     s = str(spec).strip().lower()
     if s.startswith("ocl:"):
         try:
-            n = int(s[4:])
+            return "index", int(s[4:]), spec
         except ValueError:
             raise DeviceError(f"device {spec!r}: expected ocl:N with N an integer") from None
-        if not 0 <= n < len(found):
+    if s in ("gpu", "cpu"):
+        return "type", s, spec
+    raise DeviceError(f"device {spec!r}: expected 'ocl:N', 'gpu' or 'cpu'")
+
+
+def pick_device(spec=None):
+    """Resolve 'ocl:N', 'gpu', 'cpu' or None (DLNET_DEVICE, else first GPU, else first CPU)."""
+    want = _device_spec(spec)
+    found = devices()
+    if not found:
+        raise DeviceError(HOW_TO_GET_A_DEVICE)
+    if want is None:
+        return found[0]
+    kind, value, spec = want
+    if kind == "index":
+        if not 0 <= value < len(found):
             raise DeviceError(f"device {spec!r}: there are {len(found)} OpenCL devices (ocl:0..ocl:{len(found) - 1}); "
                               "`dlnet devices` lists them")
-        return found[n]
-    if s in ("gpu", "cpu"):
-        for info in found:
-            if info.type.lower() == s:
-                return info
-        raise DeviceError(f"device {spec!r}: no OpenCL {s.upper()} device found; `dlnet devices` lists what there is")
-    raise DeviceError(f"device {spec!r}: expected 'ocl:N', 'gpu' or 'cpu'")
+        return found[value]
+    for info in found:
+        if info.type.lower() == value:
+            return info
+    raise DeviceError(f"device {spec!r}: no OpenCL {value.upper()} device found; `dlnet devices` lists what there is")
 
 
 # programs compiled at once by Context.build_all (DLNET_BUILD_THREADS=1 builds one at a time)
@@ -148,6 +192,23 @@ def _opencl_library():
         return ctypes.CDLL(sorted(paths)[0]) if len(paths) == 1 else None
     except (OSError, IndexError):
         return None
+
+
+def wake_driver():
+    """Ask the ICD loader for every platform's devices through ctypes, which lets go of Python's lock: the first ask
+    loads and starts the drivers (0.01-0.2 s on an NVIDIA machine), which pyopencl would do holding the lock."""
+    lib = _opencl_library()
+    if lib is None:
+        return
+    n = ctypes.c_uint32(0)
+    if lib.clGetPlatformIDs(0, None, ctypes.byref(n)) != 0 or not n.value:
+        return
+    platforms = (ctypes.c_void_p * n.value)()
+    if lib.clGetPlatformIDs(n.value, platforms, None) != 0:
+        return
+    for p in platforms:
+        count = ctypes.c_uint32(0)
+        lib.clGetDeviceIDs(ctypes.c_void_p(p), ctypes.c_uint64(0xFFFFFFFF), 0, None, ctypes.byref(count))
 
 
 def open_context(device):
@@ -192,33 +253,60 @@ class Context:
     def __init__(self, device=None, precision="fp32", profile=False):
         if precision not in ("fp32", "tf32"):
             raise DeviceError(f"precision {precision!r}: expected 'fp32' or 'tf32'")
-        self.info = device if isinstance(device, DeviceInfo) else pick_device(device)
-        self.device = self.info.device
         self.precision = precision
         self.profile = profile
         self._programs = {}
-        self.is_cpu = self.info.type == "CPU"
-        self.is_nvidia = "NVIDIA" in self.info.vendor.upper() or "NVIDIA" in self.info.platform.upper()
-        self.fp64 = self.info.fp64
         self.allocated_bytes = 0  # live arena bytes of this context (plans release theirs)
-        # The OpenCL context opens in the background (0.15-0.3 s on NVIDIA, while the caller parses and plans a
-        # model); `cl` and `queue` wait for it.
+        # The device is looked up and its OpenCL context opened in the background (0.01-0.2 s and 0.15-0.3 s on
+        # NVIDIA, while the caller parses and plans a model): the device's attributes (DEVICE_FIELDS), `cl` and
+        # `queue` wait for it. A malformed spec is an error at once, a device that is not there at first use.
         self._opened = None
         self._copy_queue = None
+        self._found = threading.Event()
         self._ready = threading.Event()
-        threading.Thread(target=self._open, name="dlnet-context", daemon=True).start()
+        if isinstance(device, DeviceInfo):
+            self._set_device(device)
+        else:
+            _device_spec(device)
+        threading.Thread(target=self._open, args=(device,), name="dlnet-context", daemon=True).start()
+
+    DEVICE_FIELDS = ("info", "device", "is_cpu", "is_nvidia", "fp64")
+
+    def _set_device(self, info):
+        """The device's attributes (setdefault: what a caller set meanwhile stays, as a test's is_cpu = False)."""
+        for name, value in (("info", info), ("device", info.device), ("is_cpu", info.type == "CPU"),
+                            ("is_nvidia", "NVIDIA" in info.vendor.upper() or "NVIDIA" in info.platform.upper()),
+                            ("fp64", info.fp64)):
+            self.__dict__.setdefault(name, value)
+        self._found.set()
+
+    def __getattr__(self, name):
+        """A device attribute before the background lookup has set it: wait for it."""
+        if name in Context.DEVICE_FIELDS and "_found" in self.__dict__:
+            self._found.wait()
+            if name in self.__dict__:
+                return self.__dict__[name]
+            raise self._opened
+        raise AttributeError(f"'Context' object has no attribute {name!r}")
 
     def __repr__(self):
         return f"Context({self.info})"
 
-    def _open(self):
+    def _open(self, spec):
         try:
+            if not self._found.is_set():
+                wake_driver()
+                self._set_device(pick_device(spec))
             context = open_context(self.device)
             props = cl.command_queue_properties.PROFILING_ENABLE if self.profile else 0
             self._opened = (context, cl.CommandQueue(context, properties=props))
-        except cl.Error as e:
-            self._opened = DeviceError(f"device {self.info}: could not create an OpenCL context ({e})")
+        except DeviceError as e:
+            self._opened = e
+        except (cl.Error, OSError) as e:
+            where = self.__dict__.get("info", spec)  # (self.info would wait for this thread)
+            self._opened = DeviceError(f"device {where}: could not create an OpenCL context ({e})")
         finally:
+            self._found.set()
             self._ready.set()
         trace("parent context")
 

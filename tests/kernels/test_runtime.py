@@ -39,6 +39,34 @@ def test_no_device_says_how_to_get_one(monkeypatch):
         rt.pick_device(None)
 
 
+def test_context_looks_its_device_up_in_the_background(monkeypatch):
+    """A malformed spec fails in the constructor; a device that is not there at the first use of the context, as
+    the same DeviceError; a caller's own setting of a device attribute stays."""
+    import threading
+    import dlnet.kernels.runtime as rt
+    monkeypatch.delenv("DLNET_DEVICE", raising=False)
+    with pytest.raises(dlnet.DeviceError, match="expected 'ocl:N', 'gpu' or 'cpu'"):
+        dlnet.Context("tpu")
+    with pytest.raises(dlnet.DeviceError, match="ocl:N with N an integer"):
+        dlnet.Context("ocl:x")
+    missing = dlnet.Context(f"ocl:{len(dlnet.devices())}")
+    for attr in ("info", "is_cpu", "queue"):
+        with pytest.raises(dlnet.DeviceError, match="OpenCL devices"):
+            getattr(missing, attr)
+    gate = threading.Event()
+    found = rt.devices()
+    monkeypatch.setattr(rt, "devices", lambda: gate.wait() and found)
+    slow = dlnet.Context("ocl:0")
+    assert not slow._found.is_set()  # the constructor did not wait for the lookup
+    slow.is_cpu = "set by the caller"
+    gate.set()
+    assert slow.info.index == 0 and slow.device is found[0].device and slow.is_cpu == "set by the caller"
+    assert slow.queue is not None
+    monkeypatch.setattr(rt, "devices", lambda: [])
+    with pytest.raises(dlnet.DeviceError, match="pocl-binary-distribution"):
+        dlnet.Context(None).fp64
+
+
 def test_context_opens_in_the_background(ctx):
     """The OpenCL context is created outside Python's lock (ctypes) on a thread of its own; `cl` and `queue` wait for
     it, and work as pyopencl's own."""
