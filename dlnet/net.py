@@ -8,7 +8,7 @@ from .errors import InputError, ModelError
 from .graph.memory import MemoryReport, plan_memory
 from .graph.passes import run_passes
 from .graph.printer import format_graph
-from .kernels.lowering import Lowerer, device_passes
+from .kernels.lowering import Lowerer, chunked_prefix, device_passes
 from .kernels.runtime import Context, cl
 from .onnx.importer import Importer, check_supported, graph_io, load_model
 from .stages import StagedPlan
@@ -33,7 +33,9 @@ class Plan:
     def __init__(self, ctx, graph):
         self.ctx = ctx
         self.graph = graph
-        self.memory = plan_memory(graph)
+        self.prefix = chunked_prefix(ctx, graph)  # nodes run slice after slice of the batch while it goes up
+        pre = self.prefix
+        self.memory = plan_memory(graph, together=(pre.start, pre.stop, max(nb for _, nb in pre.chunks)) if pre else None)
         self.act_buf = self.const_buf = None
         self.lowerer = None
         try:
@@ -43,7 +45,12 @@ class Plan:
                 ctx.upload(self.const_buf, v.const, self.memory.const_offsets[v.id])
             lw = Lowerer(ctx, graph, self.memory, self.act_buf, self.const_buf)
             self.lowerer = lw
-            for node in graph.nodes:
+            pre = self.prefix
+            for i, node in enumerate(graph.nodes):
+                if pre and pre.start <= i < pre.stop:
+                    if i == pre.start:
+                        lw.lower_in_chunks(graph.nodes[pre.start:pre.stop], pre)
+                    continue
                 lw.layer, lw.node = f"{node.name} {node.op}".strip(), node
                 node.spec.lower(node, lw)
             lw.finish()

@@ -48,6 +48,17 @@ class Value:
         return f"%{self.id}: {self.type_str()}"
 
 
+class BatchSlice(Value):
+    """Images [first, first + n) of a value, for lowering a node over one slice of the batch: the value's own id (so
+    the memory plan's entries for it apply) with a shape of n images; Lowerer.loc adds the slice's offset."""
+    __slots__ = ("first",)
+
+    def __init__(self, v, first, n):
+        super().__init__(v.id, v.name, v.dtype, (n,) + v.shape[1:])
+        self.first = first
+        self.producer, self.users, self.param = v.producer, v.users, v.param
+
+
 class Node:
     """One operation. `op` is the registry key (ONNX CamelCase name where the op is an ONNX op)."""
     __slots__ = ("op", "inputs", "outputs", "attrs", "name")

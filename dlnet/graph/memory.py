@@ -28,6 +28,9 @@ class MemoryPlan:
     # node output id -> [(byte offset, bytes)] of the arena free while that node runs (its outputs and workspace
     # placed); the last block runs to the arena's end (bytes None): the lowering puts split-K partials there
     free_at: dict = field(default_factory=dict)
+    # values that nodes run slice after slice of the batch (`together`) hand from one of them to the next: a block
+    # of one slice, which every slice uses in turn
+    per_slice: set = field(default_factory=set)
 
     def __str__(self):
         mib = 2 ** 20
@@ -100,10 +103,17 @@ class _Arena:
         self.free = merged
 
 
-def plan_memory(graph, inplace=True, keep=()):
-    """Assign every runtime value a byte offset. `keep`: value ids that must live to the end (training)."""
+def plan_memory(graph, inplace=True, keep=(), together=None):
+    """Assign every runtime value a byte offset. `keep`: value ids that must live to the end (training).
+    `together`: (start, stop, images), nodes[start:stop] run slice after slice of the batch, of at most `images`
+    images each (lowering.chunked_prefix): every value they read or write then lives from the first to the last of
+    them, and their outputs are placed before any of them runs, so that no workspace, split-K block or later output
+    of theirs lands on one; the values they hand on among themselves take a block of one slice (plan.per_slice)."""
     plan = MemoryPlan()
     nodes = graph.nodes
+    # workspaces may take as much as the plan without `together` would have had (its arena, which the values of one
+    # slice no longer fill: resnet50 b16's first layer, 51 MB, left its Winograd layers short, in 47 more launches)
+    room = plan_memory(graph, inplace, keep).act_bytes if together else 0
     end = len(nodes)
     # aliases: outputs of alias ops share their input's root
     root = {}
@@ -162,6 +172,17 @@ def plan_memory(graph, inplace=True, keep=()):
                 last[rid] = max(last.get(rid, i), i)
     for rid in pinned:
         last[rid] = end
+    start, stop, images = together or (0, 0, 0)
+    for node in nodes[start:max(start, stop - 1)]:
+        for v in node.outputs:
+            if find(v)[0] == v.id and v.id not in weight_views and v.id not in pinned:
+                size[v.id] = v.nbytes // v.shape[0] * images
+                plan.per_slice.add(v.id)
+    for node in nodes[start:stop]:
+        for v in node.inputs + node.outputs:
+            if v is not None and v.const is None and v.id not in weight_views:
+                rid = find(v)[0]
+                last[rid] = max(last.get(rid, stop - 1), stop - 1)
     views = {n.outputs[0].id for n in nodes if n.spec.kind == "alias"}
     plan.naive_act_bytes = sum(_align(v.nbytes) for v in graph.values() if v.const is None and v.id not in views)
     dies_at = {}
@@ -174,6 +195,9 @@ def plan_memory(graph, inplace=True, keep=()):
         if rid not in offsets:
             offsets[rid] = arena.alloc(_align(size[rid]))
     for i, node in enumerate(nodes):
+        for y in [y for n in nodes[start:stop] for y in n.outputs] if i == start < stop else []:
+            if y.id not in root and y.id not in weight_views and y.id not in offsets:
+                offsets[y.id] = arena.alloc(_align(size[y.id]))
         for y in node.outputs:
             rid = find(y)[0]
             if rid != y.id and rid not in offsets and rid in size:  # the first slice of a Concat's output
@@ -197,9 +221,12 @@ def plan_memory(graph, inplace=True, keep=()):
             else:
                 offsets[y.id] = arena.alloc(_align(y.nbytes))
         need = node.spec.workspace(node)
-        if need:  # scratch for this node alone: all of it where a free block holds it, else what fits (>= least)
-            full, least = need
-            nbytes = _align(full if arena.largest_free() >= full else max(least, arena.largest_free()))
+        if need:  # scratch for this node alone: all of it where a free block holds it, else what fits (>= least),
+            full, least = need  # the arena's tail growing up to `room`
+            tail = arena.free[-1][1] if arena.free and sum(arena.free[-1]) == arena.end else 0
+            room_left = room - (arena.end - tail)
+            nbytes = _align(full if arena.largest_free() >= full else
+                            min(full, max(least, arena.largest_free(), room_left)))
             plan.temps[node.outputs[0].id] = (arena.alloc(nbytes), nbytes)
         if node.outputs:
             tail = arena.free[-1][0] if arena.free and sum(arena.free[-1]) == arena.end else arena.end

@@ -1,11 +1,13 @@
 """Lowering: each node of a planned graph becomes kernel launches with arguments bound once."""
 import os
+from dataclasses import dataclass
 
 import numpy as np
 
 from . import codegen
 from .runtime import DTYPE_TO_C, Launch, PendingKernel, cl, kernel_source
 from ..errors import ModelError
+from ..graph.ir import BatchSlice, Node
 
 # How matrix-shaped kernels (conv as implicit GEMM, gemm) are blocked, per device class. GPUs use the tiled core
 # (__local tiles, WM x WN outputs per work-item); CPUs the register-blocked core (RM x CN outputs per work-item,
@@ -166,13 +168,102 @@ REDUCE_GROUP = {"cpu": 0, "gpu": 256}
 REDUCE_GROUPS_PER_CU = 8
 
 
-# GPU inference: a convolution that alone reads a graph input of at least INPUT_CHUNK_MIN_BYTES runs as this many
-# launches over slices of the batch, each awaiting only its slice's upload (Plan.run uploads such an input in chunks
-# on a second queue), so that the upload overlaps the layer. H100 (`bench/probes/overlap.py`): 9.6 MB from pinned
-# memory 0.20 ms, then 4 kernels 0.13 ms: 0.333 ms one after the other, 0.224 in 4 overlapped chunks.
-# DLNET_INPUT_CHUNKS=1: one upload, one launch.
+# GPU inference: where a graph input of at least INPUT_CHUNK_MIN_BYTES is read by one node alone, that node and the
+# chain of nodes after it (chunked_prefix) run over INPUT_CHUNKS slices of the batch, slice after slice, each slice's
+# launches awaiting only its slice's upload (Plan.run uploads such an input in chunks on a second queue): the upload
+# overlaps the first layers. H100 (`bench/probes/overlap.py`): 9.6 MB from pinned memory 0.20 ms, then 4 kernels
+# 0.13 ms: 0.333 ms one after the other, 0.224 in 4 overlapped chunks. DLNET_INPUT_CHUNKS=1: one upload, one launch.
 INPUT_CHUNKS = int(os.environ.get("DLNET_INPUT_CHUNKS", 4))
 INPUT_CHUNK_MIN_BYTES = 1 << 20
+# The chain goes on through convolutions while those before it did fewer multiply-adds (x2) than this many per byte
+# of the input (what the device computes while the input goes up: about 30 GB/s against 30-90 TFLOP/s on an H100)
+# and the convolution's slice keeps at least CHUNK_MIN_PIXELS outputs per channel (a GEMM of that many columns).
+# H100, batch 16 from pinned memory, alexnet's 5x5 layer (2916 columns a slice) in the chain: fp32 1.44 -> 1.31 ms,
+# tf32 0.81 -> 0.89-0.96 (its tensor-core tiles idle on a quarter of the batch).
+CHUNK_FLOPS_PER_BYTE = {"fp32": 1000, "tf32": 2000}
+if os.environ.get("DLNET_CHUNK_FLOPS_PER_BYTE"):
+    CHUNK_FLOPS_PER_BYTE = dict.fromkeys(CHUNK_FLOPS_PER_BYTE, float(os.environ["DLNET_CHUNK_FLOPS_PER_BYTE"]))
+CHUNK_MIN_PIXELS = {"fp32": 2048, "tf32": 8192}
+CHUNK_OPS = ("Conv", "MaxPool", "AveragePool", "LRN")
+
+
+@dataclass
+class Prefix:
+    """nodes[start:stop] run slice after slice of the batch of graph input `input`: chunks [(first image, images)]."""
+    input: int
+    start: int
+    stop: int
+    chunks: list
+
+
+def _data_inputs(node):
+    """The inputs of a node that hold images (sliced with its outputs), or None where the node cannot run on a
+    slice of the batch."""
+    if node.op == "Conv":
+        if any(v is not None and v.const is None for v in node.inputs[1:3]):
+            return None  # weights computed at run time
+        return [v for v in node.inputs[:1] + node.inputs[3:4] if v is not None]
+    if node.op in CHUNK_OPS:
+        return node.inputs[:1]
+    if node.spec.kind == "pointwise" and len(node.outputs) == 1:
+        y = node.outputs[0]
+        if all(v.const is not None and (v.rank < y.rank or v.shape[0] == 1) for v in node.inputs
+               if v is not None and v.const is not None):
+            data = [v for v in node.inputs if v is not None and v.const is None]
+            if all(v.shape == y.shape for v in data):
+                return data
+    return None
+
+
+def _conv_flops(node):
+    y, w = node.outputs[0], node.inputs[1]
+    return 2 * y.size * int(np.prod(w.shape[1:], dtype=np.int64))
+
+
+def chunked_prefix(ctx, graph):
+    """The nodes that run over slices of the batch while the input goes up (INPUT_CHUNKS): a chain from the one
+    node reading a large graph input, each node the only reader of the one before it, consecutive in the graph's
+    order; or None. GPU cores only: CPU devices share the host's memory and cores with the copy."""
+    if INPUT_CHUNKS < 2 or (ctx.is_cpu and GEMM_TILES["cpu"]["core"] not in GPU_CORES):
+        return None
+    nodes, outputs = graph.nodes, {v.id for v in graph.outputs}
+    readers = {}
+    for i, n in enumerate(nodes):
+        for v in n.inputs:
+            if v is not None:
+                readers.setdefault(v.id, []).append(i)
+    for xi, x in enumerate(graph.inputs):
+        N = x.shape[0] if x.rank else 1
+        if N < 2 or x.nbytes < INPUT_CHUNK_MIN_BYTES or x.id in outputs or len(readers.get(x.id, [])) != 1:
+            continue
+        start = readers[x.id][0]
+
+        def fits(node, made):
+            data = _data_inputs(node)
+            return (data is not None and all(v.rank and v.shape[0] == N for v in data + node.outputs)
+                    and not any(v.id in made for v in node.inputs[1:] if v is not None))
+        if not fits(nodes[start], ()):
+            continue
+        nb = N // min(INPUT_CHUNKS, N)  # the smallest slice
+        budget = x.nbytes * CHUNK_FLOPS_PER_BYTE.get(ctx.precision, 1000)
+        flops = _conv_flops(nodes[start]) if nodes[start].op == "Conv" else 0
+        stop, made = start + 1, set()
+        while stop < len(nodes):
+            prev, node = nodes[stop - 1], nodes[stop]
+            y = prev.outputs[0]
+            made |= {v.id for v in prev.outputs}
+            if len(prev.outputs) != 1 or y.id in outputs or readers.get(y.id) != [stop] or \
+                    node.inputs[:1] != [y] or not fits(node, made - {y.id}):
+                break
+            if node.op == "Conv":
+                pixels = int(np.prod(node.outputs[0].shape[2:], dtype=np.int64))
+                if flops >= budget or nb * pixels < CHUNK_MIN_PIXELS.get(ctx.precision, 2048):
+                    break
+                flops += _conv_flops(node)
+            stop += 1
+        bounds = [N * c // min(INPUT_CHUNKS, N) for c in range(min(INPUT_CHUNKS, N) + 1)]
+        return Prefix(xi, start, stop, [(b0, b1 - b0) for b0, b1 in zip(bounds, bounds[1:])])
+    return None
 
 
 # GPU convolutions with constant weights of several taps and channels a multiple of this (every GPU tile's TK
@@ -425,17 +516,38 @@ class Lowerer:
         self.scratch = {}  # pool name -> buffer: "work" (im2col/colgrad), "splitk" (partial sums)
         self.scratch_users = []  # (kernel, argument index, pool)
         self.scratch_bytes = {}
-        self.input_chunks = {}  # graph input index -> [(first, end) element of each chunk] (batch_chunks)
+        self.input_chunks = {}  # graph input index -> [(first, end) element of each chunk] (lower_in_chunks)
 
     # locations ---------------------------------------------------------------
     def loc(self, v):
-        """(buffer, element offset) of a value."""
+        """(buffer, element offset) of a value (of its slice, for a BatchSlice)."""
         item = np.dtype(v.dtype).itemsize
         weight = self.plan.const_alias.get(v.id, v.id)  # a Reshape of a weight views the weight arena
         if v.const is not None or weight != v.id:
             return self.const_buf, self.plan.const_offsets[weight] // item
         rid, eoff = self.plan.alias_of.get(v.id, (v.id, 0))
-        return self.act_buf, self.plan.act_offsets[rid] // item + eoff
+        first = getattr(v, "first", 0)
+        return self.act_buf, self.plan.act_offsets[rid] // item + eoff + (first * (v.size // v.shape[0]) if first else 0)
+
+    def lower_in_chunks(self, nodes, prefix):
+        """Lower nodes (a chunked_prefix) once per slice of the batch, slice after slice, each slice's launches
+        awaiting that slice's upload ((input index, chunk), Plan.run)."""
+        x = self.graph.inputs[prefix.input]
+        per = x.size // x.shape[0]
+        self.input_chunks[prefix.input] = [(b0 * per, (b0 + nb) * per) for b0, nb in prefix.chunks]
+        for c, (b0, nb) in enumerate(prefix.chunks):
+            for node in nodes:
+                self.layer, self.node = f"{node.name} {node.op}".strip(), node
+                data = {v.id for v in _data_inputs(node) + node.outputs}
+                def part_of(v):  # (a value handed on within the chain has a block of one slice)
+                    return BatchSlice(v, 0 if v.id in self.plan.per_slice else b0, nb)
+                part = Node(node.op, [part_of(v) if v is not None and v.id in data else v for v in node.inputs],
+                            [part_of(v) for v in node.outputs], node.attrs, node.name)
+                start = len(self.launches)
+                node.spec.lower(part, self)
+                for launch in self.launches[start:]:
+                    launch.wait = (prefix.input, c)
+                    launch.label += f" images {b0}+{nb}"
 
     def args(self, v, image=0):
         """[buffer, element offset] of v (from its image `image` on: v.size / batch elements each)."""
@@ -626,30 +738,8 @@ class Lowerer:
             self.conv_cpu(node, head, bargs, rargs, group, Cin // group, Cout // group, geo, y_nstride)
             return
         idx = self.index_type(x.size, w.size, y.size, res.size if res is not None else 0)
-        for wait, b0, nb in self.batch_chunks(x):  # the whole batch at once unless x goes up in chunks
-            start = len(self.launches)
-            self._conv_gemm(self.args(x, b0), self.args(w), bargs, rargs if res is None else self.args(res, b0),
-                            self.args(y, b0), head, idx, nb, Cin, H, W, Cout, OH, OW, KH, KW, strides, pads, dil, group,
-                            label + (f" images {b0}+{nb}" if nb < N else ""), a.get("tap_major", 0))
-            for launch in self.launches[start:]:
-                launch.wait = wait
-
-    def batch_chunks(self, x):
-        """[(upload awaited, first image, images)] of the launches of a node reading x: one slice of the batch
-        awaiting nothing, or INPUT_CHUNKS slices where x is a large graph input that this node alone reads, each
-        awaiting its slice's upload ((input index, chunk), Plan.run): the upload overlaps this layer. (GPU cores
-        only: CPU devices share the host's memory and cores with the copy.)"""
-        N = x.shape[0] if x.rank else 1
-        inputs = [v.id for v in self.graph.inputs]
-        if INPUT_CHUNKS < 2 or N < 2 or x.nbytes < INPUT_CHUNK_MIN_BYTES or \
-                x.id not in inputs or x.id in [v.id for v in self.graph.outputs] or \
-                sum(any(v is not None and v.id == x.id for v in n.inputs) for n in self.graph.nodes) != 1:
-            return [(None, 0, N)]
-        xi, per = inputs.index(x.id), x.size // N
-        bounds = [N * c // min(INPUT_CHUNKS, N) for c in range(min(INPUT_CHUNKS, N) + 1)]
-        self.input_chunks[xi] = [(b0 * per, b1 * per) for b0, b1 in zip(bounds, bounds[1:])]
-        return [((xi, c), b0, b1 - b0) for c, (b0, b1) in enumerate(zip(bounds, bounds[1:]))]
-
+        self._conv_gemm(self.args(x), self.args(w), bargs, rargs, self.args(y), head, idx, N, Cin, H, W, Cout, OH, OW,
+                        KH, KW, strides, pads, dil, group, label, a.get("tap_major", 0))
 
     def _conv_gemm(self, xa, wa, ba, ra, ya, head, idx, N, Cin, H, W, Cout, OH, OW, KH, KW, strides, pads, dil, group,
                    label, tap_major=0):

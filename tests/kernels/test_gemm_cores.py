@@ -104,7 +104,7 @@ def test_conv_of_an_input_uploaded_in_chunks(core, monkeypatch, shared):
     """A convolution alone reading a graph input runs in INPUT_CHUNKS launches over slices of the batch (uneven
     here: 6 images in 4), each awaiting its slice's upload on the copy queue; with its residual another input, and
     twice (the second time from a pinned array) so that a stale slice would show. An input that a second node reads
-    too goes up whole."""
+    too goes up whole (and the residual, which the convolution alone reads, in chunks)."""
     ctx, tol = core
     monkeypatch.setattr(lowering, "INPUT_CHUNK_MIN_BYTES", 0)
     w, b = f32(24, 16, 3, 3), f32(24)
@@ -124,7 +124,73 @@ def test_conv_of_an_input_uploaded_in_chunks(core, monkeypatch, shared):
         assert rel_l2(y, np.maximum(conv_ref(np.asarray(x), w, b, attrs) + r, 0)) < tol
     waits = [la.wait for la in net.launches if la.wait is not None]
     gpu_core = lowering.GEMM_TILES["cpu" if ctx.is_cpu else "gpu"]["core"] in lowering.GPU_CORES
-    assert sorted({c for _, c in waits}) == ([] if shared or not gpu_core else [0, 1, 2, 3])
+    assert sorted(set(waits)) == ([] if not gpu_core else [(1 if shared else 0, c) for c in range(4)])
+    assert sorted(net._last.input_chunks) == ([] if not gpu_core else [1 if shared else 0])
+
+
+def float64_ref(model, feeds):
+    """onnx.reference on the model in float64 (inputs, outputs and initializers)."""
+    import onnx
+    import onnx.reference
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    for v in list(model.graph.input) + list(model.graph.output):
+        v.type.tensor_type.elem_type = 11  # DOUBLE
+    for i, init in enumerate(model.graph.initializer):
+        a = onnx.numpy_helper.to_array(init)
+        if a.dtype == np.float32:
+            model.graph.initializer[i].CopyFrom(onnx.numpy_helper.from_array(a.astype(np.float64), init.name))
+    feeds = {k: v.astype(np.float64) for k, v in feeds.items()}
+    return onnx.reference.ReferenceEvaluator(model).run(None, feeds)
+
+
+def test_layers_over_slices_of_an_input_uploaded_in_chunks(core, monkeypatch):
+    """The chain after a large input (conv + relu, max pool, conv, sigmoid) runs slice after slice of the batch (6
+    images in 4 uneven slices), each slice's launches awaiting its upload; it stops at the convolution past the
+    multiply-add budget, which runs on the whole batch. Every value the chain reads or writes has its own block
+    (a later layer's output on an earlier one's would be overwritten by the next slice), of one slice (two images)
+    where the chain hands it on. Against float64, twice; and with DLNET_INPUT_CHUNKS=1."""
+    ctx, tol = core
+    monkeypatch.setattr(lowering, "INPUT_CHUNK_MIN_BYTES", 0)
+    monkeypatch.setattr(lowering, "CHUNK_MIN_PIXELS", {"fp32": 100, "tf32": 100})
+    monkeypatch.setenv("DLNET_DEBUG_BOUNDS", "1")  # a slice written past its block fails the run
+    monkeypatch.setattr(lowering, "CHUNK_FLOPS_PER_BYTE", {"fp32": 100, "tf32": 100})
+    inits = {"w1": f32(16, 8, 3, 3) / 8, "b1": f32(16), "w2": f32(16, 16, 3, 3) / 12, "b2": f32(16),
+             "w3": f32(8, 16, 1, 1) / 4, "b3": f32(8)}
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], name="c1"),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[2, 2], strides=[2, 2], name="p1"),
+             helper.make_node("Conv", ["p1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], name="c2"),
+             helper.make_node("Sigmoid", ["c2"], ["s2"]),
+             helper.make_node("Conv", ["s2", "w3", "b3"], ["y"], name="c3")]
+    x0 = f32(6, 8, 20, 20)
+    model = make_model(nodes, {"x": x0}, ["y"], inits)
+    gpu_core = lowering.GEMM_TILES["cpu" if ctx.is_cpu else "gpu"]["core"] in lowering.GPU_CORES
+    net = dlnet.Net(ctx).load_onnx(model)
+    for _ in range(2):
+        x = f32(6, 8, 20, 20)
+        assert rel_l2(net.run({"x": x})["y"], float64_ref(model, {"x": x})[0]) < tol
+    plan = net._last
+    if not gpu_core:
+        assert plan.prefix is None and not any(la.wait for la in net.launches)
+        return
+    chain = plan.graph.nodes[plan.prefix.start:plan.prefix.stop]
+    assert [n.name for n in chain if n.op in ("Conv", "MaxPool")] == ["c1", "p1", "c2"]
+    assert plan.prefix.chunks == [(0, 1), (1, 2), (3, 1), (4, 2)]
+    waits = [la.wait for la in net.launches]
+    sliced = [c for w in waits if w is not None for c in [w[1]]]
+    assert sliced == sorted(sliced) and sorted(set(sliced)) == [0, 1, 2, 3]  # slice after slice
+    assert waits[len(sliced):] == [None] * (len(waits) - len(sliced))  # then c3, whole
+    assert all("images" in la.label for la in net.launches[:len(sliced)])
+    mem = plan.memory
+    assert mem.per_slice == {v.id for n in chain[:-1] for v in n.outputs}  # handed on: a block of one slice
+    blocks = sorted({(mem.act_offsets[v.id], v.nbytes // 6 * 2 if v.id in mem.per_slice else v.nbytes)
+                     for n in chain for v in n.inputs + n.outputs
+                     if v is not None and v.const is None and v.id in mem.act_offsets})
+    assert all(o1 + n1 <= o2 for (o1, n1), (o2, _) in zip(blocks, blocks[1:]))
+    monkeypatch.setattr(lowering, "INPUT_CHUNKS", 1)
+    whole = dlnet.Net(ctx).load_onnx(model)
+    assert whole._last.prefix is None and not any(la.wait for la in whole.launches)
+    assert rel_l2(whole.run({"x": x})["y"], float64_ref(model, {"x": x})[0]) < tol
 
 
 def test_conv_tap_major(core, monkeypatch):
