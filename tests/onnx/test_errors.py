@@ -14,6 +14,33 @@ def test_file_that_is_not_onnx(ctx, tmp_path):
         dlnet.Net(ctx).load_onnx(str(p))
 
 
+def test_empty_file(ctx, tmp_path):
+    p = tmp_path / "empty.onnx"
+    p.write_bytes(b"")
+    with pytest.raises(dlnet.ModelError, match="empty.onnx: not an ONNX model"):
+        dlnet.Net(ctx).load_onnx(str(p))
+
+
+def test_weights_in_a_file_beside_the_model(ctx, tmp_path):
+    """A model saved with its tensors as external data loads from its path (the weights file found beside it) and
+    computes what the same model with its tensors inline does; without the weights file, a ModelError."""
+    import onnx
+    rng = np.random.default_rng(3)
+    w, x = rng.standard_normal((64, 48)).astype(np.float32), rng.standard_normal((5, 64)).astype(np.float32)
+    model = make_model([helper.make_node("MatMul", ["x", "w"], ["y"])], {"x": x}, ["y"], {"w": w})
+    inline, beside = tmp_path / "inline.onnx", tmp_path / "beside.onnx"
+    onnx.save(model, str(inline))
+    onnx.save(model, str(beside), save_as_external_data=True, location="beside.bin", size_threshold=0)
+    assert (tmp_path / "beside.bin").stat().st_size == w.nbytes
+    got = dlnet.Net(ctx).load_onnx(str(beside)).run({"x": x})["y"]
+    want = dlnet.Net(ctx).load_onnx(str(inline)).run({"x": x})["y"]
+    assert np.linalg.norm(got - want) <= 1e-6 * np.linalg.norm(want)
+    assert np.linalg.norm(got - x.astype(np.float64) @ w) < 1e-5 * np.linalg.norm(got)
+    (tmp_path / "beside.bin").unlink()
+    with pytest.raises(dlnet.ModelError, match="beside.onnx"):
+        dlnet.Net(ctx).load_onnx(str(beside))
+
+
 def test_missing_file(ctx, tmp_path):
     with pytest.raises(dlnet.ModelError, match="no such file"):
         dlnet.Net(ctx).load_onnx(str(tmp_path / "absent.onnx"))
