@@ -28,8 +28,8 @@ class MemoryPlan:
     # node output id -> [(byte offset, bytes)] of the arena free while that node runs (its outputs and workspace
     # placed); the last block runs to the arena's end (bytes None): the lowering puts split-K partials there
     free_at: dict = field(default_factory=dict)
-    # values that nodes run slice after slice of the batch (`together`) hand from one of them to the next: a block
-    # of one slice, which every slice uses in turn
+    # values that nodes run slice after slice of the batch (`together`) write and only they read: a block of one
+    # slice, which every slice uses in turn
     per_slice: set = field(default_factory=set)
 
     def __str__(self):
@@ -108,7 +108,7 @@ def plan_memory(graph, inplace=True, keep=(), together=None):
     `together`: (start, stop, images), nodes[start:stop] run slice after slice of the batch, of at most `images`
     images each (lowering.chunked_prefix): every value they read or write then lives from the first to the last of
     them, and their outputs are placed before any of them runs, so that no workspace, split-K block or later output
-    of theirs lands on one; the values they hand on among themselves take a block of one slice (plan.per_slice)."""
+    of theirs lands on one; the values that only they read take a block of one slice (plan.per_slice)."""
     plan = MemoryPlan()
     nodes = graph.nodes
     # workspaces may take as much as the plan without `together` would have had (its arena, which the values of one
@@ -173,9 +173,9 @@ def plan_memory(graph, inplace=True, keep=(), together=None):
     for rid in pinned:
         last[rid] = end
     start, stop, images = together or (0, 0, 0)
-    for node in nodes[start:max(start, stop - 1)]:
+    for node in nodes[start:stop]:
         for v in node.outputs:
-            if find(v)[0] == v.id and v.id not in weight_views and v.id not in pinned:
+            if find(v)[0] == v.id and v.id not in weight_views and v.id not in pinned and last.get(v.id, -1) < stop:
                 size[v.id] = v.nbytes // v.shape[0] * images
                 plan.per_slice.add(v.id)
     for node in nodes[start:stop]:

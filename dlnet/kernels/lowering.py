@@ -179,7 +179,10 @@ INPUT_CHUNK_MIN_BYTES = 1 << 20
 # of the input (what the device computes while the input goes up: about 30 GB/s against 30-90 TFLOP/s on an H100)
 # and the convolution's slice keeps at least CHUNK_MIN_PIXELS outputs per channel (a GEMM of that many columns).
 # H100, batch 16 from pinned memory, alexnet's 5x5 layer (2916 columns a slice) in the chain: fp32 1.44 -> 1.31 ms,
-# tf32 0.81 -> 0.89-0.96 (its tensor-core tiles idle on a quarter of the batch).
+# tf32 0.81 -> 0.89-0.96 (its tensor-core tiles idle on a quarter of the batch). Not only a chain but every node
+# after the input that can run on a slice (resnet50 tf32: its first two blocks) lost more than it hid, from pinned
+# memory: resnet50 tf32 3.69-3.76 -> 4.02-4.04 ms, resnet18 1.30-1.35 -> 1.63-1.65, mobilenet_v2 fp32 2.15-2.18 ->
+# 2.52 (a slice of a 64-row product fills 98 of 132 SMs); from pageable memory it gained (resnet50 tf32 4.54 -> 4.16).
 CHUNK_FLOPS_PER_BYTE = {"fp32": 1000, "tf32": 2000}
 if os.environ.get("DLNET_CHUNK_FLOPS_PER_BYTE"):
     CHUNK_FLOPS_PER_BYTE = dict.fromkeys(CHUNK_FLOPS_PER_BYTE, float(os.environ["DLNET_CHUNK_FLOPS_PER_BYTE"]))
@@ -216,8 +219,11 @@ def _data_inputs(node):
 
 
 def _conv_flops(node):
-    y, w = node.outputs[0], node.inputs[1]
-    return 2 * y.size * int(np.prod(w.shape[1:], dtype=np.int64))
+    """2 x the multiply-adds of a convolution's direct form (w: [K, C, KH, KW] or tap-major [K, KH, KW, C]; a
+    Winograd layer's U [T, T, K, C] stands for a 3x3 window)."""
+    x, y, w = node.inputs[0], node.outputs[0], node.inputs[1]
+    depth = 9 * x.shape[1] if node.attrs.get("winograd") else int(np.prod(w.shape[1:], dtype=np.int64))
+    return 2 * y.size * depth
 
 
 def chunked_prefix(ctx, graph):
