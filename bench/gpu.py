@@ -1,6 +1,6 @@
 """dlnet (OpenCL) against PyTorch CUDA on the GPU machine, in one process and one run.
 
-    python bench/gpu.py [--nets alexnet,resnet18,...] [--batches 16,1] [--iters 20] [--gemm] [--startup]
+    python bench/gpu.py [--nets alexnet,resnet18,...] [--batches 16,1] [--iters 20] [--gemm] [--startup] [--tune]
 
 Protocol (shared/GPU.md): torchvision definitions with their random initialisation, exported to ONNX; the time of one
 inference includes copying the input to the device and the output back; warm-up, then the median of --iters runs;
@@ -54,23 +54,38 @@ def set_tf32(on):
     torch.backends.cuda.matmul.allow_tf32 = on
 
 
-def bench_nets(ctx, nets, batches, iters, rows):
+def bench_nets(ctx, nets, batches, iters, rows, tune=False):
     """fp32: against PyTorch with TF32 off; tf32: against PyTorch with TF32 on. The error is always against
-    PyTorch's fp32 (TF32 off) output."""
+    PyTorch's fp32 (TF32 off) output. tune: dlnet measures each layer's tile first (Net.load_onnx(tune=True)); the
+    plan by rule is timed too (pinned), before, and the tuning's report printed."""
     tf32 = ctx.precision == "tf32"
     for name in nets:
         torch.manual_seed(0)
         model = getattr(torchvision.models, name)(weights=None).eval()
         proto = export(model, 1)
-        net = dlnet.Net(ctx).load_onnx(proto)
+        net = dlnet.Net(ctx).load_onnx(proto, tune=tune)
         cuda_model = model.cuda()
         for batch in batches:
             x = np.random.default_rng(batch).standard_normal((batch, 3, 224, 224)).astype(np.float32)
             xt = torch.from_numpy(x)
 
             xt_pinned = xt.pin_memory()
+            if tune:
+                by_rule = dlnet.Net(ctx).load_onnx(proto)
+                x_rule = by_rule.input_array("x", x.shape)
+                x_rule[...] = x
+                t_rule = median_ms(lambda: by_rule.run({"x": x_rule}), iters)
+                by_rule.release()
+                start = time.perf_counter()
             x_pinned = net.input_array("x", x.shape)
             x_pinned[...] = x
+            if tune:
+                net.run({"x": x_pinned})  # (plans this batch, measuring its layers first)
+                report = net._last.tuning or {"seconds": 0.0, "before": 0.0, "after": 0.0, "layers": {}}
+                changed = sum(v["tile"] != v["was"] for v in report["layers"].values())
+                print(f"{name:13s} b{batch:<3d} tuned {len(report['layers'])} layer kinds ({changed} changed) in "
+                      f"{time.perf_counter() - start:.1f} s: their kernel ms {report['before']:.3f} by rule -> "
+                      f"{report['after']:.3f}; whole run pinned by rule {t_rule:.2f} ms", flush=True)
 
             def run_torch(src=xt):
                 with torch.no_grad():
@@ -207,14 +222,21 @@ def main():
     ap.add_argument("--startup", action="store_true")
     ap.add_argument("--startup-profile", action="store_true", help="also profile a warm start (cProfile)")
     ap.add_argument("--precision", default="fp32", help="fp32, tf32 or both: fp32,tf32")
+    ap.add_argument("--cudnn-benchmark", action="store_true", help="PyTorch in cuDNN's benchmark mode (it measures "
+                    "each convolution's algorithms on first use), not its default")
+    ap.add_argument("--tune", action="store_true", help="dlnet measures each layer's tile first (and the plan by "
+                    "rule is timed too)")
     ap.add_argument("--tiles", default="", help="GEMM sweep over GPU fp32 tile configs 'TM,TN,TK,WM,WN;...'")
     args = ap.parse_args()
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark
     for precision in args.precision.split(","):
         ctx = dlnet.Context("gpu", precision=precision)
-        print(f"\n== {precision} == device: {ctx.info}; torch {torch.__version__} on {torch.cuda.get_device_name()}")
+        print(f"\n== {precision} == device: {ctx.info}; torch {torch.__version__} on {torch.cuda.get_device_name()}"
+              f"{' (cudnn.benchmark on)' if args.cudnn_benchmark else ''}{'; dlnet tunes each layer' if args.tune else ''}")
         rows = []
         if args.nets:
-            bench_nets(ctx, args.nets.split(","), [int(b) for b in args.batches.split(",")], args.iters, rows)
+            bench_nets(ctx, args.nets.split(","), [int(b) for b in args.batches.split(",")], args.iters, rows,
+                       args.tune)
             print(f"\n{precision}: PyTorch with TF32 {'on' if precision == 'tf32' else 'off'}; rel err against "
                   f"PyTorch fp32")
             print("plain: both copy the input from an ordinary (pageable) host array; pinned: both from page-locked "

@@ -254,12 +254,20 @@ def validate(model, input_file, tol, seed, device, precision):
 
 
 @cli.command()
+@click.argument("model", type=click.Path(dir_okay=False), required=False)
+@click.option("--batch", type=click.IntRange(min=1), default=None, help="Bind a symbolic batch dimension.")
 @device_option
+@precision_option
 @command_errors
-def tune(device):
-    """Measure the fp32 GPU tiles on DEVICE now (whatever the built-in table or the cache hold) and cache them."""
+def tune(model, batch, device, precision):
+    """Measure the fp32 GPU tiles on DEVICE now (whatever the built-in table or the cache hold) and cache them;
+    with MODEL, measure instead which tile each of its layers runs fastest on (at this batch and precision) and
+    cache that, for every later run on DEVICE."""
     from dlnet.kernels import lowering, tuner
 
+    if model:
+        tune_model(model, batch, device, precision)
+        return
     ctx = dlnet.Context(device)
     model, seconds, path = tuner.tune(ctx)
     click.echo(f"{ctx.info}; tile: TMxTNxTK/WMxWN per work-item[/cp.async stages]")
@@ -273,6 +281,30 @@ def tune(device):
         click.echo("  ".join(c.rjust(w) if i > 1 else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))))
     click.echo(f"tuned in {seconds:.2f} s; cached in {path}" if path else
                f"tuned in {seconds:.2f} s; not cached (no writable DLNET_CACHE folder)")
+
+
+def tune_model(model, batch, device, precision):
+    from dlnet.kernels import tuner
+
+    ctx = dlnet.Context(device, precision=precision)
+    net = dlnet.Net(ctx).load_onnx(model, batch=batch, tune="again")
+    if net._last is None:
+        raise InputError(f"{model}: input shapes are symbolic: give --batch")
+    report = net._last.tuning
+    click.echo(f"{model}: {ctx.info}, {precision}")
+    if report is None:
+        click.echo("no layer to tune: this device runs no tiled GEMM core (CPUs), or the model has no product")
+        return
+    rows = [("layer (kind M x N x K x batches)", "rule", "measured", "ms", "rule ms")]
+    for key, v in report["layers"].items():
+        rows.append((key, v["was"], v["tile"], f"{v['ms'].get(v['tile'], float('nan')):.4f}",
+                     f"{v['ms'].get(v['was'], float('nan')):.4f}"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        click.echo("  ".join(c.rjust(w) if i > 2 else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))))
+    path = tuner.layer_cache_path(ctx)
+    click.echo(f"products: {report['before']:.3f} ms by rule, {report['after']:.3f} ms as measured; tuned in "
+               f"{report['seconds']:.1f} s; " + (f"cached in {path}" if path else "not cached (no DLNET_CACHE folder)"))
 
 
 # `dlnet train CONFIG` lives in cli/train.py, written separately; the command appears once that module exists.

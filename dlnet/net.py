@@ -10,6 +10,7 @@ from .graph.passes import run_passes
 from .graph.printer import format_graph
 from .kernels.lowering import Lowerer, chunked_prefix, device_passes
 from .kernels.runtime import Context, cl
+from .kernels.tuner import tune_layers
 from .onnx.importer import Importer, check_supported, graph_io, load_model
 from .stages import StagedPlan
 
@@ -38,6 +39,7 @@ class Plan:
         self.memory = plan_memory(graph, together=(pre.start, pre.stop, max(nb for _, nb in pre.chunks)) if pre else None)
         self.act_buf = self.const_buf = None
         self.lowerer = None
+        self.tuning = None  # what tuner.tune_layers measured for this plan, where it did
         try:
             self.act_buf = ctx.alloc(self.memory.act_bytes)
             self.const_buf = ctx.alloc(self.memory.const_bytes)
@@ -125,10 +127,15 @@ class Net:
         self.plans = {}
         self._last = None
         self.bound = {}
+        self.tune = False
 
     # loading ------------------------------------------------------------------
-    def load_onnx(self, path, batch=None, constants=None):
-        """constants: {input name: array} binds those inputs at load (shapes, axes, pads a model takes as inputs)."""
+    def load_onnx(self, path, batch=None, constants=None, tune=None):
+        """constants: {input name: array} binds those inputs at load (shapes, axes, pads a model takes as inputs).
+        tune: measure each layer's GEMM tile on this device when a shape is first planned, where no earlier run
+        measured it (tuner.tune_layers; seconds, once: the choices are kept on disk for every later plan);
+        "again": measure every layer anew; None: the environment's DLNET_TUNE_LAYERS=1 says so."""
+        self.tune = tune if tune is not None else os.environ.get("DLNET_TUNE_LAYERS", "") == "1"
         model = path if not isinstance(path, (str, bytes)) and hasattr(path, "graph") else load_model(path)
         self.path = str(path) if isinstance(path, (str, bytes)) else (model.graph.name or "model")
         if constants:
@@ -167,7 +174,10 @@ class Net:
         plan = self.plans.get(key)
         if plan is None:
             graph = self.build_graph(shapes)
-            if graph.cut is None:
+            if graph.cut is None and self.tune:
+                plan, tuning = tune_layers(self.ctx, lambda: Plan(self.ctx, graph), again=self.tune == "again")
+                plan.tuning = tuning
+            elif graph.cut is None:
                 plan = Plan(self.ctx, graph)
             else:  # a node runs on the host: the rest is planned at run time, per shape (dlnet/stages.py)
                 plan = StagedPlan(self.ctx, self.model, self.path, graph, [i.name for i in self.inputs],

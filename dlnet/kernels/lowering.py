@@ -397,9 +397,8 @@ def pick_splits(groups, target, K, k0=32, max_splits=SPLITK_MAX):
     return best if cost(best) < 0.9 * cost(1) else 1
 
 
-def pick_tiles(ctx, M, N, K, batches=1, deep=True):
-    """(core file name, defines, local size, global size for `batches` M x N problems of depth K); deep: slices of
-    32 along K are fine (a convolution's tap-major depth must hold whole slices of them)."""
+def _rule_shape(ctx, M, N, K, batches, deep):
+    """(tf32 core or not, tile shape) by rule for an M x N x K product (`batches` of them)."""
     table = GEMM_TILES["cpu" if ctx.is_cpu else "gpu"]
     tf32 = ctx.precision == "tf32" and ctx.is_nvidia and min(M, N) >= 32 and K >= TF32_MIN_K and \
         not TF32_FP32_K[0] <= K < TF32_FP32_K[1]
@@ -426,6 +425,25 @@ def pick_tiles(ctx, M, N, K, batches=1, deep=True):
             shape = "tall"
         elif shape == "huge" and -(-M // 96) * 96 < -(-M // HUGE_TM) * HUGE_TM:
             shape = "huge96"
+    return tf32, shape
+
+
+def pick_tiles(ctx, M, N, K, batches=1, deep=True, where="gemm", record=None):
+    """(core file name, defines, local size, global size for `batches` M x N problems of depth K); deep: slices of
+    32 along K are fine (a convolution's tap-major depth must hold whole slices of them). A tile measured best for
+    this layer (tuner.layer_tile: `where` names the caller's kind of product) replaces the rule's; record: a list
+    that gets (layer key, tile name, the names it could have taken) where the layer is tunable."""
+    tf32, shape = _rule_shape(ctx, M, N, K, batches, deep)
+    options = tile_options(ctx, M, N, deep) if shape not in ("narrow_m", "narrow_n") else ()
+    if options:
+        from .tuner import layer_tile
+        key = f"{where} {M}x{N}x{K}x{batches}{' deep' if deep else ''}"
+        name = layer_tile(ctx, key, f"{'tf32' if tf32 else 'gpu'}:{shape}", options)
+        if record is not None:
+            record.append((key, name, options))
+        kind, shape = name.split(":")
+        tf32 = kind == "tf32"
+    table = GEMM_TILES["cpu" if ctx.is_cpu else "gpu"]
     if tf32 and shape in GEMM_TILES["tf32"]:
         table = GEMM_TILES["tf32"]
     tiles = core_tiles(ctx, table[shape]) if table["core"] == "gemm_core" else table[shape]
@@ -436,6 +454,18 @@ def pick_tiles(ctx, M, N, K, batches=1, deep=True):
     else:
         nthreads = core_threads(tiles)
     return table["core"], tiles, (nthreads, 1, 1), (-(-N // tiles["TN"]) * nthreads, -(-M // tiles["TM"]))
+
+
+def tile_options(ctx, M, N, deep):
+    """The tiles (as "gpu:shape" / "tf32:shape") a product may take where measured (tuner.tune_layers): the fp32
+    GPU core's shapes, and on NVIDIA in tf32 mode the tensor-core ones (the tall tile only where slices of 32 along K
+    are fine); none where the device runs no tiled core (CPUs' gemm_vec)."""
+    if GEMM_TILES["cpu" if ctx.is_cpu else "gpu"]["core"] not in GPU_CORES:
+        return ()
+    options = tuple(f"gpu:{s}" for s in GPU_TILE_MODEL)
+    if ctx.precision == "tf32" and ctx.is_nvidia and min(M, N) >= 32:
+        options += tuple(f"tf32:{s}" for s in ("huge", "huge96", "big", "wide") + (("tall",) if deep else ()))
+    return options
 
 
 def core_tiles(ctx, tiles):
@@ -523,6 +553,7 @@ class Lowerer:
         self.scratch_users = []  # (kernel, argument index, pool)
         self.scratch_bytes = {}
         self.input_chunks = {}  # graph input index -> [(first, end) element of each chunk] (lower_in_chunks)
+        self.tile = None  # the tunable product's (layer key, tile, options) pick() chose for the next _matrix
 
     # locations ---------------------------------------------------------------
     def loc(self, v):
@@ -754,8 +785,8 @@ class Lowerer:
         y_nstride = Cout * OH * OW
         C, K = Cin // group, Cout // group
         M, NN = K, N * OH * OW
-        core, tiles, lsize, (g0, g1) = pick_tiles(self.ctx, M, NN, C * KH * KW, group,
-                                                  deep=KH * KW == 1 or (tap_major and C % 32 == 0))
+        core, tiles, lsize, (g0, g1) = self.pick(M, NN, C * KH * KW, group, KH * KW == 1 or (tap_major and C % 32 == 0),
+                                                 f"conv{KH}x{KW}s{strides[0]}x{strides[1]}{'t' if tap_major else ''}")
         if KH == 1 and KW == 1 and strides == [1, 1] and pads == [0, 0]:
             tiles = dict(tiles, IS_1X1=1)
         if tap_major:
@@ -807,7 +838,7 @@ class Lowerer:
             self.emit(src, "wino_input" + kind, self.args(x) + v_at + [np.int32(v) for v in (
                 C, H, W, pads[0], pads[1], TH, TW, t0, tc)], (_round_up(tc, 64), C), (64, 1), label + tag + " in")
             self._gemm_launch(uargs, v_at, None, m_at, table, K, tc, C, (C, 1, tc, 1, 0, 0), idx, None, 1.0,
-                              0.0, label + tag + " gemm")
+                              0.0, label + tag + " gemm", f"winograd{m}")
             self.emit(src, "wino_output" + kind, m_at + bargs + rargs + self.args(y) + [
                 np.int32(v) for v in (K, OH, OW, TH, TW, t0, tc)] + [np.int64(K * OH * OW)] * 2,
                 (_round_up(tc, 64), K), (64, 1), label + tag + " out")
@@ -838,7 +869,7 @@ class Lowerer:
                       (_round_up(tc, 64), K), (64, 1), label + tag + " dy")
             table = np.array([[xi * K * tc, xi * C * tc, xi * K * C, xi * K * C] for xi in range(16)], np.int64)
             self._gemm_launch(e_at, v_at, m_at if t0 else None, m_at, table, K, C, tc, (tc, 1, 1, tc, C, 1), idx,
-                              None, 1.0, 1.0, label + tag + " gemm")
+                              None, 1.0, 1.0, label + tag + " gemm", "winograd_dw")
         self.emit(src, "wino_dw", m_at + self.args(dw) + [np.int32(K), np.int32(C)], (_round_up(K * C, 64),), (64,),
                   label + " winograd dw")
 
@@ -950,12 +981,14 @@ class Lowerer:
                           M, N, K, (sam, sak, sbk, sbn, scm, scn), idx, at.get("act"), at.get("alpha", 1.0),
                           at.get("beta", 1.0), f"{node.name} Gemm")
 
-    def _gemm_launch(self, aa, ba, ca, ya, table, M, N, K, strides, idx, act, alpha, beta, label):
+    def _gemm_launch(self, aa, ba, ca, ya, table, M, N, K, strides, idx, act, alpha, beta, label, where="gemm"):
         """gemm.cl on the device's core: len(table) products y = act(alpha A B + beta C), M x N x K, addressed by
         (buffer, offset) arguments aa..ya (ca None: no C), per-batch offsets `table` and element strides
-        (sam, sak, sbk, sbn, scm, scn); y is row-major with N columns."""
+        (sam, sak, sbk, sbn, scm, scn); y is row-major with N columns. where: the kind of product, for the tuner
+        (with the operands' layout: A's rows and B's columns contiguous or not)."""
         nb = len(table)
-        core, tiles, lsize, (g0, g1) = pick_tiles(self.ctx, M, N, K, nb)
+        layout = f"{'r' if strides[1] == 1 else 'c'}{'r' if strides[3] == 1 else 'c'}"
+        core, tiles, lsize, (g0, g1) = self.pick(M, N, K, nb, True, f"{where} {layout}")
         offs = np.asarray(table).reshape(nb, 4)
         aligned = (aa[1] % 4 == 0 and not (offs[:, 0] % 4).any(), ba[1] % 4 == 0 and not (offs[:, 1] % 4).any())
         src = gemm_source(core, tiles, strides, idx, act, ca is not None, aligned)
@@ -1048,8 +1081,22 @@ class Lowerer:
             np.float32(at.get("alpha", 1.0)), np.float32(at.get("beta", 1.0))]
         self.emit(src, "gemm_cpu", args, (-(-M // MR), NB), (1, 1), f"{node.name} Gemm")
 
+    def pick(self, M, N, K, batches, deep, where):
+        """pick_tiles, keeping what it chose for a tunable layer: _matrix tags its launches with it (Launch.tile),
+        for tuner.tune_layers."""
+        record = []
+        picked = pick_tiles(self.ctx, M, N, K, batches, deep, where, record)
+        self.tile = record[0] if record else None
+        return picked
+
     def _matrix(self, src, name, args, core, tiles, lsize, grid, M, NN, KK, label):
         """Launch a GEMM-shaped kernel; on GPUs split K when the grid alone cannot fill the device."""
+        start, tile, self.tile = len(self.launches), self.tile, None
+        self._matrix_launches(src, name, args, core, tiles, lsize, grid, M, NN, KK, label)
+        for launch in self.launches[start:]:
+            launch.tile = tile
+
+    def _matrix_launches(self, src, name, args, core, tiles, lsize, grid, M, NN, KK, label):
         groups = grid[0] // (lsize[0] if lsize else 1) * grid[1] * grid[2]
         per_split = 4 * grid[2] * M * NN  # bytes of partial sums per slice
         room = max(self.arena_room(), SPLITK_SCRATCH_MAX)
@@ -1132,7 +1179,7 @@ class Lowerer:
             return
         work = 4 * group * CKK * NPIX
         M, NN, KK = (K, CKK, NPIX) if which == "dw" else (CKK, NPIX, K)
-        core, tiles, lsize, (g0, g1) = pick_tiles(self.ctx, M, NN, KK, group, deep=False)
+        core, tiles, lsize, (g0, g1) = self.pick(M, NN, KK, group, False, f"{which}{KH}x{KW}s{s[0]}x{s[1]}")
         if which == "dw" and node.attrs.get("winograd"):
             self.winograd_dw(dy, other, out, p, label)
             return

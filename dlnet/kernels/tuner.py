@@ -20,7 +20,7 @@ import numpy as np
 
 from . import lowering
 from .runtime import _cache_dir, cl
-from ..errors import DeviceError
+from ..errors import DeviceError, DlnetError
 
 # Devices measured by hand, by OpenCL device name (the H100's entry: see the comment above GPU_TILE_MODEL)
 DATABASE = {"NVIDIA H100 80GB HBM3": lowering.GPU_TILE_MODEL}
@@ -215,3 +215,155 @@ def _time(queue, kernel, bufs, tiles, groups, K, reps):
     except cl.Error as e:
         raise DeviceError(f"tuner: gemm_core.cl with tiles {tiles} failed on {M} x {N} x {K}: {e}") from e
     return max(1e-9, statistics.median((ev.profile.end - ev.profile.start) * 1e-9 for ev in events[1:]))
+
+
+# Tiles per layer ---------------------------------------------------------------------------------------------------
+# lowering picks a product's tile by rule (pick_tiles: the fp32 model above, the tf32 rules), which fits measured
+# layer times only to 7-27%. tune_layers measures instead: every tile a layer may take, in the whole plan, and keeps
+# the fastest per layer key (kind of product, M x N x K x batches) in DLNET_CACHE/tune/<device>-layers-<precision>.json,
+# which every later plan on that device reads (as cuDNN's benchmark mode, but kept on disk).
+
+LAYER_VERSION = 1
+LAYER_REPS = 5  # timed runs of each trial plan (the median per launch), after one warm-up
+# a measured tile replaces the plan's own only where it took at most this fraction of that one's time
+LAYER_MARGIN = 0.97
+LAYER_SOURCES = ("gemm", "gemm_core", "gemm_mma", "gemm_fetch", "gemm_reduce", "conv", "window", "conv_grad_gemm")
+
+_LAYERS = {}  # (cl.Device, precision) -> {layer key: tile name}
+_TRIAL = {}  # id(ctx) -> the tile name every tunable product takes (where it may) while a trial plan is built
+
+
+def layer_tile(ctx, key, rule, options):
+    """The tile name (an entry of options) a product with this layer key takes: the trial's while tune_layers
+    builds one, else the one measured for it, else the rule's."""
+    trial = _TRIAL.get(id(ctx))
+    if trial is not None:
+        return trial if trial in options else rule
+    name = layer_tiles(ctx).get(key)
+    return name if name in options else rule
+
+
+def layer_tiles(ctx):
+    """{layer key: tile name} measured on ctx's device in ctx's precision (memoised per process; read from the
+    cache file once)."""
+    device = getattr(ctx, "device", None)
+    if device is None:  # (a stand-in context of tests of the rules)
+        return {}
+    table = _LAYERS.get((device, ctx.precision))
+    if table is None:
+        path = layer_cache_path(ctx)
+        table = _LAYERS[device, ctx.precision] = _read_layers(path, ctx) if path else {}
+    return table
+
+
+def layer_cache_path(ctx):
+    path = cache_path(ctx)
+    return path and f"{path[:-5]}-layers-{ctx.precision}.json"
+
+
+def _layer_digest():
+    """Digest of what a layer's tile names stand for: the tile tables and the kernels' text."""
+    text = json.dumps(lowering.GEMM_TILES, sort_keys=True) + "".join(
+        lowering.kernel_source(name) for name in LAYER_SOURCES)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _read_layers(path, ctx):
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        if data["version"] != LAYER_VERSION or data["device"] != _identity(ctx) or data["programs"] != _layer_digest():
+            return {}
+        return {str(k): v["tile"] for k, v in data["layers"].items() if isinstance(v.get("tile"), str)}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+
+
+def tune_layers(ctx, build, reps=LAYER_REPS, again=False):
+    """A plan from build() whose tunable products take the tile measured fastest for their layer key.
+
+    Where some key of the plan has no measured tile yet (again: always): one trial plan per tile name any of them may take, with
+    every tunable product forced onto that tile where it may take it (the rule's elsewhere). Each trial runs reps + 1
+    times on a profiling queue (random inputs); a key's time under a tile is its launches' kernel time (split-K's
+    reduction included), median per launch, summed over the nodes that share the key. Per key the fastest tile
+    replaces the plan's own where it took at most LAYER_MARGIN of that one's time. The choices go to the process's
+    table and the cache file, then the plan is built again.
+
+    Returns (plan, report): report is None where nothing was measured, else {"seconds", "before" and "after" (the
+    tunable products' summed ms), "layers": {key: {"tile": chosen, "was": the plan's own, "ms": {tile: ms}}}}."""
+    plan = build()
+    tagged = {launch.tile[0]: launch.tile for launch in plan.launches if launch.tile}
+    table = layer_tiles(ctx)
+    if not tagged or (not again and all(key in table for key in tagged)):
+        return plan, None
+    start = time.perf_counter()
+    plan.release()
+    times = {}  # key -> {tile name: ms}
+    for name in dict.fromkeys(n for _, _, options in tagged.values() for n in options):
+        _TRIAL[id(ctx)] = name
+        try:
+            trial = build()
+        except DlnetError:  # a tile this device cannot build or run (too much local memory): not a choice
+            continue
+        finally:
+            del _TRIAL[id(ctx)]
+        try:
+            measured = _layer_times(ctx, trial, reps)
+        except cl.Error:
+            continue
+        finally:
+            trial.release()
+        for (key, got), ms in measured.items():
+            times.setdefault(key, {})[got] = min(ms, times.get(key, {}).get(got, math.inf))
+    layers = {}
+    for key, (_, was, _) in tagged.items():
+        ms = times.get(key, {})
+        best = min(ms, key=ms.get) if ms else was
+        tile = best if was not in ms or ms[best] <= LAYER_MARGIN * ms[was] else was
+        table[key] = tile
+        layers[key] = {"tile": tile, "was": was, "ms": {n: round(float(t), 5) for n, t in ms.items()}}
+    _save_layers(ctx, layers)
+    plan = build()
+    before = float(sum(v["ms"].get(v["was"], 0.0) for v in layers.values()))
+    after = float(sum(v["ms"].get(v["tile"], 0.0) for v in layers.values()))
+    return plan, {"seconds": time.perf_counter() - start, "before": before, "after": after, "layers": layers}
+
+
+def _layer_times(ctx, plan, reps):
+    """{(layer key, tile name): kernel ms} of a plan's tunable products, median per launch of reps runs after a
+    warm-up, on a profiling queue, with random float inputs (zeros in integer ones)."""
+    queue = cl.CommandQueue(ctx.cl, ctx.device, properties=cl.command_queue_properties.PROFILING_ENABLE)
+    rng = np.random.default_rng(0)
+    for v, (buf, off) in zip(plan.graph.inputs, plan.input_locs):
+        if v.size:
+            a = rng.standard_normal(v.size).astype(v.dtype) if np.dtype(v.dtype).kind == "f" else \
+                np.zeros(v.size, v.dtype)
+            cl.enqueue_copy(queue, buf, a, dst_offset=off * a.itemsize)
+    runs = []
+    for r in range(reps + 1):
+        events = [launch.enqueue(queue) for launch in plan.launches]
+        queue.finish()
+        if r:
+            runs.append([ev.profile.end - ev.profile.start for ev in events])
+    out = {}
+    for launch, ns in zip(plan.launches, np.median(np.array(runs, np.float64), axis=0)):
+        if launch.tile:
+            at = launch.tile[:2]
+            out[at] = out.get(at, 0.0) + ns * 1e-6
+    return out
+
+
+def _save_layers(ctx, layers):
+    """Merge these layers' choices into the cache file (another process's entries kept)."""
+    path = layer_cache_path(ctx)
+    if not path:
+        return
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        old = data["layers"] if data["version"] == LAYER_VERSION and data["device"] == _identity(ctx) and \
+            data["programs"] == _layer_digest() and isinstance(data["layers"], dict) else {}
+    except (OSError, ValueError, KeyError, TypeError):
+        old = {}
+    _write(path, {"version": LAYER_VERSION, "device": _identity(ctx), "programs": _layer_digest(),
+                  "layers": dict(old, **layers)})
