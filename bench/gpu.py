@@ -71,9 +71,12 @@ def bench_nets(ctx, nets, batches, iters, rows, tune=False):
 
             xt_pinned = xt.pin_memory()
             if tune:
+                from dlnet.kernels import tuner
                 by_rule = dlnet.Net(ctx).load_onnx(proto)
                 x_rule = by_rule.input_array("x", x.shape)
                 x_rule[...] = x
+                with tuner.by_rule(ctx):
+                    by_rule.run({"x": x_rule})  # (plans it)
                 t_rule = median_ms(lambda: by_rule.run({"x": x_rule}), iters)
                 by_rule.release()
                 start = time.perf_counter()
@@ -106,7 +109,7 @@ def bench_nets(ctx, nets, batches, iters, rows, tune=False):
             torch_mem = torch.cuda.max_memory_allocated()
             mem = net.memory
             rows.append((name, batch, t_torch, t_dlnet, t_torch / t_dlnet, err, mem.total / 2**20, torch_mem / 2**20,
-                         len(net.launches), t_torch_p, t_dlnet_p, t_torch_p / t_dlnet_p))
+                         len(net.launches), t_torch_p, t_dlnet_p, t_torch_p / t_dlnet_p, t_rule if tune else None))
             print(f"{name:13s} b{batch:<3d} torch {t_torch:8.2f} ms  dlnet {t_dlnet:8.2f} ms  ratio {t_torch / t_dlnet:5.2f}"
                   f"  pinned: torch {t_torch_p:8.2f} dlnet {t_dlnet_p:8.2f} ratio {t_torch_p / t_dlnet_p:5.2f}"
                   f"  err {err:.1e}  mem {mem.total / 2**20:.0f}/{torch_mem / 2**20:.0f} MiB (dlnet: activations "
@@ -242,10 +245,12 @@ def main():
             print("plain: both copy the input from an ordinary (pageable) host array; pinned: both from page-locked "
                   "memory (torch pin_memory(), dlnet Net.input_array)")
             print(f"{'net':13s} {'batch':>5} {'torch ms':>9} {'dlnet ms':>9} {'ratio':>6} {'pinned: torch':>14} "
-                  f"{'dlnet':>7} {'ratio':>6} {'rel err':>8} {'mem MiB (dlnet/torch)':>22} {'launches':>8}")
+                  f"{'dlnet':>7} {'ratio':>6} {'rel err':>8} {'mem MiB (dlnet/torch)':>22} {'launches':>8}" +
+                  (f" {'pinned by rule: dlnet':>21} {'ratio':>6}" if args.tune else ""))
             for r in rows:
                 print(f"{r[0]:13s} {r[1]:5d} {r[2]:9.2f} {r[3]:9.2f} {r[4]:6.2f} {r[9]:14.2f} {r[10]:7.2f} "
-                      f"{r[11]:6.2f} {r[5]:8.1e} {r[6]:10.0f}/{r[7]:<11.0f} {r[8]:8d}")
+                      f"{r[11]:6.2f} {r[5]:8.1e} {r[6]:10.0f}/{r[7]:<11.0f} {r[8]:8d}" +
+                      (f" {r[12]:21.2f} {r[9] / r[12]:6.2f}" if r[12] else ""))
         if args.gemm:
             from dlnet.kernels import lowering
             for cfg in args.tiles.split(";") if args.tiles else [""]:

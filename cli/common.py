@@ -53,8 +53,8 @@ def write_atomic(path, text):
         raise
 
 
-def load_net(model, device=None, batch=None, profile=False, precision="fp32"):
+def load_net(model, device=None, batch=None, profile=False, precision="fp32", tune=None):
     import dlnet
 
     ctx = dlnet.Context(device, precision=precision, profile=profile)
-    return dlnet.Net(ctx).load_onnx(model, batch=batch)
+    return dlnet.Net(ctx).load_onnx(model, batch=batch, tune=tune)

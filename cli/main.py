@@ -107,11 +107,13 @@ def random_feeds(net, batch=1, seed=0):
 @click.option("--iters", type=click.IntRange(min=1), default=20, show_default=True, help="Timed runs.")
 @click.option("--warmup", type=click.IntRange(min=0), default=3, show_default=True, help="Untimed runs first.")
 @click.option("--profile", is_flag=True, help="Per-layer time table from OpenCL events.")
+@click.option("--tune", is_flag=True, help="First measure which GEMM tile each layer runs fastest on, where no "
+              "earlier run did (seconds, once per device: kept on disk; see `dlnet tune MODEL`).")
 @precision_option
 @command_errors
-def bench(model, batch, device, iters, warmup, profile, precision):
+def bench(model, batch, device, iters, warmup, profile, tune, precision):
     """Median latency and images/s of MODEL on random input."""
-    net = load_net(model, device, batch=batch, profile=profile, precision=precision)
+    net = load_net(model, device, batch=batch, profile=profile, precision=precision, tune=tune or None)
     feeds = random_feeds(net, batch)
     for _ in range(warmup):
         net.run(feeds)

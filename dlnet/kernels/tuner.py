@@ -8,6 +8,7 @@ H100 or H200, 0.1 s once its four programs are compiled) and writes that file. D
 database's entry, else the H100's values. CPU devices run gemm_vec.cl, not the tiled core, and are measured only
 with DLNET_TUNE=1 (or by `measure` and `tune` called directly).
 """
+import contextlib
 import hashlib
 import json
 import math
@@ -235,12 +236,24 @@ _TRIAL = {}  # id(ctx) -> the tile name every tunable product takes (where it ma
 
 def layer_tile(ctx, key, rule, options):
     """The tile name (an entry of options) a product with this layer key takes: the trial's while tune_layers
-    builds one, else the one measured for it, else the rule's."""
+    builds one, else the one measured for it (none with DLNET_TUNE_LAYERS=0), else the rule's."""
     trial = _TRIAL.get(id(ctx))
     if trial is not None:
         return trial if trial in options else rule
+    if os.environ.get("DLNET_TUNE_LAYERS") == "0":
+        return rule
     name = layer_tiles(ctx).get(key)
     return name if name in options else rule
+
+
+@contextlib.contextmanager
+def by_rule(ctx):
+    """Plans built inside take the rule's tiles, whatever was measured (comparisons)."""
+    _TRIAL[id(ctx)] = ""
+    try:
+        yield
+    finally:
+        del _TRIAL[id(ctx)]
 
 
 def layer_tiles(ctx):

@@ -115,6 +115,10 @@ def test_the_fastest_tile_is_kept_per_layer(tunable, monkeypatch):
     again = dlnet.Net(tunable).load_onnx(model, tune=True)
     assert again._last.tuning is None and tiles_of(again) == tiles_of(net)
     assert tiles_of(dlnet.Net(tunable).load_onnx(model)) == tiles_of(net)  # a plan without tune=True too
+    with tuner.by_rule(tunable):  # comparisons: the rule's tiles, whatever was measured
+        assert tiles_of(dlnet.Net(tunable).load_onnx(model)) == rule
+    monkeypatch.setenv("DLNET_TUNE_LAYERS", "0")
+    assert tiles_of(dlnet.Net(tunable).load_onnx(model)) == rule
 
 
 def test_a_stale_or_broken_cache_file_is_ignored(tunable, monkeypatch):
