@@ -441,7 +441,7 @@ def pick_tiles(ctx, M, N, K, batches=1, deep=True, where="gemm", record=None):
         name = layer_tile(ctx, key, f"{'tf32' if tf32 else 'gpu'}:{shape}", options)
         if record is not None:
             record.append((key, name, options))
-        kind, shape = name.split("/")[0].split(":")  # ("/sN": the slices of K measured best, _matrix)
+        kind, shape = name.split(":")
         tf32 = kind == "tf32"
     table = GEMM_TILES["cpu" if ctx.is_cpu else "gpu"]
     if tf32 and shape in GEMM_TILES["tf32"]:
@@ -1092,16 +1092,11 @@ class Lowerer:
     def _matrix(self, src, name, args, core, tiles, lsize, grid, M, NN, KK, label):
         """Launch a GEMM-shaped kernel; on GPUs split K when the grid alone cannot fill the device."""
         start, tile, self.tile = len(self.launches), self.tile, None
-        want = int(tile[1].split("/s")[1]) if tile and "/s" in tile[1] else None
-        took = self._matrix_launches(src, name, args, core, tiles, lsize, grid, M, NN, KK, label, want)
-        if tile and want is not None and took != want:  # (the tag names what ran)
-            tile = (tile[0], tile[1].split("/")[0], tile[2])
+        self._matrix_launches(src, name, args, core, tiles, lsize, grid, M, NN, KK, label)
         for launch in self.launches[start:]:
             launch.tile = tile
 
-    def _matrix_launches(self, src, name, args, core, tiles, lsize, grid, M, NN, KK, label, want=None):
-        """_matrix's launches: K in the slices pick_splits gives, or in `want` slices (the tuner's choice) where the
-        depth and the room for partial sums allow; returns the slices taken."""
+    def _matrix_launches(self, src, name, args, core, tiles, lsize, grid, M, NN, KK, label):
         groups = grid[0] // (lsize[0] if lsize else 1) * grid[1] * grid[2]
         per_split = 4 * grid[2] * M * NN  # bytes of partial sums per slice
         room = max(self.arena_room(), SPLITK_SCRATCH_MAX)
@@ -1110,14 +1105,12 @@ class Lowerer:
             from .tuner import tile_model
             target = resident_groups(tiles, tile_model(self.ctx)) * self.ctx.info.compute_units
             splits = pick_splits(groups, target, KK, max_splits=room // per_split)
-            if want is not None and want <= max(1, min(SPLITK_MAX, KK // 256, room // per_split)):
-                splits = want
         opts = TF32_OPTIONS if core == "gemm_mma" else ()
         if splits <= 1:
             self.emit(src, name, args + [self.dummy()[0], np.uint64(0)], grid, lsize, label, opts)
             if core == "gemm_vec":  # the CPU conv path reads im2col's output from the work buffer
                 self.use_scratch(self.launches[-1].kernel, len(args), 0, "work")
-            return 1
+            return
         src = f"#define SPLITS {splits}\n" + src + kernel_source("gemm_reduce")
         nbytes = per_split * splits
         at = self.arena_block(nbytes)  # the partial sums: a free block of the arena, else their own buffer
@@ -1128,7 +1121,6 @@ class Lowerer:
         if at is None:
             for launch in self.launches[-2:]:
                 self.use_scratch(launch.kernel, len(args), nbytes, "splitk")
-        return splits
 
     def arena_room(self):
         """Bytes of the largest block of the activation arena free while the current node runs."""

@@ -228,9 +228,6 @@ LAYER_VERSION = 1
 LAYER_REPS = 5  # timed runs of each trial plan (the median per launch), after one warm-up
 # a measured tile replaces the plan's own only where it took at most this fraction of that one's time
 LAYER_MARGIN = 0.97
-# after the tiles: the chosen tile of each layer in this many slices of K (split-K; "/sN" after the tile's name),
-# where its depth gives each slice 256 and the partial sums have room
-LAYER_SPLITS = (1, 2, 3, 4, 6)
 LAYER_SOURCES = ("gemm", "gemm_core", "gemm_mma", "gemm_fetch", "gemm_reduce", "conv", "window", "conv_grad_gemm")
 
 _LAYERS = {}  # (cl.Device, precision) -> {layer key: tile name}
@@ -241,15 +238,12 @@ def layer_tile(ctx, key, rule, options):
     """The tile name (an entry of options) a product with this layer key takes: the trial's while tune_layers
     builds one, else the one measured for it (none with DLNET_TUNE_LAYERS=0), else the rule's."""
     trial = _TRIAL.get(id(ctx))
-    if trial is not None and trial.startswith("/"):  # slices of K on the tile measured (or picked) for the layer
-        name = layer_tiles(ctx).get(key, rule).split("/")[0]
-        return (name if name in options else rule) + trial
     if trial is not None:
         return trial if trial in options else rule
     if os.environ.get("DLNET_TUNE_LAYERS") == "0":
         return rule
     name = layer_tiles(ctx).get(key)
-    return name if name is not None and name.split("/")[0] in options else rule
+    return name if name in options else rule
 
 
 @contextlib.contextmanager
@@ -298,17 +292,15 @@ def _read_layers(path, ctx):
         return {}
 
 
-def tune_layers(ctx, build, reps=None, again=False):
+def tune_layers(ctx, build, reps=LAYER_REPS, again=False):
     """A plan from build() whose tunable products take the tile measured fastest for their layer key.
 
-    Where some key of the plan has no measured tile yet (again: always): one trial plan per tile name any of them
-    may take, with every tunable product forced onto that tile where it may take it (the rule's elsewhere). Each
-    trial runs reps + 1 times (reps None: LAYER_REPS) on a profiling queue (random inputs); a key's time under a
-    tile is its launches' kernel time (split-K's reduction included), median per launch, summed over the nodes that
-    share the key. Then one trial per count of
-    LAYER_SPLITS: each layer on its fastest tile so far, K in that many slices where it may be (the tile name
-    + "/sN"). Per key the fastest of all replaces the plan's own where it took at most LAYER_MARGIN of that one's
-    time. The choices go to the process's table and the cache file, then the plan is built again.
+    Where some key of the plan has no measured tile yet (again: always): one trial plan per tile name any of them may take, with
+    every tunable product forced onto that tile where it may take it (the rule's elsewhere). Each trial runs reps + 1
+    times on a profiling queue (random inputs); a key's time under a tile is its launches' kernel time (split-K's
+    reduction included), median per launch, summed over the nodes that share the key. Per key the fastest tile
+    replaces the plan's own where it took at most LAYER_MARGIN of that one's time. The choices go to the process's
+    table and the cache file, then the plan is built again.
 
     Returns (plan, report): report is None where nothing was measured, else {"seconds", "before" and "after" (the
     tunable products' summed ms), "layers": {key: {"tile": chosen, "was": the plan's own, "ms": {tile: ms}}}}."""
@@ -317,44 +309,25 @@ def tune_layers(ctx, build, reps=None, again=False):
     table = layer_tiles(ctx)
     if not tagged or (not again and all(key in table for key in tagged)):
         return plan, None
-    start, reps = time.perf_counter(), reps or LAYER_REPS
+    start = time.perf_counter()
     plan.release()
     times = {}  # key -> {tile name: ms}
     for name in dict.fromkeys(n for _, _, options in tagged.values() for n in options):
-        _trial(ctx, build, name, reps, times)
-    layers = _choose(tagged, times, table)
-    for splits in LAYER_SPLITS:  # then each layer's tile in so many slices of K
-        _trial(ctx, build, f"/s{splits}", reps, times)
-    layers = _choose(tagged, times, table)
-    _save_layers(ctx, layers)
-    plan = build()
-    before = float(sum(v["ms"].get(v["was"], 0.0) for v in layers.values()))
-    after = float(sum(v["ms"].get(v["tile"], 0.0) for v in layers.values()))
-    return plan, {"seconds": time.perf_counter() - start, "before": before, "after": after, "layers": layers}
-
-
-def _trial(ctx, build, name, reps, times):
-    """Build and time the plan with every tunable product on tile `name` (where it may take it), into times."""
-    _TRIAL[id(ctx)] = name
-    try:
-        trial = build()
-    except DlnetError:  # a tile this device cannot build or run (too much local memory): not a choice
-        return
-    finally:
-        del _TRIAL[id(ctx)]
-    try:
-        measured = _layer_times(ctx, trial, reps)
-    except cl.Error:
-        return
-    finally:
-        trial.release()
-    for (key, got), ms in measured.items():
-        times.setdefault(key, {})[got] = min(ms, times.get(key, {}).get(got, math.inf))
-
-
-def _choose(tagged, times, table):
-    """Per key the fastest tile measured, where it took at most LAYER_MARGIN of the plan's own (into table);
-    returns the report's layers."""
+        _TRIAL[id(ctx)] = name
+        try:
+            trial = build()
+        except DlnetError:  # a tile this device cannot build or run (too much local memory): not a choice
+            continue
+        finally:
+            del _TRIAL[id(ctx)]
+        try:
+            measured = _layer_times(ctx, trial, reps)
+        except cl.Error:
+            continue
+        finally:
+            trial.release()
+        for (key, got), ms in measured.items():
+            times.setdefault(key, {})[got] = min(ms, times.get(key, {}).get(got, math.inf))
     layers = {}
     for key, (_, was, _) in tagged.items():
         ms = times.get(key, {})
@@ -362,7 +335,11 @@ def _choose(tagged, times, table):
         tile = best if was not in ms or ms[best] <= LAYER_MARGIN * ms[was] else was
         table[key] = tile
         layers[key] = {"tile": tile, "was": was, "ms": {n: round(float(t), 5) for n, t in ms.items()}}
-    return layers
+    _save_layers(ctx, layers)
+    plan = build()
+    before = float(sum(v["ms"].get(v["was"], 0.0) for v in layers.values()))
+    after = float(sum(v["ms"].get(v["tile"], 0.0) for v in layers.values()))
+    return plan, {"seconds": time.perf_counter() - start, "before": before, "after": after, "layers": layers}
 
 
 def _layer_times(ctx, plan, reps):

@@ -21,15 +21,14 @@ def f32(*shape):
 
 
 def small_net():
-    """3x3 convolution + bias + ReLU (depth 576: split-K may apply), 3x3 stride 2, 1x1, and a product of two
-    inputs: four tunable products."""
-    w1, b1, w2, w3 = f32(32, 64, 3, 3) / 24, f32(32), f32(64, 32, 3, 3) / 17, f32(32, 64, 1, 1) / 8
+    """3x3 convolution + bias + ReLU, 3x3 stride 2, 1x1, and a product of two inputs: four tunable products."""
+    w1, b1, w2, w3 = f32(32, 16, 3, 3) / 12, f32(32), f32(64, 32, 3, 3) / 17, f32(32, 64, 1, 1) / 8
     nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
              helper.make_node("Relu", ["c1"], ["r1"]),
              helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1], strides=[2, 2]),
              helper.make_node("Conv", ["c2", "w3"], ["y"]),
              helper.make_node("MatMul", ["a", "b"], ["p"])]
-    feeds = {"x": f32(2, 64, 12, 12), "a": f32(40, 64), "b": f32(64, 48)}
+    feeds = {"x": f32(2, 16, 12, 12), "a": f32(40, 64), "b": f32(64, 48)}
     model = make_model(nodes, feeds, ["y", "p"], {"w1": w1, "b1": b1, "w2": w2, "w3": w3})
     return model, feeds
 
@@ -65,53 +64,48 @@ def tiles_of(net):
 
 def test_every_tile_a_layer_may_take_computes_it(tunable):
     """Each tile name the layers may take, forced on every product that may take it (as a trial plan is built),
-    gives the model's outputs; so do forced slices of K."""
+    gives the model's outputs."""
     model, feeds = small_net()
     options = {n for _, _, opts in (launch.tile for launch in dlnet.Net(tunable).load_onnx(model).launches
                                      if launch.tile) for n in opts}
     assert {"gpu:huge", "gpu:big"} <= options
     if tunable.precision == "tf32":
         assert {"tf32:big", "tf32:tall"} <= options
-    for name in sorted(options) + ["/s2"]:  # ... and each layer's tile with K in 2 slices where it may be
+    for name in sorted(options):
         tuner._TRIAL[id(tunable)] = name
         try:
             net = dlnet.Net(tunable).load_onnx(model)
         finally:
             del tuner._TRIAL[id(tunable)]
-        assert any(n.startswith(name) or n.endswith(name) for n in tiles_of(net).values())
-        if name.startswith("/"):
-            assert any(f"splitK{name[2:]}" in launch.label for launch in net.launches)
+        assert name in tiles_of(net).values()
         check_outputs(net, model, feeds, tunable)
 
 
 def test_the_fastest_tile_is_kept_per_layer(tunable, monkeypatch):
-    """Given times: a layer takes the tile that ran fastest, or its tile in the slices of K that ran fastest, unless
-    the plan's own came within LAYER_MARGIN of it; the choices go to the cache file, which a fresh process reads,
-    and later plans take them without measuring."""
+    """Given times: a layer takes the tile that ran fastest, unless the plan's own came within LAYER_MARGIN of it;
+    the choices go to the cache file, which a fresh process reads, and later plans take them without measuring."""
     model, feeds = small_net()
+    keys = sorted(tiles_of(dlnet.Net(tunable).load_onnx(model)))
+    assert len(keys) == 4
     rule = tiles_of(dlnet.Net(tunable).load_onnx(model))
-    assert len(rule) == 4
-    one, deep, gemm = (next(k for k in rule if k.startswith(p)) for p in ("conv1x1", "conv3x3s1x1", "gemm"))
-    want = {one: "gpu:huge" if rule[one] != "gpu:huge" else "gpu:mid"}
+    want = {keys[0]: "gpu:huge" if rule[keys[0]] != "gpu:huge" else "gpu:mid", keys[1]: rule[keys[1]]}
 
-    def given(ctx, plan, reps):  # one: `want` at half the rest's time; deep: any tile in 2 slices of K; gemm: another
-        out = {}                 # tile 1% faster than the rule's
+    def given(ctx, plan, reps):  # keys[0]: `want` at half the rest's time; keys[1]: another 1% faster than the rule's
+        out = {}
         for launch in plan.launches:
             if launch.tile:
                 key, name = launch.tile[:2]
-                ms = 1.0 if name == want.get(key) or (key == deep and name.endswith("/s2")) else 2.0
-                if key == gemm:
-                    ms = 1.0 if name == rule[key] else 0.99
+                ms = 1.0 if name == want.get(key) else 2.0
+                if key == keys[1] and name != rule[key]:
+                    ms = 0.99
                 out[key, name] = ms
         return out
     monkeypatch.setattr(tuner, "_layer_times", given)
     net = dlnet.Net(tunable).load_onnx(model, tune=True)
     report = net._last.tuning
-    assert report["layers"][one]["tile"] == want[one] and report["layers"][one]["was"] == rule[one]
-    assert report["layers"][gemm]["tile"] == rule[gemm]  # within the margin: the plan's own stays
-    assert report["layers"][deep]["tile"].endswith("/s2")
-    assert tiles_of(net)[one] == want[one] and tiles_of(net)[deep] == report["layers"][deep]["tile"]
-    assert any("splitK2" in launch.label for launch in net.launches if launch.tile and launch.tile[0] == deep)
+    assert report["layers"][keys[0]]["tile"] == want[keys[0]] and report["layers"][keys[0]]["was"] == rule[keys[0]]
+    assert report["layers"][keys[1]]["tile"] == rule[keys[1]]  # within the margin: the plan's own stays
+    assert tiles_of(net)[keys[0]] == want[keys[0]]
     check_outputs(net, model, feeds, tunable)
     with open(tuner.layer_cache_path(tunable)) as f:
         saved = json.load(f)["layers"]
@@ -154,11 +148,8 @@ def test_tune_layers_measures_every_option(tunable, monkeypatch):
     options = {launch.tile[0]: launch.tile[2] for launch in net.launches if launch.tile}
     assert set(report["layers"]) == set(options)
     for key, v in report["layers"].items():
-        tiles = {n for n in v["ms"] if "/" not in n}
-        assert tiles == set(options[key]) and all(ms > 0 for ms in v["ms"].values()), key
-        assert {n.split("/")[0] for n in v["ms"]} == tiles and v["tile"].split("/")[0] in tiles
-    deep = next(k for k in report["layers"] if "x576x" in k)  # 3x3 over 64 channels: K in 1 or 2 slices of 256+
-    assert {n.split("/")[1] for n in report["layers"][deep]["ms"] if "/" in n} == {"s1", "s2"}
+        assert set(v["ms"]) == set(options[key]) and all(ms > 0 for ms in v["ms"].values()), key
+        assert v["tile"] in options[key]
     assert 0 < report["after"] <= report["before"]
     check_outputs(net, model, feeds, tunable)
     if tunable.precision != "fp32" or not tunable.is_cpu:
