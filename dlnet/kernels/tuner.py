@@ -7,6 +7,10 @@ DLNET_TUNE=1); the cache file DLNET_CACHE/tune/<device>.json; else measures now 
 H100 or H200, 0.1 s once its four programs are compiled) and writes that file. DLNET_TUNE=0 never measures: the
 database's entry, else the H100's values. CPU devices run gemm_vec.cl, not the tiled core, and are measured only
 with DLNET_TUNE=1 (or by `measure` and `tune` called directly).
+
+tune_layers(ctx, build) measures per layer instead, where asked (Net.load_onnx(tune=True), `dlnet tune MODEL`): the
+tile each product of a plan runs fastest on, kept per layer key in DLNET_CACHE/tune/<device>-layers-<precision>.json
+and taken by every later plan on the device (layer_tile).
 """
 import contextlib
 import hashlib
