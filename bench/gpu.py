@@ -131,12 +131,16 @@ def matmul_model(n):
 
 
 def bench_gemm(ctx, sizes):
+    """y = a @ b at n x n: kernel time of both (dlnet from OpenCL profiling events on a profiling context of its own,
+    cuBLAS from CUDA events), and the wall time of a call with its wait (enqueue, then finish / synchronize)."""
     set_tf32(ctx.precision == "tf32")
     tf32 = "on" if ctx.precision == "tf32" else "off"
-    print(f"\nGEMM {ctx.precision} (kernel time only, median of 10; cuBLAS with TF32 {tf32})")
-    print(f"{'n':>6} {'cuBLAS TFLOP/s':>15} {'dlnet TFLOP/s':>14} {'ratio':>6}")
+    pctx = dlnet.Context("gpu", precision=ctx.precision, profile=True)
+    print(f"\nGEMM {ctx.precision} (median of 10; cuBLAS with TF32 {tf32}): kernel time, and a call's wall time")
+    print(f"{'n':>6} {'cuBLAS TFLOP/s':>15} {'dlnet TFLOP/s':>14} {'ratio':>6} {'wall: cuBLAS ms':>16} {'dlnet ms':>9} "
+          f"{'ratio':>6}")
     for n in sizes:
-        net = dlnet.Net(ctx).load_onnx(matmul_model(n))
+        net = dlnet.Net(pctx).load_onnx(matmul_model(n))
         a = np.random.default_rng(0).standard_normal((n, n)).astype(np.float32)
         out = net.run({"a": a, "b": a})["y"]
         ta = torch.from_numpy(a).cuda()
@@ -144,10 +148,13 @@ def bench_gemm(ctx, sizes):
         plan = net._last
 
         def run_dlnet():
-            for launch in plan.launches:
-                launch.enqueue(ctx.queue)
-            ctx.queue.finish()
-        t_d = median_ms(run_dlnet, 10)
+            events = [launch.enqueue(pctx.queue) for launch in plan.launches]
+            pctx.queue.finish()
+            return sum(e.profile.end - e.profile.start for e in events) * 1e-6
+        for _ in range(3):
+            run_dlnet()
+        k_d = statistics.median(run_dlnet() for _ in range(10))
+        w_d = median_ms(run_dlnet, 10)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
         def run_torch():
@@ -158,9 +165,11 @@ def bench_gemm(ctx, sizes):
             return start.elapsed_time(end)
         for _ in range(3):
             run_torch()
-        t_t = statistics.median(run_torch() for _ in range(10))
+        k_t = statistics.median(run_torch() for _ in range(10))
+        w_t = median_ms(lambda: (torch.mm(ta, ta), torch.cuda.synchronize()), 10)
         flops = 2 * n ** 3
-        print(f"{n:6d} {flops / t_t / 1e9:15.1f} {flops / t_d / 1e9:14.1f} {t_t / t_d:6.2f}  (err {err:.1e})", flush=True)
+        print(f"{n:6d} {flops / k_t / 1e9:15.1f} {flops / k_d / 1e9:14.1f} {k_t / k_d:6.2f} {w_t:16.3f} {w_d:9.3f} "
+              f"{w_t / w_d:6.2f}  (err {err:.1e})", flush=True)
         net.release()
 
 

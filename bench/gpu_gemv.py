@@ -1,12 +1,14 @@
 """gemv.cl's and gemv_rows.cl's work-group configs (and the GEMM core) against cuBLAS (torch F.linear) on fully
 connected layers' shapes.
 
-    python3 bench/gpu_gemv.py [--rows]
+    python3 bench/gpu_gemv.py [--rows [--direct]]
 
 Kernel time from OpenCL profiling events and CUDA events, median; prints a table (the last column: B's bytes per
 second for the best config). --rows: only the shapes of more than GEMV_REG_ROWS rows, against gemv_rows.cl's configs
 (and gemv.cl at its default config taking those rows too). Runs on the GPU machine; asserts nothing. A config that
-does not apply to a shape (gemv.cl beyond its rows, gemv_rows.cl within them) prints '-'.
+does not apply to a shape (gemv.cl beyond its rows, gemv_rows.cl within them) prints '-'. --direct: gemv_rows.cl's
+configs with A read from global memory (A_DIRECT). A 256 MiB buffer is written before each repetition, so B comes from
+memory as it does in a net.
 """
 import statistics
 import sys
@@ -39,13 +41,21 @@ ROW_SHAPES = [(16, 4096, 25088), (16, 4096, 9216), (16, 4096, 4096), (16, 1000, 
 ROW_CONFIGS = ["table", "rows:8,32,4,512,2", "rows:8,16,4,512,3", "rows:8,16,4,256,3", "rows:8,32,2,512,3",
                "rows:16,16,4,256,2", "rows:8,64,4,512,1", "rows:8,32,4,512,2/4", "rows:8,32,4,512,2/12", "64,2,2",
                "core"]
+if "--direct" in sys.argv:  # gemv_rows.cl reading A from global memory (A_DIRECT), 6th field: its unroll
+    ROW_CONFIGS = ["table", "rows:8,16,4,256,3,4", "rows:8,16,4,256,3,2", "rows:8,16,2,256,4,4", "rows:8,32,2,256,2,4",
+                   "rows:16,16,2,256,2,4", "rows:8,16,4,256,2,4", "rows:8,16,4,256,4,4", "rows:4,32,4,256,3,4",
+                   "rows:8,8,4,256,6,4", "rows:8,16,4,128,3,4"]
 TABLE = dict(lowering.GEMV_ROWS_TILES)
+
+
+FLUSH = None
 
 
 def cublas_ms(a, w):
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
     for _ in range(15):
+        FLUSH.zero_()
         start.record()
         torch.nn.functional.linear(a, w)
         end.record()
@@ -65,7 +75,7 @@ def configure(cfg, m):
             return False
         if cfg != "table":
             tiles, _, splits = cfg[5:].partition("/")
-            lowering.GEMV_ROWS_TILES = {32: dict(zip(["LK", "LN", "NC", "KC", "per_cu"],
+            lowering.GEMV_ROWS_TILES = {32: dict(zip(["LK", "LN", "NC", "KC", "per_cu", "unroll"],
                                                      (int(v) for v in tiles.split(","))))}
             lowering.GEMV_ROWS_SPLITS = int(splits or 0)
     else:
@@ -84,6 +94,8 @@ def dlnet_ms(ctx, cfg, a, w, ref):
         print(f"  {cfg}: rel err {err:.1e}")
     times = []
     for _ in range(12):
+        FLUSH.zero_()  # B comes from memory, not from the L2 cache (50 MiB on an H100), as it does in a net
+        torch.cuda.synchronize()
         events = [launch.enqueue(ctx.queue) for launch in net.launches]
         ctx.queue.finish()
         times.append(sum(e.profile.end - e.profile.start for e in events) * 1e-6)
@@ -92,6 +104,8 @@ def dlnet_ms(ctx, cfg, a, w, ref):
 
 
 def main():
+    global FLUSH
+    FLUSH = torch.empty(64 << 20, device="cuda")  # 256 MiB written between repetitions
     ctx = dlnet.Context("gpu", profile=True)
     torch.backends.cuda.matmul.allow_tf32 = False
     shapes, configs = (ROW_SHAPES, ROW_CONFIGS) if "--rows" in sys.argv else (SHAPES, CONFIGS)

@@ -7,6 +7,9 @@ threads run while an OpenCL context is being created.
                                                     started, had its context, built each program
     python3 bench/probes/startup.py --gil           Python loop rate while a context is created in another thread,
                                                     against the rate with nothing else running
+    python3 bench/probes/startup.py --warm N        a cold start, then N warm ones, each with the main thread's
+                                                    timeline (when parsing, planning, the context, the builds, the
+                                                    first run ended)
 """
 import argparse
 import os
@@ -107,14 +110,93 @@ def trace_cold(env_extra):
             print(f"  {pid:>8}: " + ", ".join(f"{what} {t:.2f}" for t, what in mine))
 
 
+WARM = """
+import time, torch, torchvision, onnx, sys, threading  # (as gpu.bench_startup's child does)
+T0 = time.perf_counter()
+marks = []
+def mark(what):
+    marks.append((what, time.perf_counter() - T0))
+if {switch}:
+    sys.setswitchinterval({switch})
+if {early}:
+    import pyopencl
+    from dlnet.kernels import runtime
+    threading.Thread(target=runtime.wake_driver, daemon=True).start()
+import dlnet, numpy as np
+from dlnet import net as netmod
+from dlnet.kernels import runtime, lowering
+mark('import')
+def wrap(owner, name, label, enter=False):
+    f = getattr(owner, name)
+    def g(*a, **k):
+        if enter:
+            mark(label + ' <')
+        r = f(*a, **k)
+        mark(label)
+        return r
+    setattr(owner, name, g)
+wrap(netmod, 'load_model', 'onnx parsed')
+wrap(netmod.Net, 'build_graph', 'graph + passes')
+wrap(netmod, 'plan_memory', 'memory planned')
+wrap(runtime.Context, '_wait_open', 'context ready', enter=True)
+wrap(runtime.Context, 'build_all', 'programs built', enter=True)
+wrap(lowering.Lowerer, 'finish', 'kernels bound')
+wrap(runtime, 'wake_driver', 'thread: driver awake')
+wrap(runtime, 'pick_device', 'thread: device found')
+wrap(runtime, 'open_context', 'thread: context created')
+ctx = dlnet.Context('gpu')
+mark('Context()')
+if {serial}:
+    ctx.cl
+    mark('context waited for')
+net = dlnet.Net(ctx).load_onnx({path!r}, batch=1)
+mark('load_onnx')
+net.run({{'x': np.ones((1, 3, 224, 224), np.float32)}})
+mark('first run')
+seen = set()
+print(', '.join(f'{{w}} {{t:.3f}}' for w, t in marks if not (w in seen or seen.add(w))))
+"""
+
+
+def trace_warm(n, serial=False, switch=0, early=False, cold=True):
+    import onnx
+    import torch
+    import torchvision
+    from gpu import export
+    torch.manual_seed(0)
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "resnet50.onnx")
+        onnx.save(export(torchvision.models.resnet50(weights=None).eval(), 1), path)
+        env = dict(os.environ, DLNET_CACHE=os.path.join(d, "cache"), CUDA_CACHE_PATH=os.path.join(d, "nv"))
+        for i in range(n + 1):
+            code = WARM.format(path=path, serial=serial and i > 0, switch=switch if i else 0, early=early and i > 0)
+            out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+            if i or cold:
+                print("cold" if i == 0 else "warm", out.stdout.strip(), out.stderr[-2000:] if out.returncode else "")
+
+
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--warm", type=int, default=0)
+    ap.add_argument("--variants", action="store_true", help="with --warm: also the context waited for first, a "
+                    "shorter switch interval, the driver woken before dlnet is imported")
     ap.add_argument("--trace", action="store_true")
     ap.add_argument("--programs", action="store_true")
     ap.add_argument("--gil", action="store_true")
     args = ap.parse_args()
     if args.gil:
         gil()
+    if args.warm:
+        trace_warm(args.warm)
+        if args.variants:
+            print("the same, the context waited for before the model is read:")
+            trace_warm(args.warm, serial=True, cold=False)
+            print("the same, Python's switch interval 0.5 ms (5 ms by default):")
+            trace_warm(args.warm, switch=0.0005, cold=False)
+            print("the same, the driver woken on a thread before dlnet is imported:")
+            trace_warm(args.warm, early=True, cold=False)
+            print("both:")
+            trace_warm(args.warm, switch=0.0005, early=True, cold=False)
     if args.trace:
         trace_cold({})
     if args.programs:
