@@ -9,7 +9,7 @@ from .graph.memory import MemoryReport, plan_memory
 from .graph.passes import run_passes
 from .graph.printer import format_graph
 from .kernels.lowering import Lowerer, chunked_prefix, device_passes
-from .kernels.runtime import Context, cl
+from .kernels.runtime import Context, Deferred, cl
 from .kernels.tuner import tune_layers
 from .onnx.importer import Importer, check_supported, graph_io, load_model
 from .stages import StagedPlan
@@ -41,11 +41,11 @@ class Plan:
         self.lowerer = None
         self.tuning = None  # what tuner.tune_layers measured for this plan, where it did
         try:
-            self.act_buf = ctx.alloc(self.memory.act_bytes)
-            self.const_buf = ctx.alloc(self.memory.const_bytes)
-            for v in self._consts():
-                ctx.upload(self.const_buf, v.const, self.memory.const_offsets[v.id])
-            lw = Lowerer(ctx, graph, self.memory, self.act_buf, self.const_buf)
+            # Lowered first, with the arenas named but not yet allocated: on a fresh Context the device's context is
+            # still opening on its thread meanwhile. Then the weights go up without waiting while the programs build.
+            act = Deferred(lambda: ctx.alloc(self.memory.act_bytes))
+            const = Deferred(lambda: ctx.alloc(self.memory.const_bytes))
+            lw = Lowerer(ctx, graph, self.memory, act, const)
             self.lowerer = lw
             pre = self.prefix
             for i, node in enumerate(graph.nodes):
@@ -55,6 +55,10 @@ class Plan:
                     continue
                 lw.layer, lw.node = f"{node.name} {node.op}".strip(), node
                 node.spec.lower(node, lw)
+            self.act_buf = lw.act_buf = act.get()
+            self.const_buf = lw.const_buf = const.get()
+            for v in self._consts():
+                ctx.upload(self.const_buf, v.const, self.memory.const_offsets[v.id], wait=False)
             lw.finish()
             self.launches = lw.launches
             self.input_locs = [lw.loc(v) for v in graph.inputs]

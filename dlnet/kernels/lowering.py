@@ -5,7 +5,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import codegen
-from .runtime import DTYPE_TO_C, Launch, PendingKernel, cl, kernel_source
+from .runtime import DTYPE_TO_C, Deferred, Launch, PendingKernel, cl, kernel_source
 from ..errors import ModelError
 from ..graph.ir import BatchSlice, Node
 
@@ -608,7 +608,8 @@ class Lowerer:
         arr = np.asarray(values, dtype=dtype)
         if arr.size == 0:
             arr = np.zeros(1, dtype)
-        buf = cl.Buffer(self.ctx.cl, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=arr)
+        buf = Deferred(lambda: cl.Buffer(self.ctx.cl, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR,
+                                         hostbuf=arr))
         self.keepalive.append(buf)
         return buf
 
@@ -1159,6 +1160,7 @@ class Lowerer:
                 launch.kernel = launch.kernel.bind(self.ctx)
             except cl.Error as e:
                 raise ModelError(f"{launch.label}: binding kernel {launch.kernel.name} arguments failed: {e}") from e
+        self.keepalive = [b.get() if isinstance(b, Deferred) else b for b in self.keepalive]
 
     def conv_grad(self, node, which):
         """dW (which="dw") or dX ("dx") of a 1-D/2-D convolution as a GEMM on the device's core."""

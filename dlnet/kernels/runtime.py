@@ -520,8 +520,10 @@ class Context:
         array[...] = 0
         return array
 
-    def upload(self, buf, array, byte_offset=0):
-        cl.enqueue_copy(self.queue, buf, np.ascontiguousarray(array), dst_offset=byte_offset)
+    def upload(self, buf, array, byte_offset=0, wait=True):
+        """Copy a host array into buf; wait=False returns at once (pyopencl keeps the array until the copy is
+        done)."""
+        cl.enqueue_copy(self.queue, buf, np.ascontiguousarray(array), dst_offset=byte_offset, is_blocking=wait)
 
     def download(self, buf, array, byte_offset=0, wait=True):
         return cl.enqueue_copy(self.queue, array, buf, src_offset=byte_offset, is_blocking=wait)
@@ -530,6 +532,20 @@ class Context:
         if self._copy_queue is not None:
             self._copy_queue.finish()
         self.queue.finish()
+
+
+class Deferred:
+    """A device buffer named before it exists: a Plan lowers its graph while the device's context is still opening
+    (on its thread), and its launches take the buffers when they are bound (PendingKernel.bind), once it is open."""
+    __slots__ = ("make", "value")
+
+    def __init__(self, make):
+        self.make, self.value = make, None
+
+    def get(self):
+        if self.value is None:
+            self.value = self.make()
+        return self.value
 
 
 class PendingKernel:
@@ -549,7 +565,7 @@ class PendingKernel:
 
     def bind(self, ctx):
         k = ctx.kernel(self.key[0], self.name, self.key[1])
-        k.set_args(*self.args)
+        k.set_args(*[a.get() if isinstance(a, Deferred) else a for a in self.args])
         return k
 
 
