@@ -1,13 +1,13 @@
 """gemv.cl's and gemv_rows.cl's work-group configs (and the GEMM core) against cuBLAS (torch F.linear) on fully
 connected layers' shapes.
 
-    python3 bench/gpu_gemv.py [--rows [--direct]]
+    python3 bench/gpu_gemv.py [--rows [--prefetch]]
 
 Kernel time from OpenCL profiling events and CUDA events, median; prints a table (the last column: B's bytes per
 second for the best config). --rows: only the shapes of more than GEMV_REG_ROWS rows, against gemv_rows.cl's configs
 (and gemv.cl at its default config taking those rows too). Runs on the GPU machine; asserts nothing. A config that
-does not apply to a shape (gemv.cl beyond its rows, gemv_rows.cl within them) prints '-'. --direct: gemv_rows.cl's
-configs with A read from global memory (A_DIRECT). A 256 MiB buffer is written before each repetition, so B comes from
+does not apply to a shape (gemv.cl beyond its rows, gemv_rows.cl within them) prints '-'. --prefetch: gemv_rows.cl's
+configs with the next chunk of A read ahead (PREFETCH_A). A 256 MiB buffer is written before each repetition, so B comes from
 memory as it does in a net.
 """
 import statistics
@@ -41,10 +41,10 @@ ROW_SHAPES = [(16, 4096, 25088), (16, 4096, 9216), (16, 4096, 4096), (16, 1000, 
 ROW_CONFIGS = ["table", "rows:8,32,4,512,2", "rows:8,16,4,512,3", "rows:8,16,4,256,3", "rows:8,32,2,512,3",
                "rows:16,16,4,256,2", "rows:8,64,4,512,1", "rows:8,32,4,512,2/4", "rows:8,32,4,512,2/12", "64,2,2",
                "core"]
-if "--direct" in sys.argv:  # gemv_rows.cl reading A from global memory (A_DIRECT), 6th field: its unroll
-    ROW_CONFIGS = ["table", "rows:8,16,4,256,3,4", "rows:8,16,4,256,3,2", "rows:8,16,2,256,4,4", "rows:8,32,2,256,2,4",
-                   "rows:16,16,2,256,2,4", "rows:8,16,4,256,2,4", "rows:8,16,4,256,4,4", "rows:4,32,4,256,3,4",
-                   "rows:8,8,4,256,6,4", "rows:8,16,4,128,3,4"]
+if "--prefetch" in sys.argv:  # gemv_rows.cl with the next chunk of A read ahead into registers (6th field 1)
+    ROW_CONFIGS = ["table", "rows:8,16,4,256,3,1", "rows:8,16,4,512,2,1", "rows:8,16,4,128,3,1", "rows:8,16,4,128,4,1",
+                   "rows:8,32,4,256,2,1", "rows:8,32,4,512,2,1", "rows:8,16,2,256,4,1", "rows:16,16,4,256,2,1",
+                   "rows:8,8,4,128,6,1"]
 TABLE = dict(lowering.GEMV_ROWS_TILES)
 
 
@@ -75,7 +75,7 @@ def configure(cfg, m):
             return False
         if cfg != "table":
             tiles, _, splits = cfg[5:].partition("/")
-            lowering.GEMV_ROWS_TILES = {32: dict(zip(["LK", "LN", "NC", "KC", "per_cu", "unroll"],
+            lowering.GEMV_ROWS_TILES = {32: dict(zip(["LK", "LN", "NC", "KC", "per_cu", "pf"],
                                                      (int(v) for v in tiles.split(","))))}
             lowering.GEMV_ROWS_SPLITS = int(splits or 0)
     else:

@@ -115,14 +115,20 @@ GEMV_MAX_ROWS = int(os.environ.get("DLNET_GEMV_MAX_ROWS", "32"))
 GEMV_REG_ROWS = 8
 GEMV_TILES = tuple(int(v) for v in os.environ.get("DLNET_GEMV", "64,2,2").split(","))
 # gemv_rows.cl per largest row count: LK lanes along k x LN column groups of NC columns per work-group, chunks of KC
-# floats of K (A's rows for a chunk in __local memory: MR x KC floats), and work-groups resident per compute unit for
-# the split-K choice (registers: about MR x NC accumulators + 4 NC per work-item); DLNET_GEMV_ROWS=
-# 'LK,LN,NC,KC,per_cu' sets one config for every row count. H100 (`python3 bench/gpu_gemv.py --rows`, kernel time, ms): 8,16,4,256,3 was best of eight configs on every
-# 16-row shape: 16 x 4096 x 25088 0.191 (2.2 TB/s; cuBLAS 0.260, the GEMM core 0.532), 16 x 4096 x 9216 0.079
-# (cuBLAS 0.115, core 0.203); 8,32,4,512,2 0.231 and 0.107
-GEMV_ROWS_TILES = {16: dict(LK=8, LN=16, NC=4, KC=256, per_cu=3), 32: dict(LK=8, LN=16, NC=4, KC=256, per_cu=3)}
+# floats of K (A's rows for a chunk in __local memory: MR x KC floats), work-groups resident per compute unit for
+# the split-K choice (registers: about MR x NC accumulators + 4 NC per work-item), and pf: the next chunk of A read
+# ahead into registers (PREFETCH_A, where the chunk is whole float4s per work-item); DLNET_GEMV_ROWS=
+# 'LK,LN,NC,KC,per_cu[,pf]' sets one config for every row count. H100 (`python3 bench/gpu_gemv.py --rows
+# [--prefetch]`, kernel time with B out of L2, ms; cuBLAS in brackets): 16 rows, 8,16,4,512,2 with pf against the
+# earlier 8,16,4,256,3 without: x 4096 x 25088 0.179 / 0.196 (0.231), x 9216 0.080 / 0.085 (0.106), x 4096 0.044
+# / 0.050 (0.061), 1000 x 4096 0.021 / 0.021 (0.049); 32 rows, 16,16,4,256,2 with pf: 0.272 / 0.360 (0.242), 0.115
+# / 0.144 (0.102), 0.063 / 0.082 (0.056), 0.028 / 0.024 (0.028); 12 rows x 9216: 8,16,4,128,3 with pf 0.080 / 0.085,
+# the 16-row config 0.098
+GEMV_ROWS_TILES = {12: dict(LK=8, LN=16, NC=4, KC=128, per_cu=3, pf=1),
+                   16: dict(LK=8, LN=16, NC=4, KC=512, per_cu=2, pf=1),
+                   32: dict(LK=16, LN=16, NC=4, KC=256, per_cu=2, pf=1)}
 if os.environ.get("DLNET_GEMV_ROWS"):
-    GEMV_ROWS_TILES = {GEMV_MAX_ROWS: dict(zip(["LK", "LN", "NC", "KC", "per_cu"],
+    GEMV_ROWS_TILES = {GEMV_MAX_ROWS: dict(zip(["LK", "LN", "NC", "KC", "per_cu", "pf"],
                                                (int(v) for v in os.environ["DLNET_GEMV_ROWS"].split(","))))}
 # gemv_rows.cl's slices of K: 0 picks them (whole waves of resident work-groups), else this many (at most one per
 # chunk); DLNET_GEMV_ROWS_SPLITS
@@ -1042,6 +1048,8 @@ class Lowerer:
         splits = -(-chunks // per_split)  # no empty slices
         defs = {"MR": M, "LK": LK, "LN": LN, "NC": NC, "KC4": KC4, "RED_ROWS": red_rows,
                 "LOCAL4": max(M * KC4, -(-LN * NC * red_rows * (LK + 1) // 4)), "SPLITS": splits}
+        if tiles.get("pf") and (M * KC4) % (LK * LN) == 0:
+            defs["PREFETCH_A"] = 1
         if c is not None:
             defs["HAS_C"] = 1
         src = _defines(defs) + act_macro(at.get("act")) + kernel_source("gemv_rows")

@@ -62,11 +62,13 @@ def test_gemv_rows(gpu_ctx, monkeypatch, m, n, k, c_shape, relu, splits):
     assert rel_l2(net.run({"a": a2})["y"], fc_model(a2, w, c, 0.7, 1.3, relu)[1]) < 1e-5
 
 
-@pytest.mark.parametrize("tiles", [dict(LK=8, LN=8, NC=4, KC=32, per_cu=1), dict(LK=16, LN=4, NC=1, KC=128, per_cu=4)])
+@pytest.mark.parametrize("tiles", [dict(LK=8, LN=8, NC=4, KC=32, per_cu=1), dict(LK=16, LN=4, NC=1, KC=128, per_cu=4),
+                                   dict(LK=8, LN=8, NC=4, KC=64, per_cu=1, pf=1)])
 def test_gemv_rows_configs(gpu_ctx, monkeypatch, tiles):
     """Other work-group shapes of the config table (as DLNET_GEMV_ROWS sets them): one step per chunk and the lane
-    sums in ten passes of two rows; 16 lanes along k, one column each; slices picked by the model (split on a
-    device of few compute units, like CI's PoCL)."""
+    sums in ten passes of two rows; 16 lanes along k, one column each; the next chunk of A read ahead
+    (PREFETCH_A, a partial last chunk); slices picked by the model (split on a device of few compute units, like
+    CI's PoCL)."""
     monkeypatch.setattr(lowering, "GEMV_ROWS_TILES", {32: tiles})
     a, w, c = f32(20, 1000), f32(75, 1000), f32(75)
     model, ref = fc_model(a, w, c, 1.0, 1.0, True)

@@ -47,14 +47,38 @@ void gemv_rows(__global const float* a, ulong a_off, __global const float* b, ul
     for (int m = 0; m < MR; m++)
         for (int j = 0; j < NC; j++)
             acc[m][j] = 0.0f;
+#ifdef PREFETCH_A
+    // PREFETCH_A: the next chunk of A is read into registers while this one is used (its latency hidden)
+#if (MR * KC4) % (LK * LN)
+#error "gemv_rows.cl: PREFETCH_A takes whole float4s of A per work-item"
+#endif
+#define PA (MR * KC4 / (LK * LN))
+    float4 pa[PA];
+    for (int p = 0; p < PA; p++) {
+        const int i = tid + p * LK * LN, m = i / KC4, kk = i % KC4;
+        pa[p] = kk < k_end - k_begin ? A[m * sam4 + k_begin + kk] : (float4)(0.0f);
+    }
+#endif
     for (int c0 = k_begin; c0 < k_end; c0 += KC4) {
-        const int cl = min(KC4, k_end - c0);
         barrier(CLK_LOCAL_MEM_FENCE);  // the previous chunk's reads of As are done
+#ifdef PREFETCH_A
+        for (int p = 0; p < PA; p++)
+            As[tid + p * LK * LN] = pa[p];
+        barrier(CLK_LOCAL_MEM_FENCE);
+        const int n0 = c0 + KC4;
+        if (n0 < k_end)
+            for (int p = 0; p < PA; p++) {
+                const int i = tid + p * LK * LN, m = i / KC4, kk = i % KC4;
+                pa[p] = kk < k_end - n0 ? A[m * sam4 + n0 + kk] : (float4)(0.0f);
+            }
+#else
+        const int cl = min(KC4, k_end - c0);
         for (int i = tid; i < MR * KC4; i += LK * LN) {
             const int m = i / KC4, kk = i % KC4;
             As[i] = kk < cl ? A[m * sam4 + c0 + kk] : (float4)(0.0f);
         }
         barrier(CLK_LOCAL_MEM_FENCE);
+#endif
         // Whole chunks of steps with no bounds test: past K (the last chunk only) A is zero in As and B's index is
         // clamped into the column, so those steps add nothing.
 #pragma unroll 4
