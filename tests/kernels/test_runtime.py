@@ -84,6 +84,58 @@ def test_context_opens_in_the_background(ctx):
     assert np.array_equal(x, y)
 
 
+def test_plan_lowers_while_the_context_opens(ctx, monkeypatch):
+    """A Plan lowers its whole graph before it needs the device's context (its arenas are runtime.Deferred until
+    then), and Python's switch interval is short while the context opens, then as it was. The context is held back
+    here until the plan asks for its first buffer."""
+    import sys
+    import threading
+
+    from dlnet.kernels import runtime
+    from tests.conftest import make_model, rel_l2
+    gate, seen = threading.Event(), {}
+    real_open, real_get = runtime.open_context, runtime.Deferred.get
+
+    def held(device):
+        seen["interval"] = sys.getswitchinterval()
+        gate.wait(10)
+        return real_open(device)
+
+    def get(self):
+        if "ready" not in seen:
+            seen["ready"] = fresh._ready.is_set()
+            gate.set()
+        return real_get(self)
+    monkeypatch.setattr(runtime, "open_context", held)
+    monkeypatch.setattr(runtime.Deferred, "get", get)
+    before = sys.getswitchinterval()
+    fresh = dlnet.Context(ctx.info)
+    rng = np.random.default_rng(5)
+    x, w = rng.standard_normal((2, 3, 9, 9)).astype(np.float32), rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    model = make_model([onnx_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), onnx_node("Relu", ["c"], ["y"])],
+                       {"x": x}, ["y"], {"w": w})
+    net = dlnet.Net(fresh).load_onnx(model)
+    assert seen["ready"] is False  # lowered with the context still held back
+    assert seen["interval"] == min(before, runtime.OPENING_SWITCH_INTERVAL) and sys.getswitchinterval() == before
+    assert rel_l2(net.run({"x": x})["y"], np.maximum(_conv_ref(x, w), 0.0)) < 1e-5
+
+
+def onnx_node(op, ins, outs, **attrs):
+    from onnx import helper
+    return helper.make_node(op, ins, outs, **attrs)
+
+
+def _conv_ref(x, w):
+    """3x3 convolution, padding 1, stride 1, in float64."""
+    n, c, h, wd = x.shape
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    out = np.zeros((n, w.shape[0], h, wd))
+    for i in range(3):
+        for j in range(3):
+            out += np.einsum("nchw,kc->nkhw", xp[:, :, i:i + h, j:j + wd], w[:, :, i, j].astype(np.float64))
+    return out
+
+
 def test_context_that_cannot_open_is_a_device_error(ctx, monkeypatch):
     import pyopencl as cl
     from dlnet.kernels import runtime
