@@ -9,19 +9,22 @@ parent too) builds the next job nobody has claimed yet, in list order, so one th
 binary is written atomically; a failed build is reported on stderr, the exit status is then 1, and the caller
 builds that program itself to raise its error with the build log.
 
-Only pyopencl and the standard library are imported here: each worker's start-up (0.15 s, then a context) is on the
-cold start's path, and Context.build_all runs this file by its path so as not to import all of dlnet (0.1 s more).
+A worker imports only the standard library: it reaches OpenCL through ctypes, on the ICD loader the parent names
+in JOBS ("loader"), since each worker's start-up and context are on the cold start's path. On an H100 machine eight
+workers starting at once took 0.8 s each to reach their first line, most of it importing pyopencl and numpy
+(`python3 bench/probes/startup.py --trace`). Without a loader in JOBS it uses pyopencl. Context.build_all runs this
+file by its path, so as not to import all of dlnet.
 """
+import ctypes
 import os
 import pickle
 import sys
 import time
 
-import pyopencl as cl
-
 
 def same_devices(platform, name):
     """The devices named `name` on the platforms named `platform`, in enumeration order."""
+    import pyopencl as cl
     found = []
     for p in cl.get_platforms():
         if p.name.strip() != platform:
@@ -49,15 +52,103 @@ def claim(folder, n):
 
 
 def write_binary(path, program):
-    """Write a built program's device binary to `path` atomically (readers never see half a file)."""
+    """Write a built pyopencl program's device binary to `path` atomically (readers never see half a file)."""
+    import pyopencl as cl
+    write_bytes(path, program.get_info(cl.program_info.BINARIES)[0])
+
+
+def write_bytes(path, data):
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "wb") as f:
-            f.write(program.get_info(cl.program_info.BINARIES)[0])
+            f.write(data)
         os.replace(tmp, path)
     except OSError:
         pass  # no binary: the parent builds the program from source
+
+
+class OpenCL:
+    """The few OpenCL calls a worker makes, through ctypes on the ICD loader at `path`."""
+    PLATFORM_NAME, DEVICE_NAME, DEVICE_TYPE_ALL = 0x0902, 0x102B, 0xFFFFFFFF
+    BUILD_LOG, BINARY_SIZES, BINARIES = 0x1183, 0x1165, 0x1166
+
+    def __init__(self, path):
+        lib = self.lib = ctypes.CDLL(path)
+        p, u, i, z = ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int32, ctypes.c_size_t
+        pz = ctypes.POINTER(z)
+        for fn, res, args in (
+                ("clGetPlatformIDs", i, [u, ctypes.POINTER(p), ctypes.POINTER(u)]),
+                ("clGetPlatformInfo", i, [p, u, z, p, pz]),
+                ("clGetDeviceIDs", i, [p, ctypes.c_uint64, u, ctypes.POINTER(p), ctypes.POINTER(u)]),
+                ("clGetDeviceInfo", i, [p, u, z, p, pz]),
+                ("clCreateContext", p, [p, u, ctypes.POINTER(p), p, p, ctypes.POINTER(i)]),
+                ("clCreateProgramWithSource", p, [p, u, ctypes.POINTER(ctypes.c_char_p), pz, ctypes.POINTER(i)]),
+                ("clBuildProgram", i, [p, u, ctypes.POINTER(p), ctypes.c_char_p, p, p]),
+                ("clGetProgramBuildInfo", i, [p, p, u, z, p, pz]),
+                ("clGetProgramInfo", i, [p, u, z, p, pz]),
+                ("clReleaseProgram", i, [p])):
+            f = getattr(lib, fn)
+            f.restype, f.argtypes = res, args
+
+    def _text(self, get, *head):
+        size = ctypes.c_size_t(0)
+        if get(*head, 0, None, ctypes.byref(size)) != 0:
+            return ""
+        buf = ctypes.create_string_buffer(size.value)
+        get(*head, size.value, buf, None)
+        return buf.value.decode(errors="replace").strip()
+
+    def same_devices(self, platform, name):
+        """Device handles as `same_devices` finds them."""
+        lib, n = self.lib, ctypes.c_uint32(0)
+        if lib.clGetPlatformIDs(0, None, ctypes.byref(n)) != 0 or not n.value:
+            return []
+        platforms = (ctypes.c_void_p * n.value)()
+        lib.clGetPlatformIDs(n.value, platforms, None)
+        found = []
+        for pl in platforms:
+            if self._text(lib.clGetPlatformInfo, pl, self.PLATFORM_NAME) != platform:
+                continue
+            count = ctypes.c_uint32(0)
+            if lib.clGetDeviceIDs(pl, self.DEVICE_TYPE_ALL, 0, None, ctypes.byref(count)) != 0 or not count.value:
+                continue
+            devs = (ctypes.c_void_p * count.value)()
+            lib.clGetDeviceIDs(pl, self.DEVICE_TYPE_ALL, count.value, devs, None)
+            found += [d for d in devs if self._text(lib.clGetDeviceInfo, d, self.DEVICE_NAME) == name]
+        return found
+
+    def context(self, device):
+        err = ctypes.c_int32(0)
+        handle = ctypes.c_void_p(device)
+        ctx = self.lib.clCreateContext(None, 1, ctypes.byref(handle), None, None, ctypes.byref(err))
+        if not ctx or err.value:
+            raise RuntimeError(f"clCreateContext failed ({err.value})")
+        return ctx
+
+    def build(self, ctx, device, source, options):
+        """The device binary of `source` built with `options`; RuntimeError with the build log where it fails."""
+        lib, err = self.lib, ctypes.c_int32(0)
+        text = source.encode()
+        prg = lib.clCreateProgramWithSource(ctx, 1, ctypes.byref(ctypes.c_char_p(text)),
+                                            ctypes.byref(ctypes.c_size_t(len(text))), ctypes.byref(err))
+        if not prg or err.value:
+            raise RuntimeError(f"clCreateProgramWithSource failed ({err.value})")
+        try:
+            handle = ctypes.c_void_p(device)
+            status = lib.clBuildProgram(prg, 1, ctypes.byref(handle), " ".join(options).encode(), None, None)
+            if status != 0:
+                log = self._text(lib.clGetProgramBuildInfo, prg, handle, self.BUILD_LOG)
+                raise RuntimeError(f"clBuildProgram failed ({status}): {log[-2000:]}")
+            size = ctypes.c_size_t(0)
+            lib.clGetProgramInfo(prg, self.BINARY_SIZES, ctypes.sizeof(size), ctypes.byref(size), None)
+            data = ctypes.create_string_buffer(size.value)
+            pointers = (ctypes.c_void_p * 1)(ctypes.cast(data, ctypes.c_void_p))
+            if lib.clGetProgramInfo(prg, self.BINARIES, ctypes.sizeof(pointers), pointers, None) != 0:
+                raise RuntimeError("clGetProgramInfo(BINARIES) failed")
+            return data.raw
+        finally:
+            lib.clReleaseProgram(prg)
 
 
 # DLNET_BUILD_TRACE=FILE: every process that compiles (workers and the parent) appends "time pid event" lines
@@ -75,23 +166,30 @@ def main(jobs_file):
     with open(jobs_file, "rb") as f:
         spec = pickle.load(f)
     platform, name, index = spec["device"]
-    devices = same_devices(platform, name)
+    ocl = OpenCL(spec["loader"]) if spec.get("loader") else None
+    devices = ocl.same_devices(platform, name) if ocl else same_devices(platform, name)
     if index >= len(devices):
         print(f"compile worker: no device {index} named {name!r} on platform {platform!r}", file=sys.stderr)
         return 2
-    ctx = cl.Context([devices[index]])
+    if ocl:
+        ctx = ocl.context(devices[index])
+    else:
+        import pyopencl as cl
+        ctx = cl.Context([devices[index]])
     trace("context")
     status = 0
     for n, (source, options, path) in enumerate(spec["jobs"]):
         if not claim(spec["claims"], n):
             continue
         try:
-            program = cl.Program(ctx, source).build(options=options, cache_dir=False)
-        except cl.Error as e:
+            if ocl:
+                write_bytes(path, ocl.build(ctx, devices[index], source, options))
+            else:
+                write_binary(path, cl.Program(ctx, source).build(options=options, cache_dir=False))
+        except Exception as e:  # (cl.Error, RuntimeError): the parent builds it and raises with the log
             print(f"compile worker: program {n} ({os.path.basename(path)}) failed: {e}", file=sys.stderr)
             status = 1
             continue
-        write_binary(path, program)
         trace(f"built {n}")
     report_done(spec["claims"], status)
     return status

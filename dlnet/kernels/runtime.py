@@ -433,16 +433,22 @@ class Context:
         if len(missing) > 1:
             jobs = os.path.join(tmp, "jobs")
             with open(jobs, "wb") as f:
+                loader = _opencl_library()
                 pickle.dump({"device": device_identity(self.device), "claims": tmp,
+                             "loader": loader._name if loader is not None else None,
                              "jobs": [(k[0], opts[k], paths[k]) for k in missing]}, f)
             trace(f"parent jobs {len(missing)} of {len(todo)}")
+            env = None
+            if loader is not None:  # an ICD file may name its driver without a path, beside the loader (PoCL's)
+                env = dict(os.environ, LD_LIBRARY_PATH=os.pathsep.join(
+                    filter(None, [os.path.dirname(loader._name), os.environ.get("LD_LIBRARY_PATH")])))
             for n in range(min(procs, len(missing)) - 1):
                 # by file path, not -m: `import dlnet` would cost each worker 0.1 s more
                 command = [sys.executable, compile_worker.__file__, jobs]
                 with open(os.path.join(tmp, f"worker{n}.err"), "wb") as err:
                     try:
                         workers.append(subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                                        stderr=err))
+                                                        stderr=err, env=env))
                     except OSError:
                         break  # no interpreter to start (an embedded Python): the rest is built here
             try:

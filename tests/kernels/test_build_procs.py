@@ -110,3 +110,35 @@ def test_done_file_says_a_worker_is_finished(tmp_path):
     exited = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
     exited.wait()
     assert finished(str(tmp_path), exited) == 3
+
+
+def test_worker_reaches_opencl_without_pyopencl(ctx, tmp_path):
+    """Given the parent's ICD loader, a worker imports neither pyopencl nor numpy (their import was most of its
+    start-up); the binary it writes loads here and runs."""
+    import pickle
+
+    import pyopencl as cl
+
+    from dlnet.kernels import compile_worker
+    loader = runtime._opencl_library()
+    if loader is None:
+        pytest.skip("pyopencl's ICD loader is not found in this process")
+    path = str(tmp_path / "bin" / "good")
+    jobs = tmp_path / "jobs"
+    with open(jobs, "wb") as f:
+        pickle.dump({"device": device_identity(ctx.device), "claims": str(tmp_path), "loader": loader._name,
+                     "jobs": [(GOOD, runtime.build_options(()), path)]}, f)
+    code = ("import runpy, sys\nsys.argv = ['worker', sys.argv[1]]\ntry:\n    runpy.run_path("
+            f"{compile_worker.__file__!r}, run_name='__main__')\nexcept SystemExit as e:\n    status = e.code\n"
+            "print(status, 'pyopencl' in sys.modules, 'numpy' in sys.modules)")
+    env = dict(os.environ, LD_LIBRARY_PATH=os.path.dirname(loader._name))
+    out = subprocess.run([sys.executable, "-c", code, str(jobs)], capture_output=True, text=True, env=env)
+    assert out.stdout.split() == ["0", "False", "False"], out.stdout + out.stderr[-2000:]
+    with open(path, "rb") as f:
+        prg = cl.Program(ctx.cl, [ctx.device], [f.read()]).build()
+    x = np.random.default_rng(2).standard_normal(64).astype(np.float32)
+    buf = cl.Buffer(ctx.cl, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=x)
+    prg.k(ctx.queue, (64,), None, buf)
+    y = np.empty_like(x)
+    cl.enqueue_copy(ctx.queue, y, buf)
+    assert rel_l2(y, x + 1.0) < 1e-7
