@@ -60,18 +60,22 @@ def test_conv_epilogue_matches_onnxruntime(ctx, shape, weights_as_input):
     net.release()
 
 
+@pytest.mark.parametrize("path", ["local", "im2col"])
 @pytest.mark.parametrize("weights_as_input", [False, True], ids=["const-w", "input-w"])
 @pytest.mark.parametrize("shape", SHAPES, ids=["x".join(map(str, s)) for s in SHAPES])
-def test_conv_local_panels_match_onnxruntime(ctx, shape, weights_as_input, monkeypatch):
-    """The same shapes with every packed convolution forced onto CPU devices' per-panel __local packing."""
+def test_conv_packed_panels_match_onnxruntime(ctx, shape, weights_as_input, path, monkeypatch):
+    """The same shapes on CPU devices' packed paths, the direct one off: every panel packed into __local memory by
+    its work-item ("local"), or the whole im2col matrix by a pass of its own where the layer is not 1x1 ("im2col")."""
     import onnxruntime as ort
     from dlnet.kernels import lowering
-    monkeypatch.setattr(lowering, "CONV_CPU_LOCAL_MIN_BYTES", 0)
+    monkeypatch.setattr(lowering, "CONV_CPU_DIRECT", False)
+    monkeypatch.setattr(lowering, "CONV_CPU_LOCAL_MIN_BYTES", 0 if path == "local" else 1 << 60)
     model, feeds = conv_model(*shape, weights_as_input)
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     net = dlnet.Net(ctx).load_onnx(model)
     if ctx.is_cpu and shape[5] > 1:
-        assert "conv2d_cpu_local" in [launch.kernel.function_name for launch in net.launches]
+        names = [launch.kernel.function_name for launch in net.launches]
+        assert ("conv2d_cpu_local" if path == "local" else "im2col_pack") in names
     got = list(net.run(feeds).values())[0]
     assert rel_l2(got, want) < 1e-5
     net.release()
@@ -83,3 +87,54 @@ def test_conv_sigmoid_epilogue(ctx):
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     got = list(dlnet.Net(ctx).load_onnx(model).run(feeds).values())[0]
     assert rel_l2(got, want) < 1e-5
+
+
+DIRECT = [  # (batch, Cin, H, W, Cout, (kh, kw), pads [t, l, b, r], dilation, group, stride)
+    (1, 16, 9, 11, 13, (3, 3), [1, 1, 1, 1], 1, 1, 1),    # 11 + 2 = 13 padded columns a row: panels across rows
+    (2, 8, 13, 13, 20, (3, 3), [1, 1, 1, 1], 1, 2, 1),    # batch 2 with groups: each image's panels, 12x8 tiles
+    (1, 6, 12, 10, 9, (3, 3), [0, 2, 1, 0], 1, 1, 1),     # asymmetric (TF-style) pads
+    (1, 5, 16, 17, 7, (3, 3), [2, 2, 2, 2], 2, 1, 1),     # dilation 2
+    (1, 4, 20, 20, 30, (5, 5), [2, 2, 2, 2], 1, 1, 1),    # 5x5
+    (1, 9, 8, 21, 14, (1, 3), [0, 1, 0, 1], 1, 1, 1),     # 1x3: one tap row
+    (1, 7, 3, 3, 5, (3, 3), [0, 0, 0, 0], 1, 1, 1),       # one output pixel
+    (1, 3, 2, 40, 4, (3, 3), [1, 1, 1, 1], 1, 1, 1),      # wider than tall
+    (2, 6, 15, 14, 10, (3, 3), [1, 1, 1, 1], 1, 1, 2),    # stride 2: four phase planes, odd and even sides
+    (1, 3, 33, 31, 16, (7, 7), [3, 3, 3, 3], 1, 1, 2),    # a 7x7 stride-2 stem
+    (1, 3, 35, 35, 12, (11, 11), [2, 2, 2, 2], 1, 1, 4),  # alexnet's 11x11 stride 4: sixteen phases
+    (1, 5, 17, 16, 8, (3, 3), [2, 1, 2, 1], 2, 1, 2),     # dilation 2 with stride 2: every tap on phase 0
+    (1, 4, 16, 18, 6, (2, 2), [1, 0, 0, 1], 1, 1, 3),     # 2x2 stride 3: two phases of three stored per side
+]
+
+
+def direct_id(s):
+    n, cin, h, w, cout, (kh, kw), pads, d, g, st = s
+    return f"{n}x{cin}x{h}x{w}x{cout}k{kh}{kw}p{''.join(map(str, pads))}d{d}g{g}s{st}"
+
+
+@pytest.mark.parametrize("weights_as_input", [False, True], ids=["const-w", "input-w"])
+@pytest.mark.parametrize("shape", DIRECT, ids=[direct_id(s) for s in DIRECT])
+def test_conv_direct_matches_onnxruntime(ctx, shape, weights_as_input):
+    """Convolutions read from zero-padded (phase) planes (CPU devices' conv2d_cpu_direct), with the whole epilogue,
+    against onnxruntime: every pad side, dilation, strides, wide and one-pixel outputs."""
+    import onnxruntime as ort
+    n, cin, h, w, cout, (kh, kw), pads, d, g, st = shape
+    x = R.uniform(-1, 1, (n, cin, h, w)).astype(np.float32)
+    wt = R.uniform(-1, 1, (cout, cin // g, kh, kw)).astype(np.float32)
+    b = R.uniform(-1, 1, cout).astype(np.float32)
+    oh = (h + pads[0] + pads[2] - d * (kh - 1) - 1) // st + 1
+    ow = (w + pads[1] + pads[3] - d * (kw - 1) - 1) // st + 1
+    r = R.uniform(-1, 1, (n, cout, oh, ow)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], kernel_shape=[kh, kw], pads=pads, dilations=[d, d],
+                              strides=[st, st], group=g),
+             helper.make_node("Add", ["c", "r"], ["a"]), helper.make_node("Relu", ["a"], ["y"])]
+    feeds, inits = {"x": x, "r": r}, {"b": b}
+    (feeds if weights_as_input else inits)["w"] = wt
+    model = make_model(nodes, feeds, ["y"], inits)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    net = dlnet.Net(ctx).load_onnx(model)
+    if ctx.is_cpu:
+        assert "conv2d_cpu_direct" in [launch.kernel.function_name for launch in net.launches]
+    got = list(net.run(feeds).values())[0]
+    assert got.shape == want.shape == (n, cout, oh, ow)
+    assert rel_l2(got, want) < 1e-5
+    net.release()

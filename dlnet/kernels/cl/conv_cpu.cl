@@ -104,8 +104,38 @@ void im2col_pack(__global const float* x, ulong x_off, __global float* colp, int
         }                                                                                                            \
     }
 
-// y[img, g * K + m, oy, ox] = ACT(sum_k A[m, k] B[k, n] + bias[m] + res[...]). A is w packed as wp[g][mb][k][MR]
-// (A_PACKED, rows past K zero) or w itself, row-major per group. B is colp, packed by im2col_pack.
+// The start of the MR x NR tile at rows m0 (block mb) of group g: zero accumulators, and where column k of A lies.
+// A is w packed as wp[g][mb][k][MR] (A_PACKED, rows past K zero) or w itself, row-major per group.
+#if defined(A_PACKED)
+#define TILE_START()                                                                                                 \
+    float8 acc[MR][NV];                                                                                              \
+    _Pragma("unroll") for (int i = 0; i < MR; i++)                                                                   \
+        _Pragma("unroll") for (int j = 0; j < NV; j++) acc[i][j] = (float8)(0.0f);                                   \
+    __global const float* ap = w + w_off + ((long)g * MB + mb) * KK * MR
+#define A_AT(i, k) ap[(k) * MR + (i)]
+#else
+#define TILE_START()                                                                                                 \
+    float8 acc[MR][NV];                                                                                              \
+    _Pragma("unroll") for (int i = 0; i < MR; i++)                                                                   \
+        _Pragma("unroll") for (int j = 0; j < NV; j++) acc[i][j] = (float8)(0.0f);                                   \
+    __global const float* ar[MR];                                                                                    \
+    _Pragma("unroll") for (int i = 0; i < MR; i++)                                                                   \
+        ar[i] = w + w_off + ((long)g * K + (m0 + i < K ? m0 + i : K - 1)) * KK
+#define A_AT(i, k) ar[i][k]
+#endif
+
+// One step of the hot loop: row k of B (NR floats at bk, read as type V) times column k of A into every accumulator.
+#define FMA_STEP(V, bk, k)                                                                                           \
+    do {                                                                                                             \
+        float8 b[NV];                                                                                                \
+        _Pragma("unroll") for (int j = 0; j < NV; j++) b[j] = *(V*)((bk) + 8 * j);                                   \
+        _Pragma("unroll") for (int i = 0; i < MR; i++) {                                                             \
+            const float8 a = (float8)(A_AT(i, (k)));                                                                 \
+            _Pragma("unroll") for (int j = 0; j < NV; j++) acc[i][j] = a * b[j] + acc[i][j];                         \
+        }                                                                                                            \
+    } while (0)
+
+// y[img, g * K + m, oy, ox] = ACT(sum_k A[m, k] B[k, n] + bias[m] + res[...]); B is colp, packed by im2col_pack.
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void conv2d_cpu(__global const float* x, ulong x_off, __global const float* w, ulong w_off,
                 __global const float* bias, ulong bias_off, __global const float* res, ulong res_off,
@@ -114,27 +144,9 @@ void conv2d_cpu(__global const float* x, ulong x_off, __global const float* w, u
     const int mb = get_global_id(0), nb = get_global_id(1), g = get_global_id(2);
     const int m0 = mb * MR, n0 = nb * NR;
     const int MB = (K + MR - 1) / MR;
-    float8 acc[MR][NV];
-    _Pragma("unroll") for (int i = 0; i < MR; i++)
-        _Pragma("unroll") for (int j = 0; j < NV; j++) acc[i][j] = (float8)(0.0f);
-#if defined(A_PACKED)
-    __global const float* ap = w + w_off + ((long)g * MB + mb) * KK * MR;
-#define A_AT(i, k) ap[(k) * MR + (i)]
-#else
-    __global const float* ar[MR];
-    _Pragma("unroll") for (int i = 0; i < MR; i++)
-        ar[i] = w + w_off + ((long)g * K + (m0 + i < K ? m0 + i : K - 1)) * KK;
-#define A_AT(i, k) ar[i][k]
-#endif
+    TILE_START();
     __global const float* bp = colp + ((long)g * ((NN + NR - 1) / NR) + nb) * KK * NR;
-    for (int k = 0; k < KK; k++) {  // the hot loop
-        float8 b[NV];
-        _Pragma("unroll") for (int j = 0; j < NV; j++) b[j] = *(__global const float8u*)(bp + k * NR + 8 * j);
-        _Pragma("unroll") for (int i = 0; i < MR; i++) {
-            const float8 a = (float8)(A_AT(i, k));
-            _Pragma("unroll") for (int j = 0; j < NV; j++) acc[i][j] = a * b[j] + acc[i][j];
-        }
-    }
+    for (int k = 0; k < KK; k++) FMA_STEP(__global const float8u, bp + k * NR, k);  // the hot loop
     y += y_off + (long)g * K * OHW;
     res += res_off + (long)g * K * OHW;
     bias += bias_off + g * K;
@@ -195,25 +207,129 @@ void conv2d_cpu_local(__global const float* x, ulong x_off, __global const float
     const int mb_end = (ms + 1) * MBS < MB ? (ms + 1) * MBS : MB;
     for (int mb = ms * MBS; mb < mb_end; mb++) {
         const int m0 = mb * MR;
-        float8 acc[MR][NV];
-        _Pragma("unroll") for (int i = 0; i < MR; i++)
-            _Pragma("unroll") for (int j = 0; j < NV; j++) acc[i][j] = (float8)(0.0f);
-#if defined(A_PACKED)
-        __global const float* ap = w + w_off + ((long)g * MB + mb) * KK * MR;
-#else
-        __global const float* ar[MR];
-        _Pragma("unroll") for (int i = 0; i < MR; i++)
-            ar[i] = w + w_off + ((long)g * K + (m0 + i < K ? m0 + i : K - 1)) * KK;
-#endif
-        for (int k = 0; k < KK; k++) {
-            float8 b[NV];
-            _Pragma("unroll") for (int j = 0; j < NV; j++) b[j] = *(__local const float8*)(panel + k * NR + 8 * j);
-            _Pragma("unroll") for (int i = 0; i < MR; i++) {
-                const float8 a = (float8)(A_AT(i, k));
-                _Pragma("unroll") for (int j = 0; j < NV; j++) acc[i][j] = a * b[j] + acc[i][j];
-            }
-        }
+        TILE_START();
+        for (int k = 0; k < KK; k++) FMA_STEP(__local const float8, panel + k * NR, k);
         STORE_TILE();
+    }
+}
+#endif
+
+// Convolutions without im2col: pad_planes copies x into zero-padded planes, split by phase where the stride is over 1:
+// phase (py, px) of channel c holds the padded input's rows py, py + SH, ... and columns px, px + SW, ... in a
+// plane of Hq x Wq. Output pixel (oy, ox) at position q = oy * Wq + ox reads, for tap (ky, kx), phase
+// ((ky * DHC) % SH, (kx * DWC) % SW) at q + (ky * DHC / SH) * Wq + kx * DWC / SW: NR consecutive positions are NR
+// consecutive floats for every (c, ky, kx), so conv2d_cpu_direct reads its B rows from the planes with no im2col.
+// Positions with ox >= OW are computed and dropped (2 of 15 at 13x13 3x3, 1 of 56 at 112x112 3x3 stride 2).
+// SHP x SWP phases are stored: 1 along an axis where every tap reads phase 0 (one tap, or the dilation a multiple of
+// the stride).
+#if defined(KHC) && defined(KWC) && defined(SHC) && defined(SWC) && defined(DHC) && defined(DWC)
+#define SHP (KHC > 1 && DHC % SHC ? SHC : 1)
+#define SWP (KWC > 1 && DWC % SWC ? SWC : 1)
+// One work-item per row i of a phase plane (phase ph of channel c, image img); the last one of the image also zeroes
+// its tail (tail floats past the planes, read by the dropped positions of the last panel).
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void pad_planes(__global const float* x, ulong x_off, __global float* xp, int H, int W, int Hq, int Wq, int PH,
+                int PW, long x_nstride, long xp_nstride, int tail) {
+    const int i = get_global_id(0), cph = get_global_id(1), img = get_global_id(2);
+    const int c = cph / (SHP * SWP), ph = cph - c * (SHP * SWP), py = ph / SWP, px = ph - py * SWP;
+    __global float* out = xp + img * xp_nstride + ((long)cph * Hq + i) * Wq;
+    const int iy = i * SHC + py - PH;
+    int lo = 0, hi = 0;  // columns j with 0 <= j * SWC + px - PW < W
+    if (iy >= 0 && iy < H && W - 1 + PW - px >= 0) {
+        lo = PW - px > 0 ? (PW - px + SWC - 1) / SWC : 0;
+        hi = (W - 1 + PW - px) / SWC + 1;
+        lo = lo < Wq ? lo : Wq;
+        hi = hi < Wq ? hi : Wq;
+    }
+    __global const float* in = x + x_off + img * x_nstride + ((long)c * H + iy) * W + px - PW;
+    for (int j = 0; j < lo; j++) out[j] = 0.0f;
+    for (int j = lo; j < hi; j++) out[j] = in[j * SWC];
+    for (int j = hi > lo ? hi : lo; j < Wq; j++) out[j] = 0.0f;
+    if (cph == get_global_size(1) - 1 && i == Hq - 1)
+        for (int j = 0; j < tail; j++) out[Wq + j] = 0.0f;
+}
+
+// The epilogue of a tile at positions p0.. of one image (y, res, bias at that image and group): float8s that lie in
+// one output row are vectors, the rest go element by element, dropping ox >= OW and oy >= OH.
+#define STORE_TILE_PADDED()                                                                                          \
+    _Pragma("unroll") for (int j = 0; j < NV; j++) {                                                                 \
+        const int q = p0 + 8 * j, oy = q / Wq, ox = q - oy * Wq;                                                     \
+        if (oy >= OH) break;                                                                                         \
+        const bool vec = ox + 8 <= OW;                                                                               \
+        int at[8];                                                                                                   \
+        if (!vec)                                                                                                    \
+            for (int e = 0; e < 8; e++) {                                                                            \
+                const int ye = (q + e) / Wq, xe = q + e - ye * Wq;                                                   \
+                at[e] = xe < OW && ye < OH ? ye * OW + xe : -1;                                                      \
+            }                                                                                                        \
+        _Pragma("unroll") for (int i = 0; i < MR; i++) {                                                             \
+            const int m = m0 + i;                                                                                    \
+            if (m >= K) break;                                                                                       \
+            float8 r = acc[i][j];                                                                                    \
+            ADD_BIAS(r, m);                                                                                          \
+            if (vec) {                                                                                               \
+                ADD_RES8(r, (long)m * OHW + oy * OW + ox);                                                           \
+                float8 o;                                                                                            \
+                o.s0 = ACT(r.s0); o.s1 = ACT(r.s1); o.s2 = ACT(r.s2); o.s3 = ACT(r.s3);                              \
+                o.s4 = ACT(r.s4); o.s5 = ACT(r.s5); o.s6 = ACT(r.s6); o.s7 = ACT(r.s7);                              \
+                *(__global float8u*)(y + (long)m * OHW + oy * OW + ox) = o;                                          \
+            } else {                                                                                                 \
+                union { float8 v; float s[8]; } t;                                                                   \
+                t.v = r;                                                                                             \
+                for (int e = 0; e < 8; e++) {                                                                        \
+                    if (at[e] < 0) continue;                                                                         \
+                    float v = t.s[e];                                                                                \
+                    ADD_RES(v, (long)m * OHW + at[e]);                                                               \
+                    y[(long)m * OHW + at[e]] = ACT(v);                                                               \
+                }                                                                                                    \
+            }                                                                                                        \
+        }                                                                                                            \
+    }
+
+// One work-item per (panel nb of NBI per image, share ms of the row blocks, group): MBS row blocks over NR positions,
+// B read in place from the planes xp (pad_planes' output, or x itself for a 1x1 stride-1 layer without pads).
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void conv2d_cpu_direct(__global const float* xp, ulong xp_off, __global const float* w, ulong w_off,
+                       __global const float* bias, ulong bias_off, __global const float* res, ulong res_off,
+                       __global float* y, ulong y_off, int C, int K, int Hq, int Wq, int OH, int OW, int NBI,
+                       long xp_nstride, long y_nstride, long res_nstride, int MBS) {
+    const int nb = get_global_id(0), ms = get_global_id(1), g = get_global_id(2);
+    const int img = nb / NBI, p0 = (nb - img * NBI) * NR;
+    const int MB = (K + MR - 1) / MR, KK = C * KHC * KWC, OHW = OH * OW;
+    const long plane = (long)Hq * Wq;
+    __global const float* xg = xp + xp_off + img * xp_nstride + g * C * SHP * SWP * plane + p0;
+    y += y_off + img * y_nstride + (long)g * K * OHW;
+    res += res_off + img * res_nstride + (long)g * K * OHW;
+    bias += bias_off + g * K;
+    const int mb_end = (ms + 1) * MBS < MB ? (ms + 1) * MBS : MB;
+// B row k of tap (c, ky, kx): NR floats at TAP_AT(xr, kx) with xr at (c, ky)
+#define TAP_ROWS(c, ky) (xg + (c) * SHP * SWP * plane + ((ky) * DHC % SHC) * SWP * plane + ((ky) * DHC / SHC) * Wq)
+#define TAP_AT(xr, kx) ((xr) + ((kx) * DWC % SWC) * plane + (kx) * DWC / SWC)
+#if defined(B_LOCAL)  // copy the panel's B rows into __local memory first: one contiguous KK x NR block
+    __local float panel[B_LOCAL];
+    for (int c = 0, k = 0; c < C; c++)
+        _Pragma("nounroll") for (int ky = 0; ky < KHC; ky++) {
+            __global const float* xr = TAP_ROWS(c, ky);
+            _Pragma("unroll") for (int kx = 0; kx < KWC; kx++, k++)
+                _Pragma("unroll") for (int j = 0; j < NV; j++)
+                    *(__local float8*)(panel + k * NR + 8 * j) = *(__global const float8u*)(TAP_AT(xr, kx) + 8 * j);
+        }
+#endif
+    for (int mb = ms * MBS; mb < mb_end; mb++) {
+        const int m0 = mb * MR;
+        TILE_START();
+#if defined(B_LOCAL)
+        for (int k = 0; k < KK; k++) FMA_STEP(__local const float8, panel + k * NR, k);
+#else
+        int k = 0;
+        for (int c = 0; c < C; c++)
+            _Pragma("nounroll") for (int ky = 0; ky < KHC; ky++) {  // unrolled, a 5x5 layer ran at half speed
+                __global const float* xr = TAP_ROWS(c, ky);
+                _Pragma("unroll") for (int kx = 0; kx < KWC; kx++, k++)
+                    FMA_STEP(__global const float8u, TAP_AT(xr, kx), k);
+            }
+#endif
+        STORE_TILE_PADDED();
     }
 }
 #endif
