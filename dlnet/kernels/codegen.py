@@ -5,6 +5,8 @@ therefore serves elementwise maths with numpy broadcasting, Transpose, Expand, S
 Shapes and strides are kernel arguments, so one program serves every shape of the same rank and expression.
 Index arithmetic is 32-bit (I="int") whenever every operand fits: GPUs emulate 64-bit division at great cost.
 """
+import re
+
 import numpy as np
 
 from .runtime import DTYPE_TO_C
@@ -137,7 +139,7 @@ def elementwise_rows_source(rank, in_dtypes, out_dtype, body, I, inner_strides):
 
 
 def reduce_source(rank_out, rank_red, in_dtypes, acc_dtype, out_dtype, pre, combine, init, post, group=0,
-                  I="long", prologue="", splits=1):
+                  I="long", prologue="", splits=1, lanes=1):
     """Kernel `red`: one work-item per output; loops over the reduced dims.
 
     prologue: C statements of x0v.. run per element before pre (a fused pointwise producer);
@@ -148,6 +150,9 @@ def reduce_source(rank_out, rank_red, in_dtypes, acc_dtype, out_dtype, pre, comb
     reduced elements, then the partial results combine in local memory.
     splits > 1 (with group): `splits` work-groups per output, each over every splits-th run of `group` elements,
     write their partial results to `part` (no post); kernel `red_finish`, one work-item per output, combines them.
+    lanes > 1 (one work-item per output, one reduced dim): that many accumulators over interleaved elements, combined
+    at the end, so a CPU's adds overlap in place of waiting on each other (GlobalAveragePool 1000 x 13 x 13 on 2
+    cores: 0.115 -> 0.039 ms).
     """
     args = [f"__global {_ctype(out_dtype)}* y", "ulong y_off"]
     for i, dt in enumerate(in_dtypes):
@@ -178,6 +183,19 @@ def reduce_source(rank_out, rank_red, in_dtypes, acc_dtype, out_dtype, pre, comb
               f"j += {group * splits}) {{" if splits > 1 else
               f"  for ({I} j = get_local_id(0); j < count; j += {group}) {{" if group else
               f"  for ({I} j = 0; j < count; j++) {{"]
+    body = [f"{_vtype(dt)} x{k}v = {_load(k, dt)};" for k, dt in enumerate(in_dtypes)] + \
+        ([prologue] if prologue else []) + [f"{_ctype(acc_dtype)} v = {pre};"]
+    if lanes > 1 and rr == 1 and not group and splits == 1:  # lanes accumulators, then the tail on acc
+        lines[-1] = f"  {I} j = 0;"
+        lines += [f"  {_ctype(acc_dtype)} " + ", ".join(f"acc{la} = {init}" for la in range(1, lanes)) + ";",
+                  f"  for (; j + {lanes} <= count; j += {lanes}) {{"]
+        for la in range(lanes):
+            lines += ["    {"] + [f"      {I} o{k} = b{k} + (j + {la}) * meta[{base_red + k + 1}];"
+                                  for k in range(n)]
+            lines += [f"      {b}" for b in body] + [
+                "      " + (combine if la == 0 else re.sub(r"\bacc\b", f"acc{la}", combine)), "    }"]
+        lines += ["  }"] + [f"  {{ {_ctype(acc_dtype)} v = acc{la}; {combine} }}" for la in range(1, lanes)]
+        lines += ["  for (; j < count; j++) {"]
     if rr == 1:  # one reduced dim (the lowering merges contiguous ones): no division per element
         lines += [f"    {I} o{k} = b{k} + j * meta[{base_red + k + 1}];" for k in range(n)]
     else:
@@ -186,9 +204,7 @@ def reduce_source(rank_out, rank_red, in_dtypes, acc_dtype, out_dtype, pre, comb
                   f"      {I} q = s % meta[{base_red} + d]; s /= meta[{base_red} + d];"]
         lines += [f"      o{k} += q * meta[{base_red + (k + 1) * rr} + d];" for k in range(n)]
         lines += ["    }"]
-    lines += [f"    {_vtype(dt)} x{k}v = {_load(k, dt)};" for k, dt in enumerate(in_dtypes)]
-    lines += [f"    {prologue}"] if prologue else []
-    lines += [f"    {_ctype(acc_dtype)} v = {pre};", f"    {combine}", "  }"]
+    lines += [f"    {b}" for b in body] + [f"    {combine}", "  }"]
     if group:  # combine the work-items' partial results (combine is associative: acc op= v)
         lines += [f"  __local {_ctype(acc_dtype)} part[{group}];", "  const int l = get_local_id(0);",
                   "  part[l] = acc;", "  barrier(CLK_LOCAL_MEM_FENCE);",

@@ -171,6 +171,8 @@ POOL_CPU_ROWS = int(os.environ.get("DLNET_POOL_CPU_ROWS", 64))
 # Long reductions (Reduce): on GPUs a work-group of this many work-items per output (0: one work-item), and where
 # that leaves the device short of work, several work-groups per output, enough for this many per compute unit
 REDUCE_GROUP = {"cpu": 0, "gpu": 256}
+# CPUs: accumulators per output of a reduction, each over every REDUCE_LANES-th element (codegen.reduce_source)
+REDUCE_LANES = 4
 REDUCE_GROUPS_PER_CU = 8
 
 
@@ -1431,7 +1433,8 @@ class Lowerer:
         splits = max(splits, 1)
         I = self.index_type(x.size, y.size, n_out * splits)
         src = codegen.reduce_source(len(out_dims), len(red_dims), [v.dtype for v, _, _ in operands], acc, y.dtype,
-                                    pre, combine, init, post, group, I, prologue=" ".join(lines), splits=splits)
+                                    pre, combine, init, post, group, I, prologue=" ".join(lines), splits=splits,
+                                    lanes=REDUCE_LANES if self.ctx.is_cpu else 1)
         meta = out_dims + y_strides + x_out + red_dims + x_red
         args = self.args(y) + [a for v, _, _ in operands for a in self.args(v)]
         args.append(self.meta(meta, np.int32 if I == "int" else np.int64))

@@ -34,3 +34,47 @@ def test_reduce_split(op, shape, axes, monkeypatch):
     got = net.run({"x": x})["y"]
     assert got.shape == want.shape
     assert rel_l2(got, want) < 1e-5
+
+
+@pytest.mark.parametrize("lanes", [1, 4])
+@pytest.mark.parametrize("op", ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1",
+                                "ReduceL2", "ReduceLogSumExp"])
+@pytest.mark.parametrize("shape,axes", [((6, 3), [1]), ((5, 4), [1]), ((3, 9), [1]), ((7, 13, 5), [1]),
+                                        ((2, 11, 3, 3), [2, 3])], ids=["3", "4", "9", "13-strided", "3x3"])
+def test_reduce_lanes(op, shape, axes, lanes, monkeypatch):
+    """One work-item per output with `lanes` accumulators over interleaved elements (CPU devices use 4), on counts
+    under, at and past the lane width plus a tail, and along a strided axis, against onnx.reference."""
+    ctx = context()
+    monkeypatch.setattr(lowering, "REDUCE_LANES", lanes)
+    monkeypatch.setitem(lowering.REDUCE_GROUP, "cpu", 0)
+    x = rng.uniform(0.5, 1.5, shape).astype(np.float32) * rng.choice([-1, 1], shape).astype(np.float32)
+    if op == "ReduceSum":  # axes an input from opset 13
+        model = make_model([helper.make_node(op, ["x", "axes"], ["y"], keepdims=0)], {"x": x}, ["y"],
+                           {"axes": np.array(axes, np.int64)})
+    else:
+        model = make_model([helper.make_node(op, ["x"], ["y"], axes=axes, keepdims=0)], {"x": x}, ["y"])
+    want = reference(model, {"x": x})[0]
+    got = dlnet.Net(ctx).load_onnx(model).run({"x": x})["y"]
+    assert got.shape == want.shape
+    assert rel_l2(got, want) < 1e-5
+
+
+def test_reduce_lanes_with_prologue(monkeypatch):
+    """A reduction with its pointwise producer fused in (as training's graphs have: the mean of (x - m)^2 * m) on 4
+    lanes, against numpy."""
+    from dlnet.graph.passes.fuse import fuse_pointwise, fuse_reduce_prologues
+    from dlnet.net import Plan
+    ctx = context()
+    monkeypatch.setattr(lowering, "REDUCE_LANES", 4)
+    x = rng.standard_normal((3, 4, 23)).astype(np.float32)
+    m = rng.standard_normal((1, 4, 1)).astype(np.float32)
+    nodes = [helper.make_node("Sub", ["x", "m"], ["d"]), helper.make_node("Mul", ["d", "d"], ["s"]),
+             helper.make_node("Mul", ["s", "m"], ["w"]), helper.make_node("ReduceMean", ["w"], ["y"], axes=[2])]
+    net = dlnet.Net(ctx).load_onnx(make_model(nodes, {"x": x, "m": m}, ["y"]))
+    g = net.build_graph({"x": x.shape, "m": m.shape}, passes=False)
+    fuse_pointwise(g)
+    assert fuse_reduce_prologues(g) and "prologue=" in str(g)
+    plan = Plan(ctx, g)
+    got = plan.run([x, m])[0]
+    plan.release()
+    assert rel_l2(got, ((x - m) ** 2 * m).mean(axis=2, keepdims=True)) < 1e-6
