@@ -931,7 +931,7 @@ class Lowerer:
             src = _defines(defs) + head + kernel_source("conv_cpu")
             self.emit(src, "pad_planes", self.args(x) + [self.dummy()[0]] + [np.int32(v) for v in (
                 H, W, Hq, Wq, PH, PW)] + [np.int64(Cin * H * W), np.int64(xp_nstride), np.int32(tail)],
-                (Hq, Cin * phases, N), (1, 1, 1), label + " pad")
+                (Cin * phases, N), (1, 1), label + " pad")
             self.use_scratch(self.launches[-1].kernel, 2, 4 * N * xp_nstride, "work")
             splits = min(MB, -(-8 * self.ctx.info.compute_units // (N * NBI * group)))
             MBS = -(-MB // splits)
