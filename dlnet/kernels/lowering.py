@@ -342,6 +342,12 @@ CONV_CPU_LOCAL_MIN_BYTES = 2 << 20
 # channels at 56x56: 157 GF/s against 137 reading the planes in place)
 CONV_CPU_DIRECT = True
 CONV_CPU_DIRECT_PACK = True
+# ... and a 3x3 stride-1 one with constant weights and at least this many input and output channels runs as fused
+# Winograd F(2x2, 3x3) (conv_cpu.cl's conv2d_cpu_wino)
+CONV_CPU_WINOGRAD = True
+CONV_CPU_WINOGRAD_MIN_CHANNELS = 16
+# ... where its rows of tiles, rounded up to 8, grow by at most this factor (7x7 outputs: 4 tiles a row computed as 8)
+CONV_CPU_WINOGRAD_MAX_ROW = 1.15
 
 
 def pick_conv_cpu_tiles(NN):
@@ -920,6 +926,39 @@ class Lowerer:
         MB, NB = -(-K // MR), -(-NN // NR)
         defs = dict(tiles)
         label = f"{node.name} Conv"
+        TH, TW = -(-OH // 2), -(-OW // 2)  # Winograd's 2x2 output tiles, in rows of TWP
+        TWP = _round_up(TW, 8)
+        wino = CONV_CPU_WINOGRAD and KH == KW == 3 and SH == SW == DH == DW == 1 and group == 1 and \
+            w.const is not None and not w.param and min(C, K) >= CONV_CPU_WINOGRAD_MIN_CHANNELS and \
+            TWP <= CONV_CPU_WINOGRAD_MAX_ROW * TW
+        if wino:
+            tiles = pick_conv_cpu_tiles(TH * TWP)
+            MR, NR = tiles["MR"], 8 * tiles["NV"]
+            wino = 4 * 16 * (C + MR) * NR <= self.ctx.info.device.local_mem_size
+        if wino:
+            MB, NBI = -(-K // MR), -(-(TH * TWP) // NR)
+            Hq, Wq = 2 * TH + 2, 2 * TWP + 2
+            xp_nstride = _round_up(Cin * Hq * Wq, 16)
+            defs = dict(tiles, KHC=3, KWC=3, SHC=1, SWC=1, DHC=1, DWC=1, WINO_CPU=1, A_PACKED=1,
+                        B_LOCAL=self.ctx.info.device.local_mem_size // 4)
+            src = _defines(defs) + head + kernel_source("conv_cpu")
+            self.emit(src, "pad_planes", self.args(x) + [self.dummy()[0]] + [np.int32(v) for v in (
+                H, W, Hq, Wq, PH, PW)] + [np.int64(Cin * H * W), np.int64(xp_nstride), np.int32(0)],
+                (Cin, N), (1, 1), f"{node.name} Conv pad")
+            self.use_scratch(self.launches[-1].kernel, 2, 4 * N * xp_nstride, "work")
+            from ..graph.passes.winograd import transform_weights
+            u = np.zeros((16, MB * MR, C), np.float32)
+            u[:, :K] = transform_weights(w.const, 2).reshape(16, K, C)
+            u = u.reshape(16, MB, MR, C).transpose(0, 1, 3, 2)
+            splits = min(MB, -(-8 * self.ctx.info.compute_units // (N * NBI)))
+            MBS = -(-MB // splits)
+            self.emit(src, "conv2d_cpu_wino", [self.dummy()[0], np.uint64(0), self.meta(u.ravel(), np.float32),
+                                               np.uint64(0)] + bargs + rargs + self.args(y) + [
+                np.int32(v) for v in (C, K, Wq, OH, OW, TH, TW, TWP, NBI)] + [
+                np.int64(xp_nstride), np.int64(y_nstride), np.int64(y_nstride), np.int32(MBS)],
+                (N * NBI, -(-MB // MBS)), (1, 1), f"{node.name} Conv winograd")
+            self.use_scratch(self.launches[-1].kernel, 0, 4 * N * xp_nstride, "work")
+            return
         wargs = self.conv_cpu_weights(w, group, K, KK, MR, defs)
         if direct:
             NBI = -(-(OH * Wq) // NR)

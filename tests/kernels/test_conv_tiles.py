@@ -113,9 +113,16 @@ def direct_id(s):
 
 @pytest.mark.parametrize("weights_as_input", [False, True], ids=["const-w", "input-w"])
 @pytest.mark.parametrize("shape", DIRECT, ids=[direct_id(s) for s in DIRECT])
-def test_conv_direct_matches_onnxruntime(ctx, shape, weights_as_input):
+def test_conv_direct_matches_onnxruntime(ctx, shape, weights_as_input, monkeypatch):
     """Convolutions read from zero-padded (phase) planes (CPU devices' conv2d_cpu_direct), with the whole epilogue,
     against onnxruntime: every pad side, dilation, strides, wide and one-pixel outputs."""
+    from dlnet.kernels import lowering
+    monkeypatch.setattr(lowering, "CONV_CPU_WINOGRAD", False)
+    check_conv(ctx, shape, weights_as_input, "conv2d_cpu_direct")
+
+
+def check_conv(ctx, shape, weights_as_input, kernel):
+    """Conv (+ bias) + residual Add + Relu of DIRECT's form against onnxruntime; on CPU devices `kernel` runs it."""
     import onnxruntime as ort
     n, cin, h, w, cout, (kh, kw), pads, d, g, st = shape
     x = R.uniform(-1, 1, (n, cin, h, w)).astype(np.float32)
@@ -133,8 +140,30 @@ def test_conv_direct_matches_onnxruntime(ctx, shape, weights_as_input):
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     net = dlnet.Net(ctx).load_onnx(model)
     if ctx.is_cpu:
-        assert "conv2d_cpu_direct" in [launch.kernel.function_name for launch in net.launches]
-    got = list(net.run(feeds).values())[0]
+        assert kernel in [launch.kernel.function_name for launch in net.launches]
+    got = net.run(feeds)["y"]
     assert got.shape == want.shape == (n, cout, oh, ow)
     assert rel_l2(got, want) < 1e-5
     net.release()
+
+
+WINOGRAD = [  # DIRECT's form: 3x3 stride 1 with at least CONV_CPU_WINOGRAD_MIN_CHANNELS channels each side
+    (1, 16, 12, 12, 16, (3, 3), [1, 1, 1, 1], 1, 1, 1),   # 6 tiles a row computed as 8, 2 dropped
+    (1, 16, 32, 30, 24, (3, 3), [1, 1, 1, 1], 1, 1, 1),   # 15 tiles a row as 16: one row's vector store is partial
+    (1, 18, 14, 34, 16, (3, 3), [1, 1, 1, 1], 1, 1, 1),   # 17 tiles a row as 24
+    (2, 20, 13, 11, 22, (3, 3), [1, 1, 1, 1], 1, 1, 1),   # odd sides (half tiles), batch 2, ragged rows (22 = 6 + 16)
+    (1, 32, 9, 10, 40, (3, 3), [0, 1, 2, 0], 1, 1, 1),    # asymmetric pads
+    (1, 24, 3, 3, 17, (3, 3), [0, 0, 0, 0], 1, 1, 1),     # one output pixel: one tile, a quarter of it kept
+    (1, 64, 30, 30, 48, (3, 3), [1, 1, 1, 1], 1, 1, 1),   # 225 tiles: 6x16 panels, a ragged last one
+    (1, 300, 5, 6, 20, (3, 3), [1, 1, 1, 1], 1, 1, 1),    # 300 channels in __local memory
+]
+
+
+@pytest.mark.parametrize("shape", WINOGRAD, ids=[direct_id(s) for s in WINOGRAD])
+def test_conv_winograd_matches_onnxruntime(ctx, shape, monkeypatch):
+    """3x3 stride-1 convolutions with constant weights as CPU devices' fused Winograd F(2x2, 3x3)
+    (conv2d_cpu_wino), with the whole epilogue, against onnxruntime: odd sides, pads, ragged tiles and rows, rows of
+    tiles mostly dropped (narrow layers, let through here)."""
+    from dlnet.kernels import lowering
+    monkeypatch.setattr(lowering, "CONV_CPU_WINOGRAD_MAX_ROW", 8)
+    check_conv(ctx, shape, False, "conv2d_cpu_wino")

@@ -337,3 +337,113 @@ void conv2d_cpu_direct(__global const float* xp, ulong xp_off, __global const fl
     }
 }
 #endif
+
+#if defined(WINO_CPU) && defined(B_LOCAL)
+// Winograd F(2x2, 3x3) on CPUs, fused: one work-item per (panel of NR 2x2 output tiles of one image, share ms of the
+// row blocks) transforms its tiles' 4x4 inputs from the padded planes (pad_planes) into __local V [16][C][NR]
+// (V = B^T d B), then per block of MR output channels runs the 16 products M[xi] = U[xi] V[xi] on the register
+// tiles, keeps them in __local Mt [16][MR][NR] and writes y = A^T M A with the epilogue. The same F(2x2, 3x3) as
+// winograd.cl's GPU kernels; U = G w G^T packed as u[xi][mb][c][MR] (rows past K zero). 16 products of C per 2x2
+// outputs against 36 for the direct tiles. Tiles are numbered along rows of TWP (TW rounded up to 8; the rest are
+// computed and dropped), so each float8 of a panel is 8 tiles side by side in one row: its inputs are two float16
+// loads per row (even and odd columns), its outputs 16 consecutive pixels of two rows (a scalar transform per tile
+// took 1.07 ms of a 64-channel 56x56 layer, the products 0.56). Planes of Wq = 2 TWP + 2 hold every tile read.
+typedef float16 __attribute__((aligned(4))) float16u;
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void conv2d_cpu_wino(__global const float* xp, ulong xp_off, __global const float* u, ulong u_off,
+                     __global const float* bias, ulong bias_off, __global const float* res, ulong res_off,
+                     __global float* y, ulong y_off, int C, int K, int Wq, int OH, int OW, int TH, int TW, int TWP,
+                     int NBI, long xp_nstride, long y_nstride, long res_nstride, int MBS) {
+    __local float panel[B_LOCAL];
+    __local float* V = panel;                   // [16][C][NR]
+    __local float* Mt = panel + 16 * C * NR;    // [16][MR][NR]
+    const int nb = get_global_id(0), ms = get_global_id(1);
+    const int img = nb / NBI, t0 = (nb - img * NBI) * NR;
+    const int MB = (K + MR - 1) / MR, OHW = OH * OW;
+    const long plane = (long)(2 * TH + 2) * Wq;
+    int org[NV];  // each float8's first tile: top-left in its plane (rows past the image repeat the last)
+    _Pragma("unroll") for (int j = 0; j < NV; j++) {
+        const int t = t0 + 8 * j, ty = t / TWP < TH ? t / TWP : TH - 1;
+        org[j] = 2 * ty * Wq + 2 * (t - (t / TWP) * TWP);
+    }
+    __global const float* xg = xp + xp_off + img * xp_nstride;
+    for (int c = 0; c < C; c++) {
+        _Pragma("unroll") for (int j = 0; j < NV; j++) {
+            __global const float* d = xg + c * plane + org[j];
+            float8 r[4][4];  // B^T d, 8 tiles at once: column q of tile e at 2 e + q
+            _Pragma("unroll") for (int q = 0; q < 2; q++) {
+                float16 a[4];
+                _Pragma("unroll") for (int i = 0; i < 4; i++) a[i] = *(__global const float16u*)(d + i * Wq + 2 * q);
+                const float8 e0 = a[0].even, e1 = a[1].even, e2 = a[2].even, e3 = a[3].even;
+                const float8 o0 = a[0].odd, o1 = a[1].odd, o2 = a[2].odd, o3 = a[3].odd;
+                r[0][2 * q] = e0 - e2; r[1][2 * q] = e1 + e2; r[2][2 * q] = e2 - e1; r[3][2 * q] = e1 - e3;
+                r[0][2 * q + 1] = o0 - o2; r[1][2 * q + 1] = o1 + o2; r[2][2 * q + 1] = o2 - o1;
+                r[3][2 * q + 1] = o1 - o3;
+            }
+            __local float* v = V + c * NR + 8 * j;
+            _Pragma("unroll") for (int i = 0; i < 4; i++) {  // (B^T d) B
+                *(__local float8*)(v + (4 * i + 0) * C * NR) = r[i][0] - r[i][2];
+                *(__local float8*)(v + (4 * i + 1) * C * NR) = r[i][1] + r[i][2];
+                *(__local float8*)(v + (4 * i + 2) * C * NR) = r[i][2] - r[i][1];
+                *(__local float8*)(v + (4 * i + 3) * C * NR) = r[i][1] - r[i][3];
+            }
+        }
+    }
+    y += y_off + img * y_nstride;
+    res += res_off + img * res_nstride;
+    bias += bias_off;
+    const int mb_end = (ms + 1) * MBS < MB ? (ms + 1) * MBS : MB;
+    for (int mb = ms * MBS; mb < mb_end; mb++) {
+        const int m0 = mb * MR;
+        for (int xi = 0; xi < 16; xi++) {
+            float8 acc[MR][NV];
+            _Pragma("unroll") for (int i = 0; i < MR; i++)
+                _Pragma("unroll") for (int j = 0; j < NV; j++) acc[i][j] = (float8)(0.0f);
+            __global const float* ap = u + u_off + ((long)xi * MB + mb) * C * MR;
+            __local const float* vx = V + xi * C * NR;
+            for (int c = 0; c < C; c++) FMA_STEP(__local const float8, vx + c * NR, c);
+            _Pragma("unroll") for (int i = 0; i < MR; i++)
+                _Pragma("unroll") for (int j = 0; j < NV; j++)
+                    *(__local float8*)(Mt + (xi * MR + i) * NR + 8 * j) = acc[i][j];
+        }
+        for (int i = 0; i < MR && m0 + i < K; i++) {
+            const int m = m0 + i;
+            _Pragma("unroll") for (int j = 0; j < NV; j++) {
+                const int t = t0 + 8 * j, ty = t / TWP, tx = t - ty * TWP;
+                if (ty >= TH) break;
+                float8 a[16];
+                _Pragma("unroll") for (int xi = 0; xi < 16; xi++)
+                    a[xi] = *(__local const float8*)(Mt + (xi * MR + i) * NR + 8 * j);
+                _Pragma("unroll") for (int h = 0; h < 2; h++) {  // (A^T a) A: output row 2 ty + h of 8 tiles
+                    const int oy = 2 * ty + h;
+                    if (oy >= OH) break;
+                    float8 s[4];
+                    _Pragma("unroll") for (int q = 0; q < 4; q++)
+                        s[q] = h == 0 ? a[q] + a[4 + q] + a[8 + q] : a[4 + q] - a[8 + q] - a[12 + q];
+                    union { float16 v; float s[16]; } o;
+                    o.v.even = s[0] + s[1] + s[2];
+                    o.v.odd = s[1] - s[2] - s[3];
+                    const long at = (long)m * OHW + oy * OW + 2 * tx;
+                    const int n = OW - 2 * tx < 16 ? OW - 2 * tx : 16;
+                    if (n == 16) {  // 16 pixels of the row: one vector store
+                        _Pragma("unroll") for (int e = 0; e < 16; e++) {
+                            float r = o.s[e];
+                            ADD_BIAS(r, m);
+                            ADD_RES(r, at + e);
+                            o.s[e] = ACT(r);
+                        }
+                        *(__global float16u*)(y + at) = o.v;
+                    } else {
+                        for (int e = 0; e < n; e++) {
+                            float r = o.s[e];
+                            ADD_BIAS(r, m);
+                            ADD_RES(r, at + e);
+                            y[at + e] = ACT(r);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+#endif
