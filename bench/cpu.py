@@ -1,13 +1,15 @@
 """dlnet on the CPU (PoCL) against onnxruntime on the same machine, in one process and one run.
 
-    python bench/cpu.py [--models resnet50,squeezenet,...] [--iters 5] [--batch 1]
+    python bench/cpu.py [--models resnet50,squeezenet,...] [--iters 5] [--rounds 3] [--batch 1]
 
 Models: the reference CNNs the onnx package ships (real architectures). They build each weight with ConstantOfShape
 (one value repeated, which makes every channel alike and the error column trivially 0): those are replaced by
 random initializers of the same shapes, the same model for both engines. Time of one inference includes the copies
-in and out; a 0.3 s pause (each engine's threads go idle), warm-up, then the median. Prints a table.
+in and out; per engine, --rounds alternating blocks, each a 0.3 s pause (each engine's threads go idle), 0.25 s of
+warm-up calls and --iters timed calls; the median of all. Prints a table.
 """
 import argparse
+import itertools
 import os
 import statistics
 import time
@@ -43,18 +45,36 @@ def with_random_weights(model, rng):
     return model
 
 
-def median_ms(fn, iters, pause=0.3):
-    """Median of iters timed calls after a warm-up. The pause first lets the other engine's threads go idle:
-    onnxruntime's intra-op threads spin-wait after each run, and on 2 cores they took one from dlnet's next calls
-    (squeezenet 7.0-7.5 ms alone, 8.6-10.1 ms right after onnxruntime's, 6.9-7.3 after a 0.3 s pause)."""
+def timed_ms(fn, iters, pause=0.3, warmup_s=0.25):
+    """iters timed calls after a pause and warm_up_s of warm-up calls (at least two). The pause lets the other
+    engine's threads go idle: onnxruntime's intra-op threads spin-wait after each run, and on 2 cores they took one
+    from dlnet's next calls (squeezenet 7.0-7.5 ms alone, 8.6-10.1 ms right after onnxruntime's, 6.9-7.3 after a
+    0.3 s pause). The warm-up outlasts what an idle spell costs: after 0.1-1 s idle, dlnet's next 4-6 runs of
+    squeezenet took 9-13 ms, then 6-7 (PoCL's workers sleep between kernels; onnxruntime's first run was 5-8 ms, then
+    4.2)."""
     time.sleep(pause)
-    fn()
+    start = time.perf_counter()
+    for i in itertools.count():
+        fn()
+        if i >= 1 and time.perf_counter() - start >= warmup_s:
+            break
     times = []
     for _ in range(iters):
         t = time.perf_counter()
         fn()
         times.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(times)
+    return times
+
+
+def paired_medians(fns, iters, rounds):
+    """Each engine's median over `rounds` alternating blocks of `iters` calls: the machine's load changes over
+    seconds (a shared 2-core VM: squeezenet 5.3 to 11 ms within a minute), so one block each would compare two
+    different loads."""
+    times = [[] for _ in fns]
+    for _ in range(rounds):
+        for t, fn in zip(times, fns):
+            t += timed_ms(fn, iters)
+    return [statistics.median(t) for t in times]
 
 
 def main():
@@ -62,6 +82,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=3, help="alternating blocks of --iters calls per engine")
     ap.add_argument("--batch", type=int, default=1)
     args = ap.parse_args()
     ctx = dlnet.Context("cpu")
@@ -74,8 +95,8 @@ def main():
         shape = (args.batch,) + tuple(info.shape[1:])
         x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
         sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-        t_ort = median_ms(lambda: sess.run(None, {info.name: x}), args.iters)
-        t_dl = median_ms(lambda: net.run({info.name: x}), args.iters)
+        t_ort, t_dl = paired_medians([lambda: sess.run(None, {info.name: x}), lambda: net.run({info.name: x})],
+                                     args.iters, args.rounds)
         ref = sess.run(None, {info.name: x})[0]
         got = list(net.run({info.name: x}).values())[0]
         err = np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30)
