@@ -342,6 +342,9 @@ CONV_CPU_LOCAL_MIN_BYTES = 2 << 20
 # channels at 56x56: 157 GF/s against 137 reading the planes in place)
 CONV_CPU_DIRECT = True
 CONV_CPU_DIRECT_PACK = True
+# CPU depthwise convolutions over zero-padded planes too (dwconv_cpu.cl's dwconv2d_cpu_planes; tests turn it off to
+# keep the bordered kernel covered)
+DW_CPU_PLANES = True
 # ... and a 3x3 stride-1 one with constant weights and at least this many input and output channels runs as fused
 # Winograd F(2x2, 3x3) (conv_cpu.cl's conv2d_cpu_wino)
 CONV_CPU_WINOGRAD = True
@@ -391,6 +394,10 @@ SPLITK_MAX = 256
 # work-group outweighed a 14-wide row: shufflenet's 272 x 14 x 14 layers) while the grid keeps DW_MIN_ITEMS
 DW_MIN_OUTPUTS = int(os.environ.get("DLNET_DW_MIN_OUTPUTS", 256))
 DW_MIN_ITEMS = 64
+# planes.cl's pad_planes: planes per work-item up to this many floats, while the grid keeps PAD_MIN_ITEMS (544
+# planes of 9 x 9, one per work-item: 0.04 ms, most of it PoCL's cost per work-group)
+PAD_MIN_FLOATS = 2048
+PAD_MIN_ITEMS = 16
 
 
 def dw_rows(OH, OW, planes):
@@ -778,6 +785,21 @@ class Lowerer:
                 np.int32(Cin), np.int32(H), np.int32(W), np.int32(OH), np.int32(OW), np.int32(KH), np.int32(KW),
                 np.int32(strides[0]), np.int32(strides[1]), np.int32(pads[0]), np.int32(pads[1]),
                 np.int32(dil[0]), np.int32(dil[1]), np.int32(mult), np.int64(y_nstride), np.int64(y_nstride)]
+            if self.ctx.is_cpu and DW_CPU_PLANES:  # over zero-padded planes, ROWS output rows per work-item
+                geo = dict(KHC=KH, KWC=KW, SHC=strides[0], SWC=strides[1], DHC=dil[0], DWC=dil[1])
+                Hq = -(-((OH - 1) * strides[0] + dil[0] * (KH - 1) + 1) // strides[0])
+                Wq = -(-((OW - 1) * strides[1] + dil[1] * (KW - 1) + 1) // strides[1])
+                xp_nstride = self.pad_planes(x, H, W, geo, Hq, Wq, pads[0], pads[1], 8 + Wq, label)
+                rows = dw_rows(OH, OW, N * Cout)
+                per = max(1, min(DW_MIN_OUTPUTS // (OH * OW), N * Cout // DW_MIN_ITEMS)) if rows == OH else 1
+                self.emit(_defines(dict(geo, SW=strides[1], ROWS=rows)) + head + kernel_source("planes") +
+                          kernel_source("dwconv_cpu"), "dwconv2d_cpu_planes",
+                          [self.dummy()[0], np.uint64(0)] + self.args(w) + bargs + rargs + self.args(y) + [
+                              np.int32(v) for v in (Cin, Hq, Wq, OH, OW, mult)] + [
+                              np.int64(xp_nstride), np.int64(y_nstride), np.int64(y_nstride), np.int32(N * Cout),
+                              np.int32(per)], (-(-OH // rows), -(-N * Cout // per)), (1, 1), label)
+                self.use_scratch(self.launches[-1].kernel, 0, 4 * N * xp_nstride, "work")
+                return
             if self.ctx.is_cpu:  # ROWS output rows per work-item, stride along W compiled in
                 args = args[:-8] + args[-7:]
                 rows = dw_rows(OH, OW, N * Cout)
@@ -920,7 +942,6 @@ class Lowerer:
         direct = CONV_CPU_DIRECT and KH * KW > 1  # (a 1x1 stride 2 ran at 130 GF/s direct, 155 through im2col)
         # the direct path's planes: the padded extent the outputs read, split into SHP x SWP phases of Hq x Wq
         Hq, Wq = -(-((OH - 1) * SH + DH * (KH - 1) + 1) // SH), -(-((OW - 1) * SW + DW * (KW - 1) + 1) // SW)
-        phases = (SH if KH > 1 and DH % SH else 1) * (SW if KW > 1 and DW % SW else 1)
         tiles = pick_conv_cpu_tiles(OH * Wq if direct else NN)
         MR, NR = tiles["MR"], 8 * tiles["NV"]
         MB, NB = -(-K // MR), -(-NN // NR)
@@ -938,14 +959,10 @@ class Lowerer:
         if wino:
             MB, NBI = -(-K // MR), -(-(TH * TWP) // NR)
             Hq, Wq = 2 * TH + 2, 2 * TWP + 2
-            xp_nstride = _round_up(Cin * Hq * Wq, 16)
-            defs = dict(tiles, KHC=3, KWC=3, SHC=1, SWC=1, DHC=1, DWC=1, WINO_CPU=1, A_PACKED=1,
-                        B_LOCAL=self.ctx.info.device.local_mem_size // 4)
-            src = _defines(defs) + head + kernel_source("conv_cpu")
-            self.emit(src, "pad_planes", self.args(x) + [self.dummy()[0]] + [np.int32(v) for v in (
-                H, W, Hq, Wq, PH, PW)] + [np.int64(Cin * H * W), np.int64(xp_nstride), np.int32(0)],
-                (Cin, N), (1, 1), f"{node.name} Conv pad")
-            self.use_scratch(self.launches[-1].kernel, 2, 4 * N * xp_nstride, "work")
+            geo3 = dict(KHC=3, KWC=3, SHC=1, SWC=1, DHC=1, DWC=1)
+            xp_nstride = self.pad_planes(x, H, W, geo3, Hq, Wq, PH, PW, 0, label)
+            defs = dict(tiles, **geo3, WINO_CPU=1, A_PACKED=1, B_LOCAL=self.ctx.info.device.local_mem_size // 4)
+            src = _defines(defs) + head + kernel_source("planes") + kernel_source("conv_cpu")
             from ..graph.passes.winograd import transform_weights
             u = np.zeros((16, MB * MR, C), np.float32)
             u[:, :K] = transform_weights(w.const, 2).reshape(16, K, C)
@@ -963,15 +980,12 @@ class Lowerer:
         if direct:
             NBI = -(-(OH * Wq) // NR)
             tail = NBI * NR - OH * Wq + Wq - OW  # past the last plane: what the last panel's dropped columns read
-            xp_nstride = _round_up(Cin * phases * Hq * Wq + tail, 16)
-            defs.update(KHC=KH, KWC=KW, SHC=SH, SWC=SW, DHC=DH, DWC=DW)
+            geo = dict(KHC=KH, KWC=KW, SHC=SH, SWC=SW, DHC=DH, DWC=DW)
+            xp_nstride = self.pad_planes(x, H, W, geo, Hq, Wq, PH, PW, tail, label)
+            defs.update(geo)
             if CONV_CPU_DIRECT_PACK and 4 * KK * NR <= self.ctx.info.device.local_mem_size:
                 defs["B_LOCAL"] = self.ctx.info.device.local_mem_size // 4
-            src = _defines(defs) + head + kernel_source("conv_cpu")
-            self.emit(src, "pad_planes", self.args(x) + [self.dummy()[0]] + [np.int32(v) for v in (
-                H, W, Hq, Wq, PH, PW)] + [np.int64(Cin * H * W), np.int64(xp_nstride), np.int32(tail)],
-                (Cin * phases, N), (1, 1), label + " pad")
-            self.use_scratch(self.launches[-1].kernel, 2, 4 * N * xp_nstride, "work")
+            src = _defines(defs) + head + kernel_source("planes") + kernel_source("conv_cpu")
             splits = min(MB, -(-8 * self.ctx.info.compute_units // (N * NBI * group)))
             MBS = -(-MB // splits)
             self.emit(src, "conv2d_cpu_direct", [self.dummy()[0], np.uint64(0)] + wargs + bargs + rargs +
@@ -1013,6 +1027,21 @@ class Lowerer:
         self.emit(_defines(defs) + head + kernel_source("conv_cpu"), "conv2d_cpu", args, (MB, NB, group), (1, 1, 1),
                   label)
         self.use_scratch(self.launches[-1].kernel, 10, 0, "work")
+
+    def pad_planes(self, x, H, W, geo, Hq, Wq, PH, PW, tail, label):
+        """Launch planes.cl's pad_planes: x [N, C, H, W] (1-D: H = 1) into the plan's "work" scratch as zero-padded
+        planes of Hq x Wq per channel and phase of geo's strides (KHC, KWC, SHC, SWC, DHC, DWC), then `tail` zeros
+        per image. Returns the floats from one image's planes to the next's."""
+        N, C = x.shape[:2]
+        phases = (geo["SHC"] if geo["KHC"] > 1 and geo["DHC"] % geo["SHC"] else 1) * \
+            (geo["SWC"] if geo["KWC"] > 1 and geo["DWC"] % geo["SWC"] else 1)  # planes.cl's SHP * SWP
+        xp_nstride = _round_up(C * phases * Hq * Wq + tail, 16)
+        per = max(1, min(PAD_MIN_FLOATS // (Hq * Wq), C * phases * N // PAD_MIN_ITEMS))  # planes per work-item
+        self.emit(_defines(geo) + kernel_source("planes"), "pad_planes", self.args(x) + [self.dummy()[0]] + [
+            np.int32(v) for v in (H, W, Hq, Wq, PH, PW)] + [np.int64(C * H * W), np.int64(xp_nstride)] + [
+            np.int32(v) for v in (tail, C * phases, per)], (-(-C * phases // per), N), (1, 1), label + " pad")
+        self.use_scratch(self.launches[-1].kernel, 2, 4 * N * xp_nstride, "work")
+        return xp_nstride
 
     def conv_cpu_weights(self, w, group, K, KK, MR, defs):
         """conv_cpu.cl's weight arguments: a constant w packed here, once, as wp[g][mb][k][MR] (A_PACKED, rows past K

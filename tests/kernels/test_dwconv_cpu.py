@@ -1,4 +1,4 @@
-"""Depthwise convolutions shaped to cross the CPU kernel's edges (rows shorter and longer than an 8-output block,
+"""Depthwise convolutions shaped to cross the CPU kernels' edges (rows shorter and longer than an 8-output block,
 border outputs on both sides, strides 1 and 2, dilation, a depth multiplier, batch 2) with the fused bias +
 residual + activation epilogue, against NumPy in float64."""
 import numpy as np
@@ -34,21 +34,44 @@ def dwconv_numpy(x, w, b, s, p, d):
     return y + b[None, :, None, None]
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=["x".join(map(str, s)) for s in SHAPES])
-def test_depthwise_matches_numpy(ctx, shape):
-    check_depthwise(ctx, shape)
+SHAPES += [
+    (1, 6, 7, 7, 1, 3, 1, 1, 1),      # 7x7 planes (9 padded columns a row): vectors across rows
+    (2, 3, 13, 12, 3, 3, 2, 1, 1),    # stride 2 over four phase planes, multiplier 3
+    (1, 70, 5, 4, 1, 3, 1, 1, 1),     # small planes, several per work-item (and per pad_planes work-item)
+]
+KERNELS = ["dwconv2d_cpu_planes", "dwconv2d_cpu"]  # over zero-padded planes, or with borders (DW_CPU_PLANES off)
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("shape", SHAPES, ids=["x".join(map(str, s)) for s in SHAPES])
-def test_depthwise_several_rows_per_work_item(ctx, shape, monkeypatch):
+def test_depthwise_matches_numpy(ctx, shape, kernel, monkeypatch):
+    from dlnet.kernels import lowering
+    monkeypatch.setattr(lowering, "DW_CPU_PLANES", kernel == "dwconv2d_cpu_planes")
+    check_depthwise(ctx, shape, kernel)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("shape", SHAPES, ids=["x".join(map(str, s)) for s in SHAPES])
+def test_depthwise_several_rows_per_work_item(ctx, shape, kernel, monkeypatch):
     """Blocks of rows per work-item (lowering.dw_rows), the last block of each plane ragged."""
     from dlnet.kernels import lowering
+    monkeypatch.setattr(lowering, "DW_CPU_PLANES", kernel == "dwconv2d_cpu_planes")
     monkeypatch.setattr(lowering, "DW_MIN_OUTPUTS", 2 * shape[3] + 1)  # three rows of the input's width
     monkeypatch.setattr(lowering, "DW_MIN_ITEMS", 1)
-    check_depthwise(ctx, shape)
+    check_depthwise(ctx, shape, kernel)
 
 
-def check_depthwise(ctx, shape):
+@pytest.mark.parametrize("shape", SHAPES, ids=["x".join(map(str, s)) for s in SHAPES])
+def test_depthwise_several_planes_per_work_item(ctx, shape, monkeypatch):
+    """Whole planes, several per work-item (and per pad_planes work-item), the last work-item's share ragged."""
+    from dlnet.kernels import lowering
+    monkeypatch.setattr(lowering, "DW_MIN_OUTPUTS", 3 * shape[2] * shape[3])  # about three output planes
+    monkeypatch.setattr(lowering, "DW_MIN_ITEMS", 1)
+    monkeypatch.setattr(lowering, "PAD_MIN_ITEMS", 1)
+    check_depthwise(ctx, shape, "dwconv2d_cpu_planes")
+
+
+def check_depthwise(ctx, shape, kernel):
     n, c, h, wd, m, k, s, p, d = shape
     x = R.uniform(-1, 1, (n, c, h, wd)).astype(np.float32)
     w = R.uniform(-1, 1, (c * m, 1, k, k)).astype(np.float32)
@@ -61,7 +84,7 @@ def check_depthwise(ctx, shape):
     model = make_model(nodes, {"x": x, "r": r}, ["y"], {"w": w, "b": b})
     net = dlnet.Net(ctx).load_onnx(model)
     if ctx.is_cpu:
-        assert "dwconv2d_cpu" in [launch.kernel.function_name for launch in net.launches]
+        assert kernel in [launch.kernel.function_name for launch in net.launches]
     got = list(net.run({"x": x, "r": r}).values())[0]
     want = np.maximum(conv + r, 0)
     assert got.shape == want.shape

@@ -214,45 +214,8 @@ void conv2d_cpu_local(__global const float* x, ulong x_off, __global const float
 }
 #endif
 
-// Convolutions without im2col: pad_planes copies x into zero-padded planes, split by phase where the stride is over 1:
-// phase (py, px) of channel c holds the padded input's rows py, py + SH, ... and columns px, px + SW, ... in a
-// plane of Hq x Wq. Output pixel (oy, ox) at position q = oy * Wq + ox reads, for tap (ky, kx), phase
-// ((ky * DHC) % SH, (kx * DWC) % SW) at q + (ky * DHC / SH) * Wq + kx * DWC / SW: NR consecutive positions are NR
-// consecutive floats for every (c, ky, kx), so conv2d_cpu_direct reads its B rows from the planes with no im2col.
-// Positions with ox >= OW are computed and dropped (2 of 15 at 13x13 3x3, 1 of 56 at 112x112 3x3 stride 2).
-// SHP x SWP phases are stored: 1 along an axis where every tap reads phase 0 (one tap, or the dilation a multiple of
-// the stride).
-#if defined(KHC) && defined(KWC) && defined(SHC) && defined(SWC) && defined(DHC) && defined(DWC)
-#define SHP (KHC > 1 && DHC % SHC ? SHC : 1)
-#define SWP (KWC > 1 && DWC % SWC ? SWC : 1)
-// One work-item per phase plane (phase ph of channel c, image img), row by row (one per row: 15k work-items for
-// 128 channels at 56x56 stride 2, 0.3 ms of PoCL's dispatch); the last one of the image also zeroes its tail (tail
-// floats past the planes, read by the dropped positions of the last panel).
-__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
-void pad_planes(__global const float* x, ulong x_off, __global float* xp, int H, int W, int Hq, int Wq, int PH,
-                int PW, long x_nstride, long xp_nstride, int tail) {
-    const int cph = get_global_id(0), img = get_global_id(1);
-    const int c = cph / (SHP * SWP), ph = cph - c * (SHP * SWP), py = ph / SWP, px = ph - py * SWP;
-    __global float* out = xp + img * xp_nstride + (long)cph * Hq * Wq;
-    // columns j with 0 <= j * SWC + px - PW < W
-    int lo = PW - px > 0 ? (PW - px + SWC - 1) / SWC : 0, hi = W - 1 + PW - px >= 0 ? (W - 1 + PW - px) / SWC + 1 : 0;
-    lo = lo < Wq ? lo : Wq;
-    hi = hi < Wq ? (hi > lo ? hi : lo) : Wq;
-    for (int i = 0; i < Hq; i++, out += Wq) {
-        const int iy = i * SHC + py - PH;
-        if (iy < 0 || iy >= H) {
-            for (int j = 0; j < Wq; j++) out[j] = 0.0f;
-            continue;
-        }
-        __global const float* in = x + x_off + img * x_nstride + ((long)c * H + iy) * W + px - PW;
-        for (int j = 0; j < lo; j++) out[j] = 0.0f;
-        for (int j = lo; j < hi; j++) out[j] = in[j * SWC];
-        for (int j = hi; j < Wq; j++) out[j] = 0.0f;
-    }
-    if (cph == get_global_size(0) - 1)
-        for (int j = 0; j < tail; j++) out[j] = 0.0f;
-}
-
+// Convolutions without im2col read zero-padded planes (planes.cl, prepended to this file where KHC is defined).
+#if defined(KHC)
 // The epilogue of a tile at positions p0.. of one image (y, res, bias at that image and group): float8s that lie in
 // one output row are vectors, the rest go element by element, dropping ox >= OW and oy >= OH.
 #define STORE_TILE_PADDED()                                                                                          \
@@ -307,8 +270,8 @@ void conv2d_cpu_direct(__global const float* xp, ulong xp_off, __global const fl
     bias += bias_off + g * K;
     const int mb_end = (ms + 1) * MBS < MB ? (ms + 1) * MBS : MB;
 // B row k of tap (c, ky, kx): NR floats at TAP_AT(xr, kx) with xr at (c, ky)
-#define TAP_ROWS(c, ky) (xg + (c) * SHP * SWP * plane + ((ky) * DHC % SHC) * SWP * plane + ((ky) * DHC / SHC) * Wq)
-#define TAP_AT(xr, kx) ((xr) + ((kx) * DWC % SWC) * plane + (kx) * DWC / SWC)
+#define TAP_ROWS(c, ky) (xg + (c) * SHP * SWP * plane + TAP_OFF(ky, 0, plane, Wq))
+#define TAP_AT(xr, kx) ((xr) + TAP_OFF(0, kx, plane, Wq))
 #if defined(B_LOCAL)  // copy the panel's B rows into __local memory first: one contiguous KK x NR block
     __local float panel[B_LOCAL];
     for (int c = 0, k = 0; c < C; c++)

@@ -99,3 +99,60 @@ void dwconv2d_cpu(__global const float* x, ulong x_off, __global const float* w,
     }
     }
 }
+
+#if defined(SHC)  // planes.cl prepended
+// The same convolution over zero-padded planes (planes.cl): no borders, every output a lane of a float8 of
+// consecutive positions q = oy * Wq + ox, ox >= OW dropped (7x7 planes ran one output at a time through scalar_out:
+// shufflenet's 544-channel layers 0.20 ms each). A work-item per ROWS output rows of PER (image, output channel)
+// planes.
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void dwconv2d_cpu_planes(__global const float* xp, ulong xp_off, __global const float* w, ulong w_off,
+                         __global const float* bias, ulong bias_off, __global const float* res, ulong res_off,
+                         __global float* y, ulong y_off, int C, int Hq, int Wq, int OH, int OW, int M,
+                         long xp_nstride, long y_nstride, long res_nstride, int NCO, int PER) {
+    const int nc_end = (get_global_id(1) + 1) * PER < NCO ? (get_global_id(1) + 1) * PER : NCO;
+    for (int nc = get_global_id(1) * PER; nc < nc_end; nc++) {
+    const int CO = C * M;
+    const int n = nc / CO, co = nc - n * CO, ci = co / M;
+    const long plane = (long)Hq * Wq;
+    __global const float* xc = xp + xp_off + n * xp_nstride + (long)ci * SHP * SWP * plane;
+    float wt[KHC * KWC];
+    _Pragma("unroll") for (int t = 0; t < KHC * KWC; t++) wt[t] = w[w_off + (long)co * KHC * KWC + t];
+#if defined(HAS_BIAS)
+    const float b = bias[bias_off + co];
+#else
+    const float b = 0.0f;
+#endif
+    const int oy0 = get_global_id(0) * ROWS, oy_end = min(OH, oy0 + ROWS);
+    __global float* yc = y + y_off + n * y_nstride + (long)co * OH * OW;
+    __global const float* rc = res + res_off + n * res_nstride + (long)co * OH * OW;
+    for (int oy = oy0; oy < oy_end; oy++)
+        for (int ox = 0; ox < OW; ox += 8) {  // a row's last vector ends at its end, overlapping the one before
+            const int base = ox + 8 <= OW || OW < 8 ? ox : OW - 8;
+            const int q = oy * Wq + base;
+            float8 acc = (float8)(b);
+            _Pragma("unroll") for (int ky = 0; ky < KHC; ky++)
+                _Pragma("unroll") for (int kx = 0; kx < KWC; kx++)
+                    acc = (float8)(wt[ky * KWC + kx]) * *(__global const float8u*)(xc + q + TAP_OFF(ky, kx, plane, Wq))
+                          + acc;
+            union { float8 v; float s[8]; } o;
+            o.v = acc;
+            if (base == ox && ox + 8 <= OW) {  // eight new outputs
+#if defined(HAS_RES)
+                o.v += *(__global const float8u*)(rc + oy * OW + ox);
+#endif
+                _Pragma("unroll") for (int e = 0; e < 8; e++) o.s[e] = ACT(o.s[e]);
+                *(__global float8u*)(yc + oy * OW + ox) = o.v;
+            } else {  // the new outputs of an overlapping or short vector (y may be res: none is read after written)
+                for (int e = ox - base; e < 8 && base + e < OW; e++) {
+                    float r = o.s[e];
+#if defined(HAS_RES)
+                    r += rc[oy * OW + base + e];
+#endif
+                    yc[oy * OW + base + e] = ACT(r);
+                }
+            }
+        }
+    }
+}
+#endif

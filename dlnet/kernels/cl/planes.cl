@@ -1,0 +1,48 @@
+// Zero-padded input planes for CPU convolutions (conv_cpu.cl's direct and Winograd tiles, dwconv_cpu.cl's planes
+// kernel), in place of im2col or bounds checks. pad_planes copies x into planes split by phase where the stride is
+// over 1: phase (py, px) of channel c holds the padded input's rows py, py + SH, ... and columns px, px + SW, ... in a
+// plane of Hq x Wq. Output pixel (oy, ox) at position q = oy * Wq + ox reads, for tap (ky, kx), phase
+// ((ky * DHC) % SH, (kx * DWC) % SW) at q + (ky * DHC / SH) * Wq + kx * DWC / SW (TAP_OFF): consecutive positions are
+// consecutive floats for every tap, so vectors load straight from the planes. Positions with ox >= OW are computed
+// and dropped (2 of 15 at 13x13 3x3, 1 of 56 at 112x112 3x3 stride 2). SHP x SWP phases are stored: 1 along an axis
+// where every tap reads phase 0 (one tap, or the dilation a multiple of the stride).
+#if !defined(KHC) || !defined(KWC) || !defined(SHC) || !defined(SWC) || !defined(DHC) || !defined(DWC)
+#error "planes.cl needs KHC, KWC (kernel size), SHC, SWC (strides), DHC, DWC (dilations)"
+#endif
+#define SHP (KHC > 1 && DHC % SHC ? SHC : 1)
+#define SWP (KWC > 1 && DWC % SWC ? SWC : 1)
+// where tap (ky, kx) reads, from a channel's first phase plane (planes of `plane` floats, Wq a row)
+#define TAP_OFF(ky, kx, plane, Wq) (((ky) * DHC % SHC * SWP + (kx) * DWC % SWC) * (plane) + \
+                                    (ky) * DHC / SHC * (Wq) + (kx) * DWC / SWC)
+
+// One work-item per PER phase planes (phase ph of channel c, image img: cph = c * SHP * SWP + ph, CPH of them), row by
+// row (a work-item per row: 15k of them for 128 channels at 56x56 stride 2, 0.3 ms of PoCL's dispatch); the one with
+// the image's last plane also zeroes its tail (tail floats past the planes, read by the dropped positions at the end).
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void pad_planes(__global const float* x, ulong x_off, __global float* xp, int H, int W, int Hq, int Wq, int PH,
+                int PW, long x_nstride, long xp_nstride, int tail, int CPH, int PER) {
+    const int img = get_global_id(1);
+    const int cph_end = (get_global_id(0) + 1) * PER < CPH ? (get_global_id(0) + 1) * PER : CPH;
+    __global float* out = xp + img * xp_nstride + (long)get_global_id(0) * PER * Hq * Wq;
+    for (int cph = get_global_id(0) * PER; cph < cph_end; cph++) {
+        const int c = cph / (SHP * SWP), ph = cph - c * (SHP * SWP), py = ph / SWP, px = ph - py * SWP;
+        // columns j with 0 <= j * SWC + px - PW < W
+        int lo = PW - px > 0 ? (PW - px + SWC - 1) / SWC : 0;
+        int hi = W - 1 + PW - px >= 0 ? (W - 1 + PW - px) / SWC + 1 : 0;
+        lo = lo < Wq ? lo : Wq;
+        hi = hi < Wq ? (hi > lo ? hi : lo) : Wq;
+        for (int i = 0; i < Hq; i++, out += Wq) {
+            const int iy = i * SHC + py - PH;
+            if (iy < 0 || iy >= H) {
+                for (int j = 0; j < Wq; j++) out[j] = 0.0f;
+                continue;
+            }
+            __global const float* in = x + x_off + img * x_nstride + ((long)c * H + iy) * W + px - PW;
+            for (int j = 0; j < lo; j++) out[j] = 0.0f;
+            for (int j = lo; j < hi; j++) out[j] = in[j * SWC];
+            for (int j = hi; j < Wq; j++) out[j] = 0.0f;
+        }
+    }
+    if (cph_end == CPH)
+        for (int j = 0; j < tail; j++) out[j] = 0.0f;
+}
