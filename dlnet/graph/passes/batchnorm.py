@@ -1,4 +1,5 @@
-"""Inference BatchNormalization: folded into the preceding Conv's weights and bias, else a per-channel Mul+Add."""
+"""Inference BatchNormalization: folded into the preceding Conv's weights and bias, else a per-channel Mul+Add; and
+per-channel Mul / Add by constants right after a Conv folded the same way (fold_conv_affine)."""
 import numpy as np
 
 from ..ir import Node
@@ -46,4 +47,42 @@ def fold_batchnorm(graph):
             graph.add_node(Node("Add", [mid, graph.constant(shift.astype(x.dtype).reshape(shape))], [y], {},
                                 node.name + "/shift"), i + 1)
         changed = True
+    return changed
+
+
+def fold_conv_affine(graph):
+    """A Conv's only reader that multiplies or adds a per-channel constant (Caffe's Scale layer after a BatchNorm
+    folded into the Conv: densenet121's 120, each a kernel of its own otherwise) folded into the Conv's constant
+    weights and bias, one after another."""
+    from .fuse import _absorb, _per_channel, _single_user
+    changed = False
+    for node in list(graph.nodes):
+        while node.op == "Conv" and node in graph.nodes and not node.attrs.get("act") and len(node.inputs) <= 3:
+            w, y = node.inputs[1], node.outputs[0]
+            bias = node.inputs[2] if len(node.inputs) > 2 else None
+            if w.const is None or w.param or (bias is not None and (bias.const is None or bias.param)) or \
+                    not _single_user(graph, y):
+                break
+            nxt = y.users[0]
+            if nxt.op not in ("Mul", "Add") or nxt.inputs.count(y) != 1:
+                break
+            other = nxt.inputs[1] if nxt.inputs[0] is y else nxt.inputs[0]
+            if other.dtype != y.dtype or not _per_channel(other, y):
+                break
+            c = other.const.reshape(-1).astype(np.float64)
+            b = bias.const.astype(np.float64) if bias is not None else np.zeros(w.shape[0])
+            if nxt.op == "Mul":  # (as fold_batchnorm: the weights' product in their own precision)
+                scaled = w.const * c.astype(w.const.dtype).reshape((-1,) + (1,) * (w.rank - 1))
+                graph.set_input(node, 1, graph.constant(scaled.astype(w.dtype, copy=False)))
+                b = b * c
+            else:
+                b = b + c
+            new_b = graph.constant(b.astype(y.dtype))
+            if bias is not None:
+                graph.set_input(node, 2, new_b)
+            else:
+                node.inputs.append(new_b)
+                new_b.users.append(node)
+            _absorb(graph, node, nxt)
+            changed = True
     return changed
