@@ -28,8 +28,8 @@ FORCE = [None]
 _pick = lowering.pick_tiles
 
 
-def forced_pick(ctx, M, N, K, batches=1, deep=True):
-    core, tiles, lsize, grid = _pick(ctx, M, N, K, batches, deep)
+def forced_pick(ctx, M, N, K, *rest, **kw):
+    core, tiles, lsize, grid = _pick(ctx, M, N, K, *rest, **kw)
     if core != "gemm_mma" or FORCE[0] is None:
         return core, tiles, lsize, grid
     t = dict(zip(["TM", "TN", "TK", "WARPS_M", "WARPS_N", "STAGES"], FORCE[0] + (tiles["STAGES"],)[len(FORCE[0]) - 5:]))
