@@ -130,10 +130,19 @@ def plan_memory(graph, inplace=True, keep=(), together=None):
         inner = int(np.prod(y.shape[axis + 1:], dtype=np.int64))
         for x in node.inputs:
             p = x.producer
-            if (p is not None and p.spec.kind != "alias" and p.op != "Concat" and x.users == [node]
+            # x may have other readers: it stays a slice of y's buffer, never written again (its root outlives
+            # them, so none takes it over in place); densenet's blocks: each layer's Concat extends the last one, 58
+            # copies of ever longer prefixes otherwise
+            if (p is not None and p.spec.kind != "alias" and [u for u in x.users if u.op == "Concat"] == [node]
                     and x.id not in outputs and x.const is None and node.inputs.count(x) == 1):
                 root[x.id] = (y.id, start * inner)
             start += x.shape[axis]
+    for vid in list(root):  # chains of Concats: each value at its offset in the last one
+        rid, off = root[vid]
+        while rid in root:
+            rid, more = root[rid]
+            off += more
+        root[vid] = (rid, off)
     weight_views = plan.const_alias
     for node in nodes:
         if node.spec.kind == "alias":

@@ -241,6 +241,26 @@ def test_concat_inputs_written_in_place(ctx, batch, copies):
     assert sum(launch.label.startswith("copy into") for launch in net.launches) == copies
 
 
+def test_chained_concats_share_one_buffer(ctx):
+    """densenet's blocks: each Concat extends the one before, which a Relu also reads (the first one a Tanh's
+    output, read twice too); at batch 1 every Concat is a prefix of the last one's buffer, so no launch copies, and
+    the results match onnx.reference."""
+    nodes, prev = [helper.make_node("Tanh", ["x"], ["t"])], "t"
+    for i in range(3):
+        nodes += [helper.make_node("Relu", [prev], [f"r{i}"]),
+                  helper.make_node("Conv", [f"r{i}", f"w{i}"], [f"c{i}"], pads=[1, 1, 1, 1]),
+                  helper.make_node("Concat", [prev, f"c{i}"], [f"k{i}"], axis=1)]
+        prev = f"k{i}"
+    nodes.append(helper.make_node("Sigmoid", [prev], ["y"]))
+    inits = {f"w{i}": R.standard_normal((2, 3 + 2 * i, 3, 3)).astype(np.float32) for i in range(3)}
+    model = make_model(nodes, {"x": ("float32", [1, 3, 5, 5])}, ["y"], inits)
+    net = dlnet.Net(ctx).load_onnx(model)
+    x = R.standard_normal((1, 3, 5, 5)).astype(np.float32)
+    from tests.conftest import reference
+    assert rel_l2(net.run({"x": x})["y"], reference(model, {"x": x})[0]) < 1e-5
+    assert not any(launch.label.startswith("copy into") for launch in net.launches)
+
+
 def test_expand_read_by_pointwise_broadcasts_instead(ctx):
     nodes = [helper.make_node("Expand", ["x", "shape"], ["e"]), helper.make_node("Mul", ["e", "z"], ["m"]),
              helper.make_node("Expand", ["x", "shape"], ["f"]), helper.make_node("Relu", ["f"], ["r"]),
