@@ -111,13 +111,16 @@ def direct_id(s):
     return f"{n}x{cin}x{h}x{w}x{cout}k{kh}{kw}p{''.join(map(str, pads))}d{d}g{g}s{st}"
 
 
+@pytest.mark.parametrize("pack", [True, False], ids=["panels-packed", "planes-in-place"])
 @pytest.mark.parametrize("weights_as_input", [False, True], ids=["const-w", "input-w"])
 @pytest.mark.parametrize("shape", DIRECT, ids=[direct_id(s) for s in DIRECT])
-def test_conv_direct_matches_onnxruntime(ctx, shape, weights_as_input, monkeypatch):
+def test_conv_direct_matches_onnxruntime(ctx, shape, weights_as_input, pack, monkeypatch):
     """Convolutions read from zero-padded (phase) planes (CPU devices' conv2d_cpu_direct), with the whole epilogue,
-    against onnxruntime: every pad side, dilation, strides, wide and one-pixel outputs."""
+    against onnxruntime: every pad side, dilation, strides, wide and one-pixel outputs; each panel's rows copied into
+    __local memory first, or read from the planes in place (where they would not fit)."""
     from dlnet.kernels import lowering
     monkeypatch.setattr(lowering, "CONV_CPU_WINOGRAD", False)
+    monkeypatch.setattr(lowering, "CONV_CPU_DIRECT_PACK", pack)
     check_conv(ctx, shape, weights_as_input, "conv2d_cpu_direct")
 
 
