@@ -309,6 +309,9 @@ def device_passes(graph, ctx, training=False):
         if core == "gemm_core" and WINOGRAD_TRAINING:
             winograd_on_device(graph, min_channels, WINOGRAD_MIN_LAYER_TILES, WINOGRAD_DW)
         return graph
+    if core == "gemm_vec":  # CPU convolutions: per-channel affine + Relu producers of 1x1 layers as prologues
+        from ..graph.passes.fuse import fuse_conv_prologues
+        fuse_conv_prologues(graph, ctx.info.device.local_mem_size // (4 * 16))
     pretranspose_weights(graph, GEMV_MAX_ROWS if core in GPU_CORES else 0)
     if core == "gemm_core":
         winograd_weights(graph, min_channels, WINOGRAD_MIN_LAYER_TILES, wino_m, WINOGRAD_F4_MIN_TILES)
@@ -935,6 +938,10 @@ class Lowerer:
         __local memory for 1x1 layers and where the im2col matrix is large); constant weights are packed here, once."""
         x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
         H, W, OH, OW, KH, KW, SH, SW, PH, PW, DH, DW = (int(v) for v in geo)
+        if node.attrs.get("prologue") and not (KH == KW == SH == SW == 1 and PH == PW == 0 and
+                                               4 * C * 16 <= self.ctx.info.device.local_mem_size):
+            raise ModelError(f"node {node.name} (Conv): a prologue needs a 1x1 stride-1 unpadded layer whose panel "
+                             f"fits local memory")
         N, Cin = x.shape[0], x.shape[1]
         KK, OHW = C * KH * KW, OH * OW
         NN = N * OHW
@@ -1018,6 +1025,11 @@ class Lowerer:
                 np.int64(y_nstride), np.int32(H), np.int32(W), np.int32(OW), np.int32(KH), np.int32(KW), np.int32(SH),
                 np.int32(SW), np.int32(PH), np.int32(PW), np.int32(DH), np.int32(DW), np.int64(Cin * H * W),
                 np.int32(MBS)]
+            if node.attrs.get("prologue"):  # fuse_conv_prologues: relu?(x * scale + shift) as each panel is packed
+                from ..graph.passes.fuse import affine_chain
+                _, scale, shift, relu = affine_chain(node.attrs["prologue"], x.shape)
+                defs.update(PROLOGUE=1, **({"PRO_RELU": 1} if relu else {}))
+                args += [self.meta(np.concatenate([scale, shift]).astype(np.float32), np.float32), np.uint64(0)]
             self.emit(_defines(defs) + head + kernel_source("conv_cpu"), "conv2d_cpu_local", args, (NB, splits, group),
                       (1, 1, 1), label)
             return

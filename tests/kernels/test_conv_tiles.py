@@ -170,3 +170,31 @@ def test_conv_winograd_matches_onnxruntime(ctx, shape, monkeypatch):
     from dlnet.kernels import lowering
     monkeypatch.setattr(lowering, "CONV_CPU_WINOGRAD_MAX_ROW", 8)
     check_conv(ctx, shape, False, "conv2d_cpu_wino")
+
+
+@pytest.mark.parametrize("relu", [True, False], ids=["relu", "affine"])
+@pytest.mark.parametrize("n,cin,h,w,cout,g", [(1, 24, 14, 14, 40, 1), (2, 12, 5, 7, 18, 3), (1, 9, 3, 3, 5, 1)],
+                         ids=["one-image", "batch2-groups", "tiny"])
+def test_conv_prologue_matches_onnxruntime(ctx, n, cin, h, w, cout, g, relu):
+    """A 1x1 layer whose input a per-channel Mul, Add, Mul, Add (+ Relu) chain produces (densenet's BatchNorm + Relu
+    before each 1x1 layer): on CPU devices that chain runs as the layer packs its panels (fuse_conv_prologues); panels
+    within and across images, groups, a panel longer than the image. A Mul along the width is not per channel and
+    stays a kernel of its own."""
+    import onnxruntime as ort
+    x = R.uniform(-1, 1, (n, cin, h, w)).astype(np.float32)
+    u = lambda lo, hi, *shape: R.uniform(lo, hi, shape).astype(np.float32)  # noqa: E731
+    inits = {"s1": u(0.5, 2, cin, 1, 1), "t1": u(-1, 1, 1, cin, 1, 1), "s2": u(0.5, 2, cin, 1, 1),
+             "t2": u(-1, 1, cin, 1, 1), "wt": u(-1, 1, cout, cin // g, 1, 1), "b": u(-1, 1, cout), "row": u(0.5, 2, w)}
+    nodes = [helper.make_node("Mul", ["x", "s1"], ["a"]), helper.make_node("Add", ["t1", "a"], ["b1"]),
+             helper.make_node("Mul", ["b1", "s2"], ["c"]), helper.make_node("Add", ["c", "t2"], ["d"])]
+    nodes += [helper.make_node("Relu", ["d"], ["e"])] if relu else [helper.make_node("Identity", ["d"], ["e"])]
+    nodes += [helper.make_node("Conv", ["e", "wt", "b"], ["y"], group=g),
+              helper.make_node("Mul", ["x", "row"], ["m"]), helper.make_node("Conv", ["m", "wt", "b"], ["z"], group=g)]
+    model = make_model(nodes, {"x": x}, ["y", "z"], inits)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    net = dlnet.Net(ctx).load_onnx(model)
+    if ctx.is_cpu:
+        assert str(net.graph).count("prologue=") == 1
+    got = net.run({"x": x})
+    assert rel_l2(got["y"], want[0]) < 1e-5 and rel_l2(got["z"], want[1]) < 1e-5
+    net.release()

@@ -40,7 +40,9 @@ class Conv(Op):
     winograd: 1: w holds U = G w G^T [4, 4, K, C] for Winograd F(2x2, 3x3), or [6, 6, K, C] for F(4x4, 3x3)
     (passes/winograd.py, GPU inference);
     2: U is made from w on the device every run (training);
-    tap_major: w holds the weights as [K, KH, KW, C] (passes/layout.py, GPU inference): depth ordered tap by tap.
+    tap_major: w holds the weights as [K, KH, KW, C] (passes/layout.py, GPU inference): depth ordered tap by tap;
+    prologue: the pointwise nodes (per-channel affine, then Relu) that make the layer's input from x (CPU inference,
+    1x1 layers: passes/fuse.py's fuse_conv_prologues), applied as the input is read.
     """
     name = "Conv"
     dtypes = ("float32",)

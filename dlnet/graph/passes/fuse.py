@@ -24,12 +24,13 @@ def _absorb(graph, node, nxt):
     out.producer = node
 
 
-def _per_channel(v, y):
-    """A constant of shape [C,1,1] / [1,C,1,1] broadcasting along y's channel axis."""
-    if v.const is None or v.param:
+def _per_channel(v, y, y_shape=None):
+    """A constant of shape [C,1,1] / [1,C,1,1] broadcasting along y's channel axis (or along axis 1 of y_shape)."""
+    y_shape = tuple(y_shape if y_shape is not None else y.shape)
+    if v.const is None or v.param or v.rank > len(y_shape):
         return False
-    shape = (1,) * (y.rank - v.rank) + v.shape
-    return shape[1] == y.shape[1] and all(d == 1 for i, d in enumerate(shape) if i != 1)
+    shape = (1,) * (len(y_shape) - v.rank) + tuple(v.shape)
+    return shape[1] == y_shape[1] and all(d == 1 for i, d in enumerate(shape) if i != 1)
 
 
 def fuse_epilogues(graph):
@@ -176,5 +177,64 @@ def fuse_reduce_prologues(graph):
         for v in inputs:
             v.users.append(node)
         node.attrs = dict(node.attrs, prologue=members)
+        changed = True
+    return changed
+
+
+def affine_chain(members, shape):
+    """(x, scale, shift, relu) where the pointwise nodes `members` compute relu?(x * scale[c] + shift[c]) of one
+    value x of `shape` (per-channel constants along axis 1, Relu only last; float64), else None."""
+    x = prev = None
+    channels = shape[1]
+    scale, shift, relu = np.ones(channels), np.zeros(channels), False
+    for m in members:
+        if relu:
+            return None
+        if m.op == "Relu":
+            relu, v = True, m.inputs[0]
+        elif m.op in ("Mul", "Add") and len(m.inputs) == 2:
+            v, c = m.inputs if m.inputs[1].const is not None else m.inputs[::-1]
+            if c.const is None or c.param or v.const is not None:
+                return None
+            if not _per_channel(c, None, shape):
+                return None
+            k = np.asarray(c.const, np.float64).reshape(-1)
+            scale, shift = (scale * k, shift * k) if m.op == "Mul" else (scale, shift + k)
+        else:
+            return None
+        if prev is None:
+            x = v
+        elif v is not prev:
+            return None
+        prev = m.outputs[0]
+    return (x, scale, shift, relu) if x is not None and tuple(x.shape) == tuple(shape) else None
+
+
+def fuse_conv_prologues(graph, max_channels):
+    """CPU devices: a 1x1 stride-1 unpadded Conv whose input only a per-channel affine + Relu chain produces
+    (densenet's BatchNorm + Relu before each 1x1 layer: 62 kernels of their own) takes that chain as its prologue
+    (attr prologue: the member nodes), applied as conv_cpu.cl packs each panel; up to max_channels input channels."""
+    changed = False
+    for node in list(graph.nodes):
+        a = node.attrs
+        if node.op != "Conv" or "prologue" in a or node.inputs[0].rank != 4 or \
+                tuple(node.inputs[1].shape[2:]) != (1, 1) or any(s != 1 for s in a.get("strides") or [1]) or \
+                any(a.get("pads") or [0]) or a.get("tap_major") or a.get("winograd") or \
+                node.inputs[0].shape[1] > max_channels:
+            continue
+        x = node.inputs[0]
+        p = x.producer
+        if p is None or p not in graph.nodes or len(p.outputs) != 1 or not _single_user(graph, x) or \
+                p.op != "Fused" and p.spec.kind != "pointwise":
+            continue
+        members = p.attrs["nodes"] if p.op == "Fused" else [p]
+        chain = affine_chain(members, x.shape)
+        if chain is None:
+            continue
+        graph.remove_node(p)
+        x.users.remove(node)
+        node.inputs = [chain[0]] + node.inputs[1:]
+        chain[0].users.append(node)
+        node.attrs = dict(a, prologue=members)
         changed = True
     return changed

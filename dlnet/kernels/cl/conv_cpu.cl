@@ -163,7 +163,11 @@ void conv2d_cpu_local(__global const float* x, ulong x_off, __global const float
                       __global const float* bias, ulong bias_off, __global const float* res, ulong res_off,
                       __global float* y, ulong y_off, int C, int K, int KK, int OHW, int NN, long y_nstride,
                       long res_nstride, int H, int W, int OW, int KH, int KW, int SH, int SW, int PH, int PW, int DH,
-                      int DW, long x_nstride, int MBS) {
+                      int DW, long x_nstride, int MBS
+#if defined(PROLOGUE)
+                      , __global const float* pro, ulong pro_off
+#endif
+                      ) {
     __local float panel[B_LOCAL];
     const int nb = get_global_id(0), ms = get_global_id(1), g = get_global_id(2);
     const int n0 = nb * NR;
@@ -181,20 +185,37 @@ void conv2d_cpu_local(__global const float* x, ulong x_off, __global const float
     __global const float* xg = x + x_off + (long)g * C * H * W;
     int kx = 0, ky = 0;
     long coff = 0;
+// PROLOGUE (1x1 layers): x is first taken through relu?(x * scale[c] + shift[c]) (pro: scale [C * groups], then
+// shift), a pointwise producer folded in (densenet's BatchNorm + Relu before each 1x1 layer); PRO_RELU: the Relu
+#if defined(PROLOGUE)
+    pro += pro_off + g * C;
+    const int CG = get_global_size(2) * C;
+#define AFFINE(T, v, c) ((v) * (T)(pro[c]) + (T)(pro[CG + (c)]))
+#if defined(PRO_RELU)
+#define PRO(T, v, c) (AFFINE(T, v, c) > (T)(0.0f) ? AFFINE(T, v, c) : (T)(0.0f))
+#else
+#define PRO(T, v, c) AFFINE(T, v, c)
+#endif
+#else
+#define PRO(T, v, c) (v)
+#endif
 #if defined(PACK_1X1)  // 1x1, stride 1, no pads: a whole panel of one image is NR consecutive floats of each channel
     const int img0 = n0 / OHW;
     if (n0 + NR <= NN && (n0 + NR - 1) / OHW == img0) {
         __global const float* xp = xg + img0 * x_nstride + (n0 - img0 * OHW);
         for (int k = 0; k < KK; k++)
-            _Pragma("unroll") for (int j = 0; j < NV; j++)
-                *(__local float8*)(panel + k * NR + 8 * j) = *(__global const float8u*)(xp + (long)k * OHW + 8 * j);
+            _Pragma("unroll") for (int j = 0; j < NV; j++) {
+                const float8 v = *(__global const float8u*)(xp + (long)k * OHW + 8 * j);
+                *(__local float8*)(panel + k * NR + 8 * j) = PRO(float8, v, k);
+            }
     } else
 #endif
-    for (int k = 0; k < KK; k++) {
+    for (int k = 0; k < KK; k++) {  // (a prologue only comes with PACK_1X1: channel k)
         const int dy = ky * DH, dx = kx * DW;
         _Pragma("unroll") for (int e = 0; e < NR; e++) {
             const int iy = iy0[e] + dy, ix = ix0[e] + dx;
-            panel[k * NR + e] = (uint)iy < (uint)H && (uint)ix < (uint)W ? xg[cb[e] + coff + iy * W + ix] : 0.0f;
+            const bool inside = (uint)iy < (uint)H && (uint)ix < (uint)W;
+            panel[k * NR + e] = inside ? PRO(float, xg[cb[e] + coff + iy * W + ix], k) : 0.0f;
         }
         if (++kx == KW) {
             kx = 0;
