@@ -2,6 +2,8 @@
 
 
 def _fmt_attr(v):
+    if hasattr(v, "ir_str"):
+        return v.ir_str()
     if isinstance(v, (list, tuple)):
         if v and isinstance(v[0], tuple):  # fused activation (op, attrs)
             return str(v)

@@ -309,9 +309,11 @@ def device_passes(graph, ctx, training=False):
         if core == "gemm_core" and WINOGRAD_TRAINING:
             winograd_on_device(graph, min_channels, WINOGRAD_MIN_LAYER_TILES, WINOGRAD_DW)
         return graph
-    if core == "gemm_vec":  # CPU convolutions: per-channel affine + Relu producers of 1x1 layers as prologues
-        from ..graph.passes.fuse import fuse_conv_prologues
+    if core == "gemm_vec":  # CPU convolutions: per-channel affine + Relu producers of 1x1 layers as prologues,
+        from ..graph.passes.fuse import fold_channel_shuffles, fuse_conv_prologues  # channel shuffles in their planes
         fuse_conv_prologues(graph, ctx.info.device.local_mem_size // (4 * 16))
+        if CONV_CPU_DIRECT and DW_CPU_PLANES:
+            fold_channel_shuffles(graph)
     pretranspose_weights(graph, GEMV_MAX_ROWS if core in GPU_CORES else 0)
     if core == "gemm_core":
         winograd_weights(graph, min_channels, WINOGRAD_MIN_LAYER_TILES, wino_m, WINOGRAD_F4_MIN_TILES)
@@ -792,7 +794,8 @@ class Lowerer:
                 geo = dict(KHC=KH, KWC=KW, SHC=strides[0], SWC=strides[1], DHC=dil[0], DWC=dil[1])
                 Hq = -(-((OH - 1) * strides[0] + dil[0] * (KH - 1) + 1) // strides[0])
                 Wq = -(-((OW - 1) * strides[1] + dil[1] * (KW - 1) + 1) // strides[1])
-                xp_nstride = self.pad_planes(x, H, W, geo, Hq, Wq, pads[0], pads[1], 8 + Wq, label)
+                xp_nstride = self.pad_planes(x, H, W, geo, Hq, Wq, pads[0], pads[1], 8 + Wq, label,
+                                             a.get("in_perm"))
                 rows = dw_rows(OH, OW, N * Cout)
                 per = max(1, min(DW_MIN_OUTPUTS // (OH * OW), N * Cout // DW_MIN_ITEMS)) if rows == OH else 1
                 self.emit(_defines(dict(geo, SW=strides[1], ROWS=rows)) + head + kernel_source("planes") +
@@ -938,6 +941,8 @@ class Lowerer:
         __local memory for 1x1 layers and where the im2col matrix is large); constant weights are packed here, once."""
         x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
         H, W, OH, OW, KH, KW, SH, SW, PH, PW, DH, DW = (int(v) for v in geo)
+        if node.attrs.get("in_perm") is not None and not (CONV_CPU_DIRECT and KH * KW > 1):
+            raise ModelError(f"node {node.name} (Conv): a channel map needs the padded planes' path")
         if node.attrs.get("prologue") and not (KH == KW == SH == SW == 1 and PH == PW == 0 and
                                                4 * C * 16 <= self.ctx.info.device.local_mem_size):
             raise ModelError(f"node {node.name} (Conv): a prologue needs a 1x1 stride-1 unpadded layer whose panel "
@@ -967,7 +972,7 @@ class Lowerer:
             MB, NBI = -(-K // MR), -(-(TH * TWP) // NR)
             Hq, Wq = 2 * TH + 2, 2 * TWP + 2
             geo3 = dict(KHC=3, KWC=3, SHC=1, SWC=1, DHC=1, DWC=1)
-            xp_nstride = self.pad_planes(x, H, W, geo3, Hq, Wq, PH, PW, 0, label)
+            xp_nstride = self.pad_planes(x, H, W, geo3, Hq, Wq, PH, PW, 0, label, node.attrs.get("in_perm"))
             defs = dict(tiles, **geo3, WINO_CPU=1, A_PACKED=1, B_LOCAL=self.ctx.info.device.local_mem_size // 4)
             src = _defines(defs) + head + kernel_source("planes") + kernel_source("conv_cpu")
             from ..graph.passes.winograd import transform_weights
@@ -988,7 +993,7 @@ class Lowerer:
             NBI = -(-(OH * Wq) // NR)
             tail = NBI * NR - OH * Wq + Wq - OW  # past the last plane: what the last panel's dropped columns read
             geo = dict(KHC=KH, KWC=KW, SHC=SH, SWC=SW, DHC=DH, DWC=DW)
-            xp_nstride = self.pad_planes(x, H, W, geo, Hq, Wq, PH, PW, tail, label)
+            xp_nstride = self.pad_planes(x, H, W, geo, Hq, Wq, PH, PW, tail, label, node.attrs.get("in_perm"))
             defs.update(geo)
             if CONV_CPU_DIRECT_PACK and 4 * KK * NR <= self.ctx.info.device.local_mem_size:
                 defs["B_LOCAL"] = self.ctx.info.device.local_mem_size // 4
@@ -1040,18 +1045,22 @@ class Lowerer:
                   label)
         self.use_scratch(self.launches[-1].kernel, 10, 0, "work")
 
-    def pad_planes(self, x, H, W, geo, Hq, Wq, PH, PW, tail, label):
+    def pad_planes(self, x, H, W, geo, Hq, Wq, PH, PW, tail, label, cmap=None):
         """Launch planes.cl's pad_planes: x [N, C, H, W] (1-D: H = 1) into the plan's "work" scratch as zero-padded
         planes of Hq x Wq per channel and phase of geo's strides (KHC, KWC, SHC, SWC, DHC, DWC), then `tail` zeros
-        per image. Returns the floats from one image's planes to the next's."""
+        per image; cmap: plane c copies channel cmap[c]. Returns the floats from one image's planes to the next's."""
         N, C = x.shape[:2]
         phases = (geo["SHC"] if geo["KHC"] > 1 and geo["DHC"] % geo["SHC"] else 1) * \
             (geo["SWC"] if geo["KWC"] > 1 and geo["DWC"] % geo["SWC"] else 1)  # planes.cl's SHP * SWP
         xp_nstride = _round_up(C * phases * Hq * Wq + tail, 16)
         per = max(1, min(PAD_MIN_FLOATS // (Hq * Wq), C * phases * N // PAD_MIN_ITEMS))  # planes per work-item
-        self.emit(_defines(geo) + kernel_source("planes"), "pad_planes", self.args(x) + [self.dummy()[0]] + [
+        extra, defs = [], dict(geo)
+        if cmap is not None:
+            extra, defs["CHANNEL_MAP"] = [self.meta(np.asarray(cmap, np.int32), np.int32), np.uint64(0)], 1
+        self.emit(_defines(defs) + kernel_source("planes"), "pad_planes", self.args(x) + [self.dummy()[0]] + [
             np.int32(v) for v in (H, W, Hq, Wq, PH, PW)] + [np.int64(C * H * W), np.int64(xp_nstride)] + [
-            np.int32(v) for v in (tail, C * phases, per)], (-(-C * phases // per), N), (1, 1), label + " pad")
+            np.int32(v) for v in (tail, C * phases, per)] + extra, (-(-C * phases // per), N), (1, 1),
+            label + " pad")
         self.use_scratch(self.launches[-1].kernel, 2, 4 * N * xp_nstride, "work")
         return xp_nstride
 

@@ -198,3 +198,38 @@ def test_conv_prologue_matches_onnxruntime(ctx, n, cin, h, w, cout, g, relu):
     got = net.run({"x": x})
     assert rel_l2(got["y"], want[0]) < 1e-5 and rel_l2(got["z"], want[1]) < 1e-5
     net.release()
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_channel_shuffle_folds_into_padded_planes(ctx, n):
+    """shufflenet's channel shuffle (Reshape -> Transpose -> Reshape) before a depthwise layer and before a 3x3 layer:
+    on CPU devices each becomes the padding pass's channel map (fold_channel_shuffles); a Transpose of rows and
+    columns is not a channel shuffle and stays. Against onnxruntime."""
+    import onnxruntime as ort
+    c, h, w = 12, 7, 7
+    x = R.uniform(-1, 1, (n, c, h, w)).astype(np.float32)
+    shuffle = [helper.make_node("Reshape", ["{0}", "s5"], ["{0}5"]),
+               helper.make_node("Transpose", ["{0}5"], ["{0}t"], perm=[0, 2, 1, 3, 4]),
+               helper.make_node("Reshape", ["{0}t", "s4"], ["{0}s"])]
+
+    def shuffled(v):
+        return [helper.make_node(m.op_type, [i.format(v) for i in m.input], [o.format(v) for o in m.output],
+                                 **{a.name: helper.get_attribute_value(a) for a in m.attribute}) for m in shuffle]
+    nodes = [helper.make_node("Relu", ["x"], ["a"])] + shuffled("a") + [
+        helper.make_node("Conv", ["as", "wd", "bd"], ["d"], group=c, pads=[1] * 4),
+        helper.make_node("Relu", ["d"], ["e"])] + shuffled("e") + [
+        helper.make_node("Conv", ["es", "w3"], ["f"], pads=[1] * 4),
+        helper.make_node("Transpose", ["f"], ["ft"], perm=[0, 1, 3, 2]),
+        helper.make_node("Conv", ["ft", "w4"], ["y"], pads=[1] * 4)]
+    inits = {"s5": np.array([n, 3, c // 3, h, w], np.int64), "s4": np.array([n, c, h, w], np.int64),
+             "wd": R.uniform(-1, 1, (c, 1, 3, 3)).astype(np.float32), "bd": R.uniform(-1, 1, c).astype(np.float32),
+             "w3": R.uniform(-1, 1, (c, c, 3, 3)).astype(np.float32), "w4": R.uniform(-1, 1, (5, c, 3, 3)).astype(
+                 np.float32)}
+    model = make_model(nodes, {"x": x}, ["y"], inits)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    net = dlnet.Net(ctx).load_onnx(model)
+    if ctx.is_cpu:
+        text = str(net.graph)
+        assert text.count("in_perm=12 channels") == 2 and text.count("Transpose") == 1
+    assert rel_l2(net.run({"x": x})["y"], want) < 1e-5
+    net.release()

@@ -238,3 +238,49 @@ def fuse_conv_prologues(graph, max_channels):
         node.attrs = dict(a, prologue=members)
         changed = True
     return changed
+
+
+class ChannelMap(tuple):
+    """A Conv's in_perm (fold_channel_shuffles): input channel c is channel map[c] of the Conv's input value."""
+
+    def ir_str(self):
+        return f"{len(self)} channels"
+
+
+def fold_channel_shuffles(graph):
+    """CPU devices: a channel shuffle (Reshape -> Transpose -> Reshape that only reorders channels: shufflenet's,
+    before each depthwise layer) read only by a Conv that copies its input into padded planes anyway (depthwise, or
+    more than one tap) becomes that copy's channel map (attr in_perm): no launch of its own."""
+    changed = False
+    for node in list(graph.nodes):
+        w = node.inputs[1] if node.op == "Conv" and len(node.inputs) > 1 else None
+        if w is None or node.inputs[0].rank != 4 or node.attrs.get("in_perm") is not None or \
+                node.attrs.get("tap_major") or node.attrs.get("winograd") or node.attrs.get("prologue"):
+            continue
+        x = node.inputs[0]
+        depthwise = node.attrs.get("group", 1) == x.shape[1] > 1 and w.shape[1] == 1
+        if not depthwise and int(np.prod(w.shape[2:])) == 1:
+            continue
+        chain, v = [], x
+        while v.producer is not None and v.producer in graph.nodes and _single_user(graph, v) and \
+                (v.producer.op == "Transpose" or v.producer.spec.kind == "alias") and len(chain) < 8:
+            chain.insert(0, v.producer)
+            v = v.producer.inputs[0]
+        if not any(n.op == "Transpose" for n in chain) or tuple(v.shape) != tuple(x.shape) or v.const is not None:
+            continue
+        idx = np.arange(v.size, dtype=np.int64).reshape(v.shape)
+        for n in chain:
+            idx = n.spec.numpy(n, idx)[0]
+        n_, c, h, w_ = x.shape
+        perm = idx[0, :, 0, 0] // (h * w_)
+        want = (np.arange(n_).reshape(-1, 1, 1, 1) * c + perm.reshape(1, -1, 1, 1)) * h * w_ + \
+            np.arange(h * w_).reshape(1, 1, h, w_)
+        if not np.array_equal(idx, want):
+            continue
+        for n in reversed(chain):
+            graph.remove_node(n)
+        node.inputs = [v] + node.inputs[1:]
+        v.users.append(node)
+        node.attrs = dict(node.attrs, in_perm=ChannelMap(int(i) for i in perm))
+        changed = True
+    return changed

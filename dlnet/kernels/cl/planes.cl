@@ -18,9 +18,15 @@
 // One work-item per PER phase planes (phase ph of channel c, image img: cph = c * SHP * SWP + ph, CPH of them), row by
 // row (a work-item per row: 15k of them for 128 channels at 56x56 stride 2, 0.3 ms of PoCL's dispatch); the one with
 // the image's last plane also zeroes its tail (tail floats past the planes, read by the dropped positions at the end).
+// CHANNEL_MAP: plane c copies x's channel cmap[c] (a channel shuffle folded in: passes/fuse.py's
+// fold_channel_shuffles).
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void pad_planes(__global const float* x, ulong x_off, __global float* xp, int H, int W, int Hq, int Wq, int PH,
-                int PW, long x_nstride, long xp_nstride, int tail, int CPH, int PER) {
+                int PW, long x_nstride, long xp_nstride, int tail, int CPH, int PER
+#if defined(CHANNEL_MAP)
+                , __global const int* cmap, ulong cmap_off
+#endif
+                ) {
     const int img = get_global_id(1);
     const int cph_end = (get_global_id(0) + 1) * PER < CPH ? (get_global_id(0) + 1) * PER : CPH;
     __global float* out = xp + img * xp_nstride + (long)get_global_id(0) * PER * Hq * Wq;
@@ -37,7 +43,12 @@ void pad_planes(__global const float* x, ulong x_off, __global float* xp, int H,
                 for (int j = 0; j < Wq; j++) out[j] = 0.0f;
                 continue;
             }
-            __global const float* in = x + x_off + img * x_nstride + ((long)c * H + iy) * W + px - PW;
+#if defined(CHANNEL_MAP)
+            const long cx = cmap[cmap_off + c];
+#else
+            const long cx = c;
+#endif
+            __global const float* in = x + x_off + img * x_nstride + (cx * H + iy) * W + px - PW;
             for (int j = 0; j < lo; j++) out[j] = 0.0f;
             for (int j = lo; j < hi; j++) out[j] = in[j * SWC];
             for (int j = hi; j < Wq; j++) out[j] = 0.0f;
