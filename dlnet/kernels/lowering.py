@@ -791,7 +791,7 @@ class Lowerer:
                 np.int32(strides[0]), np.int32(strides[1]), np.int32(pads[0]), np.int32(pads[1]),
                 np.int32(dil[0]), np.int32(dil[1]), np.int32(mult), np.int64(y_nstride), np.int64(y_nstride)]
             if self.ctx.is_cpu and DW_CPU_PLANES:  # over zero-padded planes, ROWS output rows per work-item
-                geo = dict(KHC=KH, KWC=KW, SHC=strides[0], SWC=strides[1], DHC=dil[0], DWC=dil[1])
+                geo = {"KHC": KH, "KWC": KW, "SHC": strides[0], "SWC": strides[1], "DHC": dil[0], "DWC": dil[1]}
                 Hq = -(-((OH - 1) * strides[0] + dil[0] * (KH - 1) + 1) // strides[0])
                 Wq = -(-((OW - 1) * strides[1] + dil[1] * (KW - 1) + 1) // strides[1])
                 xp_nstride = self.pad_planes(x, H, W, geo, Hq, Wq, pads[0], pads[1], 8 + Wq, label,
@@ -971,7 +971,7 @@ class Lowerer:
         if wino:
             MB, NBI = -(-K // MR), -(-(TH * TWP) // NR)
             Hq, Wq = 2 * TH + 2, 2 * TWP + 2
-            geo3 = dict(KHC=3, KWC=3, SHC=1, SWC=1, DHC=1, DWC=1)
+            geo3 = {"KHC": 3, "KWC": 3, "SHC": 1, "SWC": 1, "DHC": 1, "DWC": 1}
             xp_nstride = self.pad_planes(x, H, W, geo3, Hq, Wq, PH, PW, 0, label, node.attrs.get("in_perm"))
             defs = dict(tiles, **geo3, WINO_CPU=1, A_PACKED=1, B_LOCAL=self.ctx.info.device.local_mem_size // 4)
             src = _defines(defs) + head + kernel_source("planes") + kernel_source("conv_cpu")
@@ -992,7 +992,7 @@ class Lowerer:
         if direct:
             NBI = -(-(OH * Wq) // NR)
             tail = NBI * NR - OH * Wq + Wq - OW  # past the last plane: what the last panel's dropped columns read
-            geo = dict(KHC=KH, KWC=KW, SHC=SH, SWC=SW, DHC=DH, DWC=DW)
+            geo = {"KHC": KH, "KWC": KW, "SHC": SH, "SWC": SW, "DHC": DH, "DWC": DW}
             xp_nstride = self.pad_planes(x, H, W, geo, Hq, Wq, PH, PW, tail, label, node.attrs.get("in_perm"))
             defs.update(geo)
             if CONV_CPU_DIRECT_PACK and 4 * KK * NR <= self.ctx.info.device.local_mem_size:

@@ -182,7 +182,8 @@ def test_conv_prologue_matches_onnxruntime(ctx, n, cin, h, w, cout, g, relu):
     stays a kernel of its own."""
     import onnxruntime as ort
     x = R.uniform(-1, 1, (n, cin, h, w)).astype(np.float32)
-    u = lambda lo, hi, *shape: R.uniform(lo, hi, shape).astype(np.float32)  # noqa: E731
+    def u(lo, hi, *shape):
+        return R.uniform(lo, hi, shape).astype(np.float32)
     inits = {"s1": u(0.5, 2, cin, 1, 1), "t1": u(-1, 1, 1, cin, 1, 1), "s2": u(0.5, 2, cin, 1, 1),
              "t2": u(-1, 1, cin, 1, 1), "wt": u(-1, 1, cout, cin // g, 1, 1), "b": u(-1, 1, cout), "row": u(0.5, 2, w)}
     nodes = [helper.make_node("Mul", ["x", "s1"], ["a"]), helper.make_node("Add", ["t1", "a"], ["b1"]),
