@@ -59,9 +59,7 @@ void im2col_pack(__global const float* x, ulong x_off, __global float* colp, int
     for (; n < NB * NR; n++) out[(n / NR) * pstride + n % NR] = 0.0f;
 }
 
-// The epilogue of one MR x NR tile, acc -> y = ACT(acc + bias[m] + res) with y, res, bias at the tile's group: per
-// float8 of columns, one image's contiguous pixels (vector) or a split across images (scalar). A macro, not a
-// function: PoCL kept a function's acc[][] argument in memory even inlined (direct 1x1 layers 1.5 -> 2.9 ms).
+// The epilogues' bias and residual terms.
 #if defined(HAS_BIAS)
 #define ADD_BIAS(r, m) r += bias[m]
 #else
@@ -74,34 +72,47 @@ void im2col_pack(__global const float* x, ulong x_off, __global float* colp, int
 #define ADD_RES8(r, at)
 #define ADD_RES(r, at)
 #endif
+
+// The epilogue of float8 j of every row of an MR x NR tile: acc -> y = ACT(acc + bias[m] + res) with y, res, bias at
+// the tile's group, at y + m * OHW + vat as one vector (vec), else lane e at y + m * OHW + AT(e) (AT(e) < 0:
+// dropped). res has y's layout (the callers pass one image stride for both). A macro, not a function: PoCL kept a
+// function's acc[][] argument in memory even inlined (direct 1x1 layers 1.5 -> 2.9 ms). vec must be a variable: as
+// an expression, or with the lanes' offsets in an array, a 512 -> 1000 layer at 13x13 ran 1.5x slower.
+#define STORE_LANES(j, vec, vat, AT)                                                                                 \
+    _Pragma("unroll") for (int i = 0; i < MR; i++) {                                                                 \
+        const int m = m0 + i;                                                                                        \
+        if (m >= K) break;                                                                                           \
+        float8 r = acc[i][j];                                                                                        \
+        ADD_BIAS(r, m);                                                                                              \
+        if (vec) {                                                                                                   \
+            ADD_RES8(r, (long)m * OHW + (vat));                                                                      \
+            float8 o;                                                                                                \
+            o.s0 = ACT(r.s0); o.s1 = ACT(r.s1); o.s2 = ACT(r.s2); o.s3 = ACT(r.s3);                                  \
+            o.s4 = ACT(r.s4); o.s5 = ACT(r.s5); o.s6 = ACT(r.s6); o.s7 = ACT(r.s7);                                  \
+            *(__global float8u*)(y + (long)m * OHW + (vat)) = o;                                                     \
+        } else {                                                                                                     \
+            union { float8 v; float s[8]; } t;                                                                       \
+            t.v = r;                                                                                                 \
+            for (int e = 0; e < 8; e++) {                                                                            \
+                const long at = AT(e);                                                                               \
+                if (at < 0) continue;                                                                                \
+                float v = t.s[e];                                                                                    \
+                ADD_RES(v, (long)m * OHW + at);                                                                      \
+                y[(long)m * OHW + at] = ACT(v);                                                                      \
+            }                                                                                                        \
+        }                                                                                                            \
+    }
+
+// The epilogue of a tile of columns n0.. (image, pixel): per float8, one image's contiguous pixels as a vector, else
+// lane by lane across images.
+#define TILE_AT(e) (n + (e) < NN ? (long)((n + (e)) / OHW) * y_nstride + (n + (e)) % OHW : -1L)
 #define STORE_TILE()                                                                                                 \
     _Pragma("unroll") for (int j = 0; j < NV; j++) {                                                                 \
         const int n = n0 + 8 * j;                                                                                    \
         if (n >= NN) break;                                                                                          \
         const int img = n / OHW, p = n - img * OHW;                                                                  \
         const bool vec = n + 8 <= NN && p + 8 <= OHW;                                                                \
-        _Pragma("unroll") for (int i = 0; i < MR; i++) {                                                             \
-            const int m = m0 + i;                                                                                    \
-            if (m >= K) break;                                                                                       \
-            float8 r = acc[i][j];                                                                                    \
-            ADD_BIAS(r, m);                                                                                          \
-            if (vec) {                                                                                               \
-                ADD_RES8(r, img * res_nstride + (long)m * OHW + p);                                                  \
-                float8 o;                                                                                            \
-                o.s0 = ACT(r.s0); o.s1 = ACT(r.s1); o.s2 = ACT(r.s2); o.s3 = ACT(r.s3);                              \
-                o.s4 = ACT(r.s4); o.s5 = ACT(r.s5); o.s6 = ACT(r.s6); o.s7 = ACT(r.s7);                              \
-                *(__global float8u*)(y + img * y_nstride + (long)m * OHW + p) = o;                                   \
-            } else {                                                                                                 \
-                union { float8 v; float s[8]; } t;                                                                   \
-                t.v = r;                                                                                             \
-                for (int e = 0; e < 8 && n + e < NN; e++) {                                                          \
-                    const int ie = (n + e) / OHW, pe = n + e - ie * OHW;                                             \
-                    float v = t.s[e];                                                                                \
-                    ADD_RES(v, ie * res_nstride + (long)m * OHW + pe);                                               \
-                    y[ie * y_nstride + (long)m * OHW + pe] = ACT(v);                                                 \
-                }                                                                                                    \
-            }                                                                                                        \
-        }                                                                                                            \
+        STORE_LANES(j, vec, img * y_nstride + p, TILE_AT);                                                           \
     }
 
 // The start of the MR x NR tile at rows m0 (block mb) of group g: zero accumulators, and where column k of A lies.
@@ -239,39 +250,13 @@ void conv2d_cpu_local(__global const float* x, ulong x_off, __global const float
 #if defined(KHC)
 // The epilogue of a tile at positions p0.. of one image (y, res, bias at that image and group): float8s that lie in
 // one output row are vectors, the rest go element by element, dropping ox >= OW and oy >= OH.
+#define PADDED_AT(e) ((q + (e)) % Wq < OW && (q + (e)) / Wq < OH ? (q + (e)) / Wq * OW + (q + (e)) % Wq : -1L)
 #define STORE_TILE_PADDED()                                                                                          \
     _Pragma("unroll") for (int j = 0; j < NV; j++) {                                                                 \
         const int q = p0 + 8 * j, oy = q / Wq, ox = q - oy * Wq;                                                     \
         if (oy >= OH) break;                                                                                         \
         const bool vec = ox + 8 <= OW;                                                                               \
-        int at[8];                                                                                                   \
-        if (!vec)                                                                                                    \
-            for (int e = 0; e < 8; e++) {                                                                            \
-                const int ye = (q + e) / Wq, xe = q + e - ye * Wq;                                                   \
-                at[e] = xe < OW && ye < OH ? ye * OW + xe : -1;                                                      \
-            }                                                                                                        \
-        _Pragma("unroll") for (int i = 0; i < MR; i++) {                                                             \
-            const int m = m0 + i;                                                                                    \
-            if (m >= K) break;                                                                                       \
-            float8 r = acc[i][j];                                                                                    \
-            ADD_BIAS(r, m);                                                                                          \
-            if (vec) {                                                                                               \
-                ADD_RES8(r, (long)m * OHW + oy * OW + ox);                                                           \
-                float8 o;                                                                                            \
-                o.s0 = ACT(r.s0); o.s1 = ACT(r.s1); o.s2 = ACT(r.s2); o.s3 = ACT(r.s3);                              \
-                o.s4 = ACT(r.s4); o.s5 = ACT(r.s5); o.s6 = ACT(r.s6); o.s7 = ACT(r.s7);                              \
-                *(__global float8u*)(y + (long)m * OHW + oy * OW + ox) = o;                                          \
-            } else {                                                                                                 \
-                union { float8 v; float s[8]; } t;                                                                   \
-                t.v = r;                                                                                             \
-                for (int e = 0; e < 8; e++) {                                                                        \
-                    if (at[e] < 0) continue;                                                                         \
-                    float v = t.s[e];                                                                                \
-                    ADD_RES(v, (long)m * OHW + at[e]);                                                               \
-                    y[(long)m * OHW + at[e]] = ACT(v);                                                               \
-                }                                                                                                    \
-            }                                                                                                        \
-        }                                                                                                            \
+        STORE_LANES(j, vec, oy * OW + ox, PADDED_AT);                                                                \
     }
 
 // One work-item per (panel nb of NBI per image, share ms of the row blocks, group): MBS row blocks over NR positions,
