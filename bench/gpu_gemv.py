@@ -1,13 +1,14 @@
 """gemv.cl's and gemv_rows.cl's work-group configs (and the GEMM core) against cuBLAS (torch F.linear) on fully
 connected layers' shapes.
 
-    python3 bench/gpu_gemv.py [--rows [--prefetch]]
+    python3 bench/gpu_gemv.py [--rows [--prefetch | --mma]]
 
 Kernel time from OpenCL profiling events and CUDA events, median; prints a table (the last column: B's bytes per
 second for the best config). --rows: only the shapes of more than GEMV_REG_ROWS rows, against gemv_rows.cl's configs
 (and gemv.cl at its default config taking those rows too). Runs on the GPU machine; asserts nothing. A config that
 does not apply to a shape (gemv.cl beyond its rows, gemv_rows.cl within them) prints '-'. --prefetch: gemv_rows.cl's
-configs with the next chunk of A read ahead (PREFETCH_A). A 256 MiB buffer is written before each repetition, so B comes from
+configs with the next chunk of A read ahead (PREFETCH_A). --mma: gemv_mma.cl's configs (tf32 mode, tensor cores)
+against gemv_rows.cl's table (fp32). A 256 MiB buffer is written before each repetition, so B comes from
 memory as it does in a net.
 """
 import statistics
@@ -45,6 +46,9 @@ if "--prefetch" in sys.argv:  # gemv_rows.cl with the next chunk of A read ahead
     ROW_CONFIGS = ["table", "rows:8,16,4,256,3,1", "rows:8,16,4,512,2,1", "rows:8,16,4,128,3,1", "rows:8,16,4,128,4,1",
                    "rows:8,32,4,256,2,1", "rows:8,32,4,512,2,1", "rows:8,16,2,256,4,1", "rows:16,16,4,256,2,1",
                    "rows:8,8,4,128,6,1"]
+if "--mma" in sys.argv:  # tf32 mode: gemv_mma.cl as 'mma:WARPS,NBW,KC,per_cu' against the fp32 table
+    ROW_CONFIGS = ["table", "mma:8,1,128,2", "mma:8,1,64,2", "mma:8,1,64,3", "mma:8,2,64,2", "mma:4,2,64,4",
+                   "mma:4,1,128,4", "mma:8,1,32,4", "mma:8,2,32,3"]
 TABLE = dict(lowering.GEMV_ROWS_TILES)
 
 
@@ -70,6 +74,10 @@ def configure(cfg, m):
     lowering.GEMV_ROWS_TILES = TABLE
     if cfg == "core":
         lowering.GEMV_MAX_ROWS = 0
+    elif cfg.startswith("mma:"):
+        if m <= lowering.GEMV_REG_ROWS:
+            return False
+        lowering.GEMV_MMA = dict(zip(["WARPS", "NBW", "KC", "per_cu"], (int(v) for v in cfg[4:].split(","))))
     elif cfg == "table" or cfg.startswith("rows:"):
         if m <= lowering.GEMV_REG_ROWS:
             return False
@@ -84,13 +92,14 @@ def configure(cfg, m):
     return True
 
 
-def dlnet_ms(ctx, cfg, a, w, ref):
+def dlnet_ms(ctxs, cfg, a, w, ref):
     if not configure(cfg, a.shape[0]):
         return None
+    ctx = ctxs[cfg.startswith("mma:")]
     net = dlnet.Net(ctx).load_onnx(model(a.shape[0], w.shape[0], w.shape[1], w))
     y = net.run({"a": a})["y"]
     err = np.linalg.norm(y - ref) / np.linalg.norm(ref)
-    if err > 1e-5:
+    if err > (2e-3 if cfg.startswith("mma:") else 1e-5):
         print(f"  {cfg}: rel err {err:.1e}")
     times = []
     for _ in range(12):
@@ -107,6 +116,7 @@ def main():
     global FLUSH
     FLUSH = torch.empty(64 << 20, device="cuda")  # 256 MiB written between repetitions
     ctx = dlnet.Context("gpu", profile=True)
+    ctxs = (ctx, dlnet.Context(ctx.info, precision="tf32", profile=True))
     torch.backends.cuda.matmul.allow_tf32 = False
     shapes, configs = (ROW_SHAPES, ROW_CONFIGS) if "--rows" in sys.argv else (SHAPES, CONFIGS)
     names = [c if len(c) <= 9 else f"cfg {i}" for i, c in enumerate(configs)]
@@ -119,7 +129,7 @@ def main():
         a = rng.standard_normal((m, k)).astype(np.float32)
         wt, at = torch.from_numpy(w).cuda(), torch.from_numpy(a).cuda()
         ref = (at.double() @ wt.double().T).cpu().numpy()
-        row = [dlnet_ms(ctx, cfg, a, w, ref) for cfg in configs]
+        row = [dlnet_ms(ctxs, cfg, a, w, ref) for cfg in configs]
         best = min(t for t in row if t is not None)
         print(f"{m:3d} {n:5d} {k:6d} {cublas_ms(at, wt):9.4f} " +
               " ".join(f"{t:9.4f}" if t is not None else f"{'-':>9}" for t in row) +

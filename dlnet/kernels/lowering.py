@@ -130,6 +130,17 @@ GEMV_ROWS_TILES = {12: dict(LK=8, LN=16, NC=4, KC=128, per_cu=3, pf=1),
 if os.environ.get("DLNET_GEMV_ROWS"):
     GEMV_ROWS_TILES = {GEMV_MAX_ROWS: dict(zip(["LK", "LN", "NC", "KC", "per_cu", "pf"],
                                                (int(v) for v in os.environ["DLNET_GEMV_ROWS"].split(","))))}
+# tf32 mode on NVIDIA: gemv_mma.cl in place of gemv_rows.cl, WARPS warps of NBW blocks of 8 columns per work-group,
+# chunks of KC floats of K, per_cu work-groups resident per compute unit for the split-K choice; DLNET_GEMV_MMA=
+# 'WARPS,NBW,KC,per_cu' sets it, 0 turns it off. H100 (`python3 bench/gpu_gemv.py --rows --mma`, kernel ms, B out of
+# memory; gemv_rows.cl's fp32 table in brackets): 16 x 4096 x 25088 0.158 (0.180), x 9216 0.070 (0.079), x 4096
+# 0.040 (0.044), 16 x 1000 x 4096 0.017 (0.021); 32 rows 0.165 / 0.073 / 0.041 / 0.018 (0.271 / 0.116 / 0.063 /
+# 0.028). Eight configs came within 3% at 16 rows; at 32 rows this one led by 5-12%. B streams at about 3 TB/s:
+# the times fit 18 us + bytes / 3.0 TB/s (the 18 us: the flush's dirty lines leaving L2, cuBLAS's too).
+GEMV_MMA = {"WARPS": 8, "NBW": 1, "KC": 64, "per_cu": 2}
+if os.environ.get("DLNET_GEMV_MMA"):
+    GEMV_MMA = None if os.environ["DLNET_GEMV_MMA"] == "0" else dict(
+        zip(["WARPS", "NBW", "KC", "per_cu"], (int(v) for v in os.environ["DLNET_GEMV_MMA"].split(","))))
 # gemv_rows.cl's slices of K: 0 picks them (whole waves of resident work-groups), else this many (at most one per
 # chunk); DLNET_GEMV_ROWS_SPLITS
 GEMV_ROWS_SPLITS = int(os.environ.get("DLNET_GEMV_ROWS_SPLITS", "0"))
@@ -516,6 +527,8 @@ def core_threads(tiles):
 
 def core_source(core):
     """The text of a GEMM core with what it needs before it."""
+    if core == "gemm_mma":
+        return kernel_source("gemm_fetch") + kernel_source("mma_tf32") + kernel_source(core)
     return kernel_source("gemm_fetch") + kernel_source(core) if core in GPU_CORES else kernel_source(core)
 
 
@@ -1154,15 +1167,31 @@ class Lowerer:
         return True
 
     def gemv_rows(self, a, b, c, y, M, N, K, sam, sbn, scm, scn, at, name):
-        """gemv.cl's product for more rows: gemv_rows.cl, with K split into slices where the column blocks alone
-        leave resident work-group slots idle (partial sums in a free block of the arena, else in scratch)."""
-        tiles = GEMV_ROWS_TILES[min([r for r in GEMV_ROWS_TILES if r >= M] or [max(GEMV_ROWS_TILES)])]
-        LK, LN, NC, KC = tiles["LK"], tiles["LN"], tiles["NC"], tiles["KC"]
-        while 4 * M * KC > self.ctx.info.device.local_mem_size and KC > 4 * LK:
-            KC //= 2
-        KC4 = KC // 4
-        red_rows = max(1, min(M, M * KC // (LN * NC * (LK + 1))))  # rows of partial sums per pass of the lane sums
-        blocks, chunks = -(-N // (LN * NC)), -(-K // KC)
+        """gemv.cl's product for more rows: gemv_mma.cl on NVIDIA tensor cores in tf32 mode, else gemv_rows.cl; K
+        split into slices where the column blocks alone leave resident work-group slots idle (partial sums in a free
+        block of the arena, else in scratch, summed by gemv_rows_reduce)."""
+        mma = GEMV_MMA
+        if mma and (-(-M // 16) * 16 * mma["KC"] // 4) % (32 * mma["WARPS"]):
+            mma = None  # (a chunk of A is whole float4s per work-item)
+        if self.ctx.precision == "tf32" and self.ctx.is_nvidia and mma:
+            kernel, tiles = "gemv_mma", mma
+            KC = tiles["KC"]
+            lsize, cols = (32 * tiles["WARPS"], 1), 8 * tiles["WARPS"] * tiles["NBW"]
+            defs = {"MR": M, "WARPS": tiles["WARPS"], "NBW": tiles["NBW"], "KC": KC}
+        else:
+            kernel, tiles = "gemv_rows", GEMV_ROWS_TILES[min([r for r in GEMV_ROWS_TILES if r >= M] or
+                                                             [max(GEMV_ROWS_TILES)])]
+            LK, LN, NC, KC = tiles["LK"], tiles["LN"], tiles["NC"], tiles["KC"]
+            while 4 * M * KC > self.ctx.info.device.local_mem_size and KC > 4 * LK:
+                KC //= 2
+            KC4 = KC // 4
+            lsize, cols = (LK, LN), LN * NC
+            red_rows = max(1, min(M, M * KC // (LN * NC * (LK + 1))))  # rows of partial sums per pass of lane sums
+            defs = {"MR": M, "LK": LK, "LN": LN, "NC": NC, "KC4": KC4, "RED_ROWS": red_rows,
+                    "LOCAL4": max(M * KC4, -(-LN * NC * red_rows * (LK + 1) // 4))}
+            if tiles.get("pf") and (M * KC4) % (LK * LN) == 0:
+                defs["PREFETCH_A"] = 1
+        blocks, chunks = -(-N // cols), -(-K // KC)
         max_splits = min(chunks, max(1, max(self.arena_room(), SPLITK_SCRATCH_MAX) // (4 * M * N)))
         if GEMV_ROWS_SPLITS:
             splits = min(GEMV_ROWS_SPLITS, max_splits)
@@ -1172,24 +1201,23 @@ class Lowerer:
                          key=lambda s: (-(-blocks * s // slots) * (-(-chunks // s) + 1), s))
         per_split = -(-chunks // splits)
         splits = -(-chunks // per_split)  # no empty slices
-        defs = {"MR": M, "LK": LK, "LN": LN, "NC": NC, "KC4": KC4, "RED_ROWS": red_rows,
-                "LOCAL4": max(M * KC4, -(-LN * NC * red_rows * (LK + 1) // 4)), "SPLITS": splits}
-        if tiles.get("pf") and (M * KC4) % (LK * LN) == 0:
-            defs["PREFETCH_A"] = 1
+        defs["SPLITS"] = splits
         if c is not None:
             defs["HAS_C"] = 1
-        src = _defines(defs) + act_macro(at.get("act")) + kernel_source("gemv_rows")
+        src = _defines(defs) + act_macro(at.get("act")) + kernel_source("gemv_epilogue") + (
+            kernel_source("mma_tf32") if kernel == "gemv_mma" else "") + kernel_source(kernel)
         args = self.args(a) + self.args(b) + (self.args(c) if c is not None else self.dummy()) + self.args(y) + [
             np.int32(v) for v in (N, K, sam, sbn, scm, scn)] + [
             np.float32(at.get("alpha", 1.0)), np.float32(at.get("beta", 1.0)), np.int32(per_split)]
-        label = f"{name} Gemm gemv_rows"
+        label = f"{name} Gemm {kernel}"
+        grid = (blocks * lsize[0], lsize[1] * splits)
         if splits == 1:
-            self.emit(src, "gemv_rows", args + self.dummy(), (blocks * LK, LN), (LK, LN), label)
+            self.emit(src, kernel, args + self.dummy(), grid, lsize, label)
             return
         nbytes = 4 * splits * M * N
         off = self.arena_block(nbytes)
         ws = [self.act_buf, np.uint64(off // 4)] if off is not None else self.dummy()
-        self.emit(src, "gemv_rows", args + ws, (blocks * LK, LN * splits), (LK, LN), label + f" splitK{splits}")
+        self.emit(src, kernel, args + ws, grid, lsize, label + f" splitK{splits}")
         self.emit(src, "gemv_rows_reduce", args + ws, (_round_up(N, 64), M), (64, 1), label + " reduce")
         if off is None:
             for launch in self.launches[-2:]:

@@ -48,18 +48,23 @@ CASES = [(9, 300, 1300, (300,), True), (16, 129, 1028, None, False), (32, 77, 10
 def test_gemv_rows(gpu_ctx, monkeypatch, m, n, k, c_shape, relu, splits):
     """Bias (beta) in three broadcast shapes, alpha, a fused Relu; K in one slice (GEMV_ROWS_SPLITS=1) or split
     three ways (the partial sums summed by gemv_rows_reduce, which then applies the epilogue)."""
+    check_fc(gpu_ctx, monkeypatch, "gemv_rows", 1e-5, m, n, k, c_shape, relu, splits)
+
+
+def check_fc(ctx, monkeypatch, kernel, tol, m, n, k, c_shape, relu, splits):
+    """Gemm(a, w^T, c) [-> Relu] on `kernel` alone, its K in `splits` slices, against float64 within `tol`, twice."""
     monkeypatch.setattr(lowering, "GEMV_ROWS_SPLITS", splits)
     a, w = f32(m, k), f32(n, k)
     c = f32(*c_shape) if c_shape else None
     model, ref = fc_model(a, w, c, 0.7, 1.3, relu)
-    net = dlnet.Net(gpu_ctx).load_onnx(model)
+    net = dlnet.Net(ctx).load_onnx(model)
     labels = [launch.label for launch in net.launches]
-    assert labels and all("gemv_rows" in label for label in labels), labels  # the Relu too, in its epilogue
+    assert labels and all(kernel in label for label in labels), labels  # the Relu too, in its epilogue
     assert any("splitK" in label for label in labels) == (splits > 1), labels
     assert any(f"splitK{splits}" in label for label in labels) or splits == 1, labels
-    assert rel_l2(net.run({"a": a})["y"], ref) < 1e-5
+    assert rel_l2(net.run({"a": a})["y"], ref) < tol
     a2 = f32(m, k)  # the same plan on fresh inputs
-    assert rel_l2(net.run({"a": a2})["y"], fc_model(a2, w, c, 0.7, 1.3, relu)[1]) < 1e-5
+    assert rel_l2(net.run({"a": a2})["y"], fc_model(a2, w, c, 0.7, 1.3, relu)[1]) < tol
 
 
 @pytest.mark.parametrize("tiles", [dict(LK=8, LN=8, NC=4, KC=32, per_cu=1), dict(LK=16, LN=4, NC=1, KC=128, per_cu=4),
@@ -88,3 +93,38 @@ def test_gemv_rows_not_taken(gpu_ctx, m, k):
     net = dlnet.Net(gpu_ctx).load_onnx(model)
     assert not any("gemv" in launch.label for launch in net.launches), [x.label for x in net.launches]
     assert rel_l2(net.run({"a": a})["y"], ref) < 1e-5
+
+
+@pytest.fixture
+def tf32_ctx():
+    ctx = context()
+    if not ctx.is_nvidia:
+        pytest.skip("gemv_mma.cl needs an NVIDIA device (inline PTX mma.sync)")
+    return dlnet.Context(ctx.info, precision="tf32")
+
+
+# (M, N, K, shape of C or None, Relu): one and two m-tiles, rows past M in both; N not a multiple of a work-group's
+# columns (64); K a multiple of 4 and not of 32 (the last step of B clamped)
+MMA_CASES = [(9, 300, 1300, (300,), True), (16, 129, 1028, None, False), (17, 77, 2052, (17, 77), True),
+             (32, 1000, 4100, (32, 1), False)]
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("m,n,k,c_shape,relu", MMA_CASES)
+def test_gemv_mma(tf32_ctx, monkeypatch, m, n, k, c_shape, relu, splits):
+    """tf32 mode on NVIDIA: gemv_mma.cl (tensor cores) in place of gemv_rows.cl, the error that of tf32 inputs; K in
+    one slice or three (gemv_rows_reduce applying the epilogue)."""
+    check_fc(tf32_ctx, monkeypatch, "gemv_mma", 2e-3, m, n, k, c_shape, relu, splits)
+
+
+@pytest.mark.parametrize("tiles", [{"WARPS": 4, "NBW": 2, "KC": 64, "per_cu": 2},
+                                   {"WARPS": 2, "NBW": 4, "KC": 64, "per_cu": 4},
+                                   {"WARPS": 8, "NBW": 1, "KC": 32, "per_cu": 1}])
+def test_gemv_mma_configs(tf32_ctx, monkeypatch, tiles):
+    """Other work-group shapes (as DLNET_GEMV_MMA sets them), slices picked by the rule."""
+    monkeypatch.setattr(lowering, "GEMV_MMA", tiles)
+    a, w, c = f32(20, 3000), f32(275, 3000), f32(275)
+    model, ref = fc_model(a, w, c, 1.0, 1.0, True)
+    net = dlnet.Net(tf32_ctx).load_onnx(model)
+    assert any("gemv_mma" in launch.label for launch in net.launches), [x.label for x in net.launches]
+    assert rel_l2(net.run({"a": a})["y"], ref) < 2e-3

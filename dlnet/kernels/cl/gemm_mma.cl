@@ -1,10 +1,8 @@
 // TF32 tensor-core GEMM body for NVIDIA GPUs (Context(precision="tf32")): the interface of gemm_core.cl (and
 // gemm_fetch.cl before it), multiplied by inline PTX mma.sync.m16n8k8 instead of FMA; products accumulate in fp32.
 //
-// Work-group: WARPS_M x WARPS_N warps; each warp owns a (16 MI) x (8 NI) block of the TM x TN tile. Fragment
-// layout of m16n8k8 (PTX ISA), with g = lane / 4 (gid) and t = lane % 4 (tig): a0..a3 = A[g][t], A[g+8][t],
-// A[g][t+4], A[g+8][t+4]; b0, b1 = B[t][g], B[t+4][g]; c0..c3 = C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1].
-// The order of k inside one mma is free as long as A and B agree, so in each 16 of depth, thread t's slots t and
+// Work-group: WARPS_M x WARPS_N warps; each warp owns a (16 MI) x (8 NI) block of the TM x TN tile (mma_tf32.cl,
+// which comes first, has the fragment layout, with g = gid and t = tig). The order of k inside one mma is free as long as A and B agree, so in each 16 of depth, thread t's slots t and
 // t + 4 of the first mma take k = 4t, 4t + 1 and those of the second k = 4t + 2, 4t + 3: a row's four A values
 // for both mma are one float4 in the k-contiguous A tile.
 //
@@ -14,9 +12,7 @@
 // column of the warp's block j is column (j / 4) * 32 + 4 g + j % 4 of the warp's TN / WARPS_N, so a lane's B
 // fragments at one k are NI / 4 float4 reads (not NI scalar ones); BS_SWZ moves each 4-float chunk of row k by
 // 2 ((k / 4) % 4) chunks, so the rows 4t + s that the lanes of one 8-lane phase read fall in distinct banks.
-// Inputs reach the tensor cores as fp32 bits, so half a tf32 unit is added as a fragment is read (TF32_BITS): the
-// mma drops the low 13 bits, which then rounds to nearest. (Truncation alone biases the error, which grows with
-// depth: resnet50 1.9e-2 against 5e-4.)
+// Inputs are rounded to tf32 as a fragment is read (TF32_BITS).
 //
 // Epilogue: the accumulators go through __local memory (the pipeline's, once it is drained), so that the stores
 // run along n, 32 consecutive columns per warp (a lane's own columns are 4 apart: stored straight from registers,
@@ -48,15 +44,6 @@
 #define BS_AT(buf, k, n) smem[STAGES * AS_FLOATS + (buf) * BS_FLOATS + (k) * TN + BS_SWZ(k, n)]
 // the tile column of lane g's block j (the fragment of B it reads, the outputs c0..c3 of lane 4 g' + t' follow it)
 #define B_COL(j, g) (wn * NI * 8 + ((j) >> 2) * 32 + 4 * (g) + ((j) & 3))
-#define TF32_BITS(x) (as_uint(x) + 0x1000u)
-
-#define MMA_TF32(d, a, b) \
-    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 " \
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};" \
-                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]) \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), \
-                   "f"(d[0]), "f"(d[1]), "f"(d[2]), "f"(d[3]))
-
 __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1)))
 void KERNEL_NAME(KERNEL_ARGS, __global float* ws, ulong ws_off) {
     ws += ws_off;

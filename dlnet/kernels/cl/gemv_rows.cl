@@ -7,10 +7,7 @@
 // float4 of A read from __local memory against NC columns (the LN column groups of a lane read the same address: a
 // broadcast). At the end the LK lanes of each column sum their MR x NC partial sums through __local memory, RED_ROWS
 // rows at a time. With SPLITS > 1 each slice of K writes its sums to ws ([SPLITS, M, N]) and gemv_rows_reduce adds
-// them and applies the epilogue. Offsets, row strides and K are multiples of 4 floats (the lowering checks).
-#ifndef ACT
-#error "gemv_rows.cl needs ACT(v)"
-#endif
+// them and applies the epilogue (gemv_epilogue.cl, which comes first). Offsets, row strides and K are multiples of 4 floats (the lowering checks).
 #if !defined(MR) || !defined(LK) || !defined(LN) || !defined(NC) || !defined(KC4) || !defined(RED_ROWS) || \
     !defined(LOCAL4) || !defined(SPLITS)
 #error "gemv_rows.cl needs MR, LK, LN, NC, KC4, RED_ROWS, LOCAL4 and SPLITS"
@@ -18,14 +15,6 @@
 #if KC4 % LK
 #error "gemv_rows.cl: a chunk (KC4 float4s) is whole steps of LK lanes"
 #endif
-
-inline float epilogue(float s, int m, int n, __global const float* c, int scm, int scn, float alpha, float beta) {
-    float v = alpha * s;
-#ifdef HAS_C
-    v += beta * c[(long)m * scm + (long)n * scn];
-#endif
-    return ACT(v);
-}
 
 // chunks: KC4-float4 chunks of K per slice (the last slice may have fewer; the last chunk of K may be partial)
 __kernel __attribute__((reqd_work_group_size(LK, LN, 1)))
@@ -118,18 +107,3 @@ void gemv_rows(__global const float* a, ulong a_off, __global const float* b, ul
         }
     }
 }
-
-#if SPLITS > 1
-// y = act(alpha * (sum of the SPLITS slices' partial sums) + beta C): a work-item per output
-__kernel void gemv_rows_reduce(__global const float* a, ulong a_off, __global const float* b, ulong b_off,
-                               __global const float* c, ulong c_off, __global float* y, ulong y_off,
-                               int N, int K, int sam, int sbn, int scm, int scn, float alpha, float beta, int chunks,
-                               __global float* ws, ulong ws_off) {
-    const int n = get_global_id(0), m = get_global_id(1);
-    if (n >= N) return;
-    float s = 0.0f;
-    for (int i = 0; i < SPLITS; i++)
-        s += ws[ws_off + ((long)i * MR + m) * N + n];
-    y[y_off + (long)m * N + n] = epilogue(s, m, n, c + c_off, scm, scn, alpha, beta);
-}
-#endif
