@@ -367,6 +367,11 @@ CONV_CPU_WINOGRAD = True
 CONV_CPU_WINOGRAD_MIN_CHANNELS = 16
 # ... where its rows of tiles, rounded up to 8, grow by at most this factor (7x7 outputs: 4 tiles a row computed as 8)
 CONV_CPU_WINOGRAD_MAX_ROW = 1.15
+# Depthwise ones run with no pad_planes launch where each work-item's padded input rows (of every phase plane) fit a
+# private buffer of DW_PAD_IN_FLOATS floats: it pads them itself (dwconv_cpu.cl's PAD_IN); DLNET_DW_CPU_PAD_IN=0
+# turns it off
+DW_CPU_PAD_IN = os.environ.get("DLNET_DW_CPU_PAD_IN", "1") != "0"
+DW_PAD_IN_FLOATS = 8192
 
 
 def pick_conv_cpu_tiles(NN):
@@ -414,6 +419,12 @@ DW_MIN_ITEMS = 64
 # planes of 9 x 9, one per work-item: 0.04 ms, most of it PoCL's cost per work-group)
 PAD_MIN_FLOATS = 2048
 PAD_MIN_ITEMS = 16
+
+
+def plane_phases(geo):
+    """planes.cl's SHP * SWP: the phase planes stored per channel for geo's strides (KHC, KWC, SHC, SWC, DHC, DWC)."""
+    return (geo["SHC"] if geo["KHC"] > 1 and geo["DHC"] % geo["SHC"] else 1) * \
+        (geo["SWC"] if geo["KWC"] > 1 and geo["DWC"] % geo["SWC"] else 1)
 
 
 def dw_rows(OH, OW, planes):
@@ -807,17 +818,29 @@ class Lowerer:
                 geo = {"KHC": KH, "KWC": KW, "SHC": strides[0], "SWC": strides[1], "DHC": dil[0], "DWC": dil[1]}
                 Hq = -(-((OH - 1) * strides[0] + dil[0] * (KH - 1) + 1) // strides[0])
                 Wq = -(-((OW - 1) * strides[1] + dil[1] * (KW - 1) + 1) // strides[1])
-                xp_nstride = self.pad_planes(x, H, W, geo, Hq, Wq, pads[0], pads[1], 8 + Wq, label,
-                                             a.get("in_perm"))
                 rows = dw_rows(OH, OW, N * Cout)
                 per = max(1, min(DW_MIN_OUTPUTS // (OH * OW), N * Cout // DW_MIN_ITEMS)) if rows == OH else 1
-                self.emit(_defines(dict(geo, SW=strides[1], ROWS=rows)) + head + kernel_source("planes") +
-                          kernel_source("dwconv_cpu"), "dwconv2d_cpu_planes",
-                          [self.dummy()[0], np.uint64(0)] + self.args(w) + bargs + rargs + self.args(y) + [
+                defs = dict(geo, SW=strides[1], ROWS=rows)
+                pad_in = DW_CPU_PAD_IN and plane_phases(geo) * (rows + dil[0] * (KH - 1) // strides[0]) * Wq + 8 \
+                    <= DW_PAD_IN_FLOATS
+                if pad_in:  # each work-item pads the rows it reads itself (dwconv_cpu.cl's PAD_IN)
+                    xargs, xp_nstride, extra = self.args(x), Cin * H * W, [
+                        np.int32(v) for v in (H, W, pads[0], pads[1])]
+                    defs.update(PAD_IN=1, WQ=Wq)
+                    if a.get("in_perm") is not None:
+                        defs["CHANNEL_MAP"] = 1
+                        extra += [self.meta(np.asarray(a["in_perm"], np.int32), np.int32), np.uint64(0)]
+                else:
+                    xp_nstride = self.pad_planes(x, H, W, geo, Hq, Wq, pads[0], pads[1], 8 + Wq, label,
+                                                 a.get("in_perm"))
+                    xargs, extra = [self.dummy()[0], np.uint64(0)], []
+                self.emit(_defines(defs) + head + kernel_source("planes") + kernel_source("dwconv_cpu"),
+                          "dwconv2d_cpu_planes", xargs + self.args(w) + bargs + rargs + self.args(y) + [
                               np.int32(v) for v in (Cin, Hq, Wq, OH, OW, mult)] + [
                               np.int64(xp_nstride), np.int64(y_nstride), np.int64(y_nstride), np.int32(N * Cout),
-                              np.int32(per)], (-(-OH // rows), -(-N * Cout // per)), (1, 1), label)
-                self.use_scratch(self.launches[-1].kernel, 0, 4 * N * xp_nstride, "work")
+                              np.int32(per)] + extra, (-(-OH // rows), -(-N * Cout // per)), (1, 1), label)
+                if not pad_in:
+                    self.use_scratch(self.launches[-1].kernel, 0, 4 * N * xp_nstride, "work")
                 return
             if self.ctx.is_cpu:  # ROWS output rows per work-item, stride along W compiled in
                 args = args[:-8] + args[-7:]
@@ -1063,8 +1086,7 @@ class Lowerer:
         planes of Hq x Wq per channel and phase of geo's strides (KHC, KWC, SHC, SWC, DHC, DWC), then `tail` zeros
         per image; cmap: plane c copies channel cmap[c]. Returns the floats from one image's planes to the next's."""
         N, C = x.shape[:2]
-        phases = (geo["SHC"] if geo["KHC"] > 1 and geo["DHC"] % geo["SHC"] else 1) * \
-            (geo["SWC"] if geo["KWC"] > 1 and geo["DWC"] % geo["SWC"] else 1)  # planes.cl's SHP * SWP
+        phases = plane_phases(geo)
         xp_nstride = _round_up(C * phases * Hq * Wq + tail, 16)
         per = max(1, min(PAD_MIN_FLOATS // (Hq * Wq), C * phases * N // PAD_MIN_ITEMS))  # planes per work-item
         extra, defs = [], dict(geo)

@@ -201,12 +201,16 @@ def test_conv_prologue_matches_onnxruntime(ctx, n, cin, h, w, cout, g, relu):
     net.release()
 
 
+@pytest.mark.parametrize("pad_in", [True, False])
 @pytest.mark.parametrize("n", [1, 2])
-def test_channel_shuffle_folds_into_padded_planes(ctx, n):
+def test_channel_shuffle_folds_into_padded_planes(ctx, n, pad_in, monkeypatch):
     """shufflenet's channel shuffle (Reshape -> Transpose -> Reshape) before a depthwise layer and before a 3x3 layer:
-    on CPU devices each becomes the padding pass's channel map (fold_channel_shuffles); a Transpose of rows and
-    columns is not a channel shuffle and stays. Against onnxruntime."""
+    on CPU devices each becomes the padding pass's channel map (fold_channel_shuffles), the depthwise one that of
+    its own padding (DW_CPU_PAD_IN) or of a pad_planes launch; a Transpose of rows and columns is not a channel
+    shuffle and stays. Against onnxruntime."""
     import onnxruntime as ort
+    from dlnet.kernels import lowering
+    monkeypatch.setattr(lowering, "DW_CPU_PAD_IN", pad_in)
     c, h, w = 12, 7, 7
     x = R.uniform(-1, 1, (n, c, h, w)).astype(np.float32)
     shuffle = [helper.make_node("Reshape", ["{0}", "s5"], ["{0}5"]),

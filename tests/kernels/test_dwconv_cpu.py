@@ -39,39 +39,65 @@ SHAPES += [
     (2, 3, 13, 12, 3, 3, 2, 1, 1),    # stride 2 over four phase planes, multiplier 3
     (1, 70, 5, 4, 1, 3, 1, 1, 1),     # small planes, several per work-item (and per pad_planes work-item)
 ]
-KERNELS = ["dwconv2d_cpu_planes", "dwconv2d_cpu"]  # over zero-padded planes, or with borders (DW_CPU_PLANES off)
+# over zero-padded planes, each work-item padding its own rows (DW_CPU_PAD_IN) or after a pad_planes launch; or with
+# borders (DW_CPU_PLANES off)
+VARIANTS = ["pad_in", "pad_planes", "borders"]
 
 
-@pytest.mark.parametrize("kernel", KERNELS)
-@pytest.mark.parametrize("shape", SHAPES, ids=["x".join(map(str, s)) for s in SHAPES])
-def test_depthwise_matches_numpy(ctx, shape, kernel, monkeypatch):
+def use_variant(monkeypatch, variant):
     from dlnet.kernels import lowering
-    monkeypatch.setattr(lowering, "DW_CPU_PLANES", kernel == "dwconv2d_cpu_planes")
-    check_depthwise(ctx, shape, kernel)
+    monkeypatch.setattr(lowering, "DW_CPU_PLANES", variant != "borders")
+    monkeypatch.setattr(lowering, "DW_CPU_PAD_IN", variant == "pad_in")
 
 
-@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("shape", SHAPES, ids=["x".join(map(str, s)) for s in SHAPES])
-def test_depthwise_several_rows_per_work_item(ctx, shape, kernel, monkeypatch):
+def test_depthwise_matches_numpy(ctx, shape, variant, monkeypatch):
+    use_variant(monkeypatch, variant)
+    check_depthwise(ctx, shape, variant)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("shape", SHAPES, ids=["x".join(map(str, s)) for s in SHAPES])
+def test_depthwise_several_rows_per_work_item(ctx, shape, variant, monkeypatch):
     """Blocks of rows per work-item (lowering.dw_rows), the last block of each plane ragged."""
     from dlnet.kernels import lowering
-    monkeypatch.setattr(lowering, "DW_CPU_PLANES", kernel == "dwconv2d_cpu_planes")
+    use_variant(monkeypatch, variant)
     monkeypatch.setattr(lowering, "DW_MIN_OUTPUTS", 2 * shape[3] + 1)  # three rows of the input's width
     monkeypatch.setattr(lowering, "DW_MIN_ITEMS", 1)
-    check_depthwise(ctx, shape, kernel)
+    check_depthwise(ctx, shape, variant)
 
 
+@pytest.mark.parametrize("variant", VARIANTS[:2])
 @pytest.mark.parametrize("shape", SHAPES, ids=["x".join(map(str, s)) for s in SHAPES])
-def test_depthwise_several_planes_per_work_item(ctx, shape, monkeypatch):
+def test_depthwise_several_planes_per_work_item(ctx, shape, variant, monkeypatch):
     """Whole planes, several per work-item (and per pad_planes work-item), the last work-item's share ragged."""
     from dlnet.kernels import lowering
+    use_variant(monkeypatch, variant)
     monkeypatch.setattr(lowering, "DW_MIN_OUTPUTS", 3 * shape[2] * shape[3])  # about three output planes
     monkeypatch.setattr(lowering, "DW_MIN_ITEMS", 1)
     monkeypatch.setattr(lowering, "PAD_MIN_ITEMS", 1)
-    check_depthwise(ctx, shape, "dwconv2d_cpu_planes")
+    check_depthwise(ctx, shape, variant)
 
 
-def check_depthwise(ctx, shape, kernel):
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("pads", [[0, 1, 2, 0], [2, 0, 0, 2], [0, 0, 1, 1]])
+def test_depthwise_asymmetric_pads(ctx, pads, variant, monkeypatch):
+    """Pads that differ per side (TF's SAME padding), 3x3 and 4x4 kernels, against onnxruntime."""
+    import onnxruntime as ort
+    use_variant(monkeypatch, variant)
+    x = R.uniform(-1, 1, (2, 5, 10, 13)).astype(np.float32)
+    for k in (3, 4):
+        w = R.uniform(-1, 1, (5, 1, k, k)).astype(np.float32)
+        model = make_model([helper.make_node("Conv", ["x", "w"], ["y"], pads=pads, group=5)], {"x": x}, ["y"],
+                           {"w": w})
+        want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+        net = dlnet.Net(ctx).load_onnx(model)
+        assert rel_l2(net.run({"x": x})["y"], want[0]) < 1e-6
+        net.release()
+
+
+def check_depthwise(ctx, shape, variant):
     n, c, h, wd, m, k, s, p, d = shape
     x = R.uniform(-1, 1, (n, c, h, wd)).astype(np.float32)
     w = R.uniform(-1, 1, (c * m, 1, k, k)).astype(np.float32)
@@ -84,7 +110,9 @@ def check_depthwise(ctx, shape, kernel):
     model = make_model(nodes, {"x": x, "r": r}, ["y"], {"w": w, "b": b})
     net = dlnet.Net(ctx).load_onnx(model)
     if ctx.is_cpu:
-        assert kernel in [launch.kernel.function_name for launch in net.launches]
+        kernels = [launch.kernel.function_name for launch in net.launches]
+        assert ("dwconv2d_cpu" if variant == "borders" else "dwconv2d_cpu_planes") in kernels, kernels
+        assert ("pad_planes" in kernels) == (variant == "pad_planes"), kernels
     got = list(net.run({"x": x, "r": r}).values())[0]
     want = np.maximum(conv + r, 0)
     assert got.shape == want.shape

@@ -105,17 +105,63 @@ void dwconv2d_cpu(__global const float* x, ulong x_off, __global const float* w,
 // consecutive positions q = oy * Wq + ox, ox >= OW dropped (7x7 planes ran one output at a time through scalar_out:
 // shufflenet's 544-channel layers 0.20 ms each). A work-item per ROWS output rows of PER (image, output channel)
 // planes.
+// PAD_IN: no pad_planes launch before it; the work-item copies the padded rows its outputs read, rows
+// oy0 .. oy0 + BUF_ROWS of each phase plane (WQ floats each), from x itself (channel cmap[ci] with CHANNEL_MAP) into
+// a private buffer, and reads them there (shufflenet's pad launches took 0.02-0.10 ms each, most of it PoCL's cost
+// per launch).
+#if defined(PAD_IN)
+#define XAS __private
+#define BUF_ROWS (ROWS + (KHC - 1) * DHC / SHC)
+#else
+#define XAS __global
+#endif
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void dwconv2d_cpu_planes(__global const float* xp, ulong xp_off, __global const float* w, ulong w_off,
                          __global const float* bias, ulong bias_off, __global const float* res, ulong res_off,
                          __global float* y, ulong y_off, int C, int Hq, int Wq, int OH, int OW, int M,
-                         long xp_nstride, long y_nstride, long res_nstride, int NCO, int PER) {
+                         long xp_nstride, long y_nstride, long res_nstride, int NCO, int PER
+#if defined(PAD_IN)
+                         , int H, int W, int PH, int PW
+#if defined(CHANNEL_MAP)
+                         , __global const int* cmap, ulong cmap_off
+#endif
+#endif
+                         ) {
     const int nc_end = (get_global_id(1) + 1) * PER < NCO ? (get_global_id(1) + 1) * PER : NCO;
     for (int nc = get_global_id(1) * PER; nc < nc_end; nc++) {
     const int CO = C * M;
     const int n = nc / CO, co = nc - n * CO, ci = co / M;
+#if defined(PAD_IN)
+    const long plane = BUF_ROWS * WQ;
+    const int oy0 = get_global_id(0) * ROWS, oy_end = min(OH, oy0 + ROWS);
+#if defined(CHANNEL_MAP)
+    const long cx = cmap[cmap_off + ci];
+#else
+    const long cx = ci;
+#endif
+    __global const float* xs = xp + xp_off + n * xp_nstride + cx * H * W;
+    float buf[SHP * SWP * BUF_ROWS * WQ + 8];  // (dropped positions of the last row read up to 7 floats past it)
+    for (int ph = 0; ph < SHP * SWP; ph++) {
+        const int py = ph / SWP, px = ph - py * SWP;
+        PHASE_COLS(lo, hi, px, PW, W, WQ)
+        for (int r = 0; r < BUF_ROWS; r++) {
+            float* row = buf + (ph * BUF_ROWS + r) * WQ;
+            const int iy = (oy0 + r) * SHC + py - PH;
+            if (iy < 0 || iy >= H || oy0 + r >= Hq) {
+                for (int j = 0; j < WQ; j++) row[j] = 0.0f;
+                continue;
+            }
+            PAD_ROW(row, xs + iy * W + px - PW, lo, hi, WQ)
+        }
+    }
+    for (int j = 0; j < 8; j++) buf[SHP * SWP * BUF_ROWS * WQ + j] = 0.0f;
+    XAS const float* xc = buf;
+    const int qrow0 = oy0;  // the buffer's first row is the plane's row oy0
+#else
     const long plane = (long)Hq * Wq;
-    __global const float* xc = xp + xp_off + n * xp_nstride + (long)ci * SHP * SWP * plane;
+    XAS const float* xc = xp + xp_off + n * xp_nstride + (long)ci * SHP * SWP * plane;
+    const int qrow0 = 0;
+#endif
     float wt[KHC * KWC];
     _Pragma("unroll") for (int t = 0; t < KHC * KWC; t++) wt[t] = w[w_off + (long)co * KHC * KWC + t];
 #if defined(HAS_BIAS)
@@ -123,17 +169,19 @@ void dwconv2d_cpu_planes(__global const float* xp, ulong xp_off, __global const 
 #else
     const float b = 0.0f;
 #endif
+#if !defined(PAD_IN)
     const int oy0 = get_global_id(0) * ROWS, oy_end = min(OH, oy0 + ROWS);
+#endif
     __global float* yc = y + y_off + n * y_nstride + (long)co * OH * OW;
     __global const float* rc = res + res_off + n * res_nstride + (long)co * OH * OW;
     for (int oy = oy0; oy < oy_end; oy++)
         for (int ox = 0; ox < OW; ox += 8) {  // a row's last vector ends at its end, overlapping the one before
             const int base = ox + 8 <= OW || OW < 8 ? ox : OW - 8;
-            const int q = oy * Wq + base;
+            const int q = (oy - qrow0) * Wq + base;
             float8 acc = (float8)(b);
             _Pragma("unroll") for (int ky = 0; ky < KHC; ky++)
                 _Pragma("unroll") for (int kx = 0; kx < KWC; kx++)
-                    acc = (float8)(wt[ky * KWC + kx]) * *(__global const float8u*)(xc + q + TAP_OFF(ky, kx, plane, Wq))
+                    acc = (float8)(wt[ky * KWC + kx]) * *(XAS const float8u*)(xc + q + TAP_OFF(ky, kx, plane, Wq))
                           + acc;
             union { float8 v; float s[8]; } o;
             o.v = acc;

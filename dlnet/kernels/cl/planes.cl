@@ -14,6 +14,17 @@
 // where tap (ky, kx) reads, from a channel's first phase plane (planes of `plane` floats, Wq a row)
 #define TAP_OFF(ky, kx, plane, Wq) (((ky) * DHC % SHC * SWP + (kx) * DWC % SWC) * (plane) + \
                                     (ky) * DHC / SHC * (Wq) + (kx) * DWC / SWC)
+// the columns [lo, hi) of a row of phase px that come from x (0 <= j * SWC + px - PW < W), the others zero
+#define PHASE_COLS(lo, hi, px, PW, W, Wq) \
+    int lo = (PW) - (px) > 0 ? ((PW) - (px) + SWC - 1) / SWC : 0; \
+    int hi = (W) - 1 + (PW) - (px) >= 0 ? ((W) - 1 + (PW) - (px)) / SWC + 1 : 0; \
+    lo = lo < (Wq) ? lo : (Wq); \
+    hi = hi < (Wq) ? (hi > lo ? hi : lo) : (Wq);
+// that row of Wq floats at out, from x's row at in (in + j * SWC: column j * SWC + px - PW of x's row)
+#define PAD_ROW(out, in, lo, hi, Wq) { \
+    for (int j = 0; j < (lo); j++) (out)[j] = 0.0f; \
+    for (int j = (lo); j < (hi); j++) (out)[j] = (in)[j * SWC]; \
+    for (int j = (hi); j < (Wq); j++) (out)[j] = 0.0f; }
 
 // One work-item per PER phase planes (phase ph of channel c, image img: cph = c * SHP * SWP + ph, CPH of them), row by
 // row (a work-item per row: 15k of them for 128 channels at 56x56 stride 2, 0.3 ms of PoCL's dispatch); the one with
@@ -32,11 +43,7 @@ void pad_planes(__global const float* x, ulong x_off, __global float* xp, int H,
     __global float* out = xp + img * xp_nstride + (long)get_global_id(0) * PER * Hq * Wq;
     for (int cph = get_global_id(0) * PER; cph < cph_end; cph++) {
         const int c = cph / (SHP * SWP), ph = cph - c * (SHP * SWP), py = ph / SWP, px = ph - py * SWP;
-        // columns j with 0 <= j * SWC + px - PW < W
-        int lo = PW - px > 0 ? (PW - px + SWC - 1) / SWC : 0;
-        int hi = W - 1 + PW - px >= 0 ? (W - 1 + PW - px) / SWC + 1 : 0;
-        lo = lo < Wq ? lo : Wq;
-        hi = hi < Wq ? (hi > lo ? hi : lo) : Wq;
+        PHASE_COLS(lo, hi, px, PW, W, Wq)
         for (int i = 0; i < Hq; i++, out += Wq) {
             const int iy = i * SHC + py - PH;
             if (iy < 0 || iy >= H) {
@@ -48,10 +55,7 @@ void pad_planes(__global const float* x, ulong x_off, __global float* xp, int H,
 #else
             const long cx = c;
 #endif
-            __global const float* in = x + x_off + img * x_nstride + (cx * H + iy) * W + px - PW;
-            for (int j = 0; j < lo; j++) out[j] = 0.0f;
-            for (int j = lo; j < hi; j++) out[j] = in[j * SWC];
-            for (int j = hi; j < Wq; j++) out[j] = 0.0f;
+            PAD_ROW(out, x + x_off + img * x_nstride + (cx * H + iy) * W + px - PW, lo, hi, Wq)
         }
     }
     if (cph_end == CPH)
