@@ -61,14 +61,17 @@ class BatchSlice(Value):
 
 class Node:
     """One operation. `op` is the registry key (ONNX CamelCase name where the op is an ONNX op)."""
-    __slots__ = ("op", "inputs", "outputs", "attrs", "name")
+    __slots__ = ("op", "inputs", "outputs", "attrs", "name", "schedule")
 
-    def __init__(self, op, inputs, outputs, attrs, name=""):
+    def __init__(self, op, inputs, outputs, attrs, name="", schedule=None):
         self.op = op
         self.inputs = list(inputs)
         self.outputs = list(outputs)
         self.attrs = dict(attrs)
         self.name = name
+        # how the device runs it, chosen once before memory planning (kernels/schedule.py): {"algo": "winograd4",
+        # "tile": "128x64"}; printed after the attributes, never read by graph passes
+        self.schedule = dict(schedule or {})
 
     @property
     def spec(self):
