@@ -8,9 +8,11 @@ from .errors import InputError, ModelError
 from .graph.memory import MemoryReport, plan_memory
 from .graph.passes import run_passes
 from .graph.printer import format_graph
-from .kernels.lowering import Lowerer, chunked_prefix, device_passes
+from .kernels.families import winograd
+from .kernels.lowering import Lowerer
 from .kernels.runtime import Context, Deferred, cl
-from .kernels.tuner import tune_layers
+from .kernels.schedule import chunked_prefix, device_passes, schedule
+from .kernels.tuner import Measured, tune_layers
 from .onnx.importer import Importer, check_supported, graph_io, load_model
 from .stages import StagedPlan
 
@@ -34,9 +36,11 @@ class Plan:
     def __init__(self, ctx, graph):
         self.ctx = ctx
         self.graph = graph
+        schedule(graph, ctx)  # each node's algorithm, before memory is planned
         self.prefix = chunked_prefix(ctx, graph)  # nodes run slice after slice of the batch while it goes up
         pre = self.prefix
-        self.memory = plan_memory(graph, together=(pre.start, pre.stop, max(nb for _, nb in pre.chunks)) if pre else None)
+        self.memory = plan_memory(graph, together=(pre.start, pre.stop, max(nb for _, nb in pre.chunks)) if pre else None,
+                                  workspace=lambda node: winograd.workspace(node, ctx.options))
         self.act_buf = self.const_buf = None
         self.lowerer = None
         self.tuning = None  # what tuner.tune_layers measured for this plan, where it did
@@ -45,16 +49,9 @@ class Plan:
             # still opening on its thread meanwhile. Then the weights go up without waiting while the programs build.
             act = Deferred(lambda: ctx.alloc(self.memory.act_bytes))
             const = Deferred(lambda: ctx.alloc(self.memory.const_bytes))
-            lw = Lowerer(ctx, graph, self.memory, act, const)
+            lw = Lowerer(ctx, graph, self.memory, act, const, Measured(ctx))
             self.lowerer = lw
-            pre = self.prefix
-            for i, node in enumerate(graph.nodes):
-                if pre and pre.start <= i < pre.stop:
-                    if i == pre.start:
-                        lw.lower_in_chunks(graph.nodes[pre.start:pre.stop], pre)
-                    continue
-                lw.layer, lw.node = f"{node.name} {node.op}".strip(), node
-                node.spec.lower(node, lw)
+            lw.lower(graph, self.prefix)
             self.act_buf = lw.act_buf = act.get()
             self.const_buf = lw.const_buf = const.get()
             for v in self._consts():
@@ -116,7 +113,7 @@ class Plan:
                 events.append(cl.enqueue_copy(q, y, loc[0], src_offset=loc[1] * y.itemsize, is_blocking=False))
             outs.append(y)
         cl.wait_for_events(events) if events else ctx.finish()
-        if os.environ.get("DLNET_DEBUG_BOUNDS"):
+        if ctx.options.debug_bounds:
             ctx.check_guards(self.graph.name)
         return outs
 
@@ -139,7 +136,7 @@ class Net:
         tune: measure each layer's GEMM tile on this device when a shape is first planned, where no earlier run
         measured it (tuner.tune_layers; seconds, once: the choices are kept on disk for every later plan);
         "again": measure every layer anew; None: the environment's DLNET_TUNE_LAYERS=1 says so."""
-        self.tune = tune if tune is not None else os.environ.get("DLNET_TUNE_LAYERS", "") == "1"
+        self.tune = tune if tune is not None else self.ctx.options.tune_layers == "1"
         model = path if not isinstance(path, (str, bytes)) and hasattr(path, "graph") else load_model(path)
         self.path = str(path) if isinstance(path, (str, bytes)) else (model.graph.name or "model")
         if constants:

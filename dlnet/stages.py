@@ -12,7 +12,7 @@ import numpy as np
 
 from .graph.memory import plan_memory
 from .graph.passes import run_passes
-from .kernels.lowering import device_passes
+from .kernels.schedule import device_passes
 
 
 @dataclass

@@ -14,7 +14,7 @@ from .graph.passes import run_passes
 from .graph.passes.fold import fold_constants, remove_dead
 from .graph.passes.fuse import broadcast_expands, fuse_pointwise, fuse_reduce_prologues
 from .graph.passes.padding import explicit_padding
-from .kernels.lowering import device_passes
+from .kernels.schedule import device_passes
 from .kernels.runtime import Launch, cl, kernel_source
 from .net import Plan
 from .onnx.importer import Importer

@@ -103,17 +103,19 @@ class _Arena:
         self.free = merged
 
 
-def plan_memory(graph, inplace=True, keep=(), together=None):
+def plan_memory(graph, inplace=True, keep=(), together=None, workspace=None):
     """Assign every runtime value a byte offset. `keep`: value ids that must live to the end (training).
     `together`: (start, stop, images), nodes[start:stop] run slice after slice of the batch, of at most `images`
     images each (lowering.chunked_prefix): every value they read or write then lives from the first to the last of
     them, and their outputs are placed before any of them runs, so that no workspace, split-K block or later output
-    of theirs lands on one; the values that only they read take a block of one slice (plan.per_slice)."""
+    of theirs lands on one; the values that only they read take a block of one slice (plan.per_slice).
+    `workspace(node)`: (bytes it could use, least bytes it needs) of scratch the backend's kernels want inside the
+    arena while the node runs, or None (kernels/families/winograd.py's workspace)."""
     plan = MemoryPlan()
     nodes = graph.nodes
     # workspaces may take as much as the plan without `together` would have had (its arena, which the values of one
     # slice no longer fill: resnet50 b16's first layer, 51 MB, left its Winograd layers short, in 47 more launches)
-    room = plan_memory(graph, inplace, keep).act_bytes if together else 0
+    room = plan_memory(graph, inplace, keep, workspace=workspace).act_bytes if together else 0
     end = len(nodes)
     # aliases: outputs of alias ops share their input's root
     root = {}
@@ -229,7 +231,7 @@ def plan_memory(graph, inplace=True, keep=(), together=None):
                 last[donor] = -2  # handed over: not released twice
             else:
                 offsets[y.id] = arena.alloc(_align(y.nbytes))
-        need = node.spec.workspace(node)
+        need = workspace(node) if workspace is not None else None
         if need:  # scratch for this node alone: all of it where a free block holds it, else what fits (>= least),
             full, least = need  # the arena's tail growing up to `room`
             tail = arena.free[-1][1] if arena.free and sum(arena.free[-1]) == arena.end else 0

@@ -17,6 +17,8 @@ from importlib import resources
 import numpy as np
 
 from ..errors import DeviceError
+from .device import Device, is_nvidia
+from .options import Options
 from . import compile_worker
 from .compile_worker import claim, device_identity, finished, trace, write_binary
 
@@ -156,21 +158,16 @@ def pick_device(spec=None):
     raise DeviceError(f"device {spec!r}: no OpenCL {value.upper()} device found; `dlnet devices` lists what there is")
 
 
-# programs compiled at once by Context.build_all (DLNET_BUILD_THREADS=1 builds one at a time)
-BUILD_THREADS = int(os.environ.get("DLNET_BUILD_THREADS") or min(8, os.cpu_count() or 1))
-# extra options for every OpenCL build, e.g. DLNET_BUILD_OPTIONS=-cl-nv-verbose (NVIDIA: registers and spills in
-# each program's build log)
-EXTRA_BUILD_OPTIONS = os.environ.get("DLNET_BUILD_OPTIONS", "").split()
-# DLNET_BINARY_CACHE=1: keep each program's device binary in DLNET_CACHE/bin and build from it next time, even
-# where the driver caches source builds itself
-BINARY_CACHE = os.environ.get("DLNET_BINARY_CACHE", "") == "1"
+def build_threads(ctx):
+    """Programs compiled at once by Context.build_all (options.build_threads; 1 builds one at a time)."""
+    return ctx.options.build_threads or min(8, os.cpu_count() or 1)
 
 
-def build_options(options):
+def build_options(options, extra=()):
     """The options of every build: a program's own between IEEE division and sqrt (OpenCL 1.2 lets them be 2.5 ulp
     off otherwise, and NVIDIA's are, which moves round-half cases (quantisation) away from numpy's answers) and
-    DLNET_BUILD_OPTIONS."""
-    return ["-cl-fp32-correctly-rounded-divide-sqrt"] + list(options) + EXTRA_BUILD_OPTIONS
+    the Options' build_options (DLNET_BUILD_OPTIONS, e.g. -cl-nv-verbose: registers and spills in NVIDIA's logs)."""
+    return ["-cl-fp32-correctly-rounded-divide-sqrt"] + list(options) + list(extra)
 
 
 def build_processes(ctx):
@@ -179,8 +176,8 @@ def build_processes(ctx):
     process (resnet50 cold: 7-8.6 s on 1 thread, 5.0 on 8, 6.1 on 16), and 1 elsewhere: PoCL compiles every kernel
     of a program to machine code to hand out its binary (resnet50's 22 programs: 3.6 s on one core, 8.6 s on two
     processes)."""
-    default = min(8, os.cpu_count() or 1) if ctx.is_nvidia else 1
-    return int(os.environ.get("DLNET_BUILD_PROCS") or default)
+    default = min(8, os.cpu_count() or 1) if ctx.dev.is_nvidia else 1
+    return ctx.options.build_processes or default
 
 
 @functools.lru_cache(maxsize=1)
@@ -253,9 +250,13 @@ def open_context(device):
     return cl.Context([device])  # (raises cl.Error with the driver's reason where creation fails)
 
 
-def _cache_dir():
-    root = os.environ.get("DLNET_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME") or
-                                                          os.path.expanduser("~/.cache"), "dlnet")
+def cache_dir(options):
+    """options.cache_dir (DLNET_CACHE), else ~/.cache/dlnet (XDG_CACHE_HOME's), made where missing; None where it
+    cannot be (or is "none")."""
+    if options.cache_dir == "none":
+        return None
+    root = options.cache_dir or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
+                                             "dlnet")
     try:
         os.makedirs(root, exist_ok=True)
         return root
@@ -273,12 +274,14 @@ class Context:
     """One OpenCL device, its queue and the programs built for it.
 
     precision: "fp32" (exact float32 FMA, the default) or "tf32" (tensor cores where the device has them).
+    options: an Options (kernels/options.py); None reads the environment's documented knobs.
     """
 
-    def __init__(self, device=None, precision="fp32", profile=False):
+    def __init__(self, device=None, precision="fp32", profile=False, options=None):
         if precision not in ("fp32", "tf32"):
             raise DeviceError(f"precision {precision!r}: expected 'fp32' or 'tf32'")
         self.precision = precision
+        self.options = options if options is not None else Options.from_env()
         self.profile = profile
         self._programs = {}
         self.allocated_bytes = 0  # live arena bytes of this context (plans release theirs)
@@ -302,10 +305,22 @@ class Context:
     def _set_device(self, info):
         """The device's attributes (setdefault: what a caller set meanwhile stays, as a test's is_cpu = False)."""
         for name, value in (("info", info), ("device", info.device), ("is_cpu", info.type == "CPU"),
-                            ("is_nvidia", "NVIDIA" in info.vendor.upper() or "NVIDIA" in info.platform.upper()),
+                            ("is_nvidia", is_nvidia(info.vendor, info.platform)),
                             ("fp64", info.fp64)):
             self.__dict__.setdefault(name, value)
         self._found.set()
+
+    @property
+    def dev(self):
+        """The device's facts (device.py) for this precision and options."""
+        return Device.resolve(self.info, self.precision, self.options, self.is_cpu, self.is_nvidia)
+
+    def with_options(self, options=None, **changes):
+        """A Context on the same device, queue and programs with other options (Options, or fields to change)."""
+        other = object.__new__(Context)
+        other.__dict__.update(self.__dict__)
+        other.options = (options if options is not None else self.options).replace(**changes)
+        return other
 
     def __getattr__(self, name):
         """A device attribute before the background lookup has set it: wait for it."""
@@ -370,8 +385,8 @@ class Context:
         key = (source, tuple(options))
         prg = self._programs.get(key)
         if prg is None:
-            opts = build_options(options)
-            root = _cache_dir() if BINARY_CACHE else None
+            opts = build_options(options, self.options.build_options)
+            root = cache_dir(self.options) if self.options.binary_cache else None
             prg = self._build(source, opts, self._binary_path(source, opts, root) if root else None)
             self._programs[key] = prg
         return prg
@@ -393,7 +408,7 @@ class Context:
             except (OSError, cl.Error):
                 pass  # a stale or damaged binary: build from source and write it again
         try:
-            prg = cl.Program(self.cl, source).build(options=opts, cache_dir=False if binary else _cache_dir())
+            prg = cl.Program(self.cl, source).build(options=opts, cache_dir=False if binary else cache_dir(self.options))
         except cl.Error as e:
             digest = hashlib.sha1(source.encode()).hexdigest()[:8]
             raise DeviceError(f"OpenCL build failed for program {digest} with {opts}: {e}") from e
@@ -415,8 +430,8 @@ class Context:
             with tempfile.TemporaryDirectory(prefix="dlnet-build-") as tmp:
                 self._build_in_processes(todo, procs, tmp)
             return
-        if len(todo) > 1 and BUILD_THREADS > 1:
-            with ThreadPoolExecutor(min(BUILD_THREADS, len(todo))) as pool:
+        if len(todo) > 1 and build_threads(self) > 1:
+            with ThreadPoolExecutor(min(build_threads(self), len(todo))) as pool:
                 list(pool.map(lambda k: self.program(*k), todo))
         for k in todo:
             self.program(*k)
@@ -425,8 +440,8 @@ class Context:
         """build_all's programs through the binary cache (DLNET_CACHE/bin, else the scratch folder `tmp`): those
         missing from it, if more than one, are compiled by worker processes and this one, each taking the
         largest one left; then every program not built here loads from its binary, a few at a time."""
-        root = _cache_dir() or tmp
-        opts = {k: build_options(k[1]) for k in todo}
+        root = cache_dir(self.options) or tmp
+        opts = {k: build_options(k[1], self.options.build_options) for k in todo}
         paths = {k: self._binary_path(k[0], opts[k], root) for k in todo}
         missing = sorted((k for k in todo if not os.path.exists(paths[k])), key=lambda k: -len(k[0]))
         workers, status = [], []
@@ -471,7 +486,7 @@ class Context:
 
         def load(k):
             self._programs[k] = self._build(k[0], opts[k], paths[k])  # from source where a worker failed
-        with ThreadPoolExecutor(max(1, min(BUILD_THREADS, len(rest)))) as pool:
+        with ThreadPoolExecutor(max(1, min(build_threads(self), len(rest)))) as pool:
             list(pool.map(load, rest))
         trace(f"parent loaded {len(rest)}")
         for n, w in enumerate(workers):
@@ -484,7 +499,7 @@ class Context:
     GUARD = 1 << 16  # DLNET_DEBUG_BOUNDS=1: bytes of guard pattern after every arena, checked after each run
 
     def alloc(self, nbytes):
-        guard = self.GUARD if os.environ.get("DLNET_DEBUG_BOUNDS") else 0
+        guard = self.GUARD if self.options.debug_bounds else 0
         try:
             buf = cl.Buffer(self.cl, cl.mem_flags.READ_WRITE, max(int(nbytes), 4) + guard)
         except cl.Error as e:

@@ -1,4 +1,4 @@
-"""The fp32 GPU tile model per device (lowering.GPU_TILE_MODEL's form: per tile shape, work-groups resident per
+"""The fp32 GPU tile model per device (rules.GPU_TILE_MODEL's form: per tile shape, work-groups resident per
 compute unit, TFLOP/s with every unit full, fixed cost per tile in units of K), measured on a device's first use and
 cached on disk, as CLBlast's tuner and database do.
 
@@ -23,12 +23,13 @@ import time
 
 import numpy as np
 
-from . import lowering
-from .runtime import _cache_dir, cl
+from . import rules
+from .emitter import gemm_args, gemm_source
+from .runtime import cache_dir, cl, kernel_source
 from ..errors import DeviceError, DlnetError
 
 # Devices measured by hand, by OpenCL device name (the H100's entry: see the comment above GPU_TILE_MODEL)
-DATABASE = {"NVIDIA H100 80GB HBM3": lowering.GPU_TILE_MODEL}
+DATABASE = {"NVIDIA H100 80GB HBM3": rules.GPU_TILE_MODEL}
 # the cache file's format; a file of another version (or of other kernels) is measured again
 VERSION = 1
 # What measure() times, per device class: compute units assumed (None: the device's), the depths K1 < K2 of the
@@ -54,10 +55,10 @@ def tile_model(ctx):
 
 
 def _lookup(ctx):
-    mode = os.environ.get("DLNET_TUNE", "")
+    mode = ctx.options.tune
     known = DATABASE.get(ctx.info.name)
-    if mode == "0" or (mode != "1" and (known is not None or ctx.is_cpu)):
-        return known if known is not None else lowering.GPU_TILE_MODEL
+    if mode == "0" or (mode != "1" and (known is not None or ctx.dev.is_cpu)):
+        return known if known is not None else rules.GPU_TILE_MODEL
     path = cache_path(ctx)
     model = read_cache(path, ctx) if path else None
     return model if model is not None else tune(ctx)[0]
@@ -84,7 +85,7 @@ def _identity(ctx):
 
 def cache_path(ctx):
     """DLNET_CACHE/tune/<digest of platform, device, driver and compute units>.json; None without a cache folder."""
-    root = _cache_dir()
+    root = cache_dir(ctx.options)
     if root is None:
         return None
     digest = hashlib.sha256("\0".join(_identity(ctx)).encode()).hexdigest()[:24]
@@ -98,7 +99,8 @@ def _programs_digest(ctx):
 
 def _tiles(ctx):
     """The tiles of each shape of the model, as ctx's device runs them."""
-    return {shape: lowering.core_tiles(ctx, lowering.GEMM_TILES["gpu"][shape]) for shape in lowering.GPU_TILE_MODEL}
+    return {shape: rules.core_tiles(ctx.dev, ctx.options, rules.GEMM_TILES["gpu"][shape], "gemm_core")
+            for shape in rules.GPU_TILE_MODEL}
 
 
 # element strides (sam, sak, sbk, sbn, scm, scn) as gemm_source sees those of row-major A (M x K) and B (K x N)
@@ -107,7 +109,7 @@ ROW_MAJOR = (4, 1, 4, 1, 0, 0)
 
 
 def _program(tiles):
-    return lowering.gemm_source("gemm_core", tiles, ROW_MAJOR, "int")
+    return gemm_source("gemm_core", tiles, ROW_MAJOR, "int")
 
 
 def read_cache(path, ctx):
@@ -118,7 +120,7 @@ def read_cache(path, ctx):
             data = json.load(f)
         if data["version"] != VERSION or data["device"] != _identity(ctx) or data["programs"] != _programs_digest(ctx):
             return None
-        model = {shape: data["model"][shape] for shape in lowering.GPU_TILE_MODEL}
+        model = {shape: data["model"][shape] for shape in rules.GPU_TILE_MODEL}
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return model if all(_valid(m) for m in model.values()) else None
@@ -155,7 +157,7 @@ def measure(ctx, sizes=None):
     Random A (M x K) and B (K x N), kernel time from OpenCL profiling events. per_cu: grids of c * CUs
     work-groups, c = 1..max_per_cu, at depth K2 (per_cu_of); rate and k0: the full wave of per_cu * CUs work-groups
     at K1 and K2 (fit)."""
-    sizes = dict(SIZES["cpu" if ctx.is_cpu else "gpu"], **(sizes or {}))
+    sizes = dict(SIZES[ctx.dev.kind], **(sizes or {}))
     cus = sizes["compute_units"] or ctx.info.compute_units
     k1, k2 = sizes["depths"]
     counts = range(1, sizes["max_per_cu"] + 1)
@@ -209,9 +211,9 @@ def fit(per_cu, t1, t2, depths, compute_units, tiles):
 def _time(queue, kernel, bufs, tiles, groups, K, reps):
     """Median seconds over `reps` launches, after one warm-up, of a product of `groups` tiles of depth K."""
     rows, cols = _grid(groups)
-    M, N, threads = rows * tiles["TM"], cols * tiles["TN"], lowering.core_threads(tiles)
+    M, N, threads = rows * tiles["TM"], cols * tiles["TN"], rules.core_threads(tiles)
     at = [bufs["y"], np.uint64(0)]  # (C is not read: no HAS_C; no split-K workspace)
-    kernel.set_args(*lowering.gemm_args([bufs["a"], np.uint64(0)], [bufs["b"], np.uint64(0)], at, at, bufs["boff"],
+    kernel.set_args(*gemm_args([bufs["a"], np.uint64(0)], [bufs["b"], np.uint64(0)], at, at, bufs["boff"],
                                         M, N, K, (K, 1, N, 1, 0, 0), "int"), *at)
     try:
         events = [cl.enqueue_nd_range_kernel(queue, kernel, (cols * threads, rows, 1), (threads, 1, 1))
@@ -238,13 +240,31 @@ _LAYERS = {}  # (cl.Device, precision) -> {layer key: tile name}
 _TRIAL = {}  # id(ctx) -> the tile name every tunable product takes (where it may) while a trial plan is built
 
 
+class Measured:
+    """What was measured on a context's device, as the lowering reads it (rules.pick_tiles' `measured`): the tile
+    model (measured on first use where the device is unknown) and each tunable layer's tile."""
+
+    def __init__(self, ctx):
+        self.ctx = ctx
+        self._model = None
+
+    @property
+    def tile_model(self):
+        if self._model is None:
+            self._model = tile_model(self.ctx)
+        return self._model
+
+    def layer_tile(self, key, rule, choices):
+        return layer_tile(self.ctx, key, rule, choices)
+
+
 def layer_tile(ctx, key, rule, options):
     """The tile name (an entry of options) a product with this layer key takes: the trial's while tune_layers
     builds one, else the one measured for it (none with DLNET_TUNE_LAYERS=0), else the rule's."""
     trial = _TRIAL.get(id(ctx))
     if trial is not None:
         return trial if trial in options else rule
-    if os.environ.get("DLNET_TUNE_LAYERS") == "0":
+    if ctx.options.tune_layers == "0":
         return rule
     name = layer_tiles(ctx).get(key)
     return name if name in options else rule
@@ -266,22 +286,21 @@ def layer_tiles(ctx):
     device = getattr(ctx, "device", None)
     if device is None:  # (a stand-in context of tests of the rules)
         return {}
-    table = _LAYERS.get((device, ctx.precision))
+    table = _LAYERS.get((device, ctx.dev.precision))
     if table is None:
         path = layer_cache_path(ctx)
-        table = _LAYERS[device, ctx.precision] = _read_layers(path, ctx) if path else {}
+        table = _LAYERS[device, ctx.dev.precision] = _read_layers(path, ctx) if path else {}
     return table
 
 
 def layer_cache_path(ctx):
     path = cache_path(ctx)
-    return path and f"{path[:-5]}-layers-{ctx.precision}.json"
+    return path and f"{path[:-5]}-layers-{ctx.dev.precision}.json"
 
 
 def _layer_digest():
     """Digest of what a layer's tile names stand for: the tile tables and the kernels' text."""
-    text = json.dumps(lowering.GEMM_TILES, sort_keys=True) + "".join(
-        lowering.kernel_source(name) for name in LAYER_SOURCES)
+    text = json.dumps(rules.GEMM_TILES, sort_keys=True) + "".join(kernel_source(name) for name in LAYER_SOURCES)
     return hashlib.sha256(text.encode()).hexdigest()
 
 

@@ -1,0 +1,108 @@
+"""Convolution gradients (ConvGradX, ConvGradW) on the device's matrix core: implicit GEMM over x's windows,
+im2col / col2im where needed, flipped weights for stride-1 input gradients, direct kernels for depthwise layers,
+Winograd where the training pass chose it."""
+import numpy as np
+
+from ..device import TILED_CORES
+from ..emitter import act_macro, core_source, defines
+from ..rules import round_up
+from ..runtime import kernel_source
+from ...graph.ops.grad_nn import _conv_dims
+
+
+class ConvGradFamily:
+    def conv_grad(self, node, which):
+        """dW (which="dw") or dX ("dx") of a 1-D/2-D convolution as a GEMM on the device's core."""
+        dy, other = node.inputs
+        out = node.outputs[0]
+        x_shape = other.shape if which == "dw" else out.shape
+        w_shape = out.shape if which == "dw" else other.shape
+        H, W, OH, OW, KH, KW, s, p, d = _conv_dims(x_shape, dy.shape, w_shape, node.attrs)
+        N, Cin = x_shape[0], x_shape[1]
+        group = node.attrs.get("group", 1)
+        K, C = w_shape[0] // group, Cin // group
+        CKK, NPIX = C * KH * KW, N * OH * OW
+        geo = [np.int32(v) for v in (Cin, H, W, OH, OW, KH, KW, s[0], s[1], p[0], p[1], d[0], d[1])]
+        label = f"{node.name} {node.op}"
+        if group == Cin and C == 1 and group > 1:  # depthwise: direct kernels (a GEMM per channel wastes its tiles)
+            self._dwconv_grad(node, which, N, geo, K, label)
+            return
+        work = 4 * group * CKK * NPIX
+        M, NN, KK = (K, CKK, NPIX) if which == "dw" else (CKK, NPIX, K)
+        pick = self.pick(M, NN, KK, group, False, f"{which}{KH}x{KW}s{s[0]}x{s[1]}")
+        core, tiles, lsize, (g0, g1) = pick
+        if which == "dw" and node.attrs.get("winograd"):
+            self.winograd_dw(dy, other, out, p, label)
+            return
+        if which == "dx" and node.attrs.get("winograd"):  # dx = conv(dy, w flipped and transposed), Winograd
+            self.winograd(dy, None, self.dummy(), self.dummy(), out, act_macro(None), [2 - p[0], 2 - p[1]], label,
+                          w=other, flip=True)
+            return
+        if which == "dx" and core in TILED_CORES and list(s) == [1, 1] and KH * KW > 1 and \
+                p[0] <= d[0] * (KH - 1) and p[1] <= d[1] * (KW - 1):
+            # stride 1: dx = conv(dy, w flipped and transposed per group), pads d * (k - 1) - p: no col buffer
+            self.emit(kernel_source("im2col"), "flip_weights", self.args(other) + [self.dummy()[0]] + [
+                np.int32(v) for v in (group, K, C, KH * KW)] + [np.int64(other.size)], (other.size,), None,
+                label + " flip")
+            self.use_scratch(self.launches[-1].kernel, 2, 4 * other.size, "wflip")
+            n_launch = len(self.launches)
+            idx = self.index_type(dy.size, other.size, out.size)
+            self._conv_gemm(self.args(dy), self.dummy(), self.dummy(), self.dummy(), self.args(out), act_macro(None),
+                            idx, N, group * K, OH, OW, Cin, H, W, KH, KW, [1, 1],
+                            [d[0] * (KH - 1) - p[0], d[1] * (KW - 1) - p[1]], list(d), group, label)
+            for launch in self.launches[n_launch:]:
+                self.use_scratch(launch.kernel, 2, 4 * other.size, "wflip")
+            return
+        implicit = which == "dw" and core in TILED_CORES  # the GPU cores read dw's windows straight from x
+        direct = which == "dx" and KH == KW == 1 and list(s) == [1, 1] and list(p) == [0, 0]
+        if which == "dw" and not implicit:  # col = im2col(x)
+            total = group * CKK * NPIX
+            self.emit(kernel_source("im2col"), "im2col", self.args(other) + [self.dummy()[0]] + geo +
+                      [np.int64(Cin * H * W), np.int32(NPIX), np.int64(total)], (total,), None, label + " im2col")
+            self.use_scratch(self.launches[-1].kernel, 2, work, "work")
+        along = {"B_ALONG_K": 1} if which == "dw" else {"A_ALONG_M": 1}  # col rows / w columns run along k / m
+        along["IDX"] = self.index_type(dy.size, other.size, out.size, group * CKK * NPIX)
+        if implicit:
+            along["IMPLICIT_COL"] = 1
+        if direct:
+            along["DX_DIRECT"] = 1
+        src = defines(dict(tiles, **along, **{"CONV_DW" if which == "dw" else "CONV_DX": 1})) + \
+            kernel_source("window") + kernel_source("conv_grad_gemm") + core_source(core)
+        w_args = self.dummy() if which == "dw" else self.args(other)
+        y_args = self.args(out) if which == "dw" or direct else self.dummy()
+        x_args = self.args(other) if implicit else self.dummy()
+        args = self.args(dy) + w_args + y_args + [self.dummy()[0], np.int32(K), np.int32(CKK), np.int32(OH * OW),
+                                                  np.int32(NPIX), np.int64(group * K * OH * OW)] + x_args + [
+            self.window_table(C, H, W, KH, KW, d) if implicit else self.dummy()[0]] + [
+            np.int32(v) for v in (H, W, OW, s[0], s[1], p[0], p[1])] + [np.int64(Cin * H * W), np.int64(C * H * W)]
+        n_launch = len(self.launches)
+        self._matrix(src, f"conv_{which}", args, pick, tiles, (g0, g1, group), M, NN, KK, label)
+        if not implicit and not direct:
+            for launch in self.launches[n_launch:]:
+                self.use_scratch(launch.kernel, 6, work, "work")  # argument 6: col
+        if which == "dx" and not direct:  # dx = col2im(colgrad)
+            col_args = [self.dummy()[0]] + self.args(out) + geo + [np.int32(NPIX), np.int64(out.size)]
+            self.emit(kernel_source("im2col"), "col2im", col_args, (max(out.size, 1),), None, label + " col2im")
+            self.use_scratch(self.launches[-1].kernel, 0, work, "work")
+
+    def _dwconv_grad(self, node, which, N, geo, mult, label):
+        dy, other = node.inputs
+        out = node.outputs[0]
+        Cin, H, W, OH, OW, KH, KW = (int(v) for v in geo[:7])
+        src = defines({"TAPS": KH * KW}) + kernel_source("dwconv_grad")
+        if which == "dx":
+            self.emit(src, "dw_dx", self.args(dy) + self.args(other) + self.args(out) + geo + [np.int32(mult)],
+                      (round_up(W, 16), round_up(H, 4), N * Cin), (16, 4, 1), label)
+            return
+        CO, count = Cin * mult, N * OH * OW
+        wg = 64 if self.dev.is_cpu else 256
+        G = max(1, min(-(-8 * self.dev.compute_units // CO), -(-count // (4 * wg))))
+        src = f"#define WG {wg}\n" + src
+        args = self.args(dy) + self.args(other) + [np.int32(N)] + geo + [np.int32(mult), np.int32(G),
+                                                                           self.dummy()[0]]
+        self.emit(src, "dw_partial", args, (G * wg, CO), (wg, 1), label + " partial")
+        self.use_scratch(self.launches[-1].kernel, len(args) - 1, 4 * CO * G * KH * KW, "splitk")
+        args = self.args(out) + [np.int32(CO), np.int32(G), self.dummy()[0]]
+        self.emit(src, "dw_finish", args, (CO * KH * KW,), None, label)
+        self.use_scratch(self.launches[-1].kernel, len(args) - 1, 4 * CO * G * KH * KW, "splitk")
+

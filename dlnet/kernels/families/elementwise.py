@@ -1,0 +1,92 @@
+"""Generated elementwise kernels: pointwise chains, copies into views, fills (codegen.py writes their source)."""
+import numpy as np
+
+from .. import codegen
+from ...graph.ir import Node, Value
+
+
+class ElementwiseFamily:
+    def _elementwise(self, y, y_off, y_strides, operands, body, label):
+        """operands: [(value, element offset, strides over y's loop)]; body assigns r0 from x0v.."""
+        shape = list(y.shape)
+        dims, sets = codegen.collapse(shape, [list(y_strides)] + [list(s) for _, _, s in operands])
+        rank = len(dims)
+        I = self.index_type(*[v.size for v, _, _ in operands], y.size)
+        ybuf, yo = self.loc(y)
+        args = [ybuf, np.uint64(yo + y_off)]
+        for v, off, _ in operands:
+            buf, o = self.loc(v)
+            args += [buf, np.uint64(o + off)]
+        args.append(self.meta(dims + [s for st in sets for s in st], np.int32 if I == "int" else np.int64))
+        self.emit_ew(dims, sets, [v.dtype for v, _, _ in operands], y.dtype, body, I, args, label)
+
+    def emit_ew(self, dims, sets, in_dtypes, out_dtype, body, I, args, label):
+        """The generated elementwise kernel over collapsed `dims` (sets: y's strides, then each operand's): on CPUs
+        a work-item per chunk of a row (no division chain per element), elsewhere one per element."""
+        total = int(np.prod(dims))
+        if self.dev.is_cpu:
+            src = codegen.elementwise_rows_source(len(dims), in_dtypes, out_dtype, body, I, [st[-1] for st in sets])
+            rows = total // dims[-1] if dims[-1] else 0
+            self.emit(src, "ew_rows", args, (max(-(-dims[-1] // codegen.ROW_CHUNK), 1), max(rows, 1)), None, label)
+            return
+        src = codegen.elementwise_source(len(dims), in_dtypes, out_dtype, body, I)
+        self.emit(src, "ew", args, (max(total, 1),), None, label)
+
+    def pointwise(self, nodes):
+        """A chain of pointwise nodes (last one's output is written) as one generated kernel."""
+        out = nodes[-1].outputs[0]
+        operands, lines = self._pointwise_body(nodes, out.shape)
+        body = " ".join(lines) + f" r0 = t{len(nodes) - 1};"
+        label = "+".join(n.op for n in nodes)
+        self._elementwise(out, 0, self.strides(out), operands, body, f"{nodes[-1].name} {label}")
+
+    @staticmethod
+    def _pointwise_body(nodes, out_shape):
+        """C statements t0.. of a chain of pointwise nodes over the operands x0v.. ([(value, 0, strides over
+        out_shape)]); the last node's result is t{len(nodes) - 1}."""
+        inside = {n.outputs[0].id: f"t{i}" for i, n in enumerate(nodes)}
+        operands, names = [], {}
+        lines = []
+        for i, n in enumerate(nodes):
+            args = []
+            for v in n.inputs:
+                if v.id in inside and inside[v.id] != f"t{i}":
+                    args.append(inside[v.id])
+                    continue
+                if v.id not in names:
+                    names[v.id] = f"x{len(operands)}v"
+                    operands.append((v, 0, codegen.broadcast_strides(v.shape, out_shape)))
+                args.append(names[v.id])
+            tdt = n.outputs[0].dtype
+            T = codegen._vtype(tdt)
+            cT = codegen._vtype(n.inputs[0].dtype) if n.spec.bool_out else T
+            lines.append(f"{T} t{i} = ({T})({n.spec.expr(n, args, cT)});")
+        return operands, lines
+
+    def pointwise_single(self, op, y, inputs):
+        node = Node(op, inputs, [y], {})
+        self.pointwise([node])
+
+    def copy(self, y, x, x_offset, x_strides):
+        self._elementwise(y, 0, self.strides(y), [(x, x_offset, x_strides)], "r0 = x0v;", f"copy {y.id}")
+
+    def copy_into(self, y, y_offset, y_strides, x):
+        """Write x (contiguous) into a view of y at y_offset with y_strides (over x's shape)."""
+        self._elementwise_view(x, y, y_offset, y_strides)
+
+    def _elementwise_view(self, x, y, y_offset, y_strides):
+        shadow = Value(-1, "", y.dtype, x.shape)
+        dims, sets = codegen.collapse(list(x.shape), [list(y_strides), self.strides(x)])
+        I = self.index_type(y.size, x.size)
+        ybuf, yo = self.loc(y)
+        xbuf, xo = self.loc(x)
+        args = [ybuf, np.uint64(yo + y_offset), xbuf, np.uint64(xo),
+                self.meta(dims + sets[0] + sets[1], np.int32 if I == "int" else np.int64)]
+        del shadow
+        self.emit_ew(dims, sets, [x.dtype], y.dtype, "r0 = x0v;", I, args, f"copy into {y.id}")
+
+    def fill(self, y, value):
+        src = codegen.elementwise_source(1, [], y.dtype, f"r0 = ({codegen._vtype(y.dtype)}){float(value)!r};")
+        buf, off = self.loc(y)
+        self.emit(src, "ew", [buf, np.uint64(off), self.meta([y.size, 1])], (max(y.size, 1),), None, "fill")
+

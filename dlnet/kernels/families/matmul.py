@@ -1,0 +1,213 @@
+"""Matrix products: Gemm and MatMul on the tiled GPU cores (gemm.cl over gemm_core.cl / gemm_mma.cl), gemv.cl and
+gemv_rows.cl / gemv_mma.cl for products of few rows, gemm_cpu.cl on CPUs; split-K where a grid cannot fill the
+device."""
+import numpy as np
+
+from .. import codegen
+from ..device import TILED_CORES
+from ..emitter import act_macro, defines, gemm_args, gemm_source
+from ..rules import (GEMM_CPU_TILES, GEMV_REG_ROWS, GEMV_ROWS_TILES, GEMV_TILES, GPU_TILE_MODEL,
+                     SPLITK_SCRATCH_MAX, pick_splits, pick_tiles, resident_groups, round_up)
+from ..runtime import kernel_source
+from ...errors import ModelError
+
+
+class MatmulFamily:
+    def gemm(self, node):
+        from ..schedule import algorithm  # (the schedule's table names this family's entries)
+        a, b = node.inputs[0], node.inputs[1]
+        c = node.inputs[2] if len(node.inputs) > 2 else None
+        y = node.outputs[0]
+        if a.dtype != "float32" or b.dtype != "float32":
+            raise ModelError(f"node {node.name} ({node.op}): float32 only, got {a.dtype} x {b.dtype}")
+        at = node.attrs
+        ta, tb = at.get("transA", 0), at.get("transB", 0)
+        M, N = y.shape[-2], y.shape[-1]
+        K = a.shape[-2] if ta else a.shape[-1]
+        batch = y.shape[:-2]
+        nb = int(np.prod(batch, dtype=np.int64))
+
+        def mat_strides(v):
+            s = codegen.broadcast_strides(v.shape, batch + v.shape[-2:])
+            return s[:-2], s[-2], s[-1]
+
+        sa_b, sa0, sa1 = mat_strides(a)
+        sb_b, sb0, sb1 = mat_strides(b)
+        sam, sak = (sa1, sa0) if ta else (sa0, sa1)
+        sbk, sbn = (sb1, sb0) if tb else (sb0, sb1)
+        cs = codegen.broadcast_strides(c.shape, y.shape) if c is not None else [0] * y.rank
+        algo = algorithm(node, self.dev, self.options)
+        if algo == "gemm_cpu":
+            self.gemm_cpu(node, a, b, c, y, M, N, K, sam, sak, sbk, sbn, cs)
+            return
+        sc_b, scm, scn = cs[:-2], cs[-2], cs[-1]
+        if algo.startswith("gemv") and self.gemv(a, b, c, y, M, N, K, sam, sak, sbk, sbn, scm, scn, at, node.name):
+            return
+        if algo != "gemm":  # (a view's offset not a multiple of 4 floats: gemv.cl cannot read it)
+            node.schedule["algo"] = "gemm"
+        table = np.zeros((max(nb, 1), 4), np.int64)
+        for bi, idx in enumerate(np.ndindex(*batch) if batch else [()]):
+            table[bi] = [sum(i * s for i, s in zip(idx, sa_b)), sum(i * s for i, s in zip(idx, sb_b)),
+                         sum(i * s for i, s in zip(idx, sc_b)), bi * M * N]
+        idx = self.index_type(a.size, b.size, y.size, c.size if c is not None else 0)
+        self._gemm_launch(self.args(a), self.args(b), self.args(c) if c is not None else None, self.args(y), table,
+                          M, N, K, (sam, sak, sbk, sbn, scm, scn), idx, at.get("act"), at.get("alpha", 1.0),
+                          at.get("beta", 1.0), f"{node.name} Gemm")
+
+    def _gemm_launch(self, aa, ba, ca, ya, table, M, N, K, strides, idx, act, alpha, beta, label, where="gemm"):
+        """gemm.cl on the device's core: len(table) products y = act(alpha A B + beta C), M x N x K, addressed by
+        (buffer, offset) arguments aa..ya (ca None: no C), per-batch offsets `table` and element strides
+        (sam, sak, sbk, sbn, scm, scn); y is row-major with N columns. where: the kind of product, for the tuner
+        (with the operands' layout: A's rows and B's columns contiguous or not)."""
+        nb = len(table)
+        layout = f"{'r' if strides[1] == 1 else 'c'}{'r' if strides[3] == 1 else 'c'}"
+        pick = self.pick(M, N, K, nb, True, f"{where} {layout}")
+        core, tiles, lsize, (g0, g1) = pick
+        offs = np.asarray(table).reshape(nb, 4)
+        aligned = (aa[1] % 4 == 0 and not (offs[:, 0] % 4).any(), ba[1] % 4 == 0 and not (offs[:, 1] % 4).any())
+        src = gemm_source(core, tiles, strides, idx, act, ca is not None, aligned)
+        args = gemm_args(aa, ba, ca if ca is not None else self.dummy(), ya, self.meta(np.asarray(table).ravel()), M,
+                         N, K, strides, idx, alpha, beta)
+        self._matrix(src, "gemm", args, pick, tiles, (g0, g1, nb), M, N, K, label)
+
+    def gemv(self, a, b, c, y, M, N, K, sam, sak, sbk, sbn, scm, scn, at, name):
+        """A product of at most GEMV_MAX_ROWS rows on a GPU, with B's columns contiguous along k (Gemm transB=1
+        weights): gemv.cl (at most GEMV_REG_ROWS rows) or gemv_rows.cl streams B once. False where it does not
+        apply (the GEMM core takes it)."""
+        if M > self.options.gemv_max_rows or sak != 1 or sbk != 1 or K % 4 or sam % 4 or sbn % 4 or \
+                self.loc(a)[1] % 4 or self.loc(b)[1] % 4 or max(a.size, b.size, y.size) >= 2**31:
+            return False
+        if M > GEMV_REG_ROWS:
+            self.gemv_rows(a, b, c, y, M, N, K, sam, sbn, scm, scn, at, name)
+            return True
+        LK, LN, NC = GEMV_TILES
+        if -(-N // (LN * NC)) < 2 * self.dev.compute_units:
+            NC = 1  # fewer columns per work-group where the grid would leave compute units idle
+        defs = {"MR": M, "LK": LK, "LN": LN, "NC": NC}
+        if c is not None:
+            defs["HAS_C"] = 1
+        src = defines(defs) + act_macro(at.get("act")) + kernel_source("gemv")
+        args = self.args(a) + self.args(b) + (self.args(c) if c is not None else self.dummy()) + self.args(y) + [
+            np.int32(v) for v in (M, N, K, sam, sbn, scm, scn)] + [
+            np.float32(at.get("alpha", 1.0)), np.float32(at.get("beta", 1.0))]
+        groups = -(-N // (LN * NC))
+        self.emit(src, "gemv", args, (groups * LK, LN), (LK, LN), f"{name} Gemm gemv")
+        return True
+
+    def gemv_rows(self, a, b, c, y, M, N, K, sam, sbn, scm, scn, at, name):
+        """gemv.cl's product for more rows: gemv_mma.cl on NVIDIA tensor cores in tf32 mode, else gemv_rows.cl; K
+        split into slices where the column blocks alone leave resident work-group slots idle (partial sums in a free
+        block of the arena, else in scratch, summed by gemv_rows_reduce)."""
+        mma, rows_tiles = self.options.gemv_mma, self.options.gemv_rows_tiles or GEMV_ROWS_TILES
+        if mma and (-(-M // 16) * 16 * mma["KC"] // 4) % (32 * mma["WARPS"]):
+            mma = None  # (a chunk of A is whole float4s per work-item)
+        if self.dev.tensor_cores and mma:
+            kernel, tiles = "gemv_mma", mma
+            KC = tiles["KC"]
+            lsize, cols = (32 * tiles["WARPS"], 1), 8 * tiles["WARPS"] * tiles["NBW"]
+            defs = {"MR": M, "WARPS": tiles["WARPS"], "NBW": tiles["NBW"], "KC": KC}
+        else:
+            kernel, tiles = "gemv_rows", rows_tiles[min([r for r in rows_tiles if r >= M] or [max(rows_tiles)])]
+            LK, LN, NC, KC = tiles["LK"], tiles["LN"], tiles["NC"], tiles["KC"]
+            while 4 * M * KC > self.dev.local_mem and KC > 4 * LK:
+                KC //= 2
+            KC4 = KC // 4
+            lsize, cols = (LK, LN), LN * NC
+            red_rows = max(1, min(M, M * KC // (LN * NC * (LK + 1))))  # rows of partial sums per pass of lane sums
+            defs = {"MR": M, "LK": LK, "LN": LN, "NC": NC, "KC4": KC4, "RED_ROWS": red_rows,
+                    "LOCAL4": max(M * KC4, -(-LN * NC * red_rows * (LK + 1) // 4))}
+            if tiles.get("pf") and (M * KC4) % (LK * LN) == 0:
+                defs["PREFETCH_A"] = 1
+        blocks, chunks = -(-N // cols), -(-K // KC)
+        max_splits = min(chunks, max(1, max(self.arena_room(), SPLITK_SCRATCH_MAX) // (4 * M * N)))
+        if self.options.gemv_rows_splits:
+            splits = min(self.options.gemv_rows_splits, max_splits)
+        else:  # whole waves of the resident slots, each work-group costing its chunks and about one more
+            slots = tiles["per_cu"] * self.dev.compute_units
+            splits = min(range(1, max_splits + 1),
+                         key=lambda s: (-(-blocks * s // slots) * (-(-chunks // s) + 1), s))
+        per_split = -(-chunks // splits)
+        splits = -(-chunks // per_split)  # no empty slices
+        defs["SPLITS"] = splits
+        if c is not None:
+            defs["HAS_C"] = 1
+        src = defines(defs) + act_macro(at.get("act")) + kernel_source("gemv_epilogue") + (
+            kernel_source("mma_tf32") if kernel == "gemv_mma" else "") + kernel_source(kernel)
+        args = self.args(a) + self.args(b) + (self.args(c) if c is not None else self.dummy()) + self.args(y) + [
+            np.int32(v) for v in (N, K, sam, sbn, scm, scn)] + [
+            np.float32(at.get("alpha", 1.0)), np.float32(at.get("beta", 1.0)), np.int32(per_split)]
+        label = f"{name} Gemm {kernel}"
+        grid = (blocks * lsize[0], lsize[1] * splits)
+        if splits == 1:
+            self.emit(src, kernel, args + self.dummy(), grid, lsize, label)
+            return
+        nbytes = 4 * splits * M * N
+        off = self.arena_block(nbytes)
+        ws = [self.act_buf, np.uint64(off // 4)] if off is not None else self.dummy()
+        self.emit(src, kernel, args + ws, grid, lsize, label + f" splitK{splits}")
+        self.emit(src, "gemv_rows_reduce", args + ws, (round_up(N, 64), M), (64, 1), label + " reduce")
+        if off is None:
+            for launch in self.launches[-2:]:
+                self.use_scratch(launch.kernel, len(args), nbytes, "splitk")
+
+    def gemm_cpu(self, node, a, b, c, y, M, N, K, sam, sak, sbk, sbn, cs):
+        """A 2-D Gemm with a constant B on a CPU device: B packed here, once, into panels of NR columns."""
+        MR, NV = min(M, GEMM_CPU_TILES["rows"]), GEMM_CPU_TILES["NV"]
+        NR = 8 * NV
+        NB = -(-N // NR)
+        bmat = np.lib.stride_tricks.as_strided(np.asarray(b.const, np.float32).ravel(), (K, N),
+                                               (4 * sbk, 4 * sbn))
+        packed = np.zeros((K, NB * NR), np.float32)
+        packed[:, :N] = bmat
+        packed = packed.reshape(K, NB, NR).transpose(1, 0, 2)
+        at = node.attrs
+        defs = {"MR": MR, "NV": NV}
+        if c is not None:
+            defs["HAS_C"] = 1
+        src = defines(defs) + act_macro(at.get("act")) + kernel_source("gemm_cpu")
+        args = self.args(a) + [self.meta(packed.ravel(), np.float32), np.uint64(0)] + \
+            (self.args(c) if c is not None else self.dummy()) + self.args(y) + [
+            np.int32(M), np.int32(N), np.int32(K), np.int64(sam), np.int64(sak), np.int64(cs[-2]), np.int64(cs[-1]),
+            np.float32(at.get("alpha", 1.0)), np.float32(at.get("beta", 1.0))]
+        self.emit(src, "gemm_cpu", args, (-(-M // MR), NB), (1, 1), f"{node.name} Gemm")
+
+    def pick(self, M, N, K, batches, deep, where):
+        """rules.pick_tiles with this device's measurements; the node being lowered records the tile it took."""
+        pick = pick_tiles(self.dev, self.options, M, N, K, batches, deep, where, self.measured)
+        if self.node is not None:
+            self.node.schedule["tile"] = pick.label
+        return pick
+
+    def _matrix(self, src, name, args, pick, tiles, grid, M, NN, KK, label):
+        """Launch a GEMM-shaped kernel; on GPUs split K when the grid alone cannot fill the device. Its launches
+        carry the tunable product's (layer key, tile, choices) for tuner.tune_layers."""
+        start = len(self.launches)
+        self._matrix_launches(src, name, args, pick.core, tiles, pick.lsize, grid, M, NN, KK, label)
+        tile = (pick.key, pick.name, pick.choices) if pick.key else None
+        for launch in self.launches[start:]:
+            launch.tile = tile
+
+    def _matrix_launches(self, src, name, args, core, tiles, lsize, grid, M, NN, KK, label):
+        groups = grid[0] // (lsize[0] if lsize else 1) * grid[1] * grid[2]
+        per_split = 4 * grid[2] * M * NN  # bytes of partial sums per slice
+        room = max(self.arena_room(), SPLITK_SCRATCH_MAX)
+        splits = 1
+        if core in TILED_CORES:  # every resident slot of the device busy
+            model = self.measured.tile_model if self.measured is not None else GPU_TILE_MODEL
+            target = resident_groups(tiles, model, self.options) * self.dev.compute_units
+            splits = pick_splits(groups, target, KK, max_splits=room // per_split)
+        if splits <= 1:
+            self.emit(src, name, args + [self.dummy()[0], np.uint64(0)], grid, lsize, label)
+            if core == "gemm_vec":  # the CPU conv path reads im2col's output from the work buffer
+                self.use_scratch(self.launches[-1].kernel, len(args), 0, "work")
+            return
+        src = f"#define SPLITS {splits}\n" + src + kernel_source("gemm_reduce")
+        nbytes = per_split * splits
+        at = self.arena_block(nbytes)  # the partial sums: a free block of the arena, else their own buffer
+        ws = [self.act_buf, np.uint64(at // 4)] if at is not None else [self.dummy()[0], np.uint64(0)]
+        self.emit(src, name, args + ws, (grid[0], grid[1], grid[2] * splits), lsize, label + f" splitK{splits}", opts)
+        self.emit(src, name + "_reduce", args + ws, (round_up(NN, 64), M, grid[2]), (64, 1, 1), label + " reduce")
+        if at is None:
+            for launch in self.launches[-2:]:
+                self.use_scratch(launch.kernel, len(args), nbytes, "splitk")
+

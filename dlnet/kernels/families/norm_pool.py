@@ -1,0 +1,82 @@
+"""Pooling, LRN, Softmax / LogSoftmax and LayerNorm kernels (pool.cl / pool_cpu.cl, lrn*.cl, softmax.cl,
+layernorm.cl)."""
+import numpy as np
+
+from ..emitter import defines
+from ..runtime import DTYPE_TO_C, kernel_source
+from ...errors import ModelError
+
+
+class NormPoolFamily:
+    def pool(self, node, mode):
+        x, y = node.inputs[0], node.outputs[0]
+        nsp = x.rank - 2
+        if nsp > 3 or nsp < 1:
+            raise ModelError(f"node {node.name} ({node.op}): {nsp}-D pooling is not supported")
+        a = node.attrs
+        k = list(a["kernel_shape"])
+        strides = list(a.get("strides") or [1] * nsp)
+        pads = list(a.get("pads") or [0] * 2 * nsp)
+        dil = list(a.get("dilations") or [1] * nsp)
+        pad3 = lambda v, fill: [fill] * (3 - nsp) + list(v)  # noqa: E731
+        ins, outs = pad3(x.shape[2:], 1), pad3(y.shape[2:], 1)
+        if x.dtype in ("float32", "float64"):
+            lowest = "-INFINITY"
+        else:  # INT64_MIN has no literal of its own in C
+            lowest = "(-9223372036854775807L - 1)" if x.dtype == "int64" else str(np.iinfo(x.dtype).min)
+        head = (("#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n" if x.dtype == "float64" else "") +
+                defines({"POOL_MAX" if mode == "max" else "POOL_AVG": 1, "T": DTYPE_TO_C[x.dtype], "LOWEST": lowest}))
+        if self.dev.is_cpu and nsp <= 2:  # one work-item per output row; (H, W) are the last two of the padded dims
+            window = {name: v[d] for name, v in (("K", pad3(k, 1)), ("S", pad3(strides, 1)), ("D", pad3(dil, 1)))
+                      for d, name in ((1, name + "H"), (2, name + "W"))}
+            if x.dtype == "float32":
+                window["VEC"] = 1
+            args = self.args(x) + self.args(y) + [np.int32(v[d]) for v in (ins, outs, pad3(pads[:nsp], 0))
+                                                  for d in (1, 2)] + [np.int32(a.get("count_include_pad", 0))]
+            planes = int(np.prod(y.shape[:2], dtype=np.int64))
+            # rows per work-item: PoCL's cost per work-group outweighed a short row's (192 x 56 rows of 56: 1.2 ms)
+            window["ROWS"] = R = max(1, min(outs[1], self.options.pool_cpu_rows * 8 // max(outs[2], 8)))
+            self.emit(head + defines(window) + kernel_source("pool_cpu"), "pool_cpu", args,
+                      (-(-outs[1] // R), planes), (1, 1), f"{node.name} {node.op}")
+            return
+        src = head + kernel_source("pool")
+        args = self.args(x) + self.args(y) + [np.int32(v) for v in ins + outs + pad3(k, 1) + pad3(strides, 1) +
+                                              pad3(pads[:nsp], 0) + pad3(dil, 1)]
+        args += [np.int32(a.get("count_include_pad", 0)), np.int64(y.size)]
+        self.emit(src, "pool", args, (y.size,), None, f"{node.name} {node.op}")
+
+    def lrn(self, node):
+        x, y = node.inputs[0], node.outputs[0]
+        a = node.attrs
+        hw = int(np.prod(x.shape[2:], dtype=np.int64))
+        if self.dev.is_cpu:
+            args = self.args(x) + self.args(y) + [np.int32(x.shape[1]), np.int32(hw), np.int32(a["size"]),
+                                                  np.float32(a.get("alpha", 1e-4)), np.float32(a.get("beta", 0.75)),
+                                                  np.float32(a.get("bias", 1.0))]
+            self.emit(kernel_source("lrn_cpu"), "lrn_cpu", args, (-(-hw // 8), x.shape[0]), (1, 1), f"{node.name} LRN")
+            return
+        args = self.args(x) + self.args(y) + [np.int32(x.shape[1]), np.int64(hw), np.int32(a["size"]),
+                                              np.float32(a.get("alpha", 1e-4)), np.float32(a.get("beta", 0.75)),
+                                              np.float32(a.get("bias", 1.0)), np.int64(y.size)]
+        self.emit(kernel_source("lrn"), "lrn", args, (y.size,), None, f"{node.name} LRN")
+
+    def softmax(self, node, log):
+        x, y = node.inputs[0], node.outputs[0]
+        if x.dtype != "float32":
+            raise ModelError(f"node {node.name} ({node.op}): float32 only, got {x.dtype}")
+        axis = node.attrs["axis"] % x.rank
+        outer = int(np.prod(x.shape[:axis], dtype=np.int64))
+        inner = int(np.prod(x.shape[axis + 1:], dtype=np.int64))
+        src = defines({"LOG_SOFTMAX" if log else "SOFTMAX": 1}) + kernel_source("softmax")
+        args = self.args(x) + self.args(y) + [np.int32(outer), np.int32(x.shape[axis]), np.int32(inner)]
+        self.emit(src, "softmax", args, (max(outer * inner, 1),), None, f"{node.name} {node.op}")
+
+    def layernorm(self, node):
+        x, scale, bias = node.inputs
+        y = node.outputs[0]
+        D = x.shape[-1]
+        rows = x.size // max(D, 1)
+        args = self.args(x) + self.args(scale) + self.args(bias) + self.args(y) + [
+            np.int64(rows), np.int32(D), np.float32(node.attrs["epsilon"])]
+        self.emit(kernel_source("layernorm"), "layernorm", args, (max(rows, 1),), None, f"{node.name} LayerNorm")
+

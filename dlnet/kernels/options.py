@@ -1,0 +1,166 @@
+"""Options: every tunable of the kernels in one frozen object that travels with the Context.
+
+Each default carries the one-line measured reason for it (the long measurements are in bench/RESULTS.md). The
+environment is read once, by `Options.from_env()`, and only for the knobs the README's table documents;
+`DLNET_OPTIONS="name=value,..."` sets any field for an experiment. Tests build `Options(...)` and hand it to
+`Context(..., options=...)` or `ctx.with_options(...)`.
+"""
+import dataclasses
+import os
+from dataclasses import dataclass, field, fields
+
+from ..errors import DeviceError
+
+
+@dataclass(frozen=True)
+class Options:
+    # --- run-time settings (documented environment knobs) -------------------------------------------------------
+    cache_dir: str = ""  # DLNET_CACHE; "" = ~/.cache/dlnet (XDG_CACHE_HOME); "none" = no cache
+    tune: str = ""  # DLNET_TUNE: "" measure unknown GPUs' tile model once, "0" never, "1" always (H100 too)
+    tune_layers: str = ""  # DLNET_TUNE_LAYERS: "1" measure each layer's tile where not yet done, "0" ignore them
+    build_processes: int = 0  # DLNET_BUILD_PROCS: compile workers for a cold plan (0: 8 on NVIDIA, else 1)
+    build_threads: int = 0  # DLNET_BUILD_THREADS: programs built at once in-process (0: min(8, cores))
+    build_options: tuple = ()  # DLNET_BUILD_OPTIONS: extra OpenCL build flags, e.g. -cl-nv-verbose
+    binary_cache: bool = False  # DLNET_BINARY_CACHE=1: keep program binaries on disk (PoCL caches its own)
+    debug_bounds: bool = False  # DLNET_DEBUG_BOUNDS=1: guard bytes after every arena, checked after each run
+
+    # --- matrix cores ---------------------------------------------------------------------------------------------
+    # "portable" runs the GPU's tiled core (gemm_core.cl) on any device: tests keep that fallback covered on PoCL
+    matrix_core: str = "auto"
+    # fp32 core on NVIDIA: K slices in a cp.async pipeline; H100 GEMM n=4096 41.1 TFLOP/s against 31.8 through
+    # registers (0: through registers, the portable path)
+    fp32_stages: int = 3
+    # tf32: the 128x64x32 tile for deep products (alexnet features.6 0.083 -> 0.060 ms) and the 96-row one
+    tf32_tall: bool = True
+    # tf32: 64x128 tiles for products of at most 64 rows (vgg16 features.2 0.925 -> 0.874 ms on an H200)
+    tf32_wide: bool = True
+    # tf32: products of depth in [lo, hi) stay on the fp32 core (resnet50 tf32 b16 kernel time 3.80 -> 3.54 ms)
+    tf32_fp32_k: tuple = (32, 200)
+    # tf32: 128x128 tiles only where their grid fills this many waves (else 64x64 before split-K)
+    tf32_huge_fill: float = 1.0
+    # tf32 work-groups a compute unit holds when split-K fills the device; the tall tile's (resnet50 128 x 12544 x
+    # 1152 at b16: 0.071 ms in 4 slices against 0.063 unsplit)
+    tf32_resident: int = 2
+    tf32_tall_resident: int = 1
+
+    # --- fully connected layers of few rows -----------------------------------------------------------------------
+    # at most this many rows run as gemv (B streamed once): 16 x 4096 x 25088 0.179 ms against cuBLAS 0.231
+    gemv_max_rows: int = 32
+    # gemv_rows.cl per largest row count {rows: dict(LK, LN, NC, KC, per_cu, pf)}; None: rules.GEMV_ROWS_TILES
+    gemv_rows_tiles: dict = None
+    # gemv_rows.cl's K slices (0: whole waves of resident work-groups)
+    gemv_rows_splits: int = 0
+    # tf32: gemv_mma.cl's WARPS, NBW, KC, per_cu (16 x 4096 x 25088 0.158 ms against gemv_rows 0.180); None: off
+    gemv_mma: dict = field(default_factory=lambda: {"WARPS": 8, "NBW": 1, "KC": 64, "per_cu": 2})
+
+    # --- Winograd -------------------------------------------------------------------------------------------------
+    # F(2x2, 3x3) for 3x3 stride-1 layers of at least this many channels (H100 b16: 64 beat 128 and 256; 0: never)
+    winograd_min_channels: int = 64
+    # ... at least this many in tf32 on NVIDIA (vgg16 tf32 b16 against PyTorch: from 64 0.60, from 256 0.74)
+    winograd_min_channels_tf32: int = 256
+    # output tile m of F(m x m, 3x3) in fp32 and in tf32 inference (tf32's products are 3x faster)
+    winograd_m: int = 2
+    winograd_m_tf32: int = 4
+    # F(4x4) only on layers of at least this many 4x4 tiles: its U is 36/9 of the weights (resnet18 tf32 b16 216 MiB
+    # against PyTorch's 194 with F(4x4) everywhere, no faster)
+    winograd_f4_min_tiles: int = 512
+    # a layer short of workspace runs in chunks of at least this many tiles (and an eighth of the layer's)
+    winograd_min_tiles: int = 1024
+    # training: Winograd for convolutions and their input gradients, and for weight gradients
+    winograd_training: bool = True
+    winograd_dw: bool = True
+    # only layers of at least this many 2x2 tiles (vgg16 b1 14x14: 0.052 ms against 0.075 direct; U costs memory)
+    winograd_min_layer_tiles: int = 256
+    # GPU convolutions with constant weights read their depth tap by tap ([K, KH, KW, C]): one window-table entry
+    # per slice of depth
+    tap_major: bool = True
+
+    # --- input upload overlapped with the first layers (GPU inference) ------------------------------------------
+    # slices of the batch (H100 9.6 MB from pinned memory then 4 kernels: 0.333 -> 0.224 ms in 4 chunks; 1: off)
+    input_chunks: int = 4
+    input_chunk_min_bytes: int = 1 << 20
+    # the chain continues while earlier convolutions did fewer flops per input byte than this (alexnet b16 fp32
+    # 1.44 -> 1.31 ms) and a slice keeps this many output pixels
+    chunk_flops_per_byte: dict = field(default_factory=lambda: {"fp32": 1000, "tf32": 2000})
+    chunk_min_pixels: dict = field(default_factory=lambda: {"fp32": 2048, "tf32": 8192})
+
+    # --- CPU convolutions (conv_cpu.cl, dwconv_cpu.cl) -----------------------------------------------------------
+    # im2col panels packed per panel in __local memory above this im2col size (densenet 56x56 128->32: 9.3 -> 4.1 ms)
+    conv_cpu_local_min_bytes: int = 2 << 20
+    # layers of several taps read zero-padded planes, not im2col (densenet121 63 -> 47 ms)
+    conv_cpu_direct: bool = True
+    # ... their panels' rows copied to __local memory first (3x3 s2 64 -> 128 at 56x56: 157 against 137 GF/s)
+    conv_cpu_direct_pack: bool = True
+    # fused Winograd F(2x2, 3x3) for 3x3 stride-1 layers (resnet50 50.9 -> 46.4 ms)
+    conv_cpu_winograd: bool = True
+    conv_cpu_winograd_min_channels: int = 16
+    # ... where rows of tiles rounded up to 8 grow by at most this factor
+    conv_cpu_winograd_max_row: float = 1.15
+    # depthwise layers over zero-padded planes (shufflenet 5.76 -> 5.02 ms)
+    dw_cpu_planes: bool = True
+    # ... each work-item padding the rows it reads itself where they fit dw_pad_in_floats (shufflenet 4.82 -> 4.38)
+    dw_cpu_pad_in: bool = True
+    dw_pad_in_floats: int = 8192
+    # depthwise rows per work-item: at least this many outputs while the grid keeps dw_min_items work-items
+    dw_min_outputs: int = 256
+    dw_min_items: int = 64
+    # pad_planes: planes per work-item up to this many floats while the grid keeps pad_min_items
+    pad_min_floats: int = 2048
+    pad_min_items: int = 16
+    # CPU pooling: rows of about this many outputs per work-item (192 x 56 rows of 56: 1.2 ms one row each)
+    pool_cpu_rows: int = 64
+    # CPU reductions: accumulators per output over interleaved elements (GlobalAveragePool 0.115 -> 0.039 ms)
+    reduce_lanes: int = 4
+
+    @staticmethod
+    def from_env(environ=None):
+        """The options the environment asks for (read once per Context)."""
+        env = os.environ if environ is None else environ
+        values = {"cache_dir": env.get("DLNET_CACHE", ""), "tune": env.get("DLNET_TUNE", ""),
+                  "tune_layers": env.get("DLNET_TUNE_LAYERS", ""),
+                  "build_processes": _int(env, "DLNET_BUILD_PROCS"), "build_threads": _int(env, "DLNET_BUILD_THREADS"),
+                  "build_options": tuple(env.get("DLNET_BUILD_OPTIONS", "").split()),
+                  "binary_cache": env.get("DLNET_BINARY_CACHE", "") == "1",
+                  "debug_bounds": env.get("DLNET_DEBUG_BOUNDS", "") not in ("", "0")}
+        options = Options(**values)
+        spec = env.get("DLNET_OPTIONS", "")
+        return options.parse(spec, "DLNET_OPTIONS") if spec.strip() else options
+
+    def parse(self, spec, where="options"):
+        """These options with 'name=value,...' applied (values as Python literals; a dict or tuple in brackets)."""
+        import ast
+        changes, known = {}, {f.name for f in fields(self)}
+        for item in _split_items(spec):
+            name, sep, text = item.partition("=")
+            name = name.strip()
+            if not sep or name not in known:
+                raise DeviceError(f"{where}: {item!r}: expected name=value with a name of {sorted(known)}")
+            try:
+                changes[name] = ast.literal_eval(text.strip())
+            except (ValueError, SyntaxError):
+                changes[name] = text.strip()
+        return self.replace(**changes)
+
+    def replace(self, **changes):
+        return dataclasses.replace(self, **changes)
+
+
+def _int(env, name):
+    text = env.get(name, "")
+    try:
+        return int(text) if text else 0
+    except ValueError:
+        raise DeviceError(f"{name}={text!r}: expected an integer") from None
+
+
+def _split_items(spec):
+    """'a=1,b={1: 2, 3: 4},c=(1,2)' -> ['a=1', 'b={1: 2, 3: 4}', 'c=(1,2)']: commas inside brackets stay."""
+    items, depth, start = [], 0, 0
+    for i, ch in enumerate(spec):
+        depth += ch in "([{"
+        depth -= ch in ")]}"
+        if ch == "," and depth == 0:
+            items.append(spec[start:i])
+            start = i + 1
+    items.append(spec[start:])
+    return [s for s in (s.strip() for s in items) if s]

@@ -1,0 +1,287 @@
+"""Selection rules: the tile tables of the matrix cores and the pure functions that pick a tile, a split of K or a
+CPU blocking for a problem on a device. They read a Device (device.py), Options (options.py) and, where given, what
+was measured (the tuner's tile model and per-layer tiles); they emit nothing and need no device to test."""
+from .device import TILED_CORES
+
+# How matrix-shaped kernels (conv as implicit GEMM, gemm) are blocked, per device class. GPUs use the tiled core
+# (__local tiles, WM x WN outputs per work-item); CPUs the register-blocked core (RM x CN outputs per work-item,
+# no barriers), which PoCL ran 10-25x faster than the tiled one on 2 Xeon cores (3.8 against 0.05-0.3 GFLOP/s).
+# "tf32" is the tensor-core core for NVIDIA devices in precision="tf32" (inline PTX mma.sync); small or narrow
+# problems stay on the fp32 core.
+GEMM_TILES = {
+    # measured on an H100 (bench/RESULTS.md, `bench/gpu.py --tiles`, `bench/gpu_kernels.py --tiles`): 128x128 with
+    # 8x8 per work-item 34 TFLOP/s at TK=8 against 27 at TK=16 (fewer prefetch registers); 64x64 with 8x4 per
+    # work-item (128 work-items) beats 4x4 (256) on long K, 4x4 wins on short K (GPU_TILE_MODEL picks per layer)
+    "gpu": {"core": "gemm_core", "huge": dict(TM=128, TN=128, TK=8, WM=8, WN=8),
+            "wide": dict(TM=64, TN=128, TK=8, WM=8, WN=8),
+            "mid": dict(TM=64, TN=64, TK=8, WM=8, WN=4), "big": dict(TM=64, TN=64, TK=8, WM=4, WN=4),
+            "narrow_m": dict(TM=16, TN=64, TK=16, WM=2, WN=4), "narrow_n": dict(TM=64, TN=16, TK=16, WM=4, WN=2)},
+    # (STAGES: K slices of the tf32 core's cp.async pipeline)
+    "tf32": {"core": "gemm_mma", "huge": dict(TM=128, TN=128, TK=16, WARPS_M=2, WARPS_N=2, STAGES=4),
+             "big": dict(TM=64, TN=64, TK=16, WARPS_M=2, WARPS_N=2, STAGES=4),
+             # products of at most 64 rows, many columns and K >= 256 (64-channel convolutions): warps of 64 x 32,
+             # not the big tile's 32 x 32, so fewer fragment reads per mma (H200, vgg16 b16 features.2: 0.925 ->
+             # 0.874 ms; features.0, K = 27, lost: 0.27 -> 0.34)
+             "wide": dict(TM=64, TN=128, TK=16, WARPS_M=1, WARPS_N=4, STAGES=4),
+             # the big tile's place for products of at least 128 rows and depth 512 whose slices of 32 are whole
+             # (plain products, 1x1 convolutions, tap-major ones of 32k channels): twice the depth per barrier and per
+             # window-table entry, twice the rows per fetched B column. H100 batch 16, kernel ms against 64x64x16
+             # (`bench/probes/tf32_tiles.py`): alexnet features.6 0.083 -> 0.060, resnet50's 3x3 stride-2 layers
+             # 0.072 / 0.121 / 0.114 -> 0.058 / 0.083 / 0.088, its 1x1 layers on 7x7 0.045 / 0.038 -> 0.042 / 0.033;
+             # 256 -> 512 1x1 at 14x14 (depth 256) lost, 0.020 -> 0.028. Three stages: four would hold one per SM.
+             "tall": dict(TM=128, TN=64, TK=32, WARPS_M=2, WARPS_N=2, STAGES=3),
+             # the huge tile's place where 96 rows pad M less than 128 do: alexnet features.3 (192 output channels,
+             # two tiles of 128 rows = 256) 0.134 -> 0.112 ms
+             "huge96": dict(TM=96, TN=128, TK=16, WARPS_M=2, WARPS_N=2, STAGES=4)},
+    "cpu": {"core": "gemm_vec", "huge": dict(RM=8), "big": dict(RM=8), "narrow_m": dict(RM=1), "narrow_n": dict(RM=8)},
+}
+# How the fp32 GPU tiles run, for picking one per layer: work-groups resident per compute unit, the device's rate in
+# TFLOP/s with every unit full, and a fixed cost per tile in units of K (prologue, epilogue). These are the H100's
+# entry in the tuner's database (tuner.DATABASE): fitted by least squares to every convolution of vgg16 and resnet50
+# at batch 16 on an H100 (`bench/gpu_kernels.py --tiles ...`, median error of the fit 7-16%). Other GPUs are measured
+# on first use (tuner.tile_model, cached in DLNET_CACHE/tune); with DLNET_TUNE=0 they take these values too. A layer
+# takes the tile with the least estimated time: whole waves of work-groups, each wave costing per_cu tiles of
+# TM x TN x (K + k0) at `rate` (a grid short of one wave costs one: split-K fills it).
+GPU_TILE_MODEL = {"huge": dict(per_cu=2, rate=31.0, k0=26), "mid": dict(per_cu=4, rate=24.4, k0=35),
+                  "big": dict(per_cu=4, rate=21.7, k0=18)}
+# 64 x 128 with 8 x 8 per work-item (128 work-items): the huge tile's inner loop for layers of 64 or 192 output
+# channels, which fill half or three quarters of a 128-row tile
+GPU_TILE_MODEL["wide"] = dict(per_cu=4, rate=29.0, k0=26)
+
+
+def tile_estimate(shape, M, N, K, batches, compute_units, tile_model):
+    """Relative time of an M x N x K product (`batches` of them) on GEMM_TILES["gpu"][shape], by a tile model
+    (GPU_TILE_MODEL's form: tuner.tile_model)."""
+    t, model = GEMM_TILES["gpu"][shape], tile_model[shape]
+    groups = -(-M // t["TM"]) * -(-N // t["TN"]) * batches
+    waves = -(-groups // (model["per_cu"] * compute_units))  # a grid short of one wave is split along K later
+    return waves * model["per_cu"] * t["TM"] * t["TN"] * (K + model["k0"]) / model["rate"]
+
+
+
+GPU_CORES = TILED_CORES
+
+# Products of at most this many rows (fully connected layers at small batches) run as gemv.cl where B's columns are
+# contiguous along k: bound by reading B. H100 (probe of 6 configs, kernel time): 1 x 4096 x 25088 0.143 ms (2.9
+# TB/s) against the GEMM core's 0.518 and cuBLAS's 0.159; 4 x 4096 x 9216 0.059 against 0.200 and 0.095; at 16 rows
+# it lost (0.98 against the core's 0.63: every row of A is re-read per column group). Its work-groups: LK
+# work-items along k times LN column groups of NC columns. Products of GEMV_REG_ROWS < M <= GEMV_MAX_ROWS rows run as
+# gemv_rows.cl instead (A's rows from __local memory, split-K); device_passes keeps B as it comes (transB=1) for all
+# of them. Options.gemv_max_rows.
+GEMV_REG_ROWS = 8
+GEMV_TILES = (64, 2, 2)
+# gemv_rows.cl per largest row count: LK lanes along k x LN column groups of NC columns per work-group, chunks of KC
+# floats of K (A's rows for a chunk in __local memory: MR x KC floats), work-groups resident per compute unit for
+# the split-K choice (registers: about MR x NC accumulators + 4 NC per work-item), and pf: the next chunk of A read
+# ahead into registers (PREFETCH_A, where the chunk is whole float4s per work-item); Options.gemv_rows_tiles
+# replaces the table. H100 (`python3 bench/gpu_gemv.py --rows
+# [--prefetch]`, kernel time with B out of L2, ms; cuBLAS in brackets): 16 rows, 8,16,4,512,2 with pf against the
+# earlier 8,16,4,256,3 without: x 4096 x 25088 0.179 / 0.196 (0.231), x 9216 0.080 / 0.085 (0.106), x 4096 0.044
+# / 0.050 (0.061), 1000 x 4096 0.021 / 0.021 (0.049); 32 rows, 16,16,4,256,2 with pf: 0.272 / 0.360 (0.242), 0.115
+# / 0.144 (0.102), 0.063 / 0.082 (0.056), 0.028 / 0.024 (0.028); 12 rows x 9216: 8,16,4,128,3 with pf 0.080 / 0.085,
+# the 16-row config 0.098
+GEMV_ROWS_TILES = {12: dict(LK=8, LN=16, NC=4, KC=128, per_cu=3, pf=1),
+                   16: dict(LK=8, LN=16, NC=4, KC=512, per_cu=2, pf=1),
+                   32: dict(LK=16, LN=16, NC=4, KC=256, per_cu=2, pf=1)}
+# tf32 mode on NVIDIA: gemv_mma.cl in place of gemv_rows.cl: Options.gemv_mma (measurements in bench/RESULTS.md,
+# session 18)
+
+
+# CPU convolutions (conv_cpu.cl): MR x 8*NV outputs per work-item held in MR*NV float8 accumulators (AVX2 has 16
+# registers). On 2 EPYC (znver3) cores through PoCL 3.0, 6x16 ran resnet50's GEMM shapes at 120-145 GFLOP/s with
+# packed weights; 12x8 pads fewer columns where a layer's pixel count is small (7x7 = 49: 56 columns against 64).
+CONV_CPU_TILES = {"wide": dict(MR=6, NV=2), "narrow": dict(MR=12, NV=1)}
+
+
+# CPU Gemm with a constant B (gemm_cpu.cl): rows of A per tile up to 6 (a batch-1 fully connected layer is M = 1,
+# so MR = M there: no duplicated rows), 16 packed columns per panel.
+GEMM_CPU_TILES = {"rows": 6, "NV": 2}
+
+
+def pick_conv_cpu_tiles(NN):
+    """The CONV_CPU_TILES entry for NN output columns: narrow where 16-column panels would pad more than 15%."""
+    return CONV_CPU_TILES["narrow" if _round_up(NN, 16) > 1.15 * NN else "wide"]
+
+
+
+
+def round_up(n, m):
+    return (n + m - 1) // m * m
+
+
+_round_up = round_up
+
+# Split-K's partial sums go to a block of the activation arena free at their layer; a split whose partials need
+# more than such a block has is taken only up to this many bytes, in a buffer of their own.
+SPLITK_SCRATCH_MAX = 4 << 20
+# Split-K: at most this many slices (a single tile of a first layer's weight gradient, 64 x 27 x 800k at batch 16,
+# took 1.97 ms in 64 slices on an H100's 132 SMs)
+SPLITK_MAX = 256
+# GPU convolutions take their depth tap by tap where channels are a multiple of this (every GPU tile's TK divides it)
+TAP_MAJOR_MULTIPLE = 16
+
+
+def resident_groups(tiles, tile_model, options):
+    """Work-groups of these tiles one compute unit holds at once: the tile model's figure for the fp32 GPU tiles
+    (a 1x1 convolution's variant too), else the options' tf32 figures."""
+    for shape, model in tile_model.items():
+        if all(tiles.get(k) == v for k, v in GEMM_TILES["gpu"][shape].items()):
+            return model["per_cu"]
+    if all(tiles.get(k) == v for k, v in GEMM_TILES["tf32"]["tall"].items()):
+        return options.tf32_tall_resident
+    return options.tf32_resident
+
+
+def plane_phases(geo):
+    """planes.cl's SHP * SWP: the phase planes stored per channel for geo's strides (KHC, KWC, SHC, SWC, DHC, DWC)."""
+    return (geo["SHC"] if geo["KHC"] > 1 and geo["DHC"] % geo["SHC"] else 1) * \
+        (geo["SWC"] if geo["KWC"] > 1 and geo["DWC"] % geo["SWC"] else 1)
+
+
+def dw_rows(OH, OW, planes, options):
+    """Rows per work-item of dwconv_cpu.cl for OH x OW outputs in each of `planes` (image, channel) planes."""
+    rows = max(1, min(OH, -(-options.dw_min_outputs // OW)))
+    while rows > 1 and planes * -(-OH // rows) < options.dw_min_items:
+        rows //= 2
+    return rows
+
+
+def pick_splits(groups, target, K, k0=32, max_splits=SPLITK_MAX):
+    """Slices of K for a grid of `groups` work-groups on `target` resident slots: the count with the least time in
+    whole waves, waves(groups * s) * (K / s + k0) (k0: a tile's fixed cost, GPU_TILE_MODEL), where that beats one
+    slice by 10% (the partial sums cost a reduction pass); at most SPLITK_MAX (and max_splits) slices of at least
+    256. A count that spills into one more wave loses: alexnet's batch-16 fully connected layers had split 9 ways
+    into 576 work-groups on 528 slots (two waves) where 8 fill one."""
+    if groups >= target or K < 512:
+        return 1
+
+    def cost(s):
+        return -(-groups * s // target) * (K / s + k0)
+    best = min(range(1, max(1, min(SPLITK_MAX, K // 256, max_splits)) + 1), key=lambda s: (cost(s), s))
+    return best if cost(best) < 0.9 * cost(1) else 1
+
+
+def wino_chunk(T, nbytes, C, K, options, nx=16):
+    """Tiles per chunk of a Winograd layer of T tiles (nx transformed values each) whose V and M (or dW's V and E)
+    get nbytes: all of them, else a multiple of 256 and at least options.winograd_min_tiles."""
+    TC = min(T, nbytes // (4 * nx * (C + K)))
+    return TC if TC == T else max(TC // 256 * 256, min(T, options.winograd_min_tiles))
+
+
+def tf32_core(dev, options, M, N, K):
+    """Does an M x N x K product run on the tensor cores (tf32 mode on NVIDIA; small, shallow ones stay fp32)?"""
+    lo, hi = options.tf32_fp32_k
+    return dev.tensor_cores and min(M, N) >= 32 and not lo <= K < hi
+
+
+def rule_shape(dev, options, M, N, K, batches, deep, tile_model=GPU_TILE_MODEL):
+    """(tf32 core or not, tile shape) by rule for an M x N x K product (`batches` of them)."""
+    tf32 = tf32_core(dev, options, M, N, K)
+    fill, units = options.tf32_huge_fill, dev.compute_units
+    huge = GEMM_TILES["tf32"]["huge"]
+    if M <= 4 and N > 16:
+        shape = "narrow_m"
+    elif N <= 4 and M > 16:
+        shape = "narrow_n"
+    elif dev.core == "gemm_core" and not tf32:  # (the GPU table forced onto a CPU device in tests too)
+        shape = min(tile_model, key=lambda s: tile_estimate(s, M, N, K, batches, units, tile_model))
+    elif M >= 96 and N >= 2048 and (dev.is_cpu or -(-M // huge["TM"]) * -(-N // (huge["TN"] if tf32 else 128)) *
+                                    batches >= fill * units):
+        shape = "huge"
+    elif tf32 and options.tf32_wide and M <= 64 and N >= 2048 and K >= 256 and \
+            -(-N // GEMM_TILES["tf32"]["wide"]["TN"]) * batches >= fill * units:
+        shape = "wide"
+    else:
+        shape = "big"
+    if tf32 and options.tf32_tall:
+        if shape == "big" and deep and M >= 128 and K >= 512:
+            shape = "tall"
+        elif shape == "huge" and -(-M // 96) * 96 < -(-M // huge["TM"]) * huge["TM"]:
+            shape = "huge96"
+    return tf32, shape
+
+
+def tile_options(dev, M, N, deep, tile_model=GPU_TILE_MODEL):
+    """The tiles (as "gpu:shape" / "tf32:shape") a product may take where measured (tuner.tune_layers): the fp32
+    GPU core's shapes, and on NVIDIA in tf32 mode the tensor-core ones (the tall tile only where slices of 32 along K
+    are fine); none where the device runs no tiled core (CPUs' gemm_vec)."""
+    if not dev.tiled:
+        return ()
+    options = tuple(f"gpu:{s}" for s in tile_model)
+    if dev.tensor_cores and min(M, N) >= 32:
+        options += tuple(f"tf32:{s}" for s in ("huge", "huge96", "big", "wide") + (("tall",) if deep else ()))
+    return options
+
+
+def tile_table(dev, tf32, shape):
+    """The GEMM_TILES table a tile of this kind and shape comes from."""
+    if tf32 and shape in GEMM_TILES["tf32"]:
+        return GEMM_TILES["tf32"]
+    return GEMM_TILES["gpu" if dev.tiled else "cpu"]
+
+
+def core_tiles(dev, options, tiles, core):
+    """A core's tiles as dev runs them: the fp32 core on NVIDIA through the cp.async pipeline (options.fp32_stages)."""
+    if core != "gemm_core" or not dev.cp_async or not options.fp32_stages:
+        return tiles
+    return dict(tiles, STAGES=max(2, options.fp32_stages))
+
+
+def core_threads(tiles):
+    """Work-items per work-group of gemm_core.cl with these tiles (NTHREADS)."""
+    return (tiles["TM"] // tiles["WM"]) * (tiles["TN"] // tiles["WN"])
+
+
+def tile_label(core, tiles):
+    """How a tile prints in the IR: 128x64 (TM x TN; x TK where the core's depth slice is not its usual 8)."""
+    if core == "gemm_vec":
+        return f"{tiles['RM']}x8"
+    return f"{tiles['TM']}x{tiles['TN']}" + (f"x{tiles['TK']}" if tiles.get("TK", 8) not in (8, 16) else "")
+
+
+def launch_geometry(core, tiles, M, N):
+    """(local size, global size) of gemm.cl-shaped kernels for M x N outputs on a core with these tiles."""
+    if core == "gemm_vec":  # 8 columns per work-item as float8
+        return None, (-(-N // 8), -(-M // tiles["RM"]))
+    nthreads = 32 * tiles["WARPS_M"] * tiles["WARPS_N"] if core == "gemm_mma" else core_threads(tiles)
+    return (nthreads, 1, 1), (-(-N // tiles["TN"]) * nthreads, -(-M // tiles["TM"]))
+
+
+class Pick:
+    """A matrix product's tile: the core, its defines, local and global size, the tile's name ("gpu:huge",
+    "tf32:tall", "cpu:big") and, where the layer could take several, its tuner key and those names."""
+    __slots__ = ("core", "tiles", "lsize", "grid", "name", "key", "choices")
+
+    def __init__(self, core, tiles, lsize, grid, name, key=None, choices=()):
+        self.core, self.tiles, self.lsize, self.grid = core, tiles, lsize, grid
+        self.name, self.key, self.choices = name, key, choices
+
+    def __iter__(self):  # core, tiles, lsize, grid
+        return iter((self.core, self.tiles, self.lsize, self.grid))
+
+    @property
+    def label(self):
+        return tile_label(self.core, self.tiles)
+
+
+def pick_tiles(dev, options, M, N, K, batches=1, deep=True, where="gemm", measured=None):
+    """The tile for `batches` M x N products of depth K; deep: slices of 32 along K are fine (a convolution's
+    tap-major depth must hold whole slices of them). `measured` (tuner.Measured) supplies the device's tile model
+    and the tile measured best for this layer (`where` names the caller's kind of product), which replaces the
+    rule's."""
+    model = measured.tile_model if measured is not None else GPU_TILE_MODEL
+    tf32, shape = rule_shape(dev, options, M, N, K, batches, deep, model)
+    choices = tile_options(dev, M, N, deep, model) if shape not in ("narrow_m", "narrow_n") else ()
+    key = None
+    if choices:
+        key = f"{where} {M}x{N}x{K}x{batches}{' deep' if deep else ''}"
+        name = f"{'tf32' if tf32 else 'gpu'}:{shape}"
+        if measured is not None:
+            name = measured.layer_tile(key, name, choices)
+        kind, shape = name.split(":")
+        tf32 = kind == "tf32"
+    table = tile_table(dev, tf32, shape)
+    tiles = core_tiles(dev, options, table[shape], table["core"])
+    lsize, grid = launch_geometry(table["core"], tiles, M, N)
+    kind = "tf32" if table["core"] == "gemm_mma" else ("gpu" if dev.tiled else "cpu")
+    return Pick(table["core"], tiles, lsize, grid, f"{kind}:{shape}", key, choices)

@@ -1,0 +1,273 @@
+"""The device schedule: how this device runs each node, decided once before memory planning.
+
+- `device_passes`: the weight layouts this device's kernels read best (pretransposed, tap-major, Winograd U).
+- `ALGOS`: per op an ordered table of algorithms; the first that applies runs the node (DLPrimitives'
+  Conv2DForward::create, Caffe's layer factory). `schedule(graph, ctx)` writes the choice on each node as
+  node.schedule["algo"]; lowering records the tile it takes as node.schedule["tile"]; `print(net.graph)` shows both.
+- `chunked_prefix`: the nodes that run slice by slice of the batch while a large input goes up.
+"""
+from dataclasses import dataclass
+
+import numpy as np
+
+from .families.conv import is_depthwise
+from .families.conv_cpu import conv_cpu_algo
+from .rules import GEMV_REG_ROWS, TAP_MAJOR_MULTIPLE
+from ..graph.passes.fuse import fold_channel_shuffles, fuse_conv_prologues
+from ..graph.passes.layout import pretranspose_weights, tap_major_weights
+from ..graph.passes.winograd import winograd_on_device, winograd_weights
+
+
+class Algo:
+    """One way to run an op: `applies(node, dev, options)`; `name` is what the IR prints."""
+    name = None
+
+    @staticmethod
+    def applies(node, dev, options):
+        return True
+
+
+class Winograd(Algo):
+    """Winograd F(2x2, 3x3) / F(4x4, 3x3) on the GPU cores (passes/winograd.py chose the layer and wrote U)."""
+    name = "winograd"
+
+    @staticmethod
+    def applies(node, dev, options):
+        return bool(node.attrs.get("winograd"))
+
+
+class DepthwisePlanesCpu(Algo):
+    name = "depthwise_planes_cpu"
+
+    @staticmethod
+    def applies(node, dev, options):
+        return dev.is_cpu and options.dw_cpu_planes and is_depthwise(node)
+
+
+class DepthwiseCpu(Algo):
+    name = "depthwise_cpu"
+
+    @staticmethod
+    def applies(node, dev, options):
+        return dev.is_cpu and is_depthwise(node)
+
+
+class DepthwiseGpu(Algo):
+    name = "depthwise"
+
+    @staticmethod
+    def applies(node, dev, options):
+        return is_depthwise(node)
+
+
+class ConvCpu(Algo):
+    """conv_cpu.cl's paths (conv_cpu_algo): cpu_winograd, cpu_direct, cpu_local, cpu_im2col."""
+    name = "cpu"
+
+    @staticmethod
+    def applies(node, dev, options):
+        return not dev.tiled
+
+
+class ImplicitGemm(Algo):
+    """The GPU cores over the input's windows (window.cl + conv.cl)."""
+    name = "implicit_gemm"
+
+
+class GemmCpu(Algo):
+    """gemm_cpu.cl: a 2-D product with a constant B, packed once (CPUs)."""
+    name = "gemm_cpu"
+
+    @staticmethod
+    def applies(node, dev, options):
+        a, b, y = node.inputs[0], node.inputs[1], node.outputs[0]
+        return not dev.tiled and y.rank == 2 and a.rank == b.rank == 2 and b.const is not None and not b.param
+
+
+class Gemv(Algo):
+    """Products of few rows that stream B once: gemv.cl (at most GEMV_REG_ROWS rows), gemv_rows.cl, or gemv_mma.cl
+    on tensor cores (where the operands' offsets allow; else the GEMM core)."""
+    name = "gemv"
+
+    @staticmethod
+    def applies(node, dev, options):
+        y = node.outputs[0]
+        return dev.tiled and y.rank == 2 and y.shape[0] <= options.gemv_max_rows
+
+    @staticmethod
+    def variant(node, dev, options):
+        rows = node.outputs[0].shape[0]
+        if rows <= GEMV_REG_ROWS:
+            return "gemv"
+        return "gemv_mma" if dev.tensor_cores and options.gemv_mma else "gemv_rows"
+
+
+class GemmCore(Algo):
+    """gemm.cl on the device's core: gemm_core.cl's tiles, gemm_mma.cl's in tf32 mode, gemm_vec.cl on CPUs."""
+    name = "gemm"
+
+
+ALGOS = {
+    "Conv": [Winograd, DepthwisePlanesCpu, DepthwiseCpu, DepthwiseGpu, ConvCpu, ImplicitGemm],
+    "Gemm": [GemmCpu, Gemv, GemmCore],  # (the importer makes MatMul a Gemm)
+}
+
+
+def choose(node, dev, options):
+    """The name of the first algorithm of ALGOS[node.op] that applies (None for ops without a table)."""
+    for algo in ALGOS.get(node.op, ()):
+        if algo.applies(node, dev, options):
+            if algo is Winograd:
+                return f"winograd{node.inputs[1].shape[0] - 2 if node.attrs['winograd'] == 1 else 2}"
+            if algo is ConvCpu:
+                return conv_cpu_algo(node, dev, options)
+            if algo is Gemv:
+                return Gemv.variant(node, dev, options)
+            return algo.name
+    return None
+
+
+def algorithm(node, dev, options):
+    """The node's scheduled algorithm, chosen now where the schedule has not run (a node built while lowering)."""
+    algo = node.schedule.get("algo")
+    if algo is None:
+        algo = choose(node, dev, options)
+        if algo is not None:
+            node.schedule["algo"] = algo
+    return algo
+
+
+def schedule(graph, ctx):
+    """Write each node's algorithm on it (node.schedule["algo"]) for ctx's device and options."""
+    dev, options = ctx.dev, ctx.options
+    for node in graph.nodes:
+        algo = choose(node, dev, options)
+        if algo is not None:
+            node.schedule["algo"] = algo
+    return graph
+
+
+def device_passes(graph, ctx, training=False):
+    """The weight layouts this device's kernels read best, after the graph passes: Gemm weights pretransposed
+    (except where gemv.cl reads them as they are) and 3x3 weights transformed for Winograd where convolutions run
+    on the GPU core. Training (weights change every step): Winograd with the transform on the device, for the
+    convolutions and their input and weight gradients."""
+    dev, o = ctx.dev, ctx.options
+    core = dev.core
+    min_channels, wino_m = o.winograd_min_channels, o.winograd_m
+    if dev.tensor_cores:
+        min_channels, wino_m = max(min_channels, o.winograd_min_channels_tf32), o.winograd_m_tf32
+    if training:
+        if core == "gemm_core" and o.winograd_training:
+            winograd_on_device(graph, min_channels, o.winograd_min_layer_tiles, o.winograd_dw)
+        return graph
+    if core == "gemm_vec":  # CPU convolutions: per-channel affine + Relu producers of 1x1 layers as prologues,
+        # channel shuffles in their planes
+        fuse_conv_prologues(graph, dev.local_mem // (4 * 16))
+        if o.conv_cpu_direct and o.dw_cpu_planes:
+            fold_channel_shuffles(graph)
+    pretranspose_weights(graph, o.gemv_max_rows if dev.tiled else 0)
+    if core == "gemm_core":
+        winograd_weights(graph, min_channels, o.winograd_min_layer_tiles, wino_m, o.winograd_f4_min_tiles)
+        if o.tap_major:
+            tap_major_weights(graph, TAP_MAJOR_MULTIPLE)
+    return graph
+
+
+# CPU convolutions (conv_cpu.cl): MR x 8*NV outputs per work-item held in MR*NV float8 accumulators (AVX2 has 16
+
+
+
+# GPU inference: where a graph input of at least options.input_chunk_min_bytes is read by one node alone, that node and
+# the chain of nodes after it (chunked_prefix) run over options.input_chunks slices of the batch, slice after slice, each slice's
+# launches awaiting only its slice's upload (Plan.run uploads such an input in chunks on a second queue): the upload
+# overlaps the first layers. H100: 9.6 MB from pinned memory 0.20 ms, then 4 kernels
+# 0.13 ms: 0.333 ms one after the other, 0.224 in 4 overlapped chunks.
+CHUNK_OPS = ("Conv", "MaxPool", "AveragePool", "LRN")
+
+
+@dataclass
+class Prefix:
+    """nodes[start:stop] run slice after slice of the batch of graph input `input`: chunks [(first image, images)]."""
+    input: int
+    start: int
+    stop: int
+    chunks: list
+
+
+def data_inputs(node):
+    """The inputs of a node that hold images (sliced with its outputs), or None where the node cannot run on a
+    slice of the batch."""
+    if node.op == "Conv":
+        if any(v is not None and v.const is None for v in node.inputs[1:3]):
+            return None  # weights computed at run time
+        return [v for v in node.inputs[:1] + node.inputs[3:4] if v is not None]
+    if node.op in CHUNK_OPS:
+        return node.inputs[:1]
+    if node.spec.kind == "pointwise" and len(node.outputs) == 1:
+        y = node.outputs[0]
+        if all(v.const is not None and (v.rank < y.rank or v.shape[0] == 1) for v in node.inputs
+               if v is not None and v.const is not None):
+            data = [v for v in node.inputs if v is not None and v.const is None]
+            if all(v.shape == y.shape for v in data):
+                return data
+    return None
+
+
+def _conv_flops(node):
+    """2 x the multiply-adds of a convolution's direct form (w: [K, C, KH, KW] or tap-major [K, KH, KW, C]; a
+    Winograd layer's U [T, T, K, C] stands for a 3x3 window)."""
+    x, y, w = node.inputs[0], node.outputs[0], node.inputs[1]
+    depth = 9 * x.shape[1] if node.attrs.get("winograd") else int(np.prod(w.shape[1:], dtype=np.int64))
+    return 2 * y.size * depth
+
+
+def chunked_prefix(ctx, graph):
+    """The nodes that run over slices of the batch while the input goes up (options.input_chunks): a chain from the one
+    node reading a large graph input, each node the only reader of the one before it, consecutive in the graph's
+    order; or None. GPU cores only: CPU devices share the host's memory and cores with the copy."""
+    dev, o = ctx.dev, ctx.options
+    if o.input_chunks < 2 or (dev.is_cpu and not dev.tiled):
+        return None
+    nodes, outputs = graph.nodes, {v.id for v in graph.outputs}
+    readers = {}
+    for i, n in enumerate(nodes):
+        for v in n.inputs:
+            if v is not None:
+                readers.setdefault(v.id, []).append(i)
+    for xi, x in enumerate(graph.inputs):
+        N = x.shape[0] if x.rank else 1
+        if N < 2 or x.nbytes < o.input_chunk_min_bytes or x.id in outputs or len(readers.get(x.id, [])) != 1:
+            continue
+        start = readers[x.id][0]
+
+        def fits(node, made):
+            data = data_inputs(node)
+            return (data is not None and all(v.rank and v.shape[0] == N for v in data + node.outputs)
+                    and not any(v.id in made for v in node.inputs[1:] if v is not None))
+        if not fits(nodes[start], ()):
+            continue
+        nb = N // min(o.input_chunks, N)  # the smallest slice
+        budget = x.nbytes * o.chunk_flops_per_byte.get(dev.precision, 1000)
+        flops = _conv_flops(nodes[start]) if nodes[start].op == "Conv" else 0
+        stop, made = start + 1, set()
+        while stop < len(nodes):
+            prev, node = nodes[stop - 1], nodes[stop]
+            y = prev.outputs[0]
+            made |= {v.id for v in prev.outputs}
+            if len(prev.outputs) != 1 or y.id in outputs or readers.get(y.id) != [stop] or \
+                    node.inputs[:1] != [y] or not fits(node, made - {y.id}):
+                break
+            if node.op == "Conv":
+                pixels = int(np.prod(node.outputs[0].shape[2:], dtype=np.int64))
+                if flops >= budget or nb * pixels < o.chunk_min_pixels.get(dev.precision, 2048):
+                    break
+                flops += _conv_flops(node)
+            stop += 1
+        bounds = [N * c // min(o.input_chunks, N) for c in range(min(o.input_chunks, N) + 1)]
+        return Prefix(xi, start, stop, [(b0, b1 - b0) for b0, b1 in zip(bounds, bounds[1:])])
+    return None
+
+
+#  (every GPU tile's TK
+# divides it) take their depth tap by tap (passes/layout.py): one window-table entry and one padding test per slice
