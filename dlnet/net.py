@@ -1,20 +1,16 @@
 """Net: load an ONNX model, plan it per input shape, run it as a loop of enqueues."""
-import os
 from dataclasses import dataclass
 
 import numpy as np
 
 from .errors import InputError, ModelError
 from .graph.memory import MemoryReport, plan_memory
-from .graph.passes import run_passes
 from .graph.printer import format_graph
-from .kernels.families import winograd
-from .kernels.lowering import Lowerer
-from .kernels.runtime import Context, Deferred, cl
-from .kernels.schedule import chunked_prefix, device_passes, schedule
-from .kernels.tuner import Measured, tune_layers
-from .onnx.importer import Importer, check_supported, graph_io, load_model
-from .stages import StagedPlan
+from .kernels.runtime import Context
+from .kernels.tuner import tune_layers
+from .onnx.importer import check_supported, graph_io, load_model
+from .pipeline import inference_graph
+from .plan import Plan, StagedPlan
 
 
 @dataclass
@@ -25,97 +21,6 @@ class TensorInfo:
 
     def __repr__(self):
         return f"{self.name}: {self.dtype}[{','.join(str(d) for d in self.shape)}]"
-
-
-FLUSH_EVERY = 16  # launches
-
-
-class Plan:
-    """One graph planned for one set of input shapes: buffers, bound launches, output locations."""
-
-    def __init__(self, ctx, graph):
-        self.ctx = ctx
-        self.graph = graph
-        schedule(graph, ctx)  # each node's algorithm, before memory is planned
-        self.prefix = chunked_prefix(ctx, graph)  # nodes run slice after slice of the batch while it goes up
-        pre = self.prefix
-        self.memory = plan_memory(graph, together=(pre.start, pre.stop, max(nb for _, nb in pre.chunks)) if pre else None,
-                                  workspace=lambda node: winograd.workspace(node, ctx.options))
-        self.act_buf = self.const_buf = None
-        self.lowerer = None
-        self.tuning = None  # what tuner.tune_layers measured for this plan, where it did
-        try:
-            # Lowered first, with the arenas named but not yet allocated: on a fresh Context the device's context is
-            # still opening on its thread meanwhile. Then the weights go up without waiting while the programs build.
-            act = Deferred(lambda: ctx.alloc(self.memory.act_bytes))
-            const = Deferred(lambda: ctx.alloc(self.memory.const_bytes))
-            lw = Lowerer(ctx, graph, self.memory, act, const, Measured(ctx))
-            self.lowerer = lw
-            lw.lower(graph, self.prefix)
-            self.act_buf = lw.act_buf = act.get()
-            self.const_buf = lw.const_buf = const.get()
-            for v in self._consts():
-                ctx.upload(self.const_buf, v.const, self.memory.const_offsets[v.id], wait=False)
-            lw.finish()
-            self.launches = lw.launches
-            self.input_locs = [lw.loc(v) for v in graph.inputs]
-            self.input_chunks = lw.input_chunks  # {input index: [(first, end) element of each chunk]}
-            self.output_locs = [None if v.const is not None else lw.loc(v) for v in graph.outputs]
-            ctx.finish()
-        except Exception:
-            self.release()
-            raise
-
-    def _consts(self):
-        seen = {}
-        for n in self.graph.nodes:
-            for v in n.inputs:
-                if v is not None and v.const is not None:
-                    seen[v.id] = v
-        return seen.values()
-
-    def release(self):
-        scratch = list(self.lowerer.scratch.values()) if self.lowerer is not None else []
-        for b in [self.act_buf, self.const_buf] + scratch:
-            if b is not None:
-                self.ctx.free(b)
-        self.act_buf = self.const_buf = None
-        if self.lowerer is not None:
-            self.lowerer.scratch = {}
-
-    def run(self, arrays):
-        ctx, q = self.ctx, self.ctx.queue
-        events = {}
-        for i, ((buf, off), a) in enumerate(zip(self.input_locs, arrays)):
-            chunks = self.input_chunks.get(i)
-            if chunks and a.size:  # in chunks on the copy queue, each awaited by its chunk's launches
-                flat = a.reshape(-1)
-                for c, (lo, hi) in enumerate(chunks):
-                    events[i, c] = cl.enqueue_copy(ctx.copy_queue, buf, flat[lo:hi], dst_offset=(off + lo) * a.itemsize,
-                                                   is_blocking=False)
-                ctx.copy_queue.flush()
-            elif a.size:
-                cl.enqueue_copy(q, buf, a, dst_offset=off * a.itemsize, is_blocking=False)
-        # flushes hand the device its work while the host still enqueues the rest (NVIDIA's driver holds commands
-        # back otherwise: vgg16 at batch 1, whose 87 launches take 0.8 ms to enqueue, 2.63 -> 2.31 ms)
-        q.flush()
-        for i, launch in enumerate(self.launches):
-            launch.enqueue(q, events)
-            if i % FLUSH_EVERY == 0:
-                q.flush()
-        outs, events = [], []
-        for v, loc in zip(self.graph.outputs, self.output_locs):
-            if loc is None:
-                outs.append(np.array(v.const))
-                continue
-            y = np.empty(v.shape, v.dtype)
-            if y.size:
-                events.append(cl.enqueue_copy(q, y, loc[0], src_offset=loc[1] * y.itemsize, is_blocking=False))
-            outs.append(y)
-        cl.wait_for_events(events) if events else ctx.finish()
-        if ctx.options.debug_bounds:
-            ctx.check_guards(self.graph.name)
-        return outs
 
 
 class Net:
@@ -165,10 +70,7 @@ class Net:
         return shapes
 
     def build_graph(self, shapes, passes=True):
-        graph = Importer(self.model, self.path).build(shapes)
-        if passes:
-            device_passes(run_passes(graph), self.ctx)
-        return graph
+        return inference_graph(self.model, self.path, shapes, self.ctx, passes)
 
     def _plan(self, shapes):
         key = tuple(shapes[i.name] for i in self.inputs)
@@ -180,7 +82,7 @@ class Net:
                 plan.tuning = tuning
             elif graph.cut is None:
                 plan = Plan(self.ctx, graph)
-            else:  # a node runs on the host: the rest is planned at run time, per shape (dlnet/stages.py)
+            else:  # a node runs on the host: the rest is planned at run time, per shape (dlnet/plan.py)
                 plan = StagedPlan(self.ctx, self.model, self.path, graph, [i.name for i in self.inputs],
                                   [o.name for o in self.outputs])
             self.plans[key] = plan

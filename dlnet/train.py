@@ -10,14 +10,9 @@ from . import losses
 from .errors import InputError, ModelError
 from .graph.autodiff import gradients
 from .graph.ir import Builder
-from .graph.passes import run_passes
-from .graph.passes.fold import fold_constants, remove_dead
-from .graph.passes.fuse import broadcast_expands, fuse_pointwise, fuse_reduce_prologues
-from .graph.passes.padding import explicit_padding
-from .kernels.schedule import device_passes
 from .kernels.runtime import Launch, cl, kernel_source
-from .net import Plan
-from .onnx.importer import Importer
+from .pipeline import training_import, training_passes
+from .plan import Plan
 from .optim import SGD
 
 TARGET = "__target"
@@ -32,9 +27,7 @@ class _TrainPlan:
 
     def __init__(self, trainer, shapes):
         net = trainer.net
-        imp = Importer(net.model, net.path)
-        g = imp.build(shapes, training=True)
-        explicit_padding(g)
+        g, imp = training_import(net.model, net.path, shapes)
         if trainer.output not in g.output_names:
             raise ModelError(f"{net.path}: output {trainer.output!r} does not exist; outputs are {g.output_names}")
         out = g.outputs[g.output_names.index(trainer.output)]
@@ -51,8 +44,7 @@ class _TrainPlan:
         g.outputs = [loss, out] + [gv for _, _, gv in self.params] + [new for _, new in self.updates]
         g.output_names = ["loss", trainer.output] + [f"grad:{n}" for n, _, _ in self.params] + \
             [f"state:{i}" for i in range(len(self.updates))]
-        run_passes(g, [fold_constants, broadcast_expands, fuse_pointwise, fuse_reduce_prologues, remove_dead])
-        device_passes(g, trainer.ctx, training=True)
+        training_passes(g, trainer.ctx)
         self.graph = g
         self.plan = Plan(trainer.ctx, g)
         # an initializer the graph read as a constant (Dropout's ratio) has no device copy: the model's stays true

@@ -4,7 +4,7 @@ import numpy as np
 
 from . import codegen
 from .device import TILED_CORES
-from .rules import round_up
+from .rules import core_threads, round_up
 from .runtime import DTYPE_TO_C, Deferred, Launch, PendingKernel, cl, kernel_source
 from ..errors import ModelError
 from ..graph.ops import get_op
@@ -134,6 +134,11 @@ class Emitter:
         k.set_args(*args)
         self.launches.append(Launch(k, tuple(int(g) for g in gsize), None if lsize is None else tuple(lsize), label,
                                     self.layer or label))
+
+    def record_tile(self, label):
+        """Write the tile the node being lowered runs with on it (node.schedule["tile"], printed in the IR)."""
+        if self.node is not None:
+            self.node.schedule["tile"] = label
 
     def written_in_place(self, x, y):
         """x's producer already wrote it inside y (the planner placed x in y's block)."""

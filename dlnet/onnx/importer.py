@@ -256,7 +256,7 @@ class Importer:
     def _cut(self, index, reason):
         """End the graph before ONNX node `index` (None: the model's end): its outputs are the values computed here
         that later nodes or the model's outputs read."""
-        from ..stages import Cut
+        from ..plan import Cut
         g = self.graph
         later = {o.name for o in self.model.graph.output}
         if index is not None:

@@ -109,10 +109,12 @@ class ConvFamily:
         elif algo == "depthwise_cpu":  # ROWS output rows per work-item, stride along W compiled in
             args = args[:-8] + args[-7:]
             rows = dw_rows(OH, OW, N * Cout, self.options)
+            self.record_tile(f"{rows}x{OW}")
             self.emit(defines({"SW": strides[1], "ROWS": rows, "KHC": KH, "KWC": KW}) + head +
                       kernel_source("dwconv_cpu"), "dwconv2d_cpu", args, (-(-OH // rows), N * Cout), (1, 1), label)
         else:
             lx, ly = (16 if OW >= 16 else 8), 4
+            self.record_tile(f"{ly}x{lx}")
             self.emit(head + kernel_source("dwconv"), "dwconv2d", args,
                       (round_up(OW, lx), round_up(OH, ly), N * Cout), (lx, ly, 1), label)
 
@@ -128,6 +130,7 @@ class ConvFamily:
         rows = dw_rows(OH, OW, N * Cout, o)
         per = max(1, min(o.dw_min_outputs // (OH * OW), N * Cout // o.dw_min_items)) if rows == OH else 1
         defs = dict(geo, SW=strides[1], ROWS=rows)
+        self.record_tile(f"{rows}x{OW}")
         pad_in = o.dw_cpu_pad_in and \
             plane_phases(geo) * (rows + dil[0] * (KH - 1) // strides[0]) * Wq + 8 <= o.dw_pad_in_floats
         if pad_in:  # each work-item pads the rows it reads itself (dwconv_cpu.cl's PAD_IN)

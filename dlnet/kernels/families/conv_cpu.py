@@ -15,7 +15,7 @@ def conv_cpu_algo(node, dev, options):
     """How a CPU device runs a (not depthwise) Conv: "cpu_winograd" (3x3 stride 1, constant weights, enough channels,
     rows of tiles that pad little, panels that fit local memory), "cpu_direct" (several taps: zero-padded planes),
     "cpu_local" (1x1 layers and large im2col matrices: panels packed in local memory) or "cpu_im2col"."""
-    x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
+    w = node.inputs[1]
     g = conv_dims(node)
     C, K = g.Cin // g.group, g.Cout // g.group
     KH, KW, (SH, SW), (PH, PW), (DH, DW) = g.KH, g.KW, g.strides, g.pads, g.dil
@@ -63,6 +63,7 @@ class ConvCpuFamily:
         MB, NB = -(-K // MR), -(-NN // NR)
         defs = dict(tiles)
         label = f"{node.name} Conv"
+        self.record_tile(f"{MR}x{NR}")
         if algo == "cpu_winograd":
             self._conv_cpu_winograd(node, head, bargs, rargs, C, K, PH, PW, y_nstride, label)
             return
@@ -131,6 +132,7 @@ class ConvCpuFamily:
         tiles = pick_conv_cpu_tiles(TH * TWP)
         MR, NR = tiles["MR"], 8 * tiles["NV"]
         MB, NBI = -(-K // MR), -(-(TH * TWP) // NR)
+        self.record_tile(f"{MR}x{NR}")
         Hq, Wq = 2 * TH + 2, 2 * TWP + 2
         geo3 = {"KHC": 3, "KWC": 3, "SHC": 1, "SWC": 1, "DHC": 1, "DWC": 1}
         xp_nstride = self.pad_planes(x, H, W, geo3, Hq, Wq, PH, PW, 0, label, node.attrs.get("in_perm"))

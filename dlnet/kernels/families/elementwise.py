@@ -10,7 +10,6 @@ class ElementwiseFamily:
         """operands: [(value, element offset, strides over y's loop)]; body assigns r0 from x0v.."""
         shape = list(y.shape)
         dims, sets = codegen.collapse(shape, [list(y_strides)] + [list(s) for _, _, s in operands])
-        rank = len(dims)
         I = self.index_type(*[v.size for v, _, _ in operands], y.size)
         ybuf, yo = self.loc(y)
         args = [ybuf, np.uint64(yo + y_off)]

@@ -1,7 +1,6 @@
 """Indexing kernels: Gather and its gradient, Pad, GatherElements and ScatterElements."""
 import numpy as np
 
-from ..emitter import defines
 from ...errors import ModelError
 
 

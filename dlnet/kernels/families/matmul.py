@@ -91,6 +91,7 @@ class MatmulFamily:
             np.int32(v) for v in (M, N, K, sam, sbn, scm, scn)] + [
             np.float32(at.get("alpha", 1.0)), np.float32(at.get("beta", 1.0))]
         groups = -(-N // (LN * NC))
+        self.record_tile(f"{LK}x{LN}x{NC}")
         self.emit(src, "gemv", args, (groups * LK, LN), (LK, LN), f"{name} Gemm gemv")
         return True
 
@@ -137,6 +138,7 @@ class MatmulFamily:
             np.int32(v) for v in (N, K, sam, sbn, scm, scn)] + [
             np.float32(at.get("alpha", 1.0)), np.float32(at.get("beta", 1.0)), np.int32(per_split)]
         label = f"{name} Gemm {kernel}"
+        self.record_tile(f"{M}x{cols}x{KC}" + (f"/{splits}" if splits > 1 else ""))
         grid = (blocks * lsize[0], lsize[1] * splits)
         if splits == 1:
             self.emit(src, kernel, args + self.dummy(), grid, lsize, label)
@@ -162,6 +164,7 @@ class MatmulFamily:
         packed = packed.reshape(K, NB, NR).transpose(1, 0, 2)
         at = node.attrs
         defs = {"MR": MR, "NV": NV}
+        self.record_tile(f"{MR}x{NR}")
         if c is not None:
             defs["HAS_C"] = 1
         src = defines(defs) + act_macro(at.get("act")) + kernel_source("gemm_cpu")
@@ -174,8 +177,7 @@ class MatmulFamily:
     def pick(self, M, N, K, batches, deep, where):
         """rules.pick_tiles with this device's measurements; the node being lowered records the tile it took."""
         pick = pick_tiles(self.dev, self.options, M, N, K, batches, deep, where, self.measured)
-        if self.node is not None:
-            self.node.schedule["tile"] = pick.label
+        self.record_tile(pick.label)
         return pick
 
     def _matrix(self, src, name, args, pick, tiles, grid, M, NN, KK, label):
@@ -205,7 +207,7 @@ class MatmulFamily:
         nbytes = per_split * splits
         at = self.arena_block(nbytes)  # the partial sums: a free block of the arena, else their own buffer
         ws = [self.act_buf, np.uint64(at // 4)] if at is not None else [self.dummy()[0], np.uint64(0)]
-        self.emit(src, name, args + ws, (grid[0], grid[1], grid[2] * splits), lsize, label + f" splitK{splits}", opts)
+        self.emit(src, name, args + ws, (grid[0], grid[1], grid[2] * splits), lsize, label + f" splitK{splits}")
         self.emit(src, name + "_reduce", args + ws, (round_up(NN, 64), M, grid[2]), (64, 1, 1), label + " reduce")
         if at is None:
             for launch in self.launches[-2:]:

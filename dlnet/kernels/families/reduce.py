@@ -4,7 +4,7 @@ import numpy as np
 
 from .. import codegen
 from ..emitter import defines
-from ..runtime import DTYPE_TO_C, kernel_source
+from ..runtime import DTYPE_TO_C
 from ...errors import ModelError
 
 # Long reductions: on GPUs a work-group of this many work-items per output (0: one work-item), and where that leaves

@@ -1,0 +1,44 @@
+"""Every pipeline, in one place: the only module that orders passes.
+
+ONNX -> graph (onnx/importer.py) -> generic passes (graph/passes) -> device passes (kernels/schedule.py: weight
+layouts this device reads best) -> Plan (plan.py: the schedule, the memory plan, the launches). Inference, the stage
+after a host step and training each take their graph from here.
+"""
+from .graph.passes import run_passes
+from .graph.passes.fold import fold_constants, remove_dead
+from .graph.passes.fuse import broadcast_expands, fuse_pointwise, fuse_reduce_prologues
+from .graph.passes.padding import explicit_padding
+from .kernels.schedule import device_passes
+from .onnx.importer import Importer
+
+# a training graph keeps its weights as parameters: no BatchNormalization folding, no convolution epilogues that would
+# hide a gradient's input; only what keeps the backward graph exact
+TRAINING_PASSES = [fold_constants, broadcast_expands, fuse_pointwise, fuse_reduce_prologues, remove_dead]
+
+
+def inference_graph(model, path, shapes, ctx, passes=True):
+    """The graph of `model` for these input shapes after the generic and ctx's device passes (passes=False: as
+    imported)."""
+    graph = Importer(model, path).build(shapes)
+    return device_passes(run_passes(graph), ctx) if passes else graph
+
+
+def stage_graph(model, path, start, types, consts, ctx):
+    """The graph of the model from ONNX node `start` on (after a host step), for inputs of these types."""
+    graph = Importer(model, path).build_stage(start, types, consts)
+    return device_passes(run_passes(graph), ctx)
+
+
+def training_import(model, path, shapes):
+    """(graph, importer) of the forward graph for training, its padding explicit (the gradients read it so)."""
+    imp = Importer(model, path)
+    graph = imp.build(shapes, training=True)
+    explicit_padding(graph)
+    return graph, imp
+
+
+def training_passes(graph, ctx):
+    """A forward graph with its loss and gradients: the training passes, then the device's (Winograd on the device
+    where it pays)."""
+    run_passes(graph, TRAINING_PASSES)
+    return device_passes(graph, ctx, training=True)

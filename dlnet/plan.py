@@ -1,0 +1,181 @@
+"""Plans: one graph planned for one set of input shapes, run as a loop of enqueues.
+
+Plan: the device schedule (each node's algorithm), the memory plan (with the workspace each algorithm asks), the
+lowering to launches bound once, and run(). StagedPlan: a model with host steps, its later parts planned per shape.
+
+Models with host steps: device graphs split at ONNX nodes that run on the host, each later part planned per shape.
+
+A node whose output shapes depend on its input values (NonZero, Unique, NonMaxSuppression, ...) or that reads
+strings cannot be planned ahead. The importer ends the graph before it (`graph.cut`); at run time the part before
+runs on the device, the values the rest reads come back to the host, the node runs there through its ops' NumPy
+forms (the code that folds them at load), and the rest of the model is imported from the next node with those
+arrays as its inputs, planned once per set of shapes and cached like any plan. Every shape is a true one.
+"""
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .graph.memory import plan_memory
+from .kernels.families import winograd
+from .kernels.lowering import Lowerer
+from .kernels.runtime import Deferred, cl
+from .kernels.schedule import chunked_prefix, schedule
+from .kernels.tuner import Measured
+from .onnx.importer import Importer, _names_read
+from .pipeline import stage_graph
+
+
+FLUSH_EVERY = 16  # launches
+
+
+class Plan:
+    """One graph planned for one set of input shapes: buffers, bound launches, output locations."""
+
+    def __init__(self, ctx, graph):
+        self.ctx = ctx
+        self.graph = graph
+        schedule(graph, ctx)  # each node's algorithm, before memory is planned
+        self.prefix = chunked_prefix(ctx, graph)  # nodes run slice after slice of the batch while it goes up
+        pre = self.prefix
+        self.memory = plan_memory(graph, together=(pre.start, pre.stop, max(nb for _, nb in pre.chunks)) if pre else None,
+                                  workspace=lambda node: winograd.workspace(node, ctx.options))
+        self.act_buf = self.const_buf = None
+        self.lowerer = None
+        self.tuning = None  # what tuner.tune_layers measured for this plan, where it did
+        try:
+            # Lowered first, with the arenas named but not yet allocated: on a fresh Context the device's context is
+            # still opening on its thread meanwhile. Then the weights go up without waiting while the programs build.
+            act = Deferred(lambda: ctx.alloc(self.memory.act_bytes))
+            const = Deferred(lambda: ctx.alloc(self.memory.const_bytes))
+            lw = Lowerer(ctx, graph, self.memory, act, const, Measured(ctx))
+            self.lowerer = lw
+            lw.lower(graph, self.prefix)
+            self.act_buf = lw.act_buf = act.get()
+            self.const_buf = lw.const_buf = const.get()
+            for v in self._consts():
+                ctx.upload(self.const_buf, v.const, self.memory.const_offsets[v.id], wait=False)
+            lw.finish()
+            self.launches = lw.launches
+            self.input_locs = [lw.loc(v) for v in graph.inputs]
+            self.input_chunks = lw.input_chunks  # {input index: [(first, end) element of each chunk]}
+            self.output_locs = [None if v.const is not None else lw.loc(v) for v in graph.outputs]
+            ctx.finish()
+        except Exception:
+            self.release()
+            raise
+
+    def _consts(self):
+        seen = {}
+        for n in self.graph.nodes:
+            for v in n.inputs:
+                if v is not None and v.const is not None:
+                    seen[v.id] = v
+        return seen.values()
+
+    def release(self):
+        scratch = list(self.lowerer.scratch.values()) if self.lowerer is not None else []
+        for b in [self.act_buf, self.const_buf] + scratch:
+            if b is not None:
+                self.ctx.free(b)
+        self.act_buf = self.const_buf = None
+        if self.lowerer is not None:
+            self.lowerer.scratch = {}
+
+    def run(self, arrays):
+        ctx, q = self.ctx, self.ctx.queue
+        events = {}
+        for i, ((buf, off), a) in enumerate(zip(self.input_locs, arrays)):
+            chunks = self.input_chunks.get(i)
+            if chunks and a.size:  # in chunks on the copy queue, each awaited by its chunk's launches
+                flat = a.reshape(-1)
+                for c, (lo, hi) in enumerate(chunks):
+                    events[i, c] = cl.enqueue_copy(ctx.copy_queue, buf, flat[lo:hi], dst_offset=(off + lo) * a.itemsize,
+                                                   is_blocking=False)
+                ctx.copy_queue.flush()
+            elif a.size:
+                cl.enqueue_copy(q, buf, a, dst_offset=off * a.itemsize, is_blocking=False)
+        # flushes hand the device its work while the host still enqueues the rest (NVIDIA's driver holds commands
+        # back otherwise: vgg16 at batch 1, whose 87 launches take 0.8 ms to enqueue, 2.63 -> 2.31 ms)
+        q.flush()
+        for i, launch in enumerate(self.launches):
+            launch.enqueue(q, events)
+            if i % FLUSH_EVERY == 0:
+                q.flush()
+        outs, events = [], []
+        for v, loc in zip(self.graph.outputs, self.output_locs):
+            if loc is None:
+                outs.append(np.array(v.const))
+                continue
+            y = np.empty(v.shape, v.dtype)
+            if y.size:
+                events.append(cl.enqueue_copy(q, y, loc[0], src_offset=loc[1] * y.itemsize, is_blocking=False))
+            outs.append(y)
+        cl.wait_for_events(events) if events else ctx.finish()
+        if ctx.options.debug_bounds:
+            ctx.check_guards(self.graph.name)
+        return outs
+
+
+
+@dataclass
+class Cut:
+    """Where a graph stops: ONNX node `index` runs on the host; why; what the rest reads that is known already
+    (`consts`, by ONNX name) or that is one of this graph's inputs under another name (`aliases`)."""
+    index: int
+    reason: str
+    consts: dict = field(default_factory=dict)
+    aliases: dict = field(default_factory=dict)
+
+
+class StagedPlan:
+    """A graph that ends in a cut: its device plan, then the host step, then the rest (a StagedPlan per set of
+    run-time shapes; the last one's cut has no host step)."""
+
+    def __init__(self, ctx, model, path, graph, input_names, output_names):
+        self.ctx, self.model, self.path = ctx, model, path
+        self.graph = graph
+        self.input_names, self.output_names = input_names, output_names
+        self.head = Plan(ctx, graph) if graph.nodes else None
+        self.memory = self.head.memory if self.head is not None else plan_memory(graph)
+        self.launches = self.head.launches if self.head is not None else []
+        self.rest = {}  # (name, dtype, shape) of the rest's inputs -> its plan
+
+    def run(self, arrays):
+        """Plan's contract: the model's inputs in order in, its outputs out."""
+        env = dict(zip(self.input_names, arrays))
+        self.run_env(env)
+        return [np.asarray(env[n]) for n in self.output_names]
+
+    def run_env(self, env):
+        """Run this part and everything after it; `env` ({ONNX name: array}) gains every value they compute."""
+        g, cut = self.graph, self.graph.cut
+        if self.head is not None:
+            env.update(zip(g.output_names, self.head.run([np.ascontiguousarray(env[v.name]) for v in g.inputs])))
+        for name, src in cut.aliases.items():
+            env[name] = env[src]
+        env.update(cut.consts)
+        if cut.index is None:
+            return
+        env.update(Importer(self.model, self.path).run_host(cut.index, env))
+        later = _later_names(self.model, cut.index + 1)
+        inputs = {n: env[n] for n in sorted(later) if n in env and n not in cut.consts}
+        key = tuple((n, a.dtype.str, a.shape) for n, a in inputs.items())
+        rest = self.rest.get(key)
+        if rest is None:
+            types = {n: (a.dtype, a.shape) for n, a in inputs.items()}
+            consts = {n: a for n, a in cut.consts.items() if n in later}
+            graph = stage_graph(self.model, self.path, cut.index + 1, types, consts, self.ctx)
+            rest = StagedPlan(self.ctx, self.model, self.path, graph, list(inputs), self.output_names)
+            self.rest[key] = rest
+        rest.run_env(env)
+
+    def release(self):
+        if self.head is not None:
+            self.head.release()
+        for rest in self.rest.values():
+            rest.release()
+        self.rest = {}
+
+
+def _later_names(model, start):
+    return _names_read(model.graph.node[start:]) | {o.name for o in model.graph.output}
