@@ -12,7 +12,7 @@ from .families.matmul import MatmulFamily
 from .families.norm_pool import NormPoolFamily
 from .families.reduce import ReduceFamily
 from .families.winograd import WinogradFamily
-from .schedule import data_inputs
+from .schedule import algorithm, data_inputs
 from ..graph.ir import BatchSlice, Node
 
 
@@ -26,6 +26,7 @@ class Lowerer(Emitter, ElementwiseFamily, ConvFamily, ConvCpuFamily, WinogradFam
                     self.lower_in_chunks(graph.nodes[prefix.start:prefix.stop], prefix)
                 continue
             self.layer, self.node = f"{node.name} {node.op}".strip(), node
+            algorithm(node, self.dev, self.options)  # (a graph lowered without schedule(): chosen now)
             node.spec.lower(node, self)
         return self
 
@@ -38,6 +39,7 @@ class Lowerer(Emitter, ElementwiseFamily, ConvFamily, ConvCpuFamily, WinogradFam
         for c, (b0, nb) in enumerate(prefix.chunks):
             for node in nodes:
                 self.layer, self.node = f"{node.name} {node.op}".strip(), node
+                algorithm(node, self.dev, self.options)
                 data = {v.id for v in data_inputs(node) + node.outputs}
                 def part_of(v):  # (a value handed on within the chain has a block of one slice)
                     return BatchSlice(v, 0 if v.id in self.plan.per_slice else b0, nb)

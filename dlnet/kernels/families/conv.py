@@ -67,8 +67,7 @@ class ConvFamily:
     WINDOW_PAD_ROWS = 128  # >= any tile's TK and TN: fetches run that far past the end (B_SAFE in gemm_fetch.cl)
 
     def conv(self, node):
-        """A Conv node by the algorithm its schedule names (schedule.choose where it names none)."""
-        from ..schedule import algorithm  # (the schedule's table names this family's entries)
+        """A Conv node by the algorithm its schedule names."""
         x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
         bias = node.inputs[2] if len(node.inputs) > 2 else None
         res = node.inputs[3] if len(node.inputs) > 3 else None
@@ -78,7 +77,7 @@ class ConvFamily:
         bargs = self.args(bias) if bias is not None else self.dummy()
         rargs = self.args(res) if res is not None else self.dummy()
         label = f"{node.name} Conv"
-        algo = algorithm(node, self.dev, self.options)
+        algo = node.schedule["algo"]  # (schedule.py; Lowerer.lower makes sure there is one)
         if algo.startswith("winograd"):  # 1: w holds U (passes/winograd.py); 2: U from w on the device, every run
             u = w if node.attrs["winograd"] == 1 else None
             self.winograd(x, u, bargs, rargs, y, head, g.pads, label, w=w)
