@@ -6,7 +6,7 @@ ReverseSequence, TopK, Einsum, MaxUnpool, quantisation.
 import numpy as np
 
 from ..errors import ModelError
-from .opsets import _auto_pads, _pad, _slice, const, handler, norm_axis, reshape
+from .common import HANDLERS, auto_pads, const, handler, norm_axis, onnx_dtype, pad, reshape, slice_axes
 
 
 def _c(b, value, dtype):
@@ -52,14 +52,13 @@ def _onehot(imp, node, xs, at):
     shape.insert(axis, 1)
     ids = b.const(np.arange(depth, dtype=np.int64).reshape((depth,) + (1,) * (rank - axis - 1)))
     hit = b.op("Equal", [reshape(b, i64, shape), ids])
-    off = reshape(b, _slice(imp, values, [0], [1], None, None), ())
-    on = reshape(b, _slice(imp, values, [1], [2], None, None), ())
+    off = reshape(b, slice_axes(imp, values, [0], [1], None, None), ())
+    on = reshape(b, slice_axes(imp, values, [1], [2], None, None), ())
     return [b.op("Where", [hit, on, off])]
 
 
 @handler("EyeLike", 9, 22)  # 22 adds types; the output depends on the input's shape only
 def _eyelike(imp, node, xs, at):
-    from .importer import onnx_dtype
     x = xs[0]
     dtype = onnx_dtype(at["dtype"]) if "dtype" in at else x.dtype
     return [imp.b.const(np.eye(x.shape[0], x.shape[1], k=at.get("k", 0), dtype=dtype))]
@@ -109,7 +108,7 @@ def _lppool(imp, node, xs, at):  # y = (sum over the window of |x|^p)^(1/p) = (a
     kernel = list(at["kernel_shape"])
     strides = list(at.get("strides") or [1] * nsp)
     dil = list(at.get("dilations") or [1] * nsp)
-    pads = _auto_pads(at, x.shape[2:], kernel, strides, dil)
+    pads = auto_pads(at, x.shape[2:], kernel, strides, dil)
     attrs = {"kernel_shape": tuple(kernel), "strides": tuple(strides), "pads": tuple(pads), "dilations": tuple(dil),
              "count_include_pad": 1}
     if at.get("ceil_mode", 0):
@@ -294,7 +293,7 @@ def _maxunpool(imp, node, xs, at):
     y = reshape(b, y, shape)
     if len(xs) > 2 and xs[2] is not None:
         out = [int(d) for d in const(xs[2], "MaxUnpool's output_shape")]
-        y = _pad(imp, y, [0] * x.rank + [o - d for o, d in zip(out, shape)], "constant", 0.0)
+        y = pad(imp, y, [0] * x.rank + [o - d for o, d in zip(out, shape)], "constant", 0.0)
     return [y]
 
 
@@ -315,7 +314,7 @@ def _per_axis(imp, v, x, axis, block=0):
         full = v.shape[:axis + 1] + (block,) + v.shape[axis + 1:]
         v = reshape(b, b.op("Expand", [reshape(b, v, inter)], {"shape": full}),
                     v.shape[:axis] + (v.shape[axis] * block,) + v.shape[axis + 1:])
-        return v if v.shape == x.shape else _slice(imp, v, [0] * x.rank, list(x.shape), None, None)
+        return v if v.shape == x.shape else slice_axes(imp, v, [0] * x.rank, list(x.shape), None, None)
     if v.rank != 1:
         raise ModelError(f"a quantisation scale of shape {list(v.shape)} for input {list(x.shape)}")
     return reshape(imp.b, v, [v.size if d == axis else 1 for d in range(x.rank)])
@@ -338,8 +337,7 @@ def _quantize_linear(imp, node, xs, at):
     zp = xs[2] if len(xs) > 2 and xs[2] is not None else None
     dtype = zp.dtype if zp is not None else "uint8"
     if zp is None and at.get("output_dtype", 0):
-        from .importer import onnx_dtype
-        dtype = onnx_dtype(at["output_dtype"])
+            dtype = onnx_dtype(at["output_dtype"])
     if dtype not in QUANT_RANGE:
         raise ModelError(f"QuantizeLinear to {dtype} is not supported (supported: {sorted(QUANT_RANGE)})")
     block = at.get("block_size", 0)
@@ -389,12 +387,10 @@ def _minus_zp(imp, v, zp, axis=None):
 
 
 def _matmul(imp, a, bm):
-    from .opsets import HANDLERS
     return HANDLERS["MatMul"][13](imp, None, [a, bm], {})[0]
 
 
 def _conv_float(imp, x, w, at):
-    from .opsets import HANDLERS
     return HANDLERS["Conv"][11](imp, None, [x, w], at)[0]
 
 

@@ -6,7 +6,7 @@ the gate maths. Gate order in W/R/B: LSTM i, o, f, c; GRU z, r, h; RNN one gate.
 import numpy as np
 
 from ..errors import ModelError
-from .opsets import _slice, const, handler, reshape
+from .common import const, handler, reshape, slice_axes
 
 ACTIVATIONS = {"Tanh": "Tanh", "Sigmoid": "Sigmoid", "Relu": "Relu"}
 
@@ -20,7 +20,7 @@ def _act(b, name, x):
 
 def _gate(imp, v, k, hidden):
     """Gate k of a [..., G*H] value."""
-    return _slice(imp, v, [k * hidden], [(k + 1) * hidden], [v.rank - 1], None)
+    return slice_axes(imp, v, [k * hidden], [(k + 1) * hidden], [v.rank - 1], None)
 
 
 def _unroll(imp, node, xs, at, kind):
@@ -56,27 +56,29 @@ def _unroll(imp, node, xs, at, kind):
     for d in range(ndir):
         reverse = direction == "reverse" or d == 1
         f = acts[d * len(defaults):(d + 1) * len(defaults)]
-        wd = reshape(b, _slice(imp, w, [d], [d + 1], [0], None), w.shape[1:])
-        rd = reshape(b, _slice(imp, r, [d], [d + 1], [0], None), r.shape[1:])
+        wd = reshape(b, slice_axes(imp, w, [d], [d + 1], [0], None), w.shape[1:])
+        rd = reshape(b, slice_axes(imp, r, [d], [d + 1], [0], None), r.shape[1:])
         wb = rb = None
         if bias is not None:
-            bd = reshape(b, _slice(imp, bias, [d], [d + 1], [0], None), bias.shape[1:])
-            wb = _slice(imp, bd, [0], [gates * hidden], None, None)
-            rb = _slice(imp, bd, [gates * hidden], [2 * gates * hidden], None, None)
+            bd = reshape(b, slice_axes(imp, bias, [d], [d + 1], [0], None), bias.shape[1:])
+            wb = slice_axes(imp, bd, [0], [gates * hidden], None, None)
+            rb = slice_axes(imp, bd, [gates * hidden], [2 * gates * hidden], None, None)
         proj = b.op("Gemm", [x2, wd] + ([wb] if wb is not None else []), {"transB": 1})
         proj = reshape(b, proj, (seq, batch, gates * hidden))
-        h = reshape(b, _slice(imp, init_h, [d], [d + 1], [0], None), (batch, hidden)) if init_h is not None else zeros
-        c = reshape(b, _slice(imp, init_c, [d], [d + 1], [0], None), (batch, hidden)) if init_c is not None else zeros
+        h = reshape(b, slice_axes(imp, init_h, [d], [d + 1], [0], None), (batch, hidden)) \
+            if init_h is not None else zeros
+        c = reshape(b, slice_axes(imp, init_c, [d], [d + 1], [0], None), (batch, hidden)) \
+            if init_c is not None else zeros
         if peep is not None:
-            pd = reshape(b, _slice(imp, peep, [d], [d + 1], [0], None), peep.shape[1:])
+            pd = reshape(b, slice_axes(imp, peep, [d], [d + 1], [0], None), peep.shape[1:])
             p_i, p_o, p_f = (_gate(imp, pd, k, hidden) for k in range(3))
         outs = [None] * seq
         for t in (range(seq - 1, -1, -1) if reverse else range(seq)):
-            xt = reshape(b, _slice(imp, proj, [t], [t + 1], [0], None), (batch, gates * hidden))
+            xt = reshape(b, slice_axes(imp, proj, [t], [t + 1], [0], None), (batch, gates * hidden))
             if kind == "GRU":
-                rz = _slice(imp, rd, [0], [2 * hidden], [0], None)
-                rh = _slice(imp, rd, [2 * hidden], [3 * hidden], [0], None)
-                hr = b.op("Gemm", [h, rz] + ([_slice(imp, rb, [0], [2 * hidden], None, None)] if rb is not None
+                rz = slice_axes(imp, rd, [0], [2 * hidden], [0], None)
+                rh = slice_axes(imp, rd, [2 * hidden], [3 * hidden], [0], None)
+                hr = b.op("Gemm", [h, rz] + ([slice_axes(imp, rb, [0], [2 * hidden], None, None)] if rb is not None
                                               else []), {"transB": 1})
                 z = _act(b, f[0], b.op("Add", [_gate(imp, xt, 0, hidden), _gate(imp, hr, 0, hidden)]))
                 rg = _act(b, f[0], b.op("Add", [_gate(imp, xt, 1, hidden), _gate(imp, hr, 1, hidden)]))
