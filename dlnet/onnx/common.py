@@ -6,6 +6,7 @@ a version bump that only added types is listed with the same function; one that 
 Handlers only build IR; numbers are computed by folding.
 """
 import functools
+from dataclasses import dataclass, field
 
 import onnx
 
@@ -129,3 +130,14 @@ def auto_pads(at, in_spatial, kernel, strides, dilations):
         begins.append(small if auto == "SAME_UPPER" else big)
         ends.append(big if auto == "SAME_UPPER" else small)
     return begins + ends
+
+
+# ---------------------------------------------------------------- where an imported graph stops ----------------
+@dataclass
+class Cut:
+    """Where a graph stops: ONNX node `index` runs on the host; why; what the rest reads that is known already
+    (`consts`, by ONNX name) or that is one of this graph's inputs under another name (`aliases`)."""
+    index: int
+    reason: str
+    consts: dict = field(default_factory=dict)
+    aliases: dict = field(default_factory=dict)

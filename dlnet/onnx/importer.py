@@ -24,7 +24,7 @@ from . import (  # noqa: F401  (imported for their @handler registrations)
     softmax,
     text,
 )
-from .common import HANDLERS, ONNX_DTYPES, onnx_dtype, resolve_handler
+from .common import HANDLERS, ONNX_DTYPES, Cut, onnx_dtype, resolve_handler
 
 __all__ = ["HANDLERS", "ONNX_DTYPES", "Importer", "check_supported", "graph_io", "load_model", "model_opset",
            "onnx_dtype", "resolve_handler"]
@@ -238,7 +238,6 @@ class Importer:
     def _cut(self, index, reason):
         """End the graph before ONNX node `index` (None: the model's end): its outputs are the values computed here
         that later nodes or the model's outputs read."""
-        from ..stages import Cut
         g = self.graph
         later = {o.name for o in self.model.graph.output}
         if index is not None:
