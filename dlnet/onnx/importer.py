@@ -1,4 +1,4 @@
-"""ModelProto -> Graph. Handlers per (op_type, since_version) live in one module per op family (elementwise, shape,
+"""ModelProto -> Graph. Handlers per (op_type, since_version) live in one module per op family (elementwise, tensor,
 indexing, linalg, nn, reduce, softmax, composed, resize, recurrent, control, dynamic, text), registered in
 common.HANDLERS when imported here; they only build IR."""
 import mmap
@@ -20,8 +20,8 @@ from . import (  # noqa: F401  (imported for their @handler registrations)
     recurrent,
     reduce,
     resize,
-    shape,
     softmax,
+    tensor,
     text,
 )
 from .common import HANDLERS, ONNX_DTYPES, Cut, onnx_dtype, resolve_handler
