@@ -112,12 +112,22 @@ def pad(imp, x, pads, mode, value):
 
 
 # ---------------------------------------------------------------- Conv- and pool-like attributes -----------------
-def auto_pads(at, in_spatial, kernel, strides, dilations):
-    """Explicit pads (begins + ends) from auto_pad; SAME_UPPER puts the odd cell at the end, SAME_LOWER first."""
+def spatial_attrs(at, nsp):
+    """(strides, pads, dilations) of a Conv- or pool-like node over `nsp` spatial dims, each a list with the ONNX
+    default filled in: strides 1, pads 0 (begins + ends, as written; auto_pads resolves auto_pad), dilations 1."""
+    strides = list(at.get("strides") or [1] * nsp)
+    pads = list(at.get("pads") or [0] * 2 * nsp)
+    dilations = list(at.get("dilations") or [1] * nsp)
+    return strides, pads, dilations
+
+
+def auto_pads(at, pads, in_spatial, kernel, strides, dilations):
+    """Explicit pads (begins + ends) from auto_pad, `pads` (spatial_attrs') where it is NOTSET; SAME_UPPER puts the
+    odd cell at the end, SAME_LOWER first."""
     nsp = len(in_spatial)
     auto = at.get("auto_pad", "NOTSET")
     if auto in ("NOTSET", ""):
-        return list(at.get("pads") or [0] * 2 * nsp)
+        return pads
     if auto == "VALID":
         return [0] * 2 * nsp
     if auto not in ("SAME_UPPER", "SAME_LOWER"):

@@ -6,7 +6,18 @@ ReverseSequence, TopK, Einsum, MaxUnpool, quantisation.
 import numpy as np
 
 from ..errors import ModelError
-from .common import HANDLERS, auto_pads, const, handler, norm_axis, onnx_dtype, pad, reshape, slice_axes
+from .common import (
+    HANDLERS,
+    auto_pads,
+    const,
+    handler,
+    norm_axis,
+    onnx_dtype,
+    pad,
+    reshape,
+    slice_axes,
+    spatial_attrs,
+)
 
 
 def _c(b, value, dtype):
@@ -106,9 +117,8 @@ def _lppool(imp, node, xs, at):  # y = (sum over the window of |x|^p)^(1/p) = (a
     p = float(at.get("p", 2))
     nsp = x.rank - 2
     kernel = list(at["kernel_shape"])
-    strides = list(at.get("strides") or [1] * nsp)
-    dil = list(at.get("dilations") or [1] * nsp)
-    pads = auto_pads(at, x.shape[2:], kernel, strides, dil)
+    strides, pads, dil = spatial_attrs(at, nsp)
+    pads = auto_pads(at, pads, x.shape[2:], kernel, strides, dil)
     attrs = {"kernel_shape": tuple(kernel), "strides": tuple(strides), "pads": tuple(pads), "dilations": tuple(dil),
              "count_include_pad": 1}
     if at.get("ceil_mode", 0):
@@ -283,8 +293,7 @@ def _maxunpool(imp, node, xs, at):
     x, idx = xs[0], xs[1]
     nsp = x.rank - 2
     kernel = at["kernel_shape"]
-    strides = at.get("strides") or [1] * nsp
-    pads = at.get("pads") or [0] * 2 * nsp
+    strides, pads, _ = spatial_attrs(at, nsp)
     shape = x.shape[:2] + tuple((d - 1) * s + k - pads[i] - pads[i + nsp]
                                 for i, (d, s, k) in enumerate(zip(x.shape[2:], strides, kernel)))
     total = int(np.prod(shape, dtype=np.int64))

@@ -3,7 +3,7 @@ global pools, BatchNormalization, RoiAlign, LRN, MeanVarianceNormalization."""
 import numpy as np
 
 from ..errors import ModelError
-from .common import auto_pads, handler, norm_axis, pad, reshape, slice_axes
+from .common import auto_pads, handler, norm_axis, pad, reshape, slice_axes, spatial_attrs
 
 
 @handler("Conv", 1, 11, 22)
@@ -11,9 +11,8 @@ def _conv(imp, node, xs, at):
     x, w = xs[0], xs[1]
     nsp = x.rank - 2
     kernel = list(at.get("kernel_shape") or w.shape[2:])
-    strides = list(at.get("strides") or [1] * nsp)
-    dil = list(at.get("dilations") or [1] * nsp)
-    pads = auto_pads(at, x.shape[2:], kernel, strides, dil)
+    strides, pads, dil = spatial_attrs(at, nsp)
+    pads = auto_pads(at, pads, x.shape[2:], kernel, strides, dil)
     inputs = [x, w] + ([xs[2]] if len(xs) > 2 and xs[2] is not None else [])
     return [imp.b.op("Conv", inputs, {"strides": tuple(strides), "pads": tuple(pads), "dilations": tuple(dil),
                                       "group": at.get("group", 1)})]
@@ -23,9 +22,8 @@ def _pool(imp, node, xs, at, op):
     x = xs[0]
     nsp = x.rank - 2
     kernel = list(at["kernel_shape"])
-    strides = list(at.get("strides") or [1] * nsp)
-    dil = list(at.get("dilations") or [1] * nsp)
-    pads = auto_pads(at, x.shape[2:], kernel, strides, dil)
+    strides, pads, dil = spatial_attrs(at, nsp)
+    pads = auto_pads(at, pads, x.shape[2:], kernel, strides, dil)
     attrs = {"kernel_shape": tuple(kernel), "strides": tuple(strides), "pads": tuple(pads), "dilations": tuple(dil)}
     if at.get("ceil_mode", 0):
         attrs["ceil_mode"] = 1
@@ -169,10 +167,8 @@ def _conv_transpose(imp, node, xs, at):
     nsp = x.rank - 2
     group = at.get("group", 1)
     kernel = list(w.shape[2:])
-    strides = list(at.get("strides") or [1] * nsp)
-    dil = list(at.get("dilations") or [1] * nsp)
+    strides, pads, dil = spatial_attrs(at, nsp)
     out_pad = list(at.get("output_padding") or [0] * nsp)
-    pads = list(at.get("pads") or [0] * 2 * nsp)
     auto = at.get("auto_pad", "NOTSET")
     out_shape = at.get("output_shape")
     if out_shape is not None or auto in ("SAME_UPPER", "SAME_LOWER"):
