@@ -23,7 +23,7 @@ def handler(op_type, *versions):
     return deco
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _schema_version(op_type, opset, domain=""):
     try:
         return onnx.defs.get_schema(op_type, opset, domain).since_version
@@ -85,7 +85,7 @@ def slice_axes(imp, x, starts, ends, axes, steps):
     axes = list(range(len(starts))) if axes is None else [norm_axis(int(a), rank) for a in axes]
     steps = [1] * len(starts) if steps is None else [int(s) for s in steps]
     st, cnt, sp = [0] * rank, list(x.shape), [1] * rank
-    for a, s, e, k in zip(axes, starts, ends, steps):
+    for a, s, e, k in zip(axes, starts, ends, steps, strict=False):
         if k == 0:
             raise ModelError("Slice step 0")
         s, e = int(max(min(s, 2**62), -2**62)), int(max(min(e, 2**62), -2**62))
@@ -103,7 +103,7 @@ def pad(imp, x, pads, mode, value):
         return x
     if any(p < 0 for p in pads):  # negative pads crop: a Slice, then the positive part
         starts = [max(0, -p) for p in pads[:x.rank]]
-        ends = [d - max(0, -p) for d, p in zip(x.shape, pads[x.rank:])]
+        ends = [d - max(0, -p) for d, p in zip(x.shape, pads[x.rank:], strict=False)]
         x = slice_axes(imp, x, starts, ends, None, None)
         pads = [max(0, p) for p in pads]
         if not any(pads):
@@ -133,7 +133,7 @@ def auto_pads(at, pads, in_spatial, kernel, strides, dilations):
     if auto not in ("SAME_UPPER", "SAME_LOWER"):
         raise ModelError(f"auto_pad {auto!r}: expected NOTSET, VALID, SAME_UPPER or SAME_LOWER")
     begins, ends = [], []
-    for size, k, s, d in zip(in_spatial, kernel, strides, dilations):
+    for size, k, s, d in zip(in_spatial, kernel, strides, dilations, strict=False):
         out = -(-size // s)
         total = max(0, (out - 1) * s + (k - 1) * d + 1 - size)
         small, big = total // 2, total - total // 2

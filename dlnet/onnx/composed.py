@@ -177,7 +177,8 @@ def _reverse_sequence(imp, node, xs, at):  # src[t] = len - 1 - t for t < len, e
 
 # ---------------------------------------------------------------- TopK --------------------------------------------
 def _topk(imp, x, k, axis, largest):
-    """rank[i] = #{j: x_j beats x_i} (ties: lower index first); index of output r = the i with rank r; values gathered."""
+    """rank[i] = #{j: x_j beats x_i} (ties: lower index first); index of output r = the i with rank r; values
+    gathered."""
     b = imp.b
     n = x.shape[axis]
     if not 0 <= k <= n:
@@ -229,10 +230,11 @@ def _einsum(imp, node, xs, at):
     if len(terms) != len(xs):
         raise ModelError(f"Einsum {eq!r} names {len(terms)} operands, got {len(xs)}")
     fresh = iter("ABCDEFGHIJKLMNOPQRSTUVWXYZ" + "αβγδεζηθικλμνξοπρστυφχψω")
-    ell_rank = max((x.rank - len(t.replace("...", "")) for t, x in zip(terms, xs) if "..." in t), default=0)
+    ell_rank = max((x.rank - len(t.replace("...", "")) for t, x in zip(terms, xs, strict=False) if "..." in t),
+                   default=0)
     ell = [next(fresh) for _ in range(ell_rank)]
     labels, ops = [], []
-    for t, x in zip(terms, xs):
+    for t, x in zip(terms, xs, strict=False):
         if "..." in t:
             head, tail = t.split("...")
             n = x.rank - len(head) - len(tail)
@@ -264,7 +266,7 @@ def _einsum(imp, node, xs, at):
     allv = list(out) + [lab for t in labels for lab in t if lab not in out]
     allv = list(dict.fromkeys(allv))
     y = None
-    for t, x in zip(labels, ops):
+    for t, x in zip(labels, ops, strict=False):
         order = sorted(range(len(t)), key=lambda d: allv.index(t[d]))
         if order != list(range(len(t))):
             x = b.op("Transpose", [x], {"perm": tuple(order)})
@@ -274,7 +276,7 @@ def _einsum(imp, node, xs, at):
         y = x if y is None else b.op("Mul", [y, x])
     summed = tuple(range(len(out), len(allv)))
     sizes = {}
-    for t, x in zip(labels, ops):
+    for t, x in zip(labels, ops, strict=False):
         for i, lab in enumerate(t):
             sizes[lab] = max(sizes.get(lab, 1), x.shape[i])
     full = tuple(sizes[lab] for lab in allv)
@@ -295,14 +297,14 @@ def _maxunpool(imp, node, xs, at):
     kernel = at["kernel_shape"]
     strides, pads, _ = spatial_attrs(at, nsp)
     shape = x.shape[:2] + tuple((d - 1) * s + k - pads[i] - pads[i + nsp]
-                                for i, (d, s, k) in enumerate(zip(x.shape[2:], strides, kernel)))
+                                for i, (d, s, k) in enumerate(zip(x.shape[2:], strides, kernel, strict=False)))
     total = int(np.prod(shape, dtype=np.int64))
     zeros = b.const(np.zeros(total, x.dtype))
     y = b.op("ScatterElements", [zeros, reshape(b, idx, (x.size,)), reshape(b, x, (x.size,))], {"axis": 0})
     y = reshape(b, y, shape)
     if len(xs) > 2 and xs[2] is not None:
         out = [int(d) for d in const(xs[2], "MaxUnpool's output_shape")]
-        y = pad(imp, y, [0] * x.rank + [o - d for o, d in zip(out, shape)], "constant", 0.0)
+        y = pad(imp, y, [0] * x.rank + [o - d for o, d in zip(out, shape, strict=False)], "constant", 0.0)
     return [y]
 
 

@@ -18,7 +18,7 @@ def inline(imp, body, bound):
     try:
         for init in body.initializer:
             imp.values[init.name] = imp.b.const(numpy_helper.to_array(init))
-        for vi, v in zip(body.input, bound):
+        for vi, v in zip(body.input, bound, strict=False):
             imp.values[vi.name] = v
         for node in body.node:
             fn, reason = resolve_handler(node.op_type, imp.opset, node.domain)
@@ -26,7 +26,7 @@ def inline(imp, body, bound):
                 raise ModelError(f"subgraph {body.name!r} node {node.name or node.op_type}: {reason}")
             inputs = [imp.values[n] if n else None for n in node.input]
             outs = fn(imp, node, inputs, imp.attrs(node))
-            for name, v in zip(node.output, outs if isinstance(outs, (list, tuple)) else [outs]):
+            for name, v in zip(node.output, outs if isinstance(outs, (list, tuple)) else [outs], strict=False):
                 if name and v is not None:
                     imp.values[name] = v
         return [imp.values[o.name] for o in body.output]
@@ -57,12 +57,12 @@ def _scan(imp, node, xs, at, states, scans):
     n_out = len(body.output) - len(states)
     out_axes = list(at.get("scan_output_axes") or [0] * n_out)
     out_dirs = list(at.get("scan_output_directions") or [0] * n_out)
-    in_axes = [norm_axis(a, s.rank) for a, s in zip(in_axes, scans)]
+    in_axes = [norm_axis(a, s.rank) for a, s in zip(in_axes, scans, strict=False)]
     steps = scans[0].shape[in_axes[0]] if scans else 0
     collected = [[] for _ in range(n_out)]
     for t in range(steps):
         slices = []
-        for s, a, d in zip(scans, in_axes, in_dirs):
+        for s, a, d in zip(scans, in_axes, in_dirs, strict=False):
             i = steps - 1 - t if d else t
             slices.append(reshape(b, slice_axes(imp, s, [i], [i + 1], [a], None), s.shape[:a] + s.shape[a + 1:]))
         outs = inline(imp, body, states + slices)

@@ -5,12 +5,13 @@ import numpy as np
 from ..errors import ModelError
 from .common import const, handler, onnx_dtype, reshape
 
-UNARY = {  # op_type: (IR op, versions)
+UNARY = {  # op_type (the IR op of the same name): versions
     "Relu": (1, 6, 13, 14), "Sigmoid": (1, 6, 13), "Tanh": (1, 6, 13), "Exp": (1, 6, 13), "Log": (1, 6, 13),
     "Sqrt": (1, 6, 13), "Abs": (1, 6, 13), "Neg": (1, 6, 13), "Reciprocal": (1, 6, 13), "Floor": (1, 6, 13),
-    "Ceil": (1, 6, 13), "Erf": (9, 13), "Sign": (9, 13), "Sin": (7, 22), "Cos": (7, 22), "Tan": (7, 22), "Asin": (7, 22),
-    "Acos": (7, 22), "Atan": (7, 22), "Sinh": (9, 22), "Cosh": (9, 22), "Asinh": (9, 22), "Acosh": (9, 22), "Atanh": (9, 22),
-    "Round": (11, 22), "Not": (1,), "IsNaN": (9, 13, 20), "Softsign": (1, 22), "Softplus": (1, 22), "HardSwish": (14, 22),
+    "Ceil": (1, 6, 13), "Erf": (9, 13), "Sign": (9, 13), "Sin": (7, 22), "Cos": (7, 22), "Tan": (7, 22),
+    "Asin": (7, 22), "Acos": (7, 22), "Atan": (7, 22), "Sinh": (9, 22), "Cosh": (9, 22), "Asinh": (9, 22),
+    "Acosh": (9, 22), "Atanh": (9, 22), "Round": (11, 22), "Not": (1,), "IsNaN": (9, 13, 20), "Softsign": (1, 22),
+    "Softplus": (1, 22), "HardSwish": (14, 22),
 }
 UNARY_ATTR = {  # ops with attributes that keep their ONNX names
     "LeakyRelu": (1, 6, 16), "Elu": (1, 6, 22), "Selu": (1, 6, 22), "HardSigmoid": (1, 6, 22), "Celu": (12, 28),

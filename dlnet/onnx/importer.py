@@ -227,7 +227,7 @@ class Importer:
             raise ModelError(f"{self.path}: node {label} ({node.op_type}): {type(e).__name__}: {e}") from None
         if not isinstance(outs, (list, tuple)):
             outs = [outs]
-        for name, v in zip(node.output, outs):
+        for name, v in zip(node.output, outs, strict=False):
             if name and v is not None:
                 self.values[name] = v
         for name in list(node.output)[len(outs):]:

@@ -41,8 +41,9 @@ def _maxpool_indices(b, x, y, kernel, strides, pads, dil, storage_order):
     (the lowest value) appended, arg-maxed, and mapped through a table of window offset -> flat index."""
     n, c, space, out = x.shape[0], x.shape[1], x.shape[2:], y.shape[2:]
     size = int(np.prod(space))
-    grid = np.stack(np.meshgrid(*[np.arange(o) * st - p for o, st, p in zip(out, strides, pads)], indexing="ij"), -1)
-    taps = np.stack(np.meshgrid(*[np.arange(k) * d for k, d in zip(kernel, dil)], indexing="ij"), -1)
+    grid = np.stack(np.meshgrid(*[np.arange(o) * st - p for o, st, p in zip(out, strides, pads, strict=False)],
+                                indexing="ij"), -1)
+    taps = np.stack(np.meshgrid(*[np.arange(k) * d for k, d in zip(kernel, dil, strict=False)], indexing="ij"), -1)
     at = grid.reshape(-1, 1, len(space)) + taps.reshape(1, -1, len(space))  # [windows, taps, spatial dims]
     inside = np.all((at >= 0) & (at < np.asarray(space)), axis=-1)
     row_major = np.ravel_multi_index(tuple(np.clip(at, 0, np.asarray(space) - 1).transpose(2, 0, 1)), space)
@@ -172,7 +173,10 @@ def _conv_transpose(imp, node, xs, at):
     auto = at.get("auto_pad", "NOTSET")
     out_shape = at.get("output_shape")
     if out_shape is not None or auto in ("SAME_UPPER", "SAME_LOWER"):
-        out_shape = list(out_shape)[-nsp:] if out_shape is not None else [d * s for d, s in zip(x.shape[2:], strides)]
+        if out_shape is not None:
+            out_shape = list(out_shape)[-nsp:]
+        else:
+            out_shape = [d * s for d, s in zip(x.shape[2:], strides, strict=False)]
         for i in range(nsp):
             total = strides[i] * (x.shape[2 + i] - 1) + out_pad[i] + (kernel[i] - 1) * dil[i] + 1 - out_shape[i]
             small, big = total // 2, total - total // 2
@@ -186,12 +190,12 @@ def _conv_transpose(imp, node, xs, at):
         for i, s in enumerate(strides):
             zpads[len(inter) + 3 + 2 * i] = s - 1
         z = pad(imp, reshape(b, x, inter), zpads, "constant", 0.0)
-        z = reshape(b, z, list(x.shape[:2]) + [d * s for d, s in zip(x.shape[2:], strides)])
-        x = slice_axes(imp, z, [0] * nsp, [(d - 1) * s + 1 for d, s in zip(x.shape[2:], strides)],
+        z = reshape(b, z, list(x.shape[:2]) + [d * s for d, s in zip(x.shape[2:], strides, strict=False)])
+        x = slice_axes(imp, z, [0] * nsp, [(d - 1) * s + 1 for d, s in zip(x.shape[2:], strides, strict=False)],
                    list(range(2, 2 + nsp)), None)
-    edge = [(k - 1) * d for k, d in zip(kernel, dil)]
-    begins = [e - p for e, p in zip(edge, pads[:nsp])]
-    ends = [e - p + o for e, p, o in zip(edge, pads[nsp:], out_pad)]
+    edge = [(k - 1) * d for k, d in zip(kernel, dil, strict=False)]
+    begins = [e - p for e, p in zip(edge, pads[:nsp], strict=False)]
+    ends = [e - p + o for e, p, o in zip(edge, pads[nsp:], out_pad, strict=False)]
     x = pad(imp, x, [0, 0] + begins + [0, 0] + ends, "constant", 0.0)
     cin, cout_g = w.shape[0], w.shape[1]
     wg = reshape(b, w, [group, cin // group, cout_g] + kernel)

@@ -142,7 +142,7 @@ def _slice_1(imp, node, xs, at):  # op-set 1: starts/ends/axes are attributes
 @handler("Slice", 10, 11, 13)
 def _slice_10(imp, node, xs, at):  # op-set 10: inputs, with steps
     opt = [const(v, "Slice's " + n).reshape(-1).tolist() if v is not None else None
-           for v, n in zip(list(xs[1:]) + [None] * (5 - len(xs)), ("starts", "ends", "axes", "steps"))]
+           for v, n in zip(list(xs[1:]) + [None] * (5 - len(xs)), ("starts", "ends", "axes", "steps"), strict=False)]
     return [slice_axes(imp, xs[0], *opt)]
 
 
@@ -198,15 +198,15 @@ def _tile(imp, node, xs, at):
     x = xs[0]
     reps = [int(r) for r in const(xs[1], "Tile's repeats")]
     inter = [d for dim in x.shape for d in (1, dim)]
-    target = [d for r, dim in zip(reps, x.shape) for d in (r, dim)]
+    target = [d for r, dim in zip(reps, x.shape, strict=False) for d in (r, dim)]
     y = imp.b.op("Expand", [reshape(imp.b, x, inter)], {"shape": tuple(target)})
-    return [reshape(imp.b, y, [r * d for r, d in zip(reps, x.shape)])]
+    return [reshape(imp.b, y, [r * d for r, d in zip(reps, x.shape, strict=False)])]
 
 
 @handler("Range", 11, 27)
 def _range(imp, node, xs, at):
-    s, l, d = (const(v, "Range's inputs") for v in xs)
-    return [imp.b.const(np.arange(s, l, d).astype(s.dtype))]
+    start, limit, delta = (const(v, "Range's inputs") for v in xs)
+    return [imp.b.const(np.arange(start, limit, delta).astype(start.dtype))]
 
 
 def _pads_2(at):
