@@ -1,5 +1,6 @@
 """What the ONNX handler modules share: the registry of handlers per (op_type, since_version), ONNX dtypes, and the
-small IR-building helpers (constants, reshapes, axes, slices, pads, spatial attributes) several op families use.
+small IR-building helpers (constants, reshapes, axes, slices, pads, spatial attributes) several op families use;
+and Cut, where an imported graph stops before a node that runs on the host (dlnet/stages.py reads it).
 
 `@handler("Relu", 6, 13, 14)` registers one function for every listed schema version whose semantics it covers:
 a version bump that only added types is listed with the same function; one that changed meaning gets its own.
