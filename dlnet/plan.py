@@ -11,8 +11,6 @@ runs on the device, the values the rest reads come back to the host, the node ru
 forms (the code that folds them at load), and the rest of the model is imported from the next node with those
 arrays as its inputs, planned once per set of shapes and cached like any plan. Every shape is a true one.
 """
-from dataclasses import dataclass, field
-
 import numpy as np
 
 from .graph.memory import plan_memory
@@ -115,16 +113,6 @@ class Plan:
             ctx.check_guards(self.graph.name)
         return outs
 
-
-
-@dataclass
-class Cut:
-    """Where a graph stops: ONNX node `index` runs on the host; why; what the rest reads that is known already
-    (`consts`, by ONNX name) or that is one of this graph's inputs under another name (`aliases`)."""
-    index: int
-    reason: str
-    consts: dict = field(default_factory=dict)
-    aliases: dict = field(default_factory=dict)
 
 
 class StagedPlan:

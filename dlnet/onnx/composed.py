@@ -6,7 +6,18 @@ ReverseSequence, TopK, Einsum, MaxUnpool, quantisation.
 import numpy as np
 
 from ..errors import ModelError
-from .opsets import _auto_pads, _pad, _slice, const, handler, norm_axis, reshape
+from .common import (
+    HANDLERS,
+    auto_pads,
+    const,
+    handler,
+    norm_axis,
+    onnx_dtype,
+    pad,
+    reshape,
+    slice_axes,
+    spatial_attrs,
+)
 
 
 def _c(b, value, dtype):
@@ -52,14 +63,13 @@ def _onehot(imp, node, xs, at):
     shape.insert(axis, 1)
     ids = b.const(np.arange(depth, dtype=np.int64).reshape((depth,) + (1,) * (rank - axis - 1)))
     hit = b.op("Equal", [reshape(b, i64, shape), ids])
-    off = reshape(b, _slice(imp, values, [0], [1], None, None), ())
-    on = reshape(b, _slice(imp, values, [1], [2], None, None), ())
+    off = reshape(b, slice_axes(imp, values, [0], [1], None, None), ())
+    on = reshape(b, slice_axes(imp, values, [1], [2], None, None), ())
     return [b.op("Where", [hit, on, off])]
 
 
 @handler("EyeLike", 9, 22)  # 22 adds types; the output depends on the input's shape only
 def _eyelike(imp, node, xs, at):
-    from .importer import onnx_dtype
     x = xs[0]
     dtype = onnx_dtype(at["dtype"]) if "dtype" in at else x.dtype
     return [imp.b.const(np.eye(x.shape[0], x.shape[1], k=at.get("k", 0), dtype=dtype))]
@@ -107,9 +117,8 @@ def _lppool(imp, node, xs, at):  # y = (sum over the window of |x|^p)^(1/p) = (a
     p = float(at.get("p", 2))
     nsp = x.rank - 2
     kernel = list(at["kernel_shape"])
-    strides = list(at.get("strides") or [1] * nsp)
-    dil = list(at.get("dilations") or [1] * nsp)
-    pads = _auto_pads(at, x.shape[2:], kernel, strides, dil)
+    strides, pads, dil = spatial_attrs(at, nsp)
+    pads = auto_pads(at, pads, x.shape[2:], kernel, strides, dil)
     attrs = {"kernel_shape": tuple(kernel), "strides": tuple(strides), "pads": tuple(pads), "dilations": tuple(dil),
              "count_include_pad": 1}
     if at.get("ceil_mode", 0):
@@ -168,7 +177,8 @@ def _reverse_sequence(imp, node, xs, at):  # src[t] = len - 1 - t for t < len, e
 
 # ---------------------------------------------------------------- TopK --------------------------------------------
 def _topk(imp, x, k, axis, largest):
-    """rank[i] = #{j: x_j beats x_i} (ties: lower index first); index of output r = the i with rank r; values gathered."""
+    """rank[i] = #{j: x_j beats x_i} (ties: lower index first); index of output r = the i with rank r; values
+    gathered."""
     b = imp.b
     n = x.shape[axis]
     if not 0 <= k <= n:
@@ -220,10 +230,11 @@ def _einsum(imp, node, xs, at):
     if len(terms) != len(xs):
         raise ModelError(f"Einsum {eq!r} names {len(terms)} operands, got {len(xs)}")
     fresh = iter("ABCDEFGHIJKLMNOPQRSTUVWXYZ" + "αβγδεζηθικλμνξοπρστυφχψω")
-    ell_rank = max((x.rank - len(t.replace("...", "")) for t, x in zip(terms, xs) if "..." in t), default=0)
+    ell_rank = max((x.rank - len(t.replace("...", "")) for t, x in zip(terms, xs, strict=False) if "..." in t),
+                   default=0)
     ell = [next(fresh) for _ in range(ell_rank)]
     labels, ops = [], []
-    for t, x in zip(terms, xs):
+    for t, x in zip(terms, xs, strict=False):
         if "..." in t:
             head, tail = t.split("...")
             n = x.rank - len(head) - len(tail)
@@ -255,7 +266,7 @@ def _einsum(imp, node, xs, at):
     allv = list(out) + [lab for t in labels for lab in t if lab not in out]
     allv = list(dict.fromkeys(allv))
     y = None
-    for t, x in zip(labels, ops):
+    for t, x in zip(labels, ops, strict=False):
         order = sorted(range(len(t)), key=lambda d: allv.index(t[d]))
         if order != list(range(len(t))):
             x = b.op("Transpose", [x], {"perm": tuple(order)})
@@ -265,7 +276,7 @@ def _einsum(imp, node, xs, at):
         y = x if y is None else b.op("Mul", [y, x])
     summed = tuple(range(len(out), len(allv)))
     sizes = {}
-    for t, x in zip(labels, ops):
+    for t, x in zip(labels, ops, strict=False):
         for i, lab in enumerate(t):
             sizes[lab] = max(sizes.get(lab, 1), x.shape[i])
     full = tuple(sizes[lab] for lab in allv)
@@ -284,17 +295,16 @@ def _maxunpool(imp, node, xs, at):
     x, idx = xs[0], xs[1]
     nsp = x.rank - 2
     kernel = at["kernel_shape"]
-    strides = at.get("strides") or [1] * nsp
-    pads = at.get("pads") or [0] * 2 * nsp
+    strides, pads, _ = spatial_attrs(at, nsp)
     shape = x.shape[:2] + tuple((d - 1) * s + k - pads[i] - pads[i + nsp]
-                                for i, (d, s, k) in enumerate(zip(x.shape[2:], strides, kernel)))
+                                for i, (d, s, k) in enumerate(zip(x.shape[2:], strides, kernel, strict=False)))
     total = int(np.prod(shape, dtype=np.int64))
     zeros = b.const(np.zeros(total, x.dtype))
     y = b.op("ScatterElements", [zeros, reshape(b, idx, (x.size,)), reshape(b, x, (x.size,))], {"axis": 0})
     y = reshape(b, y, shape)
     if len(xs) > 2 and xs[2] is not None:
         out = [int(d) for d in const(xs[2], "MaxUnpool's output_shape")]
-        y = _pad(imp, y, [0] * x.rank + [o - d for o, d in zip(out, shape)], "constant", 0.0)
+        y = pad(imp, y, [0] * x.rank + [o - d for o, d in zip(out, shape, strict=False)], "constant", 0.0)
     return [y]
 
 
@@ -315,7 +325,7 @@ def _per_axis(imp, v, x, axis, block=0):
         full = v.shape[:axis + 1] + (block,) + v.shape[axis + 1:]
         v = reshape(b, b.op("Expand", [reshape(b, v, inter)], {"shape": full}),
                     v.shape[:axis] + (v.shape[axis] * block,) + v.shape[axis + 1:])
-        return v if v.shape == x.shape else _slice(imp, v, [0] * x.rank, list(x.shape), None, None)
+        return v if v.shape == x.shape else slice_axes(imp, v, [0] * x.rank, list(x.shape), None, None)
     if v.rank != 1:
         raise ModelError(f"a quantisation scale of shape {list(v.shape)} for input {list(x.shape)}")
     return reshape(imp.b, v, [v.size if d == axis else 1 for d in range(x.rank)])
@@ -338,8 +348,7 @@ def _quantize_linear(imp, node, xs, at):
     zp = xs[2] if len(xs) > 2 and xs[2] is not None else None
     dtype = zp.dtype if zp is not None else "uint8"
     if zp is None and at.get("output_dtype", 0):
-        from .importer import onnx_dtype
-        dtype = onnx_dtype(at["output_dtype"])
+            dtype = onnx_dtype(at["output_dtype"])
     if dtype not in QUANT_RANGE:
         raise ModelError(f"QuantizeLinear to {dtype} is not supported (supported: {sorted(QUANT_RANGE)})")
     block = at.get("block_size", 0)
@@ -389,12 +398,10 @@ def _minus_zp(imp, v, zp, axis=None):
 
 
 def _matmul(imp, a, bm):
-    from .opsets import HANDLERS
     return HANDLERS["MatMul"][13](imp, None, [a, bm], {})[0]
 
 
 def _conv_float(imp, x, w, at):
-    from .opsets import HANDLERS
     return HANDLERS["Conv"][11](imp, None, [x, w], at)[0]
 
 

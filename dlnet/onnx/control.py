@@ -4,22 +4,21 @@ A body graph is built by the same handlers, in the importer's value scope (bodie
 inputs bound to IR values; the scope is restored afterwards.
 """
 import numpy as np
+from onnx import numpy_helper
 
 from ..errors import ModelError
-from .opsets import _slice, const, handler, norm_axis, reshape
+from .common import const, handler, norm_axis, reshape, resolve_handler, slice_axes
 
 
 def inline(imp, body, bound):
     """Build GraphProto `body` with its inputs bound to `bound` (a list of values); returns its output values."""
-    from .importer import resolve_handler
     if len(bound) != len(body.input):
         raise ModelError(f"subgraph {body.name!r} takes {len(body.input)} inputs, given {len(bound)}")
     saved = dict(imp.values)
     try:
         for init in body.initializer:
-            from onnx import numpy_helper
             imp.values[init.name] = imp.b.const(numpy_helper.to_array(init))
-        for vi, v in zip(body.input, bound):
+        for vi, v in zip(body.input, bound, strict=False):
             imp.values[vi.name] = v
         for node in body.node:
             fn, reason = resolve_handler(node.op_type, imp.opset, node.domain)
@@ -27,7 +26,7 @@ def inline(imp, body, bound):
                 raise ModelError(f"subgraph {body.name!r} node {node.name or node.op_type}: {reason}")
             inputs = [imp.values[n] if n else None for n in node.input]
             outs = fn(imp, node, inputs, imp.attrs(node))
-            for name, v in zip(node.output, outs if isinstance(outs, (list, tuple)) else [outs]):
+            for name, v in zip(node.output, outs if isinstance(outs, (list, tuple)) else [outs], strict=False):
                 if name and v is not None:
                     imp.values[name] = v
         return [imp.values[o.name] for o in body.output]
@@ -58,14 +57,14 @@ def _scan(imp, node, xs, at, states, scans):
     n_out = len(body.output) - len(states)
     out_axes = list(at.get("scan_output_axes") or [0] * n_out)
     out_dirs = list(at.get("scan_output_directions") or [0] * n_out)
-    in_axes = [norm_axis(a, s.rank) for a, s in zip(in_axes, scans)]
+    in_axes = [norm_axis(a, s.rank) for a, s in zip(in_axes, scans, strict=False)]
     steps = scans[0].shape[in_axes[0]] if scans else 0
     collected = [[] for _ in range(n_out)]
     for t in range(steps):
         slices = []
-        for s, a, d in zip(scans, in_axes, in_dirs):
+        for s, a, d in zip(scans, in_axes, in_dirs, strict=False):
             i = steps - 1 - t if d else t
-            slices.append(reshape(b, _slice(imp, s, [i], [i + 1], [a], None), s.shape[:a] + s.shape[a + 1:]))
+            slices.append(reshape(b, slice_axes(imp, s, [i], [i + 1], [a], None), s.shape[:a] + s.shape[a + 1:]))
         outs = inline(imp, body, states + slices)
         states = outs[:len(states)]
         for k, v in enumerate(outs[len(states):]):
@@ -97,8 +96,8 @@ def _scan_8(imp, node, xs, at):  # op-set 8: batch axis 0, optional sequence_len
     nb = states[0].shape[0] if states else scans[0].shape[0]
     per_batch = []
     for i in range(nb):
-        st = [reshape(b, _slice(imp, s, [i], [i + 1], [0], None), s.shape[1:]) for s in states]
-        sc = [reshape(b, _slice(imp, s, [i], [i + 1], [0], None), s.shape[1:]) for s in scans]
+        st = [reshape(b, slice_axes(imp, s, [i], [i + 1], [0], None), s.shape[1:]) for s in states]
+        sc = [reshape(b, slice_axes(imp, s, [i], [i + 1], [0], None), s.shape[1:]) for s in scans]
         at9 = dict(at, scan_input_directions=at.get("directions"))
         per_batch.append(_scan(imp, node, xs, at9, st, sc))
     return [_stack(b, [r[k] for r in per_batch], 0) for k in range(len(per_batch[0]))]

@@ -3,7 +3,7 @@
 Each builds host ops (dlnet/graph/ops/host.py): folded at load when the values are constants, otherwise run on the
 host at run time, the rest of the model planned for the shapes they give (dlnet/stages.py).
 """
-from .opsets import _slice, handler, norm_axis, reshape
+from .common import handler, norm_axis, reshape, slice_axes
 
 
 @handler("NonZero", 9, 13)  # 13 adds types
@@ -20,7 +20,7 @@ def _compress(imp, node, xs, at):  # y = take(x, nonzero(condition), axis); a co
         x, axis = reshape(b, x, (x.size,)), 0
     cond = reshape(b, xs[1], (xs[1].size,))
     if cond.size > x.shape[axis]:
-        cond = _slice(imp, cond, [0], [x.shape[axis]], None, None)
+        cond = slice_axes(imp, cond, [0], [x.shape[axis]], None, None)
     if cond.dtype != "bool":
         cond = b.op("Cast", [cond], {"to": "bool"})
     keep = b.op("NonZero", [cond])

@@ -1,27 +1,33 @@
-"""ModelProto -> Graph. Handlers per (op_type, since_version) live in opsets.py; they only build IR."""
-import functools
+"""ModelProto -> Graph. Handlers per (op_type, since_version) live in one module per op family (elementwise, tensor,
+indexing, linalg, nn, reduce, softmax, composed, resize, recurrent, control, dynamic, text), registered in
+common.HANDLERS when imported here; they only build IR."""
 import mmap
 import os
 
-import numpy as np
 import onnx
 from onnx import external_data_helper, helper, numpy_helper
 
 from ..errors import ModelError
 from ..graph.ir import Builder, Graph, NeedsHost
-from .opsets import HANDLERS
+from . import (  # noqa: F401  (imported for their @handler registrations)
+    composed,
+    control,
+    dynamic,
+    elementwise,
+    indexing,
+    linalg,
+    nn,
+    recurrent,
+    reduce,
+    resize,
+    softmax,
+    tensor,
+    text,
+)
+from .common import HANDLERS, ONNX_DTYPES, Cut, onnx_dtype, resolve_handler
 
-ONNX_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64", 9: "bool",
-               10: "float16", 11: "float64", 12: "uint32", 13: "uint64", 8: "object"}  # 8: STRING, host ops only
-
-
-def onnx_dtype(code, where=""):
-    dt = ONNX_DTYPES.get(code)
-    if dt is None:
-        name = onnx.TensorProto.DataType.Name(code) if code in onnx.TensorProto.DataType.values() else code
-        supported = sorted(set(ONNX_DTYPES.values()) - {"object"}) + ["string"]
-        raise ModelError(f"{where}dtype {name} is not supported (supported: {supported})")
-    return dt
+__all__ = ["HANDLERS", "ONNX_DTYPES", "Importer", "check_supported", "graph_io", "load_model", "model_opset",
+           "onnx_dtype", "resolve_handler"]
 
 
 def load_model(path):
@@ -56,30 +62,6 @@ def model_opset(model):
         if imp.domain in ("", "ai.onnx"):
             return imp.version
     return 1
-
-
-@functools.lru_cache(maxsize=None)
-def _schema_version(op_type, opset, domain=""):
-    try:
-        return onnx.defs.get_schema(op_type, opset, domain).since_version
-    except Exception:
-        return None
-
-
-def resolve_handler(op_type, opset, domain=""):
-    """The handler for this op at this op-set, or (None, reason)."""
-    if domain not in ("", "ai.onnx"):
-        return None, f"domain {domain!r} is not supported"
-    versions = HANDLERS.get(op_type)
-    if not versions:
-        return None, "op is not supported"
-    since = _schema_version(op_type, opset)
-    if since is None:
-        return None, f"op does not exist at op-set {opset}"
-    if since not in versions:
-        known = sorted(versions)
-        return None, f"version {since} is not supported (dlnet has versions {known})"
-    return versions[since], None
 
 
 def check_supported(model, path=""):
@@ -245,7 +227,7 @@ class Importer:
             raise ModelError(f"{self.path}: node {label} ({node.op_type}): {type(e).__name__}: {e}") from None
         if not isinstance(outs, (list, tuple)):
             outs = [outs]
-        for name, v in zip(node.output, outs):
+        for name, v in zip(node.output, outs, strict=False):
             if name and v is not None:
                 self.values[name] = v
         for name in list(node.output)[len(outs):]:
@@ -256,7 +238,6 @@ class Importer:
     def _cut(self, index, reason):
         """End the graph before ONNX node `index` (None: the model's end): its outputs are the values computed here
         that later nodes or the model's outputs read."""
-        from ..plan import Cut
         g = self.graph
         later = {o.name for o in self.model.graph.output}
         if index is not None:

@@ -6,7 +6,7 @@ the gate maths. Gate order in W/R/B: LSTM i, o, f, c; GRU z, r, h; RNN one gate.
 import numpy as np
 
 from ..errors import ModelError
-from .opsets import _slice, const, handler, reshape
+from .common import const, handler, reshape, slice_axes
 
 ACTIVATIONS = {"Tanh": "Tanh", "Sigmoid": "Sigmoid", "Relu": "Relu"}
 
@@ -20,7 +20,54 @@ def _act(b, name, x):
 
 def _gate(imp, v, k, hidden):
     """Gate k of a [..., G*H] value."""
-    return _slice(imp, v, [k * hidden], [(k + 1) * hidden], [v.rank - 1], None)
+    return slice_axes(imp, v, [k * hidden], [(k + 1) * hidden], [v.rank - 1], None)
+
+
+def _weights(imp, d, w, r, bias, gates, hidden):
+    """Direction d's W [G*H, I], R [G*H, H] and the W and R halves of its bias (None without a bias)."""
+    b = imp.b
+    wd = reshape(b, slice_axes(imp, w, [d], [d + 1], [0], None), w.shape[1:])
+    rd = reshape(b, slice_axes(imp, r, [d], [d + 1], [0], None), r.shape[1:])
+    wb = rb = None
+    if bias is not None:
+        bd = reshape(b, slice_axes(imp, bias, [d], [d + 1], [0], None), bias.shape[1:])
+        wb = slice_axes(imp, bd, [0], [gates * hidden], None, None)
+        rb = slice_axes(imp, bd, [gates * hidden], [2 * gates * hidden], None, None)
+    return wd, rd, wb, rb
+
+
+def _gru_step(imp, f, at, xt, h, rd, rb, hidden):
+    """One GRU step: the new H from xt (the step's input projection, gates z, r, h) and H."""
+    b = imp.b
+    rz = slice_axes(imp, rd, [0], [2 * hidden], [0], None)
+    rh = slice_axes(imp, rd, [2 * hidden], [3 * hidden], [0], None)
+    hr = b.op("Gemm", [h, rz] + ([slice_axes(imp, rb, [0], [2 * hidden], None, None)] if rb is not None
+                                  else []), {"transB": 1})
+    z = _act(b, f[0], b.op("Add", [_gate(imp, xt, 0, hidden), _gate(imp, hr, 0, hidden)]))
+    rg = _act(b, f[0], b.op("Add", [_gate(imp, xt, 1, hidden), _gate(imp, hr, 1, hidden)]))
+    rbh = [_gate(imp, rb, 2, hidden)] if rb is not None else []
+    if at.get("linear_before_reset", 0):
+        hh = b.op("Mul", [rg, b.op("Gemm", [h, rh] + rbh, {"transB": 1})])
+    else:
+        hh = b.op("Gemm", [b.op("Mul", [rg, h]), rh] + rbh, {"transB": 1})
+    cand = _act(b, f[1], b.op("Add", [_gate(imp, xt, 2, hidden), hh]))
+    # H = (1 - z) * cand + z * H = cand + z * (H - cand)
+    return b.op("Add", [cand, b.op("Mul", [z, b.op("Sub", [h, cand])])])
+
+
+def _lstm_step(imp, f, pre, c, peeps, hidden):
+    """One LSTM step: (H, C) from the gates' pre-activations (i, o, f, c) and C; peeps (p_i, p_o, p_f) or None."""
+    b = imp.b
+    gi, go, gf, gc = (_gate(imp, pre, k, hidden) for k in range(4))
+    if peeps is not None:
+        p_i, p_o, p_f = peeps
+        gi = b.op("Add", [gi, b.op("Mul", [p_i, c])])
+        gf = b.op("Add", [gf, b.op("Mul", [p_f, c])])
+    c = b.op("Add", [b.op("Mul", [_act(b, f[0], gf), c]),
+                     b.op("Mul", [_act(b, f[0], gi), _act(b, f[1], gc)])])
+    if peeps is not None:
+        go = b.op("Add", [go, b.op("Mul", [p_o, c])])
+    return b.op("Mul", [_act(b, f[0], go), _act(b, f[2], c)]), c
 
 
 def _unroll(imp, node, xs, at, kind):
@@ -56,52 +103,28 @@ def _unroll(imp, node, xs, at, kind):
     for d in range(ndir):
         reverse = direction == "reverse" or d == 1
         f = acts[d * len(defaults):(d + 1) * len(defaults)]
-        wd = reshape(b, _slice(imp, w, [d], [d + 1], [0], None), w.shape[1:])
-        rd = reshape(b, _slice(imp, r, [d], [d + 1], [0], None), r.shape[1:])
-        wb = rb = None
-        if bias is not None:
-            bd = reshape(b, _slice(imp, bias, [d], [d + 1], [0], None), bias.shape[1:])
-            wb = _slice(imp, bd, [0], [gates * hidden], None, None)
-            rb = _slice(imp, bd, [gates * hidden], [2 * gates * hidden], None, None)
+        wd, rd, wb, rb = _weights(imp, d, w, r, bias, gates, hidden)
         proj = b.op("Gemm", [x2, wd] + ([wb] if wb is not None else []), {"transB": 1})
         proj = reshape(b, proj, (seq, batch, gates * hidden))
-        h = reshape(b, _slice(imp, init_h, [d], [d + 1], [0], None), (batch, hidden)) if init_h is not None else zeros
-        c = reshape(b, _slice(imp, init_c, [d], [d + 1], [0], None), (batch, hidden)) if init_c is not None else zeros
+        h = reshape(b, slice_axes(imp, init_h, [d], [d + 1], [0], None), (batch, hidden)) \
+            if init_h is not None else zeros
+        c = reshape(b, slice_axes(imp, init_c, [d], [d + 1], [0], None), (batch, hidden)) \
+            if init_c is not None else zeros
+        peeps = None
         if peep is not None:
-            pd = reshape(b, _slice(imp, peep, [d], [d + 1], [0], None), peep.shape[1:])
-            p_i, p_o, p_f = (_gate(imp, pd, k, hidden) for k in range(3))
+            pd = reshape(b, slice_axes(imp, peep, [d], [d + 1], [0], None), peep.shape[1:])
+            peeps = tuple(_gate(imp, pd, k, hidden) for k in range(3))
         outs = [None] * seq
         for t in (range(seq - 1, -1, -1) if reverse else range(seq)):
-            xt = reshape(b, _slice(imp, proj, [t], [t + 1], [0], None), (batch, gates * hidden))
+            xt = reshape(b, slice_axes(imp, proj, [t], [t + 1], [0], None), (batch, gates * hidden))
             if kind == "GRU":
-                rz = _slice(imp, rd, [0], [2 * hidden], [0], None)
-                rh = _slice(imp, rd, [2 * hidden], [3 * hidden], [0], None)
-                hr = b.op("Gemm", [h, rz] + ([_slice(imp, rb, [0], [2 * hidden], None, None)] if rb is not None
-                                              else []), {"transB": 1})
-                z = _act(b, f[0], b.op("Add", [_gate(imp, xt, 0, hidden), _gate(imp, hr, 0, hidden)]))
-                rg = _act(b, f[0], b.op("Add", [_gate(imp, xt, 1, hidden), _gate(imp, hr, 1, hidden)]))
-                rbh = [_gate(imp, rb, 2, hidden)] if rb is not None else []
-                if at.get("linear_before_reset", 0):
-                    hh = b.op("Mul", [rg, b.op("Gemm", [h, rh] + rbh, {"transB": 1})])
-                else:
-                    hh = b.op("Gemm", [b.op("Mul", [rg, h]), rh] + rbh, {"transB": 1})
-                cand = _act(b, f[1], b.op("Add", [_gate(imp, xt, 2, hidden), hh]))
-                # H = (1 - z) * cand + z * H = cand + z * (H - cand)
-                h = b.op("Add", [cand, b.op("Mul", [z, b.op("Sub", [h, cand])])])
+                h = _gru_step(imp, f, at, xt, h, rd, rb, hidden)
             else:
                 pre = b.op("Add", [xt, b.op("Gemm", [h, rd] + ([rb] if rb is not None else []), {"transB": 1})])
                 if kind == "RNN":
                     h = _act(b, f[0], pre)
                 else:
-                    gi, go, gf, gc = (_gate(imp, pre, k, hidden) for k in range(4))
-                    if peep is not None:
-                        gi = b.op("Add", [gi, b.op("Mul", [p_i, c])])
-                        gf = b.op("Add", [gf, b.op("Mul", [p_f, c])])
-                    c = b.op("Add", [b.op("Mul", [_act(b, f[0], gf), c]),
-                                     b.op("Mul", [_act(b, f[0], gi), _act(b, f[1], gc)])])
-                    if peep is not None:
-                        go = b.op("Add", [go, b.op("Mul", [p_o, c])])
-                    h = b.op("Mul", [_act(b, f[0], go), _act(b, f[2], c)])
+                    h, c = _lstm_step(imp, f, pre, c, peeps, hidden)
             outs[t] = reshape(b, h, (1, 1, batch, hidden))
         ys.append(outs[0] if seq == 1 else b.op("Concat", outs, {"axis": 0}))
         hs.append(reshape(b, h, (1, batch, hidden)))

@@ -10,7 +10,7 @@ tf_crop_and_resize rows that fall outside the input take `extrapolation_value` (
 import numpy as np
 
 from ..errors import ModelError
-from .opsets import const, handler, norm_axis, reshape
+from .common import const, handler, norm_axis, reshape
 
 
 def _x_original(mode, y, scale, in_len, out_len, roi):

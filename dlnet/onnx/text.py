@@ -2,7 +2,7 @@
 import numpy as np
 
 from ..errors import ModelError
-from .opsets import handler, reshape
+from .common import handler, reshape
 
 
 @handler("StringNormalizer", 10)
