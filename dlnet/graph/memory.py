@@ -70,7 +70,7 @@ class _Arena:
 
     def alloc(self, size):
         best = None
-        for i, (off, sz) in enumerate(self.free):
+        for i, (_off, sz) in enumerate(self.free):
             if sz >= size and (best is None or sz < self.free[best][1]):
                 best = i
         if best is not None:
