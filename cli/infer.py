@@ -123,6 +123,58 @@ class Progress:
             sys.stderr.flush()
 
 
+class Classifier:
+    """Runs images through the net a batch at a time and keeps each one's top-k classes; where the results stream
+    (CSV to stdout), prints each one as it comes."""
+
+    def __init__(self, net, spec, final_op, top_k, label_names, stream, progress):
+        self.net, self.spec, self.final_op = net, spec, final_op
+        self.top_k, self.label_names = top_k, label_names
+        self.stream, self.progress = stream, progress
+        self.results, self.failures = [], 0
+
+    def classify(self, files, prepare, strict):
+        """Read and prepare each file (an image that cannot be read is reported and counted; with `strict` it
+        stops the run), classifying every full batch as it fills and the last part-batch at the end."""
+        pending = []
+        for path in files:
+            try:
+                img = read_image(path)
+                pending.append((path, prepare(img)))
+            except InputError as e:
+                self.failures += 1
+                self.progress.clear()
+                click.echo(f"dlnet: {e}", err=True)
+                self.progress.step(1)
+                if strict:
+                    break
+                continue
+            if len(pending) == self.spec.batch:
+                self.run(pending)
+                pending = []
+        if pending and not (strict and self.failures):
+            self.run(pending)
+
+    def run(self, pending):
+        """One batch of (path, array)."""
+        net = self.net
+        y = net.run({self.spec.name: self.spec.stack([x for _, x in pending])})[net.outputs[0].name]
+        probs = to_probabilities(y[:len(pending)], self.final_op)
+        for (path, _), p in zip(pending, probs):
+            self.emit(path, p)
+        self.progress.step(len(pending))
+
+    def emit(self, path, probs):
+        order = np.argsort(-probs, kind="stable")[:self.top_k]
+        label_names = self.label_names
+        top = [(int(k), label_names[k] if label_names and k < len(label_names) else "", float(probs[k]))
+               for k in order]
+        self.results.append((path, top))
+        if self.stream:
+            self.progress.clear()
+            click.echo(csv_row(path, top), nl=False)
+
+
 @click.command()
 @click.argument("model", type=click.Path(dir_okay=False))
 @click.argument("images", nargs=-1, required=True)
@@ -158,67 +210,27 @@ def infer(model, images, size, resize, mean, std, scale, bgr, layout, gray, batc
     label_names = read_labels(labels) if labels else None
     net = load_net(model, device, precision=precision)
     spec = InputSpec(net, crop, gray, layout, batch)
-    for name, values in (("--mean", mean_v), ("--std", std_v)):
-        if values is not None and len(values) not in (1, spec.channels):
-            raise InputError(f"{name}: {len(values)} values for a {spec.channels}-channel input (expected 1 or "
-                             f"{spec.channels})")
+    _check_mean_std(spec, mean_v, std_v)
     final_op = ends_in_softmax(net.model)
-    out_shape = net.outputs[0].shape
-    n_classes = out_shape[-1] if isinstance(out_shape[-1], int) else None
-    if label_names is not None and n_classes is not None and len(label_names) != n_classes:
-        raise InputError(f"{labels}: {len(label_names)} labels, the model {model} gives {n_classes} classes")
+    _check_labels(net, model, labels, label_names)
 
     files = find_images(images)
     if not files:
         fail("no image files found in " + " ".join(images))
-    results, failures = [], 0
     stream = output is None and fmt == "csv"
-    progress = Progress(len(files))
+    classifier = Classifier(net, spec, final_op, top_k, label_names, stream, Progress(len(files)))
     start = time.perf_counter()
 
-    def emit(path, probs):
-        order = np.argsort(-probs, kind="stable")[:top_k]
-        top = [(int(k), label_names[k] if label_names and k < len(label_names) else "", float(probs[k]))
-               for k in order]
-        results.append((path, top))
-        if stream:
-            progress.clear()
-            click.echo(csv_row(path, top), nl=False)
+    def prepare(img):
+        return preprocess(img, spec.size, resize, spec.channels, mean_v, std_v, scale, bgr)
 
-    def run(pending):
-        y = net.run({spec.name: spec.stack([x for _, x in pending])})[net.outputs[0].name]
-        probs = to_probabilities(y[:len(pending)], final_op)
-        for (path, _), p in zip(pending, probs):
-            emit(path, p)
-        progress.step(len(pending))
-
-    pending = []
-    for path in files:
-        try:
-            img = read_image(path)
-            pending.append((path, preprocess(img, spec.size, resize, spec.channels, mean_v, std_v, scale, bgr)))
-        except InputError as e:
-            failures += 1
-            progress.clear()
-            click.echo(f"dlnet: {e}", err=True)
-            progress.step(1)
-            if strict:
-                break
-            continue
-        if len(pending) == spec.batch:
-            run(pending)
-            pending = []
-    if pending and not (strict and failures):
-        run(pending)
+    classifier.classify(files, prepare, strict)
     elapsed = time.perf_counter() - start
-    progress.clear()
+    classifier.progress.clear()
 
+    results, failures = classifier.results, classifier.failures
     if not stream:
-        text = format_json(results) if fmt == "json" else "".join(csv_row(p, t) for p, t in results)
-        if output:
-            write_atomic(output, text)
-        else:
-            click.echo(text, nl=False)
+        _write_results(results, fmt, output)
     rate = len(results) / elapsed if elapsed > 0 else 0.0
     failed = f", {failures} failed" if failures else ""
     stopped = " (stopped: --strict)" if strict and failures else ""
@@ -226,6 +238,31 @@ def infer(model, images, size, resize, mean, std, scale, bgr, layout, gray, batc
                err=True)
     if failures:
         sys.exit(EXIT_FAILED_ITEMS)
+
+
+def _check_mean_std(spec, mean_v, std_v):
+    """--mean and --std: one value, or one per channel."""
+    for name, values in (("--mean", mean_v), ("--std", std_v)):
+        if values is not None and len(values) not in (1, spec.channels):
+            raise InputError(f"{name}: {len(values)} values for a {spec.channels}-channel input (expected 1 or "
+                             f"{spec.channels})")
+
+
+def _check_labels(net, model, labels, label_names):
+    """--labels: one per class, where the model's output says how many classes there are."""
+    out_shape = net.outputs[0].shape
+    n_classes = out_shape[-1] if isinstance(out_shape[-1], int) else None
+    if label_names is not None and n_classes is not None and len(label_names) != n_classes:
+        raise InputError(f"{labels}: {len(label_names)} labels, the model {model} gives {n_classes} classes")
+
+
+def _write_results(results, fmt, output):
+    """All results at once, as CSV or JSON, to --output (atomically) or stdout."""
+    text = format_json(results) if fmt == "json" else "".join(csv_row(p, t) for p, t in results)
+    if output:
+        write_atomic(output, text)
+    else:
+        click.echo(text, nl=False)
 
 
 def csv_row(path, top):

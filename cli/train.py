@@ -243,79 +243,112 @@ def run_training(config_path, resume=False, echo=print):
     cfg_hash = hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:16]
     os.makedirs(cfg["output"], exist_ok=True)
     net = dlnet.Net(dlnet.Context(cfg["device"])).load_onnx(cfg["model"])
-    name = net.inputs[0].name
-    in_shape = net.inputs[0].shape
-    channels = in_shape[1] if len(in_shape) == 4 and isinstance(in_shape[1], int) else 3
-    x, y, classes = load_dataset(cfg, channels)
-    echo(f"dataset: {len(x)} images, {len(classes)} classes, {' x '.join(str(d) for d in x.shape[1:])}")
-    split_rng = np.random.default_rng(cfg["seed"])
-    order = split_rng.permutation(len(x))
-    nval = int(len(x) * cfg["dataset"]["val_split"])
-    xv, yv, xt, yt = x[order[:nval]], y[order[:nval]], x[order[nval:]], y[order[nval:]]
-    bs = cfg["batch_size"]
-    steps = max(len(xt) // bs, 1)
-    trainer = dlnet.Trainer(net, loss=cfg["loss"], optimizer=make_optimizer(cfg, steps),
-                            label_smoothing=cfg["label_smoothing"], seed=cfg["seed"])
-    rng = np.random.default_rng(cfg["seed"] + 1)
-    ckpt = os.path.join(cfg["output"], "checkpoint.pkl")
-    rows, start = [], 0
-    # where an interrupted epoch stopped: its order, the next step and the loss summed so far
-    position = {"perm": None, "step": 0, "total": 0.0}
-    if resume and os.path.exists(ckpt):
+    run = _TrainingRun(cfg, cfg_hash, net, echo)
+    if resume:
+        run.resume()
+    run.train()
+    write_metrics(cfg["output"], run.rows, echo)
+    net.save_onnx(os.path.join(cfg["output"], "model.onnx"))
+    return run.rows
+
+
+class _TrainingRun:
+    """One training run: the data split, the trainer, and where the run stands (epoch, position in the epoch, metric
+    rows), which a checkpoint saves and --resume restores."""
+
+    def __init__(self, cfg, cfg_hash, net, echo):
+        import dlnet
+        self.cfg, self.cfg_hash, self.net, self.echo = cfg, cfg_hash, net, echo
+        self.name = net.inputs[0].name
+        in_shape = net.inputs[0].shape
+        channels = in_shape[1] if len(in_shape) == 4 and isinstance(in_shape[1], int) else 3
+        x, y, classes = load_dataset(cfg, channels)
+        echo(f"dataset: {len(x)} images, {len(classes)} classes, {' x '.join(str(d) for d in x.shape[1:])}")
+        split_rng = np.random.default_rng(cfg["seed"])
+        order = split_rng.permutation(len(x))
+        nval = int(len(x) * cfg["dataset"]["val_split"])
+        self.nval = nval
+        self.xv, self.yv, self.xt, self.yt = x[order[:nval]], y[order[:nval]], x[order[nval:]], y[order[nval:]]
+        self.bs = cfg["batch_size"]
+        self.steps = max(len(self.xt) // self.bs, 1)
+        self.trainer = dlnet.Trainer(net, loss=cfg["loss"], optimizer=make_optimizer(cfg, self.steps),
+                                     label_smoothing=cfg["label_smoothing"], seed=cfg["seed"])
+        self.rng = np.random.default_rng(cfg["seed"] + 1)
+        self.ckpt = os.path.join(cfg["output"], "checkpoint.pkl")
+        self.rows, self.start = [], 0
+        # where an interrupted epoch stopped: its order, the next step and the loss summed so far
+        self.position = {"perm": None, "step": 0, "total": 0.0}
+
+    def resume(self):
+        """Continue from the output folder's checkpoint, where there is one."""
+        ckpt = self.ckpt
+        if not os.path.exists(ckpt):
+            self.echo(f"no checkpoint in {self.cfg['output']}: starting from scratch")
+            return
         try:
             with open(ckpt, "rb") as f:
                 state = pickle.load(f)
         except (OSError, pickle.UnpicklingError, EOFError) as e:
             raise ConfigError(f"{ckpt}: not a readable checkpoint ({e})") from None
-        if state["config_hash"] != cfg_hash:
-            raise ConfigError(f"{ckpt}: written with another config (hash {state['config_hash']}, now {cfg_hash})")
-        net.load_state_dict(state["weights"])
-        trainer.load_optimizer_state(state["optimizer"])
-        trainer.step_count = state["step"]
-        rng.bit_generator.state = state["rng"]
-        rows, start = state["rows"], state["epoch"]
-        position = state.get("position") or position
-        echo(f"resumed from {ckpt}: epoch {start + 1}, step {position['step']}")
-    elif resume:
-        echo(f"no checkpoint in {cfg['output']}: starting from scratch")
+        if state["config_hash"] != self.cfg_hash:
+            raise ConfigError(f"{ckpt}: written with another config (hash {state['config_hash']}, "
+                              f"now {self.cfg_hash})")
+        self.net.load_state_dict(state["weights"])
+        self.trainer.load_optimizer_state(state["optimizer"])
+        self.trainer.step_count = state["step"]
+        self.rng.bit_generator.state = state["rng"]
+        self.rows, self.start = state["rows"], state["epoch"]
+        self.position = state.get("position") or self.position
+        self.echo(f"resumed from {ckpt}: epoch {self.start + 1}, step {self.position['step']}")
 
-    def checkpoint(epoch):
-        save_checkpoint(ckpt, {"weights": net.state_dict(), "optimizer": trainer.optimizer_state(),
-                               "step": trainer.step_count, "rng": rng.bit_generator.state, "config_hash": cfg_hash,
-                               "epoch": epoch, "rows": rows, "position": position})
+    def checkpoint(self, epoch):
+        save_checkpoint(self.ckpt, {"weights": self.net.state_dict(), "optimizer": self.trainer.optimizer_state(),
+                                    "step": self.trainer.step_count, "rng": self.rng.bit_generator.state,
+                                    "config_hash": self.cfg_hash, "epoch": epoch, "rows": self.rows,
+                                    "position": self.position})
 
-    epoch = start
-    try:
-        with _DeferInterrupt() as interrupt:
-            train_epochs = range(start, cfg["epochs"])
-            for epoch in train_epochs:
-                t0 = time.perf_counter()
-                if position["perm"] is None:
-                    position = {"perm": rng.permutation(len(xt)), "step": 0, "total": 0.0}
-                perm, first = position["perm"], position["step"]
-                for k in range(first, steps):
-                    idx = perm[k * bs:(k + 1) * bs]
-                    xb = augment(xt[idx], cfg, rng)
-                    loss = trainer.step({name: xb, "target": yt[idx]})
-                    position = {"perm": perm, "step": k + 1, "total": position["total"] + loss}
-                    interrupt.check()
-                dt = time.perf_counter() - t0
-                m = trainer.evaluate({name: normalise(xv, cfg), "target": yv}) if nval else {"loss": float("nan")}
-                row = {"epoch": epoch + 1, "train_loss": position["total"] / steps, "val_loss": m["loss"],
-                       "val_accuracy": m.get("accuracy", float("nan")), "images_per_s": (steps - first) * bs / dt}
-                rows.append(row)
-                position = {"perm": None, "step": 0, "total": 0.0}
-                checkpoint(epoch + 1)
-                echo(f"epoch {epoch + 1}/{cfg['epochs']}: loss {row['train_loss']:.4f}  {row['images_per_s']:.0f} img/s  "
-                     f"val loss {row['val_loss']:.4f}  val acc {row['val_accuracy']:.3f}")
-    except KeyboardInterrupt:
-        # raised between steps (see _DeferInterrupt): the weights, step count and position agree
-        done = len(rows)
-        checkpoint(done)
-        echo(f"interrupted: checkpoint after {done} epochs and {position['step']} steps in {ckpt}; "
-             f"continue with --resume")
-        raise SystemExit(130)
-    with open(os.path.join(cfg["output"], "metrics.csv"), "w", newline="") as f:
+    def train(self):
+        """The remaining epochs; on Ctrl-C, a checkpoint and exit status 130."""
+        try:
+            with _DeferInterrupt() as interrupt:
+                for epoch in range(self.start, self.cfg["epochs"]):
+                    self.train_epoch(epoch, interrupt)
+        except KeyboardInterrupt:
+            # raised between steps (see _DeferInterrupt): the weights, step count and position agree
+            done = len(self.rows)
+            self.checkpoint(done)
+            self.echo(f"interrupted: checkpoint after {done} epochs and {self.position['step']} steps in "
+                      f"{self.ckpt}; continue with --resume")
+            raise SystemExit(130)
+
+    def train_epoch(self, epoch, interrupt):
+        """The epoch's remaining steps, then validation, a metric row and a checkpoint."""
+        cfg, bs, steps = self.cfg, self.bs, self.steps
+        t0 = time.perf_counter()
+        if self.position["perm"] is None:
+            self.position = {"perm": self.rng.permutation(len(self.xt)), "step": 0, "total": 0.0}
+        perm, first = self.position["perm"], self.position["step"]
+        for k in range(first, steps):
+            idx = perm[k * bs:(k + 1) * bs]
+            xb = augment(self.xt[idx], cfg, self.rng)
+            loss = self.trainer.step({self.name: xb, "target": self.yt[idx]})
+            self.position = {"perm": perm, "step": k + 1, "total": self.position["total"] + loss}
+            interrupt.check()
+        dt = time.perf_counter() - t0
+        m = (self.trainer.evaluate({self.name: normalise(self.xv, cfg), "target": self.yv}) if self.nval
+             else {"loss": float("nan")})
+        row = {"epoch": epoch + 1, "train_loss": self.position["total"] / steps, "val_loss": m["loss"],
+               "val_accuracy": m.get("accuracy", float("nan")), "images_per_s": (steps - first) * bs / dt}
+        self.rows.append(row)
+        self.position = {"perm": None, "step": 0, "total": 0.0}
+        self.checkpoint(epoch + 1)
+        self.echo(f"epoch {epoch + 1}/{cfg['epochs']}: loss {row['train_loss']:.4f}  "
+                  f"{row['images_per_s']:.0f} img/s  val loss {row['val_loss']:.4f}  val acc {row['val_accuracy']:.3f}")
+
+
+def write_metrics(output, rows, echo):
+    """metrics.csv, and metrics.png where matplotlib is installed."""
+    with open(os.path.join(output, "metrics.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["epoch"])
         w.writeheader()
         w.writerows(rows)
@@ -327,11 +360,9 @@ def run_training(config_path, resume=False, echo=print):
         ax.plot([r["epoch"] for r in rows], [r["train_loss"] for r in rows], label="train loss")
         ax.plot([r["epoch"] for r in rows], [r["val_loss"] for r in rows], label="val loss")
         ax.legend()
-        fig.savefig(os.path.join(cfg["output"], "metrics.png"))
+        fig.savefig(os.path.join(output, "metrics.png"))
     except ImportError:
         echo("matplotlib is not installed: no plot (pip install 'dlnet[plot]')")
-    net.save_onnx(os.path.join(cfg["output"], "model.onnx"))
-    return rows
 
 
 @click.command()

@@ -70,7 +70,7 @@ class _Arena:
 
     def alloc(self, size):
         best = None
-        for i, (off, sz) in enumerate(self.free):
+        for i, (_off, sz) in enumerate(self.free):
             if sz >= size and (best is None or sz < self.free[best][1]):
                 best = i
         if best is not None:
@@ -86,6 +86,12 @@ class _Arena:
         off = self.end
         self.end += size
         return off
+
+    def free_tail(self):
+        """The free block that runs to the arena's end, or None."""
+        if self.free and sum(self.free[-1]) == self.end:
+            return self.free[-1]
+        return None
 
     def largest_free(self):
         """The largest block alloc() can hand out without growing the arena."""
@@ -111,21 +117,18 @@ def plan_memory(graph, inplace=True, keep=(), together=None, workspace=None):
     of theirs lands on one; the values that only they read take a block of one slice (plan.per_slice).
     `workspace(node)`: (bytes it could use, least bytes it needs) of scratch the backend's kernels want inside the
     arena while the node runs, or None (kernels/families/winograd.py's workspace)."""
-    plan = MemoryPlan()
-    nodes = graph.nodes
     # workspaces may take as much as the plan without `together` would have had (its arena, which the values of one
     # slice no longer fill: resnet50 b16's first layer, 51 MB, left its Winograd layers short, in 47 more launches)
     room = plan_memory(graph, inplace, keep, workspace=workspace).act_bytes if together else 0
-    end = len(nodes)
-    # aliases: outputs of alias ops share their input's root
+    return _Planner(graph, inplace, keep, together, room, workspace).run()
+
+
+def _concat_slices(graph):
+    """value id -> (root value id, element offset) for each input a Concat writes straight into its slice of the
+    output, where that slice is contiguous; chains of Concats resolved to the last one."""
     root = {}
-
-    def find(v):
-        r = root.get(v.id)
-        return r if r is not None else (v.id, 0)
-
     outputs = {v.id for v in graph.outputs}
-    for node in nodes:  # Concat: inputs written straight into their slice of the output, where it is contiguous
+    for node in graph.nodes:
         if node.op != "Concat" or any(d != 1 for d in node.outputs[0].shape[:node.attrs["axis"]]):
             continue
         y, axis, start = node.outputs[0], node.attrs["axis"], 0
@@ -145,108 +148,182 @@ def plan_memory(graph, inplace=True, keep=(), together=None, workspace=None):
             rid, more = root[rid]
             off += more
         root[vid] = (rid, off)
-    weight_views = plan.const_alias
-    for node in nodes:
-        if node.spec.kind == "alias":
-            src = node.inputs[0]
-            if src.const is not None or src.id in weight_views:
-                weight_views[node.outputs[0].id] = weight_views.get(src.id, src.id)
-            else:
-                rid, off = find(src)
-                root[node.outputs[0].id] = (rid, off)
-    plan.alias_of = dict(root)
-    # constants read at run time
-    const_off = 0
-    for node in nodes:
-        for v in node.inputs:
-            if v is not None and v.const is not None and v.id not in plan.const_offsets:
-                plan.const_offsets[v.id] = const_off
-                const_off += _align(v.nbytes)
-    plan.const_bytes = const_off
-    # lifetimes per root
-    first, last, size = {}, {}, {}
-    pinned = {find(v)[0] for v in graph.inputs}
-    pinned |= {find(v)[0] for v in graph.outputs if v.const is None and v.id not in weight_views}
-    pinned |= {find_id for find_id in keep}
-    for v in graph.inputs:
-        rid = find(v)[0]
-        first[rid], last[rid], size[rid] = -1, -1, v.nbytes
-    for i, node in enumerate(nodes):
-        for v in node.outputs:
+    return root
+
+
+class _Planner:
+    """One run of plan_memory, in phases that share the values' roots, their lifetimes and the activation arena."""
+
+    def __init__(self, graph, inplace, keep, together, room, workspace=None):
+        self.graph, self.nodes = graph, graph.nodes
+        self.workspace = workspace or (lambda node: None)
+        self.inplace, self.keep, self.room = inplace, keep, room
+        self.start, self.stop, self.images = together or (0, 0, 0)
+        self.plan = MemoryPlan()
+        self.weight_views = self.plan.const_alias
+        self.root = {}  # value id -> (root value id, element offset)
+        self.last, self.size = {}, {}  # root id -> index of the last node that reads it, bytes
+        self.pinned = set()  # roots that live to the end
+        self.offsets = {}  # root id -> byte offset in the activation arena
+        self.arena = _Arena()
+
+    def run(self):
+        self.root = _concat_slices(self.graph)
+        self.share_alias_outputs()
+        self.place_constants()
+        self.find_lifetimes()
+        self.slice_together()
+        views = {n.outputs[0].id for n in self.nodes if n.spec.kind == "alias"}
+        self.plan.naive_act_bytes = sum(_align(v.nbytes) for v in self.graph.values()
+                                        if v.const is None and v.id not in views)
+        self.place_activations()
+        return self.plan
+
+    def find(self, v):
+        """(root value id, element offset) of the buffer v lives in."""
+        r = self.root.get(v.id)
+        return r if r is not None else (v.id, 0)
+
+    def in_arena(self, v):
+        """v is a value of the activation arena: neither a weight nor a view of one."""
+        return v is not None and v.const is None and v.id not in self.weight_views
+
+    def share_alias_outputs(self):
+        """Outputs of alias ops share their input's root, or are views of a weight."""
+        weight_views = self.weight_views
+        for node in self.nodes:
+            if node.spec.kind == "alias":
+                src = node.inputs[0]
+                if src.const is not None or src.id in weight_views:
+                    weight_views[node.outputs[0].id] = weight_views.get(src.id, src.id)
+                else:
+                    rid, off = self.find(src)
+                    self.root[node.outputs[0].id] = (rid, off)
+        self.plan.alias_of = dict(self.root)
+
+    def place_constants(self):
+        """The weight arena: the constants read at run time, in order of first use."""
+        const_off = 0
+        for node in self.nodes:
+            for v in node.inputs:
+                if v is not None and v.const is not None and v.id not in self.plan.const_offsets:
+                    self.plan.const_offsets[v.id] = const_off
+                    const_off += _align(v.nbytes)
+        self.plan.const_bytes = const_off
+
+    def find_lifetimes(self):
+        """Size and last reader of each root; the graph's inputs, outputs and `keep` live to the end."""
+        graph, find, last, size = self.graph, self.find, self.last, self.size
+        self.pinned = {find(v)[0] for v in graph.inputs}
+        self.pinned |= {find(v)[0] for v in graph.outputs if v.const is None and v.id not in self.weight_views}
+        self.pinned |= set(self.keep)
+        for v in graph.inputs:
             rid = find(v)[0]
-            if rid == v.id and v.id not in weight_views:
-                first[rid], size[rid] = i, v.nbytes
-                last.setdefault(rid, i)
-        for v in node.inputs:
-            if v is not None and v.const is None and v.id not in weight_views:
+            last[rid], size[rid] = -1, v.nbytes
+        for i, node in enumerate(self.nodes):
+            for v in node.outputs:
                 rid = find(v)[0]
-                last[rid] = max(last.get(rid, i), i)
-    for rid in pinned:
-        last[rid] = end
-    start, stop, images = together or (0, 0, 0)
-    for node in nodes[start:stop]:
-        for v in node.outputs:
-            if find(v)[0] == v.id and v.id not in weight_views and v.id not in pinned and last.get(v.id, -1) < stop:
-                size[v.id] = v.nbytes // v.shape[0] * images
-                plan.per_slice.add(v.id)
-    for node in nodes[start:stop]:
-        for v in node.inputs + node.outputs:
-            if v is not None and v.const is None and v.id not in weight_views:
-                rid = find(v)[0]
-                last[rid] = max(last.get(rid, stop - 1), stop - 1)
-    views = {n.outputs[0].id for n in nodes if n.spec.kind == "alias"}
-    plan.naive_act_bytes = sum(_align(v.nbytes) for v in graph.values() if v.const is None and v.id not in views)
-    dies_at = {}
-    for rid, i in last.items():
-        dies_at.setdefault(i, []).append(rid)
-    arena = _Arena()
-    offsets = {}
-    for v in graph.inputs:
-        rid = find(v)[0]
-        if rid not in offsets:
-            offsets[rid] = arena.alloc(_align(size[rid]))
-    for i, node in enumerate(nodes):
-        for y in [y for n in nodes[start:stop] for y in n.outputs] if i == start < stop else []:
-            if y.id not in root and y.id not in weight_views and y.id not in offsets:
-                offsets[y.id] = arena.alloc(_align(size[y.id]))
+                if rid == v.id and v.id not in self.weight_views:
+                    size[rid] = v.nbytes
+                    last.setdefault(rid, i)
+            for v in node.inputs:
+                if self.in_arena(v):
+                    rid = find(v)[0]
+                    last[rid] = max(last.get(rid, i), i)
+        for rid in self.pinned:
+            last[rid] = len(self.nodes)
+
+    def slice_together(self):
+        """The nodes run slice after slice: the values only they read take one slice's bytes, and every value they
+        touch lives to the last of them."""
+        start, stop = self.start, self.stop
+        for node in self.nodes[start:stop]:
+            for v in node.outputs:
+                if (self.find(v)[0] == v.id and v.id not in self.weight_views and v.id not in self.pinned
+                        and self.last.get(v.id, -1) < stop):
+                    self.size[v.id] = v.nbytes // v.shape[0] * self.images
+                    self.plan.per_slice.add(v.id)
+        for node in self.nodes[start:stop]:
+            for v in node.inputs + node.outputs:
+                if self.in_arena(v):
+                    rid = self.find(v)[0]
+                    self.last[rid] = max(self.last.get(rid, stop - 1), stop - 1)
+
+    def place_activations(self):
+        """Walk the nodes in order: place each output, then the node's workspace, note the arena's free blocks while
+        it runs, then free the workspace and the roots that die at the node."""
+        dies_at = {}
+        for rid, i in self.last.items():
+            dies_at.setdefault(i, []).append(rid)
+        for v in self.graph.inputs:
+            rid = self.find(v)[0]
+            if rid not in self.offsets:
+                self.offsets[rid] = self.arena.alloc(_align(self.size[rid]))
+        for i, node in enumerate(self.nodes):
+            if i == self.start < self.stop:
+                self.place_together_outputs()
+            self.place_outputs(i, node)
+            temp = self.place_workspace(node)
+            if node.outputs:
+                self.plan.free_at[node.outputs[0].id] = self.free_blocks()
+            if temp:
+                self.arena.release(*temp)
+            for rid in dies_at.get(i, []):
+                if self.last.get(rid) == i and rid in self.offsets:
+                    self.arena.release(self.offsets[rid], _align(self.size[rid]))
+        self.plan.act_offsets = self.offsets
+        self.plan.act_bytes = self.arena.end
+
+    def place_together_outputs(self):
+        """Every output of the nodes run slice after slice, before the first of them runs."""
+        for y in [y for n in self.nodes[self.start:self.stop] for y in n.outputs]:
+            if y.id not in self.root and y.id not in self.weight_views and y.id not in self.offsets:
+                self.offsets[y.id] = self.arena.alloc(_align(self.size[y.id]))
+
+    def place_outputs(self, i, node):
+        """Node i's outputs: over an input that dies here where the op allows it, else in a new block."""
         for y in node.outputs:
-            rid = find(y)[0]
-            if rid != y.id and rid not in offsets and rid in size:  # the first slice of a Concat's output
-                offsets[rid] = arena.alloc(_align(size[rid]))
-            if y.id in root or y.id in offsets or y.id in weight_views:
+            rid = self.find(y)[0]
+            if rid != y.id and rid not in self.offsets and rid in self.size:  # the first slice of a Concat's output
+                self.offsets[rid] = self.arena.alloc(_align(self.size[rid]))
+            if y.id in self.root or y.id in self.offsets or y.id in self.weight_views:
                 continue
-            donor = None
-            if inplace and y.id not in pinned:
-                for index, x in enumerate(node.inputs):
-                    if x is None or x.const is not None or x.id in weight_views:
-                        continue
-                    rid = find(x)[0]
-                    if (last.get(rid) == i and rid not in pinned and rid in offsets and find(x)[1] == 0
-                            and _align(size[rid]) == _align(y.nbytes) and _inplace_candidate(node, index, y)
-                            and rid not in [find(o)[0] for o in node.outputs]):
-                        donor = rid
-                        break
+            donor = self.inplace_donor(i, node, y) if self.inplace and y.id not in self.pinned else None
             if donor is not None:
-                offsets[y.id] = offsets[donor]
-                last[donor] = -2  # handed over: not released twice
+                self.offsets[y.id] = self.offsets[donor]
+                self.last[donor] = -2  # handed over: not released twice
             else:
-                offsets[y.id] = arena.alloc(_align(y.nbytes))
-        need = workspace(node) if workspace is not None else None
-        if need:  # scratch for this node alone: all of it where a free block holds it, else what fits (>= least),
-            full, least = need  # the arena's tail growing up to `room`
-            tail = arena.free[-1][1] if arena.free and sum(arena.free[-1]) == arena.end else 0
-            room_left = room - (arena.end - tail)
-            nbytes = _align(full if arena.largest_free() >= full else
-                            min(full, max(least, arena.largest_free(), room_left)))
-            plan.temps[node.outputs[0].id] = (arena.alloc(nbytes), nbytes)
-        if node.outputs:
-            tail = arena.free[-1][0] if arena.free and sum(arena.free[-1]) == arena.end else arena.end
-            plan.free_at[node.outputs[0].id] = [b for b in arena.free if b[0] < tail] + [(tail, None)]
-        if need:
-            arena.release(*plan.temps[node.outputs[0].id])
-        for rid in dies_at.get(i, []):
-            if last.get(rid) == i and rid in offsets:
-                arena.release(offsets[rid], _align(size[rid]))
-    plan.act_offsets = offsets
-    plan.act_bytes = arena.end
-    return plan
+                self.offsets[y.id] = self.arena.alloc(_align(y.nbytes))
+
+    def inplace_donor(self, i, node, y):
+        """The root of an input of node i that dies there and that y may be written over, or None."""
+        for index, x in enumerate(node.inputs):
+            if not self.in_arena(x):
+                continue
+            rid = self.find(x)[0]
+            if (self.last.get(rid) == i and rid not in self.pinned and rid in self.offsets and self.find(x)[1] == 0
+                    and _align(self.size[rid]) == _align(y.nbytes) and _inplace_candidate(node, index, y)
+                    and rid not in [self.find(o)[0] for o in node.outputs]):
+                return rid
+        return None
+
+    def place_workspace(self, node):
+        """Scratch for this node alone, as (byte offset, bytes), or None: all of it where a free block holds it, else
+        what fits (>= least), the arena's tail growing up to `room`."""
+        need = self.workspace(node)
+        if not need:
+            return None
+        full, least = need
+        arena = self.arena
+        tail = arena.free_tail()
+        room_left = self.room - (arena.end - (tail[1] if tail else 0))
+        nbytes = _align(full if arena.largest_free() >= full else
+                        min(full, max(least, arena.largest_free(), room_left)))
+        self.plan.temps[node.outputs[0].id] = (arena.alloc(nbytes), nbytes)
+        return self.plan.temps[node.outputs[0].id]
+
+    def free_blocks(self):
+        """The arena's free blocks now; the last runs to the arena's end (bytes None)."""
+        tail = self.arena.free_tail()
+        tail_offset = tail[0] if tail else self.arena.end
+        return [b for b in self.arena.free if b[0] < tail_offset] + [(tail_offset, None)]

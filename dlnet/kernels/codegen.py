@@ -139,7 +139,7 @@ def elementwise_rows_source(rank, in_dtypes, out_dtype, body, I, inner_strides):
 
 
 def reduce_source(rank_out, rank_red, in_dtypes, acc_dtype, out_dtype, pre, combine, init, post, group=0,
-                  I="long", prologue="", splits=1, lanes=1):
+                  I="long", prologue="", splits=1, lanes=1):  # noqa: E741 (I: the index type, as in the other kernels)
     """Kernel `red`: one work-item per output; loops over the reduced dims.
 
     prologue: C statements of x0v.. run per element before pre (a fused pointwise producer);
@@ -154,78 +154,122 @@ def reduce_source(rank_out, rank_red, in_dtypes, acc_dtype, out_dtype, pre, comb
     at the end, so a CPU's adds overlap in place of waiting on each other (GlobalAveragePool 1000 x 13 x 13 on 2
     cores: 0.115 -> 0.039 ms).
     """
-    args = [f"__global {_ctype(out_dtype)}* y", "ulong y_off"]
-    for i, dt in enumerate(in_dtypes):
-        args += [f"__global const {_ctype(dt)}* x{i}", f"ulong x{i}_off"]
     n = len(in_dtypes)
+    acc_t = _ctype(acc_dtype)
     # meta: out dims, y strides, x_i strides over out dims, red dims, x_i strides over red dims
-    args += [f"__constant const {I}* meta"]
-    if splits > 1:
-        args += [f"__global {_ctype(acc_dtype)}* part"]
-    ro, rr = rank_out, rank_red
-    base_red = ro * (2 + n)
-    at = f"get_group_id(0) / {splits}" if splits > 1 else "get_group_id(0)" if group else "get_global_id(0)"
+    base_red = rank_out * (2 + n)
+    args = _reduce_args(in_dtypes, acc_t, out_dtype, I, splits)
     lines = [_preamble(list(in_dtypes) + [out_dtype, acc_dtype]),
-             f"__kernel void red({', '.join(args)}) {{",
-             f"  {I} i = {at};",
-             f"  {I} total = 1; for (int d = 0; d < {ro}; d++) total *= meta[d];",
-             "  if (i >= total) return;",
-             "  y += y_off;"]
-    lines += [f"  x{k} += x{k}_off;" for k in range(n)]
-    lines += [f"  {I} oy = 0;"] + [f"  {I} b{k} = 0;" for k in range(n)]
-    lines += [f"  {I} r = i;", f"  for (int d = {ro - 1}; d >= 0; d--) {{", f"    {I} q = r % meta[d]; r /= meta[d];",
-              f"    oy += q * meta[{ro} + d];"]
-    lines += [f"    b{k} += q * meta[{(k + 2) * ro} + d];" for k in range(n)]
-    lines += ["  }",
-              f"  {I} count = 1; for (int d = 0; d < {rr}; d++) count *= meta[{base_red} + d];",
-              f"  {_ctype(acc_dtype)} acc = {init};",
-              f"  for ({I} j = (get_group_id(0) % {splits}) * {group} + get_local_id(0); j < count; "
-              f"j += {group * splits}) {{" if splits > 1 else
-              f"  for ({I} j = get_local_id(0); j < count; j += {group}) {{" if group else
-              f"  for ({I} j = 0; j < count; j++) {{"]
+             f"__kernel void red({', '.join(args)}) {{"]
+    lines += _reduce_output_index(rank_out, n, I, group, splits)
+    lines += [_reduce_count(I, rank_red, base_red), f"  {acc_t} acc = {init};"]
     body = [f"{_vtype(dt)} x{k}v = {_load(k, dt)};" for k, dt in enumerate(in_dtypes)] + \
-        ([prologue] if prologue else []) + [f"{_ctype(acc_dtype)} v = {pre};"]
-    if lanes > 1 and rr == 1 and not group and splits == 1:  # lanes accumulators, then the tail on acc
-        lines[-1] = f"  {I} j = 0;"
-        lines += [f"  {_ctype(acc_dtype)} " + ", ".join(f"acc{la} = {init}" for la in range(1, lanes)) + ";",
-                  f"  for (; j + {lanes} <= count; j += {lanes}) {{"]
-        for la in range(lanes):
-            lines += ["    {"] + [f"      {I} o{k} = b{k} + (j + {la}) * meta[{base_red + k + 1}];"
-                                  for k in range(n)]
-            lines += [f"      {b}" for b in body] + [
-                "      " + (combine if la == 0 else re.sub(r"\bacc\b", f"acc{la}", combine)), "    }"]
-        lines += ["  }"] + [f"  {{ {_ctype(acc_dtype)} v = acc{la}; {combine} }}" for la in range(1, lanes)]
-        lines += ["  for (; j < count; j++) {"]
-    if rr == 1:  # one reduced dim (the lowering merges contiguous ones): no division per element
-        lines += [f"    {I} o{k} = b{k} + j * meta[{base_red + k + 1}];" for k in range(n)]
+        ([prologue] if prologue else []) + [f"{acc_t} v = {pre};"]
+    if lanes > 1 and rank_red == 1 and not group and splits == 1:  # lanes accumulators, then the tail on acc
+        lines += _reduce_lanes(n, I, base_red, acc_t, init, combine, body, lanes)
     else:
-        lines += [f"    {I} o{k} = b{k};" for k in range(n)]
-        lines += [f"    {I} s = j;", f"    for (int d = {rr - 1}; d >= 0; d--) {{",
-                  f"      {I} q = s % meta[{base_red} + d]; s /= meta[{base_red} + d];"]
-        lines += [f"      o{k} += q * meta[{base_red + (k + 1) * rr} + d];" for k in range(n)]
-        lines += ["    }"]
+        lines.append(_reduce_loop(I, group, splits))
+    lines += _reduce_element_offsets(rank_red, n, I, base_red)
     lines += [f"    {b}" for b in body] + [f"    {combine}", "  }"]
-    if group:  # combine the work-items' partial results (combine is associative: acc op= v)
-        lines += [f"  __local {_ctype(acc_dtype)} part[{group}];", "  const int l = get_local_id(0);",
-                  "  part[l] = acc;", "  barrier(CLK_LOCAL_MEM_FENCE);",
-                  f"  for (int s = {group // 2}; s > 0; s >>= 1) {{",
-                  f"    if (l < s) {{ acc = part[l]; {_ctype(acc_dtype)} v = part[l + s]; {combine} part[l] = acc; }}",
-                  "    barrier(CLK_LOCAL_MEM_FENCE);", "  }", "  if (l != 0) return;", "  acc = part[0];"]
+    if group:
+        lines += _reduce_work_group(acc_t, group, combine)
         if splits > 1:
             lines = [line.replace("part[", "lpart[") for line in lines]
     if splits > 1:
-        lines += ["  part[get_group_id(0)] = acc;", "}",
-                  f"__kernel void red_finish({', '.join(args)}) {{",
-                  f"  {I} i = get_global_id(0);",
-                  f"  {I} total = 1; for (int d = 0; d < {ro}; d++) total *= meta[d];",
-                  "  if (i >= total) return;",
-                  f"  {I} oy = 0, r = i;",
-                  f"  for (int d = {ro - 1}; d >= 0; d--) {{ {I} q = r % meta[d]; r /= meta[d]; "
-                  f"oy += q * meta[{ro} + d]; }}",
-                  f"  {I} count = 1; for (int d = 0; d < {rr}; d++) count *= meta[{base_red} + d];",
-                  f"  {_ctype(acc_dtype)} acc = {init};",
-                  f"  for (int s = 0; s < {splits}; s++) {{ {_ctype(acc_dtype)} v = part[i * {splits} + s]; "
-                  f"{combine} }}"]
+        lines += ["  part[get_group_id(0)] = acc;", "}"]
+        lines += _reduce_finish(args, I, rank_out, rank_red, base_red, acc_t, init, combine, splits)
     lines += [f"  y[y_off + oy] = ({_ctype(out_dtype)})({post});" if splits > 1 else
               f"  y[oy] = ({_ctype(out_dtype)})({post});", "}"]
     return "\n".join(lines)
+
+
+def _reduce_args(in_dtypes, acc_t, out_dtype, index_t, splits):
+    """The parameters of `red` and `red_finish`: y, the operands, meta, then `part` where the work is split."""
+    args = [f"__global {_ctype(out_dtype)}* y", "ulong y_off"]
+    for i, dt in enumerate(in_dtypes):
+        args += [f"__global const {_ctype(dt)}* x{i}", f"ulong x{i}_off"]
+    args += [f"__constant const {index_t}* meta"]
+    if splits > 1:
+        args += [f"__global {acc_t}* part"]
+    return args
+
+
+def _reduce_output_index(rank_out, n, index_t, group, splits):
+    """The output this work-item (or work-group) computes: y's offset `oy` and each operand's base offset `b{k}`."""
+    at = f"get_group_id(0) / {splits}" if splits > 1 else "get_group_id(0)" if group else "get_global_id(0)"
+    lines = [f"  {index_t} i = {at};",
+             f"  {index_t} total = 1; for (int d = 0; d < {rank_out}; d++) total *= meta[d];",
+             "  if (i >= total) return;",
+             "  y += y_off;"]
+    lines += [f"  x{k} += x{k}_off;" for k in range(n)]
+    lines += [f"  {index_t} oy = 0;"] + [f"  {index_t} b{k} = 0;" for k in range(n)]
+    lines += [f"  {index_t} r = i;", f"  for (int d = {rank_out - 1}; d >= 0; d--) {{",
+              f"    {index_t} q = r % meta[d]; r /= meta[d];", f"    oy += q * meta[{rank_out} + d];"]
+    lines += [f"    b{k} += q * meta[{(k + 2) * rank_out} + d];" for k in range(n)]
+    return lines + ["  }"]
+
+
+def _reduce_count(index_t, rank_red, base_red):
+    """`count`: the number of reduced elements per output."""
+    return f"  {index_t} count = 1; for (int d = 0; d < {rank_red}; d++) count *= meta[{base_red} + d];"
+
+
+def _reduce_loop(index_t, group, splits):
+    """The loop over this work-item's reduced elements `j`: all of them, every group-th, or every group-th of
+    this work-group's runs."""
+    if splits > 1:
+        return (f"  for ({index_t} j = (get_group_id(0) % {splits}) * {group} + get_local_id(0); j < count; "
+                f"j += {group * splits}) {{")
+    if group:
+        return f"  for ({index_t} j = get_local_id(0); j < count; j += {group}) {{"
+    return f"  for ({index_t} j = 0; j < count; j++) {{"
+
+
+def _reduce_lanes(n, index_t, base_red, acc_t, init, combine, body, lanes):
+    """`lanes` accumulators over interleaved elements (one reduced dim), combined into acc; then the loop header of
+    the tail, which acc takes."""
+    lines = [f"  {index_t} j = 0;",
+             f"  {acc_t} " + ", ".join(f"acc{la} = {init}" for la in range(1, lanes)) + ";",
+             f"  for (; j + {lanes} <= count; j += {lanes}) {{"]
+    for la in range(lanes):
+        lines += ["    {"] + [f"      {index_t} o{k} = b{k} + (j + {la}) * meta[{base_red + k + 1}];"
+                              for k in range(n)]
+        lines += [f"      {b}" for b in body] + [
+            "      " + (combine if la == 0 else re.sub(r"\bacc\b", f"acc{la}", combine)), "    }"]
+    lines += ["  }"] + [f"  {{ {acc_t} v = acc{la}; {combine} }}" for la in range(1, lanes)]
+    return lines + ["  for (; j < count; j++) {"]
+
+
+def _reduce_element_offsets(rank_red, n, index_t, base_red):
+    """Each operand's offset `o{k}` of reduced element j."""
+    if rank_red == 1:  # one reduced dim (the lowering merges contiguous ones): no division per element
+        return [f"    {index_t} o{k} = b{k} + j * meta[{base_red + k + 1}];" for k in range(n)]
+    lines = [f"    {index_t} o{k} = b{k};" for k in range(n)]
+    lines += [f"    {index_t} s = j;", f"    for (int d = {rank_red - 1}; d >= 0; d--) {{",
+              f"      {index_t} q = s % meta[{base_red} + d]; s /= meta[{base_red} + d];"]
+    lines += [f"      o{k} += q * meta[{base_red + (k + 1) * rank_red} + d];" for k in range(n)]
+    return lines + ["    }"]
+
+
+def _reduce_work_group(acc_t, group, combine):
+    """Combine the work-items' partial results in local memory, a tree of halves (combine is associative:
+    acc op= v); work-item 0 goes on with the result."""
+    return [f"  __local {acc_t} part[{group}];", "  const int l = get_local_id(0);",
+            "  part[l] = acc;", "  barrier(CLK_LOCAL_MEM_FENCE);",
+            f"  for (int s = {group // 2}; s > 0; s >>= 1) {{",
+            f"    if (l < s) {{ acc = part[l]; {acc_t} v = part[l + s]; {combine} part[l] = acc; }}",
+            "    barrier(CLK_LOCAL_MEM_FENCE);", "  }", "  if (l != 0) return;", "  acc = part[0];"]
+
+
+def _reduce_finish(args, index_t, rank_out, rank_red, base_red, acc_t, init, combine, splits):
+    """Kernel `red_finish`, up to its store: one work-item per output combines the `splits` partial results."""
+    return [f"__kernel void red_finish({', '.join(args)}) {{",
+            f"  {index_t} i = get_global_id(0);",
+            f"  {index_t} total = 1; for (int d = 0; d < {rank_out}; d++) total *= meta[d];",
+            "  if (i >= total) return;",
+            f"  {index_t} oy = 0, r = i;",
+            f"  for (int d = {rank_out - 1}; d >= 0; d--) {{ {index_t} q = r % meta[d]; r /= meta[d]; "
+            f"oy += q * meta[{rank_out} + d]; }}",
+            _reduce_count(index_t, rank_red, base_red),
+            f"  {acc_t} acc = {init};",
+            f"  for (int s = 0; s < {splits}; s++) {{ {acc_t} v = part[i * {splits} + s]; {combine} }}"]
