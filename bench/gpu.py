@@ -261,13 +261,13 @@ def main():
                       f"{r[11]:6.2f} {r[5]:8.1e} {r[6]:10.0f}/{r[7]:<11.0f} {r[8]:8d}" +
                       (f" {r[12]:21.2f} {r[9] / r[12]:6.2f}" if r[12] else ""))
         if args.gemm:
-            from dlnet.kernels import lowering
+            from dlnet.kernels import rules
             for cfg in args.tiles.split(";") if args.tiles else [""]:
                 if cfg:
                     tm, tn, tk, wm, wn = (int(v) for v in cfg.split(","))
                     tiles = dict(TM=tm, TN=tn, TK=tk, WM=wm, WN=wn)
                     for shape in ("huge", "mid", "big"):
-                        lowering.GEMM_TILES["gpu"][shape] = tiles
+                        rules.GEMM_TILES["gpu"][shape] = tiles
                     print(f"\ntiles {cfg}")
                 bench_gemm(ctx, [int(n) for n in args.gemm.split(",")])
     if args.startup or args.startup_profile:

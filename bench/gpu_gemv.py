@@ -19,7 +19,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 import dlnet
-from dlnet.kernels import lowering
+from dlnet.kernels.rules import GEMV_REG_ROWS, GEMV_ROWS_TILES
 
 
 def model(m, n, k, w):
@@ -33,7 +33,7 @@ def model(m, n, k, w):
 SHAPES = [(1, 4096, 25088), (1, 4096, 9216), (1, 4096, 4096), (1, 1000, 4096), (16, 4096, 25088), (16, 4096, 9216),
           (16, 4096, 4096), (16, 1000, 4096), (4, 4096, 9216)]
 # LK,LN,NC of gemv.cl (taking 16 rows too); gemv_rows.cl's table (more than GEMV_REG_ROWS rows); the GEMM core
-CONFIGS = ["32,4,2", "32,8,1", "64,4,1", "32,4,4", "32,2,2", "64,2,2", "table", "core"]
+CONFIGS = ["gemv", "table", "core"]
 # batch 9..32: vgg16's (25088) and alexnet's (9216) classifiers, their 4096 -> 4096 and -> 1000 layers
 ROW_SHAPES = [(16, 4096, 25088), (16, 4096, 9216), (16, 4096, 4096), (16, 1000, 4096), (32, 4096, 25088),
               (32, 4096, 9216), (32, 4096, 4096), (32, 1000, 4096), (12, 4096, 9216)]
@@ -49,7 +49,7 @@ if "--prefetch" in sys.argv:  # gemv_rows.cl with the next chunk of A read ahead
 if "--mma" in sys.argv:  # tf32 mode: gemv_mma.cl as 'mma:WARPS,NBW,KC,per_cu' against the fp32 table
     ROW_CONFIGS = ["table", "mma:8,1,128,2", "mma:8,1,64,2", "mma:8,1,64,3", "mma:8,2,64,2", "mma:4,2,64,4",
                    "mma:4,1,128,4", "mma:8,1,32,4", "mma:8,2,32,3"]
-TABLE = dict(lowering.GEMV_ROWS_TILES)
+TABLE = dict(GEMV_ROWS_TILES)
 
 
 FLUSH = None
@@ -69,33 +69,30 @@ def cublas_ms(a, w):
 
 
 def configure(cfg, m):
-    """Set lowering's module constants for `cfg` at m rows; False where cfg's kernel does not take m rows."""
-    lowering.GEMV_MAX_ROWS, lowering.GEMV_REG_ROWS, lowering.GEMV_ROWS_SPLITS = 32, 8, 0
-    lowering.GEMV_ROWS_TILES = TABLE
+    """The Options changes that run `cfg` at m rows, or None where cfg's kernel does not take m rows: "core" (the
+    GEMM core), "table" (gemv_rows.cl's table), "rows:LK,LN,NC,KC,per_cu,pf[/splits]", "mma:WARPS,NBW,KC,per_cu",
+    "gemv" (gemv.cl, at most 8 rows)."""
+    base = {"gemv_max_rows": 32, "gemv_rows_splits": 0, "gemv_rows_tiles": TABLE}
     if cfg == "core":
-        lowering.GEMV_MAX_ROWS = 0
-    elif cfg.startswith("mma:"):
-        if m <= lowering.GEMV_REG_ROWS:
-            return False
-        lowering.GEMV_MMA = dict(zip(["WARPS", "NBW", "KC", "per_cu"], (int(v) for v in cfg[4:].split(","))))
-    elif cfg == "table" or cfg.startswith("rows:"):
-        if m <= lowering.GEMV_REG_ROWS:
-            return False
-        if cfg != "table":
-            tiles, _, splits = cfg[5:].partition("/")
-            lowering.GEMV_ROWS_TILES = {32: dict(zip(["LK", "LN", "NC", "KC", "per_cu", "pf"],
-                                                     (int(v) for v in tiles.split(","))))}
-            lowering.GEMV_ROWS_SPLITS = int(splits or 0)
-    else:
-        lowering.GEMV_REG_ROWS = 32  # gemv.cl for every row count
-        lowering.GEMV_TILES = tuple(int(v) for v in cfg.split(","))
-    return True
+        return dict(base, gemv_max_rows=0)
+    if cfg == "gemv":
+        return base if m <= GEMV_REG_ROWS else None
+    if m <= GEMV_REG_ROWS:
+        return None
+    if cfg.startswith("mma:"):
+        return dict(base, gemv_mma=dict(zip(["WARPS", "NBW", "KC", "per_cu"], (int(v) for v in cfg[4:].split(",")))))
+    if cfg == "table":
+        return dict(base, gemv_mma=None)
+    tiles, _, splits = cfg[5:].partition("/")
+    return dict(base, gemv_mma=None, gemv_rows_splits=int(splits or 0),
+                gemv_rows_tiles={32: dict(zip(["LK", "LN", "NC", "KC", "per_cu", "pf"], (int(v) for v in tiles.split(","))))})
 
 
 def dlnet_ms(ctxs, cfg, a, w, ref):
-    if not configure(cfg, a.shape[0]):
+    changes = configure(cfg, a.shape[0])
+    if changes is None:
         return None
-    ctx = ctxs[cfg.startswith("mma:")]
+    ctx = ctxs[cfg.startswith("mma:")].with_options(**changes)
     net = dlnet.Net(ctx).load_onnx(model(a.shape[0], w.shape[0], w.shape[1], w))
     y = net.run({"a": a})["y"]
     err = np.linalg.norm(y - ref) / np.linalg.norm(ref)

@@ -133,13 +133,13 @@ def main():
     if args.ptx:
         os.makedirs(args.ptx, exist_ok=True)
     if args.tiles:
-        from dlnet.kernels import lowering
+        from dlnet.kernels import rules
         v = [int(t) for t in args.tiles.split(",")]
         tiles = dict(zip(["TM", "TN", "TK", "WM", "WN"], v))
-        lowering.GEMM_TILES["gpu"] = dict(lowering.GEMM_TILES["gpu"], huge=tiles, mid=tiles, big=tiles)
+        rules.GEMM_TILES["gpu"] = dict(rules.GEMM_TILES["gpu"], huge=tiles, mid=tiles, big=tiles)
         print(f"tiles forced: {tiles}")
     ctx = dlnet.Context(args.device, precision=args.precision, profile=True)
-    print(f"device: {ctx.info}; {args.precision}; build options {runtime.EXTRA_BUILD_OPTIONS}")
+    print(f"device: {ctx.info}; {args.precision}; build options {ctx.options.build_options}")
     for name in [n for n in args.nets.split(",") if n]:
         from gpu_train import export, torch_model
         x = np.random.default_rng(0).standard_normal((args.batch, 3, 224, 224)).astype(np.float32)
