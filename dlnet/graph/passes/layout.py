@@ -29,7 +29,7 @@ def tap_major_weights(graph, multiple):
             continue
         w = node.inputs[1]
         if w.const is None or w.param or w.rank != 4 or w.shape[2] * w.shape[3] == 1 or w.shape[1] % multiple or \
-                node.attrs.get("group", 1) != 1:
+                node.attrs["group"] != 1:
             continue
         graph.set_input(node, 1, graph.constant(np.ascontiguousarray(w.const.transpose(0, 2, 3, 1))))
         node.attrs["tap_major"] = 1
