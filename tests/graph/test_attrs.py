@@ -52,6 +52,18 @@ def test_node_fills_absent_attributes_from_the_declaration():
     assert avg.attrs["count_include_pad"] == 0 and avg.attrs["ceil_mode"] == 0
 
 
+def test_present_values_are_never_replaced_even_when_falsy():
+    g, b, x = _graph((3,))
+    assert Node("LeakyRelu", [x], [], {"alpha": 0.0}).attrs == {"alpha": 0.0}
+    assert Node("LeakyRelu", [x], [], {}).attrs == {"alpha": 0.01}
+    assert Node("Clip", [x], [], {"min": 0.0}).attrs == {"min": 0.0, "max": None}
+    assert Node("Gemm", [], [], {"transB": 1}).attrs == {"transB": 1, "transA": 0, "alpha": 1.0, "beta": 1.0}
+    # a default sized by the spatial rank needs the first input; required attributes are never made up
+    assert Node("Conv", [], [], {}).attrs == {"group": 1}
+    assert Node("Reshape", [x], [], {}).attrs == {}
+    assert Node("NoSuchOp", [x], [], {"k": 1}).attrs == {"k": 1}
+
+
 def test_every_declaration_is_well_formed():
     for name, op in OPS.items():
         assert isinstance(op.attrs, dict) and isinstance(op.pass_attrs, dict), name

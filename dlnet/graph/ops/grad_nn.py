@@ -107,6 +107,7 @@ class Dropout(Op):
 
     inputs x (float32) and seed (uint32[1], rewritten by the trainer every step); attrs ratio, salt."""
     name = "Dropout"
+    attrs = {"ratio": REQUIRED, "salt": REQUIRED}
 
     def infer(self, node):
         return [(node.inputs[0].dtype, node.inputs[0].shape)]
@@ -164,6 +165,7 @@ class BatchNormTrain(Op):
     dscale = sum(dy * xhat), dbias = sum(dy)  (BatchNormTrainGrad)"""
     name = "BatchNormTrain"
     dtypes = ("float32",)
+    attrs = {"epsilon": REQUIRED}
 
     def infer(self, node):
         x, scale, bias = node.inputs
@@ -205,6 +207,7 @@ class BatchNormTrainGrad(Op):
     """dx, dscale, dbias of BatchNormTrain (inputs dy, x, scale, its batch mean and variance)"""
     name = "BatchNormTrainGrad"
     dtypes = ("float32",)
+    attrs = {"epsilon": REQUIRED}
 
     def infer(self, node):
         dy, x, scale = node.inputs[:3]

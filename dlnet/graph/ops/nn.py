@@ -246,13 +246,14 @@ class AveragePool(Pool):
 class BatchNormalization(Op):
     """y = (x - mean) / sqrt(var + eps) * scale + B   (inference form; passes fold it into Conv or Mul+Add)"""
     name = "BatchNormalization"
+    attrs = {"epsilon": 1e-5}
 
     def infer(self, node):
         return [(node.inputs[0].dtype, node.inputs[0].shape)]
 
     def numpy(self, node, x, scale, b, mean, var):
         shape = (1, -1) + (1,) * (x.ndim - 2)
-        inv = scale / np.sqrt(var + node.attrs.get("epsilon", 1e-5))
+        inv = scale / np.sqrt(var + node.attrs["epsilon"])
         return [(x - mean.reshape(shape)) * inv.reshape(shape) + b.reshape(shape)]
 
 
@@ -262,6 +263,8 @@ class RoiAlign(Op):
     no gradient"""
     name = "RoiAlign"
     dtypes = ("float32",)
+    attrs = {"mode": REQUIRED, "output_height": REQUIRED, "output_width": REQUIRED, "spatial_scale": REQUIRED,
+             "sampling_ratio": REQUIRED, "half_pixel": REQUIRED}
 
     def infer(self, node):
         x, rois, batch = node.inputs
@@ -288,6 +291,7 @@ class LRN(Op):
     """y = x / (bias + alpha/size * sum_{channel window} x^2)^beta"""
     name = "LRN"
     dtypes = ("float32",)
+    attrs = {"size": REQUIRED, "alpha": 1e-4, "beta": 0.75, "bias": 1.0}
 
     def infer(self, node):
         return [(node.inputs[0].dtype, node.inputs[0].shape)]
@@ -299,6 +303,7 @@ class LRN(Op):
 class SoftmaxBase(Op):
     log = False
     dtypes = ("float32",)
+    attrs = {"axis": REQUIRED}
 
     def infer(self, node):
         return [(node.inputs[0].dtype, node.inputs[0].shape)]
@@ -350,6 +355,7 @@ class LayerNorm(Op):
     """
     name = "LayerNorm"
     dtypes = ("float32",)
+    attrs = {"epsilon": REQUIRED}
 
     def infer(self, node):
         x, scale, bias = node.inputs

@@ -11,7 +11,7 @@ import numpy as np
 def pretranspose_weights(graph, keep_rows=0):
     changed = False
     for node in graph.nodes:
-        if node.op != "Gemm" or not node.attrs.get("transB", 0):
+        if node.op != "Gemm" or not node.attrs["transB"]:
             continue
         w = node.inputs[1]
         if w.const is None or w.param or w.rank != 2 or node.outputs[0].shape[-2] <= keep_rows:
