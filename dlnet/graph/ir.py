@@ -60,14 +60,19 @@ class BatchSlice(Value):
 
 
 class Node:
-    """One operation. `op` is the registry key (ONNX CamelCase name where the op is an ONNX op)."""
+    """One operation. `op` is the registry key (ONNX CamelCase name where the op is an ONNX op).
+
+    `attrs` holds every attribute the op declares with a default (Op.attrs), the defaults filled in here where absent.
+    """
     __slots__ = ("op", "inputs", "outputs", "attrs", "name", "schedule")
 
     def __init__(self, op, inputs, outputs, attrs, name="", schedule=None):
+        from .ops import OPS
         self.op = op
         self.inputs = list(inputs)
         self.outputs = list(outputs)
-        self.attrs = dict(attrs)
+        spec = OPS.get(op)
+        self.attrs = spec.filled_attrs(attrs, self.inputs) if spec is not None else dict(attrs)
         self.name = name
         # how the device runs it, chosen once before memory planning (kernels/schedule.py): {"algo": "winograd4",
         # "tile": "128x64"}; printed after the attributes, never read by graph passes

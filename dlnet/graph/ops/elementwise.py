@@ -3,8 +3,8 @@ import math
 
 import numpy as np
 
-from . import Op, register
 from ...errors import ModelError
+from . import REQUIRED, Op, register
 
 
 def lit(x, T="float"):
@@ -51,8 +51,8 @@ class Pointwise(Op):
         lw.pointwise([node])
 
 
-def _pointwise(name, arity, c, np_fn, grad=None, bool_out=False):
-    cls = type(name, (Pointwise,), {"name": name, "arity": arity, "bool_out": bool_out,
+def _pointwise(name, arity, c, np_fn, grad=None, bool_out=False, attrs=None):
+    cls = type(name, (Pointwise,), {"name": name, "arity": arity, "bool_out": bool_out, "attrs": attrs or {},
                                     "c": staticmethod(c), "np": staticmethod(np_fn)})
     if grad is not None:
         cls.grad = lambda self, b, node, dys: grad(b, node, dys[0], *node.inputs, node.outputs[0])
@@ -70,36 +70,43 @@ def _f(v):
 _pointwise("Relu", 1, lambda at, a, T: f"({a[0]} > 0 ? {a[0]} : ({T})0)", lambda at, x: np.maximum(x, 0),
            lambda b, n, dy, x, y: [b.op("Mul", [dy, b.op("Cast", [b.op("Greater", [y, b.const(np.zeros((), y.dtype))])],
                                                         {"to": y.dtype})])])
-_pointwise("LeakyRelu", 1, lambda at, a, T: f"({a[0]} >= 0 ? {a[0]} : {a[0]} * {lit(at.get('alpha', 0.01), T)})",
-           lambda at, x: np.where(x >= 0, x, x * at.get("alpha", 0.01)))
+_pointwise("LeakyRelu", 1, lambda at, a, T: f"({a[0]} >= 0 ? {a[0]} : {a[0]} * {lit(at['alpha'], T)})",
+           lambda at, x: np.where(x >= 0, x, x * at["alpha"]), attrs={"alpha": 0.01})
 _pointwise("Sigmoid", 1, lambda at, a, T: f"(({T})1 / (({T})1 + exp(-{a[0]})))", lambda at, x: 1 / (1 + np.exp(-x)),
            lambda b, n, dy, x, y: [b.op("Mul", [dy, b.op("Mul", [y, b.op("Sub", [b.const(np.ones((), y.dtype)), y])])])])
 _pointwise("Tanh", 1, lambda at, a, T: f"tanh({a[0]})", lambda at, x: np.tanh(x),
            lambda b, n, dy, x, y: [b.op("Mul", [dy, b.op("Sub", [b.const(np.ones((), y.dtype)), b.op("Mul", [y, y])])])])
-_pointwise("HardSigmoid", 1, lambda at, a, T: f"clamp({lit(at.get('alpha', 0.2), T)} * {a[0]} + "
-                                              f"{lit(at.get('beta', 0.5), T)}, ({T})0, ({T})1)",
-           lambda at, x: np.clip(at.get("alpha", 0.2) * x + at.get("beta", 0.5), 0, 1))
+_pointwise("HardSigmoid", 1, lambda at, a, T: f"clamp({lit(at['alpha'], T)} * {a[0]} + {lit(at['beta'], T)}, "
+                                              f"({T})0, ({T})1)",
+           lambda at, x: np.clip(at["alpha"] * x + at["beta"], 0, 1), attrs={"alpha": 0.2, "beta": 0.5})
 _pointwise("HardSwish", 1, lambda at, a, T: f"({a[0]} * clamp({a[0]} / ({T})6 + ({T})0.5, ({T})0, ({T})1))",
            lambda at, x: x * np.clip(x / 6 + 0.5, 0, 1))
-_pointwise("Elu", 1, lambda at, a, T: f"({a[0]} > 0 ? {a[0]} : {lit(at.get('alpha', 1.0), T)} * (exp({a[0]}) - ({T})1))",
-           lambda at, x: np.where(x > 0, x, at.get("alpha", 1.0) * (np.exp(x) - 1)))
-_pointwise("Selu", 1, lambda at, a, T: f"({lit(at.get('gamma', 1.0507009873554805), T)} * ({a[0]} > 0 ? {a[0]} : "
-                                       f"{lit(at.get('alpha', 1.6732632423543772), T)} * (exp({a[0]}) - ({T})1)))",
-           lambda at, x: at.get("gamma", 1.0507009873554805) *
-           np.where(x > 0, x, at.get("alpha", 1.6732632423543772) * (np.exp(x) - 1)))
-_pointwise("Celu", 1, lambda at, a, T: f"(max(({T})0, {a[0]}) + min(({T})0, {lit(at.get('alpha', 1.0), T)} * "
-                                       f"(exp({a[0]} / {lit(at.get('alpha', 1.0), T)}) - ({T})1)))",
-           lambda at, x: np.maximum(0, x) + np.minimum(0, at.get("alpha", 1.0) * (np.exp(x / at.get("alpha", 1.0)) - 1)))
-_pointwise("ThresholdedRelu", 1, lambda at, a, T: f"({a[0]} > {lit(at.get('alpha', 1.0), T)} ? {a[0]} : ({T})0)",
-           lambda at, x: np.where(x > at.get("alpha", 1.0), x, 0))
+_pointwise("Elu", 1, lambda at, a, T: f"({a[0]} > 0 ? {a[0]} : {lit(at['alpha'], T)} * (exp({a[0]}) - ({T})1))",
+           lambda at, x: np.where(x > 0, x, at["alpha"] * (np.exp(x) - 1)), attrs={"alpha": 1.0})
+_pointwise("Selu", 1, lambda at, a, T: f"({lit(at['gamma'], T)} * ({a[0]} > 0 ? {a[0]} : "
+                                       f"{lit(at['alpha'], T)} * (exp({a[0]}) - ({T})1)))",
+           lambda at, x: at["gamma"] * np.where(x > 0, x, at["alpha"] * (np.exp(x) - 1)),
+           attrs={"alpha": 1.6732632423543772, "gamma": 1.0507009873554805})
+_pointwise("Celu", 1, lambda at, a, T: f"(max(({T})0, {a[0]}) + min(({T})0, {lit(at['alpha'], T)} * "
+                                       f"(exp({a[0]} / {lit(at['alpha'], T)}) - ({T})1)))",
+           lambda at, x: np.maximum(0, x) + np.minimum(0, at["alpha"] * (np.exp(x / at["alpha"]) - 1)),
+           attrs={"alpha": 1.0})
+_pointwise("ThresholdedRelu", 1, lambda at, a, T: f"({a[0]} > {lit(at['alpha'], T)} ? {a[0]} : ({T})0)",
+           lambda at, x: np.where(x > at["alpha"], x, 0), attrs={"alpha": 1.0})
 _pointwise("Softplus", 1, lambda at, a, T: f"({a[0]} > ({T})20 ? {a[0]} : log1p(exp({a[0]})))",
            lambda at, x: np.logaddexp(0, x),
            lambda b, n, dy, x, y: [b.op("Mul", [dy, b.op("Sigmoid", [x])])])
 _pointwise("Softsign", 1, lambda at, a, T: f"({a[0]} / (({T})1 + fabs({a[0]})))", lambda at, x: x / (1 + np.abs(x)))
-_pointwise("Shrink", 1, lambda at, a, T: f"({a[0]} < -{lit(at.get('lambd', 0.5), T)} ? {a[0]} + {lit(at.get('bias', 0.0), T)} : "
-                                         f"({a[0]} > {lit(at.get('lambd', 0.5), T)} ? {a[0]} - {lit(at.get('bias', 0.0), T)} : ({T})0))",
-           lambda at, x: np.where(x < -at.get("lambd", 0.5), x + at.get("bias", 0.0),
-                                  np.where(x > at.get("lambd", 0.5), x - at.get("bias", 0.0), 0)))
+
+
+def _shrink_c(at, a, T):
+    lambd, bias = lit(at["lambd"], T), lit(at["bias"], T)
+    return f"({a[0]} < -{lambd} ? {a[0]} + {bias} : ({a[0]} > {lambd} ? {a[0]} - {bias} : ({T})0))"
+
+
+_pointwise("Shrink", 1, _shrink_c,
+           lambda at, x: np.where(x < -at["lambd"], x + at["bias"], np.where(x > at["lambd"], x - at["bias"], 0)),
+           attrs={"lambd": 0.5, "bias": 0.0})
 _pointwise("Exp", 1, lambda at, a, T: f"exp({a[0]})", lambda at, x: np.exp(x),
            lambda b, n, dy, x, y: [b.op("Mul", [dy, y])])
 _pointwise("Log", 1, lambda at, a, T: f"log({a[0]})", lambda at, x: np.log(x),
@@ -137,15 +144,16 @@ for _name, _fn in [("Sin", "sin"), ("Cos", "cos"), ("Tan", "tan"), ("Asin", "asi
     _pointwise(_name, 1, (lambda f: lambda at, a, T: f"{f}({a[0]})")(_fn), (lambda f: lambda at, x: f(x))(_npf))
 _pointwise("Not", 1, lambda at, a, T: f"(!{a[0]})", lambda at, x: np.logical_not(x), bool_out=True)
 _pointwise("IsNaN", 1, lambda at, a, T: f"isnan({a[0]})", lambda at, x: np.isnan(x), bool_out=True)
-_pointwise("IsInf", 1, lambda at, a, T: f"(isinf({a[0]}) && ((({a[0]}) > 0 && {int(at.get('detect_positive', 1))}) || "
-                                        f"(({a[0]}) < 0 && {int(at.get('detect_negative', 1))})))",
-           lambda at, x: np.isinf(x) & (((x > 0) & bool(at.get("detect_positive", 1))) |
-                                        ((x < 0) & bool(at.get("detect_negative", 1)))), bool_out=True)
+_pointwise("IsInf", 1, lambda at, a, T: f"(isinf({a[0]}) && ((({a[0]}) > 0 && {int(at['detect_positive'])}) || "
+                                        f"(({a[0]}) < 0 && {int(at['detect_negative'])})))",
+           lambda at, x: np.isinf(x) & (((x > 0) & bool(at["detect_positive"])) |
+                                        ((x < 0) & bool(at["detect_negative"]))), bool_out=True,
+           attrs={"detect_positive": 1, "detect_negative": 1})
 _pointwise("Identity", 1, lambda at, a, T: a[0], lambda at, x: x, lambda b, n, dy, x, y: [dy])
 
 
 def _clip_c(at, a, T):
-    lo, hi = at.get("min"), at.get("max")
+    lo, hi = at["min"], at["max"]
     e = a[0]
     if lo is not None:
         e = f"({e} < {lit(lo, T)} ? {lit(lo, T)} : {e})"
@@ -154,8 +162,9 @@ def _clip_c(at, a, T):
     return e
 
 
-_pointwise("Clip", 1, _clip_c, lambda at, x: np.clip(x, at.get("min"), at.get("max")) if x.size else x,
-           lambda b, n, dy, x, y: [b.op("Mul", [dy, b.op("Cast", [b.op("Equal", [x, y])], {"to": x.dtype})])])
+_pointwise("Clip", 1, _clip_c, lambda at, x: np.clip(x, at["min"], at["max"]) if x.size else x,
+           lambda b, n, dy, x, y: [b.op("Mul", [dy, b.op("Cast", [b.op("Equal", [x, y])], {"to": x.dtype})])],
+           attrs={"min": None, "max": None})  # None: unbounded
 
 
 def _float_mod_c(a, T):
@@ -170,7 +179,7 @@ C_BITS = {"char": 8, "uchar": 8, "short": 16, "ushort": 16, "int": 32, "uint": 3
 def _bitshift_c(at, a, T):
     """Shifts of the bit width or more (a negative amount read as unsigned is one) give 0, or -1 for x < 0 >> n."""
     big = f"((ulong)(long){a[1]} >= {C_BITS.get(T, 64)})"
-    if at.get("direction") == "LEFT":
+    if at["direction"] == "LEFT":
         return f"({big} ? ({T})0 : ({T})({a[0]} << {a[1]}))"
     return f"({big} ? ({a[0]} < 0 ? ({T})-1 : ({T})0) : ({T})({a[0]} >> {a[1]}))"
 
@@ -179,7 +188,7 @@ def _bitshift_np(at, x, y):
     bits = x.dtype.itemsize * 8
     big = y.astype(np.int64).astype(np.uint64) >= bits
     safe = np.where(big, 0, y).astype(y.dtype)
-    if at.get("direction") == "LEFT":
+    if at["direction"] == "LEFT":
         return np.where(big, 0, np.left_shift(x, safe)).astype(x.dtype)
     return np.where(big, np.where(x < 0, -1, 0), np.right_shift(x, safe)).astype(x.dtype)
 
@@ -204,11 +213,11 @@ _pointwise("Max", 2, lambda at, a, T: f"({a[0]} > {a[1]} || isnan((float){a[0]})
            lambda at, x, y: np.maximum(x, y))
 _pointwise("Min", 2, lambda at, a, T: f"({a[0]} < {a[1]} || isnan((float){a[0]}) ? {a[0]} : {a[1]})",
            lambda at, x, y: np.minimum(x, y))
-_pointwise("Mod", 2, lambda at, a, T: (f"fmod({a[0]}, {a[1]})" if at.get("fmod", 0) else _float_mod_c(a, T))
+_pointwise("Mod", 2, lambda at, a, T: (f"fmod({a[0]}, {a[1]})" if at["fmod"] else _float_mod_c(a, T))
            if T in ("float", "double")
-           else (f"({a[0]} % {a[1]})" if at.get("fmod", 0) else
+           else (f"({a[0]} % {a[1]})" if at["fmod"] else
                  f"((({a[0]} % {a[1]}) + {a[1]}) % {a[1]})"),
-           lambda at, x, y: np.fmod(x, y) if at.get("fmod", 0) else np.mod(x, y))
+           lambda at, x, y: np.fmod(x, y) if at["fmod"] else np.mod(x, y), attrs={"fmod": 0})
 _pointwise("PRelu", 2, lambda at, a, T: f"({a[0]} < 0 ? {a[0]} * {a[1]} : {a[0]})",
            lambda at, x, s: np.where(x < 0, x * s, x))
 _pointwise("And", 2, lambda at, a, T: f"({a[0]} && {a[1]})", lambda at, x, y: np.logical_and(x, y), bool_out=True)
@@ -221,7 +230,7 @@ _pointwise("LessOrEqual", 2, lambda at, a, T: f"({a[0]} <= {a[1]})", lambda at, 
 _pointwise("Greater", 2, lambda at, a, T: f"({a[0]} > {a[1]})", lambda at, x, y: np.greater(x, y), bool_out=True)
 _pointwise("GreaterOrEqual", 2, lambda at, a, T: f"({a[0]} >= {a[1]})", lambda at, x, y: np.greater_equal(x, y),
            bool_out=True)
-_pointwise("BitShift", 2, _bitshift_c, _bitshift_np)
+_pointwise("BitShift", 2, _bitshift_c, _bitshift_np, attrs={"direction": "RIGHT"})  # (ONNX requires it)
 
 
 @register
@@ -244,6 +253,7 @@ class Where(Pointwise):
 class Cast(Pointwise):
     """y = (to) x;  dx = cast(dy) back"""
     name = "Cast"
+    attrs = {"to": REQUIRED}
 
     def out_dtype(self, node):
         return np.dtype(node.attrs["to"]).name

@@ -1,11 +1,12 @@
 """A chain of pointwise nodes run as one generated kernel."""
-from . import Op, register
+from . import REQUIRED, Op, register
 
 
 @register
 class Fused(Op):
     """y = f_n(...f_1(x...)) : the pointwise nodes in attrs['nodes'], in order; the last one's output is y"""
     name = "Fused"
+    attrs = {"nodes": REQUIRED}
     inplace = True
 
     def infer(self, node):

@@ -2,22 +2,20 @@
 training form (batch statistics: three kernels forward, three backward)."""
 import numpy as np
 
-from . import Op, register
 from ...errors import ModelError
 from ...kernels.runtime import kernel_source
+from . import REQUIRED, Op, register
+from .nn import CONV_PASS_ATTRS, AveragePool, Conv, ConvGeometry
 
 
 def _conv_dims(x_shape, dy_shape, w_shape, attrs):
-    """The 2-D view of a 1-D or 2-D convolution: (H, W, OH, OW, KH, KW, strides, begin pads, dilations)."""
+    """ConvGeometry's 2-D view as (H, W, OH, OW, KH, KW, strides, begin pads, dilations): an alias kept for
+    PoolGrad.lower and kernels/lowering.py's conv_grad until they read conv_geometry(node)."""
     nsp = len(x_shape) - 2
-    strides = list(attrs.get("strides") or [1] * nsp)
-    pads = list(attrs.get("pads") or [0] * 2 * nsp)[:nsp]
-    dil = list(attrs.get("dilations") or [1] * nsp)
-    if nsp == 1:
-        return 1, x_shape[2], 1, dy_shape[2], 1, w_shape[2], [1] + strides, [0] + pads, [1] + dil
-    if nsp != 2:
+    if nsp not in (1, 2):
         raise ModelError(f"{nsp}-D convolution/pool gradients are not supported (1-D and 2-D are)")
-    return (x_shape[2], x_shape[3], dy_shape[2], dy_shape[3], w_shape[2], w_shape[3], strides, pads, dil)
+    g = ConvGeometry.from_shapes(x_shape, w_shape, attrs, dy_shape)
+    return g.H, g.W, g.OH, g.OW, g.KH, g.KW, list(g.strides_2d), list(g.pads_2d), list(g.dilations_2d)
 
 
 def _ints(values):
@@ -28,6 +26,8 @@ def _ints(values):
 class ConvGradX(Op):
     """dx = conv_transpose(dy, w)  (inputs dy, w; attrs of the Conv plus x_shape)"""
     name = "ConvGradX"
+    attrs = dict(Conv.attrs, x_shape=REQUIRED)
+    pass_attrs = CONV_PASS_ATTRS
 
     def infer(self, node):
         return [(node.inputs[0].dtype, tuple(node.attrs["x_shape"]))]
@@ -48,6 +48,8 @@ class ConvGradX(Op):
 class ConvGradW(Op):
     """dw = sum over batch and pixels of x (shifted per tap) * dy  (inputs dy, x; attrs of the Conv plus w_shape)"""
     name = "ConvGradW"
+    attrs = dict(Conv.attrs, w_shape=REQUIRED)
+    pass_attrs = CONV_PASS_ATTRS
 
     def infer(self, node):
         return [(node.inputs[0].dtype, tuple(node.attrs["w_shape"]))]
@@ -70,6 +72,7 @@ class PoolGrad(Op):
 
     inputs dy, x; attrs of the pool plus mode ("max" or "avg")."""
     name = "PoolGrad"
+    attrs = dict(AveragePool.attrs, mode=REQUIRED)
 
     def infer(self, node):
         return [(node.inputs[1].dtype, node.inputs[1].shape)]
@@ -104,6 +107,7 @@ class Dropout(Op):
 
     inputs x (float32) and seed (uint32[1], rewritten by the trainer every step); attrs ratio, salt."""
     name = "Dropout"
+    attrs = {"ratio": REQUIRED, "salt": REQUIRED}
 
     def infer(self, node):
         return [(node.inputs[0].dtype, node.inputs[0].shape)]
@@ -161,6 +165,7 @@ class BatchNormTrain(Op):
     dscale = sum(dy * xhat), dbias = sum(dy)  (BatchNormTrainGrad)"""
     name = "BatchNormTrain"
     dtypes = ("float32",)
+    attrs = {"epsilon": REQUIRED}
 
     def infer(self, node):
         x, scale, bias = node.inputs
@@ -202,6 +207,7 @@ class BatchNormTrainGrad(Op):
     """dx, dscale, dbias of BatchNormTrain (inputs dy, x, scale, its batch mean and variance)"""
     name = "BatchNormTrainGrad"
     dtypes = ("float32",)
+    attrs = {"epsilon": REQUIRED}
 
     def infer(self, node):
         dy, x, scale = node.inputs[:3]

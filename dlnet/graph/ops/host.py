@@ -31,15 +31,16 @@ class NonZero(HostOp):
 class Unique(HostOp):
     """y, first index, inverse, counts of the distinct values (or slices along `axis`), sorted or in first order"""
     name = "Unique"
+    attrs = {"axis": None, "sorted": 1}  # axis None: over the flattened input
 
     def infer(self, node):
         return [(node.inputs[0].dtype, None)] + [("int64", None)] * 3
 
     def numpy(self, node, x):
-        axis = node.attrs.get("axis")
+        axis = node.attrs["axis"]
         y, first, inverse, counts = np.unique(x, return_index=True, return_inverse=True, return_counts=True,
                                               axis=axis)
-        if not node.attrs.get("sorted", 1):  # first-occurrence order
+        if not node.attrs["sorted"]:  # first-occurrence order
             order = np.argsort(first, kind="stable")
             y = np.take(y, order, axis=0 if axis is None else axis)
             first, counts = first[order], counts[order]
@@ -78,6 +79,7 @@ class NonMaxSuppression(HostOp):
     exceeds iou_threshold, scores <= score_threshold dropped, at most max_output_boxes_per_class:
     int64[selected, 3] of (batch, class, box)"""
     name = "NonMaxSuppression"
+    attrs = {"center_point_box": 0}
 
     def numpy(self, node, boxes, scores, max_out=None, iou_threshold=None, score_threshold=None):
         limit = 0 if max_out is None or max_out.size == 0 else max(int(max_out.reshape(-1)[0]), 0)
@@ -88,7 +90,7 @@ class NonMaxSuppression(HostOp):
                 scores.shape[2] != boxes.shape[1]:
             raise ModelError(f"NonMaxSuppression takes boxes [batches, boxes, 4] and scores [batches, classes, "
                              f"boxes], got {list(boxes.shape)} and {list(scores.shape)}")
-        center = node.attrs.get("center_point_box", 0)
+        center = node.attrs["center_point_box"]
         out = []
         for n in range(boxes.shape[0]):
             c = _corners(boxes[n], center)
@@ -113,19 +115,20 @@ class StringNormalizer(HostOp):
     upper-cased; [""] when nothing is left. x is [C] or [1, C]"""
     name = "StringNormalizer"
     out_dtypes = ("object",)
+    attrs = {"stopwords": (), "is_case_sensitive": 0, "case_change_action": "NONE"}
 
     def numpy(self, node, x):
         at = node.attrs
         if x.ndim not in (1, 2) or (x.ndim == 2 and x.shape[0] != 1):
             raise ModelError(f"StringNormalizer takes strings [C] or [1, C], got shape {list(x.shape)}")
         words = [w.decode() if isinstance(w, bytes) else str(w) for w in x.reshape(-1)]
-        stops = at.get("stopwords") or []
-        if at.get("is_case_sensitive", 0):
+        stops = at["stopwords"]
+        if at["is_case_sensitive"]:
             words = [w for w in words if w not in set(stops)]
         else:
             folded = {s.lower() for s in stops}
             words = [w for w in words if w.lower() not in folded]
-        action = at.get("case_change_action", "NONE")
+        action = at["case_change_action"]
         if action not in ("NONE", "LOWER", "UPPER"):
             raise ModelError(f"StringNormalizer's case_change_action is {action!r}; expected NONE, LOWER or UPPER")
         words = [w.lower() if action == "LOWER" else w.upper() if action == "UPPER" else w for w in words] or [""]

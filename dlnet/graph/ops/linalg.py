@@ -13,10 +13,12 @@ class Gemm(Op):
     """
     name = "Gemm"
     dtypes = ("float32",)
+    attrs = {"transA": 0, "transB": 0, "alpha": 1.0, "beta": 1.0}
+    pass_attrs = {"act": None}  # a fused unary epilogue (passes/fuse.py)
 
     def infer(self, node):
         a, b = node.inputs[0], node.inputs[1]
-        ta, tb = node.attrs.get("transA", 0), node.attrs.get("transB", 0)
+        ta, tb = node.attrs["transA"], node.attrs["transB"]
         m, ka = (a.shape[-1], a.shape[-2]) if ta else (a.shape[-2], a.shape[-1])
         kb, n = (b.shape[-1], b.shape[-2]) if tb else (b.shape[-2], b.shape[-1])
         if ka != kb:
@@ -31,11 +33,11 @@ class Gemm(Op):
     def numpy(self, node, a, b, c=None):
         if node.attrs.get("act"):
             return None
-        a = np.swapaxes(a, -1, -2) if node.attrs.get("transA", 0) else a
-        b = np.swapaxes(b, -1, -2) if node.attrs.get("transB", 0) else b
-        y = node.attrs.get("alpha", 1.0) * np.matmul(a, b)
+        a = np.swapaxes(a, -1, -2) if node.attrs["transA"] else a
+        b = np.swapaxes(b, -1, -2) if node.attrs["transB"] else b
+        y = node.attrs["alpha"] * np.matmul(a, b)
         if c is not None:
-            y = y + node.attrs.get("beta", 1.0) * c
+            y = y + node.attrs["beta"] * c
         return [y.astype(a.dtype)]
 
     def lower(self, node, lw):
@@ -44,8 +46,8 @@ class Gemm(Op):
     def grad(self, b, node, dys):
         a, w = node.inputs[0], node.inputs[1]
         dy = dys[0]
-        ta, tb = node.attrs.get("transA", 0), node.attrs.get("transB", 0)
-        alpha = node.attrs.get("alpha", 1.0)
+        ta, tb = node.attrs["transA"], node.attrs["transB"]
+        alpha = node.attrs["alpha"]
         # y = A' B' with A' = op(A), B' = op(B): dA' = dy B'^T, dB' = A'^T dy
         if ta:
             da = b.op("Gemm", [w, dy], {"transA": tb, "transB": 1, "alpha": alpha})
@@ -57,7 +59,7 @@ class Gemm(Op):
             dw = b.op("Gemm", [a, dy], {"transA": 1 - ta, "transB": 0, "alpha": alpha})
         grads = [da, dw]
         if len(node.inputs) > 2 and node.inputs[2] is not None:
-            beta = node.attrs.get("beta", 1.0)
+            beta = node.attrs["beta"]
             grads.append(dy if beta == 1.0 else b.op("Mul", [dy, b.const(np.asarray(beta, dy.dtype))]))
         return grads
 

@@ -1,7 +1,14 @@
 """Neural-network ops: Conv, pooling, BatchNormalization, LRN, Softmax/LogSoftmax."""
+from dataclasses import dataclass
+
 import numpy as np
 
-from . import Op, register
+from ...errors import ModelError
+from . import REQUIRED, Op, ones, register, zero_pads
+
+WINDOW_ATTRS = {"strides": ones, "pads": zero_pads, "dilations": ones}  # pads: begins, then ends
+# Conv's pass attributes (fuse.py, winograd.py, layout.py): see Conv's docstring
+CONV_PASS_ATTRS = {"act": None, "winograd": 0, "tap_major": 0, "prologue": None, "in_perm": None}
 
 
 def conv_out(size, k, s, p0, p1, d, ceil_mode=False):
@@ -14,10 +21,130 @@ def conv_out(size, k, s, p0, p1, d, ceil_mode=False):
     return (size + p0 + p1 - span) // s + 1
 
 
-def spatial_attrs(node, nsp):
+@dataclass(frozen=True)
+class ConvGeometry:
+    """Where the windows of a convolution or a pool (or of their gradients) lie: per spatial axis, and as the 2-D
+    view the kernels take (H, W, OH, OW, KH, KW and the *_2d tuples), a 1-D window being a 2-D one of height 1."""
+    N: int  # images
+    C: int  # input channels, all groups
+    K: int  # output channels, all groups (a pool's: C)
+    group: int  # (a pool's: C, every channel alone)
+    in_size: tuple  # x's spatial dims
+    kernel: tuple  # taps per spatial axis (whatever the weights' layout)
+    out_size: tuple  # y's spatial dims
+    strides: tuple
+    pads: tuple  # begins, then ends
+    dilations: tuple
+
+    @classmethod
+    def from_shapes(cls, x_shape, w_shape, attrs, y_shape=None, group=1, ceil_mode=0):
+        """From x [N, C, ...], w [K, C / group, taps...] and the strides, pads and dilations in `attrs`; the output's
+        spatial dims from y_shape where given, else computed (ceil_mode: a pool's)."""
+        nsp = len(x_shape) - 2
+        strides, pads, dil = tuple(attrs["strides"]), tuple(attrs["pads"]), tuple(attrs["dilations"])
+        kernel = tuple(w_shape[2:])
+        if y_shape is not None:
+            out = tuple(y_shape[2:])
+        else:
+            out = tuple(conv_out(x_shape[2 + i], kernel[i], strides[i], pads[i], pads[i + nsp], dil[i], ceil_mode)
+                        for i in range(nsp))
+        return cls(x_shape[0], x_shape[1], w_shape[0], group, tuple(x_shape[2:]), kernel, out, strides, pads, dil)
+
+    @property
+    def nsp(self):
+        return len(self.in_size)
+
+    @property
+    def one_d(self):
+        return self.nsp == 1
+
+    @property
+    def begin_pads(self):
+        return self.pads[:self.nsp]
+
+    @property
+    def symmetric(self):
+        return self.pads[:self.nsp] == self.pads[self.nsp:]
+
+    def _plane(self, values, fill):
+        if self.nsp == 1:
+            return (fill,) + tuple(values)
+        if self.nsp == 2:
+            return tuple(values)
+        raise ModelError(f"a {self.nsp}-D window has no 2-D view (1-D and 2-D windows do)")
+
+    @property
+    def H(self):
+        return self._plane(self.in_size, 1)[0]
+
+    @property
+    def W(self):
+        return self._plane(self.in_size, 1)[1]
+
+    @property
+    def OH(self):
+        return self._plane(self.out_size, 1)[0]
+
+    @property
+    def OW(self):
+        return self._plane(self.out_size, 1)[1]
+
+    @property
+    def KH(self):
+        return self._plane(self.kernel, 1)[0]
+
+    @property
+    def KW(self):
+        return self._plane(self.kernel, 1)[1]
+
+    @property
+    def strides_2d(self):
+        return self._plane(self.strides, 1)
+
+    @property
+    def pads_2d(self):
+        """The begin pads (the kernels take symmetric pads)."""
+        return self._plane(self.begin_pads, 0)
+
+    @property
+    def dilations_2d(self):
+        return self._plane(self.dilations, 1)
+
+
+def conv_weight_dims(w_shape, attrs):
+    """(K, C / group, kernel) of a Conv's weights in any of their layouts: [K, C, KH, KW], tap-major [K, KH, KW, C]
+    (passes/layout.py) or Winograd's U [m + 2, m + 2, K, C] of a 3x3 filter (passes/winograd.py)."""
+    if attrs.get("tap_major"):
+        return w_shape[0], w_shape[-1], tuple(w_shape[1:-1])
+    if attrs.get("winograd") == 1:
+        return w_shape[2], w_shape[3], (3, 3)
+    return w_shape[0], w_shape[1], tuple(w_shape[2:])
+
+
+def conv_geometry(node):
+    """The ConvGeometry of a Conv, MaxPool, AveragePool, ConvGradX, ConvGradW or PoolGrad node."""
     a = node.attrs
-    return (list(a.get("strides") or [1] * nsp), list(a.get("pads") or [0] * (2 * nsp)),
-            list(a.get("dilations") or [1] * nsp))
+    if node.op == "Conv":
+        x, w = node.inputs[0], node.inputs[1]
+        k, cin, kernel = conv_weight_dims(w.shape, a)
+        group = a["group"]
+        if x.shape[1] != cin * group:
+            raise ValueError(f"input has {x.shape[1]} channels, weights {list(w.shape)} with group={group} "
+                             f"expect {cin * group}")
+        return ConvGeometry.from_shapes(x.shape, (k, cin) + kernel, a, group=group)
+    if node.op in ("MaxPool", "AveragePool"):
+        x = node.inputs[0]
+        return ConvGeometry.from_shapes(x.shape, (x.shape[1], 1) + tuple(a["kernel_shape"]), a, group=x.shape[1],
+                                        ceil_mode=a["ceil_mode"])
+    dy = node.inputs[0]
+    if node.op == "ConvGradX":
+        return ConvGeometry.from_shapes(a["x_shape"], node.inputs[1].shape, a, dy.shape, a["group"])
+    if node.op == "ConvGradW":
+        return ConvGeometry.from_shapes(node.inputs[1].shape, a["w_shape"], a, dy.shape, a["group"])
+    if node.op == "PoolGrad":
+        x = node.inputs[1]
+        return ConvGeometry.from_shapes(x.shape, (x.shape[1], 1) + tuple(a["kernel_shape"]), a, dy.shape, x.shape[1])
+    raise ValueError(f"node {node.name} ({node.op}) has no convolution geometry")
 
 
 def winograd_workspace(k, c, y_shape, on_device=False, m=2):
@@ -46,23 +173,12 @@ class Conv(Op):
     """
     name = "Conv"
     dtypes = ("float32",)
+    attrs = dict(WINDOW_ATTRS, group=1)
+    pass_attrs = CONV_PASS_ATTRS
 
     def infer(self, node):
-        x, w = node.inputs[0], node.inputs[1]
-        nsp = x.rank - 2
-        strides, pads, dil = spatial_attrs(node, nsp)
-        group = node.attrs.get("group", 1)
-        cout, cin, kernel = w.shape[0], w.shape[1], w.shape[2:]
-        if node.attrs.get("winograd") == 1:  # weights transformed for Winograd: U [m + 2, m + 2, K, C]
-            cout, cin, kernel = w.shape[2], w.shape[3], (3, 3)
-        if node.attrs.get("tap_major"):  # [K, KH, KW, C]
-            cout, cin, kernel = w.shape[0], w.shape[-1], w.shape[1:-1]
-        if x.shape[1] != cin * group:
-            raise ValueError(f"input has {x.shape[1]} channels, weights {list(w.shape)} with group={group} "
-                             f"expect {cin * group}")
-        out = [conv_out(x.shape[2 + i], kernel[i], strides[i], pads[i], pads[i + nsp], dil[i])
-               for i in range(nsp)]
-        return [(x.dtype, (x.shape[0], cout, *out))]
+        g = conv_geometry(node)
+        return [(node.inputs[0].dtype, (g.N, g.K, *g.out_size))]
 
     def workspace(self, node):
         if not node.attrs.get("winograd"):
@@ -96,16 +212,11 @@ class Conv(Op):
 class Pool(Op):
     mode = None
     dtypes = ("float32",)
+    attrs = dict(kernel_shape=REQUIRED, **WINDOW_ATTRS, ceil_mode=0)
 
     def infer(self, node):
-        x = node.inputs[0]
-        nsp = x.rank - 2
-        k = node.attrs["kernel_shape"]
-        strides, pads, dil = spatial_attrs(node, nsp)
-        ceil_mode = node.attrs.get("ceil_mode", 0)
-        out = [conv_out(x.shape[2 + i], k[i], strides[i], pads[i], pads[i + nsp], dil[i], ceil_mode)
-               for i in range(nsp)]
-        return [(x.dtype, (x.shape[0], x.shape[1], *out))]
+        g = conv_geometry(node)
+        return [(node.inputs[0].dtype, (g.N, g.C, *g.out_size))]
 
     def lower(self, node, lw):
         lw.pool(node, self.mode)
@@ -128,19 +239,21 @@ class AveragePool(Pool):
     """y = mean over each window (count_include_pad decides whether padding cells count)"""
     name = "AveragePool"
     mode = "avg"
+    attrs = dict(Pool.attrs, count_include_pad=0)
 
 
 @register
 class BatchNormalization(Op):
     """y = (x - mean) / sqrt(var + eps) * scale + B   (inference form; passes fold it into Conv or Mul+Add)"""
     name = "BatchNormalization"
+    attrs = {"epsilon": 1e-5}
 
     def infer(self, node):
         return [(node.inputs[0].dtype, node.inputs[0].shape)]
 
     def numpy(self, node, x, scale, b, mean, var):
         shape = (1, -1) + (1,) * (x.ndim - 2)
-        inv = scale / np.sqrt(var + node.attrs.get("epsilon", 1e-5))
+        inv = scale / np.sqrt(var + node.attrs["epsilon"])
         return [(x - mean.reshape(shape)) * inv.reshape(shape) + b.reshape(shape)]
 
 
@@ -150,6 +263,8 @@ class RoiAlign(Op):
     no gradient"""
     name = "RoiAlign"
     dtypes = ("float32",)
+    attrs = {"mode": REQUIRED, "output_height": REQUIRED, "output_width": REQUIRED, "spatial_scale": REQUIRED,
+             "sampling_ratio": REQUIRED, "half_pixel": REQUIRED}
 
     def infer(self, node):
         x, rois, batch = node.inputs
@@ -176,6 +291,7 @@ class LRN(Op):
     """y = x / (bias + alpha/size * sum_{channel window} x^2)^beta"""
     name = "LRN"
     dtypes = ("float32",)
+    attrs = {"size": REQUIRED, "alpha": 1e-4, "beta": 0.75, "bias": 1.0}
 
     def infer(self, node):
         return [(node.inputs[0].dtype, node.inputs[0].shape)]
@@ -187,6 +303,7 @@ class LRN(Op):
 class SoftmaxBase(Op):
     log = False
     dtypes = ("float32",)
+    attrs = {"axis": REQUIRED}
 
     def infer(self, node):
         return [(node.inputs[0].dtype, node.inputs[0].shape)]
@@ -238,6 +355,7 @@ class LayerNorm(Op):
     """
     name = "LayerNorm"
     dtypes = ("float32",)
+    attrs = {"epsilon": REQUIRED}
 
     def infer(self, node):
         x, scale, bias = node.inputs

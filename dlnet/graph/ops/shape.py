@@ -1,7 +1,7 @@
 """Data-movement ops: views (Reshape), strided copies (Transpose, Slice, Expand, Concat), Gather, Pad."""
 import numpy as np
 
-from . import Op, register
+from . import REQUIRED, Op, register
 
 
 @register
@@ -9,6 +9,7 @@ class Reshape(Op):
     """y = x viewed with another shape (no copy);  dx = reshape(dy, x.shape)"""
     name = "Reshape"
     kind = "alias"
+    attrs = {"shape": REQUIRED}
 
     def infer(self, node):
         shape = tuple(node.attrs["shape"])
@@ -30,6 +31,7 @@ class Reshape(Op):
 class Transpose(Op):
     """y = x.transpose(perm);  dx = dy.transpose(argsort(perm))"""
     name = "Transpose"
+    attrs = {"perm": REQUIRED}
 
     def infer(self, node):
         x = node.inputs[0]
@@ -52,6 +54,7 @@ class Transpose(Op):
 class Slice(Op):
     """y = x[starts[d] : : steps[d]] taking counts[d] elements per axis (normalised by the importer)."""
     name = "Slice"
+    attrs = {"starts": REQUIRED, "counts": REQUIRED, "steps": REQUIRED}
 
     def infer(self, node):
         return [(node.inputs[0].dtype, tuple(node.attrs["counts"]))]
@@ -75,6 +78,7 @@ class Slice(Op):
 class SliceGrad(Op):
     """dx = zeros(in_shape) with dx[slice] = dy  (the gradient of Slice, a strided scatter)"""
     name = "SliceGrad"
+    attrs = dict(Slice.attrs, in_shape=REQUIRED)
 
     def infer(self, node):
         return [(node.inputs[0].dtype, tuple(node.attrs["in_shape"]))]
@@ -91,6 +95,7 @@ class SliceGrad(Op):
 class Expand(Op):
     """y = broadcast_to(x, shape);  dx = sum of dy over the broadcast axes (autodiff)"""
     name = "Expand"
+    attrs = {"shape": REQUIRED}
 
     def infer(self, node):
         return [(node.inputs[0].dtype, tuple(node.attrs["shape"]))]
@@ -109,6 +114,7 @@ class Expand(Op):
 class Concat(Op):
     """y = concat(xs, axis);  dx_i = slice of dy"""
     name = "Concat"
+    attrs = {"axis": REQUIRED}
 
     def infer(self, node):
         axis = node.attrs["axis"]
@@ -150,6 +156,7 @@ class Concat(Op):
 class Gather(Op):
     """y = take(x, indices, axis)  (negative indices count from the end)"""
     name = "Gather"
+    attrs = {"axis": REQUIRED}
 
     def infer(self, node):
         x, idx = node.inputs
@@ -171,6 +178,7 @@ class Gather(Op):
 class GatherGrad(Op):
     """dx = zeros(in_shape); dx[idx] += dy along axis (scatter-add)"""
     name = "GatherGrad"
+    attrs = {"axis": REQUIRED, "in_shape": REQUIRED}
 
     def infer(self, node):
         return [(node.inputs[0].dtype, tuple(node.attrs["in_shape"]))]
@@ -183,6 +191,7 @@ class GatherGrad(Op):
 class Pad(Op):
     """y = pad(x, pads, mode, value)  with pads = begins + ends, modes constant/reflect/edge"""
     name = "Pad"
+    attrs = {"pads": REQUIRED, "mode": "constant", "value": 0}  # pads: begins, then ends
 
     def infer(self, node):
         x = node.inputs[0]
@@ -194,9 +203,9 @@ class Pad(Op):
         r = x.ndim
         pads = node.attrs["pads"]
         width = [(pads[i], pads[i + r]) for i in range(r)]
-        mode = node.attrs.get("mode", "constant")
+        mode = node.attrs["mode"]
         if mode == "constant":
-            return [np.pad(x, width, mode="constant", constant_values=node.attrs.get("value", 0))]
+            return [np.pad(x, width, mode="constant", constant_values=node.attrs["value"])]
         return [np.pad(x, width, mode={"reflect": "reflect", "edge": "edge", "wrap": "wrap"}[mode])]
 
     def lower(self, node, lw):
@@ -206,7 +215,7 @@ class Pad(Op):
         x = node.inputs[0]
         r = x.rank
         pads = node.attrs["pads"]
-        if node.attrs.get("mode", "constant") != "constant" or any(p < 0 for p in pads):
+        if node.attrs["mode"] != "constant" or any(p < 0 for p in pads):
             return [None]
         return [b.op("Slice", [dys[0]], {"starts": tuple(pads[:r]), "steps": (1,) * r, "counts": x.shape})]
 
@@ -220,6 +229,7 @@ def _norm_idx(idx, n):
 class GatherElements(Op):
     """y[i] = x[i with axis coordinate idx[i]];  no gradient here"""
     name = "GatherElements"
+    attrs = {"axis": REQUIRED}
 
     def infer(self, node):
         return [(node.inputs[0].dtype, node.inputs[1].shape)]
@@ -236,6 +246,7 @@ class GatherElements(Op):
 class ScatterElements(Op):
     """y = copy(x); y[i with axis coordinate idx[i]] (op)= upd[i], in index order"""
     name = "ScatterElements"
+    attrs = {"axis": REQUIRED, "reduction": "none"}
 
     def infer(self, node):
         return [(node.inputs[0].dtype, node.inputs[0].shape)]
@@ -244,7 +255,7 @@ class ScatterElements(Op):
         axis = node.attrs["axis"]
         y = x.copy()
         idx = _norm_idx(idx, x.shape[axis])
-        red = node.attrs.get("reduction", "none")
+        red = node.attrs["reduction"]
         for i in np.ndindex(*idx.shape):
             j = list(i)
             j[axis] = idx[i]

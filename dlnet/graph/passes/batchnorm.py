@@ -7,7 +7,7 @@ from ..ir import Node
 
 def _scale_shift(node):
     x, scale, b, mean, var = node.inputs
-    inv = scale.const.astype(np.float64) / np.sqrt(var.const.astype(np.float64) + node.attrs.get("epsilon", 1e-5))
+    inv = scale.const.astype(np.float64) / np.sqrt(var.const.astype(np.float64) + node.attrs["epsilon"])
     shift = b.const.astype(np.float64) - mean.const.astype(np.float64) * inv
     return inv, shift
 

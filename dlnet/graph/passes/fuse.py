@@ -218,8 +218,8 @@ def fuse_conv_prologues(graph, max_channels):
     for node in list(graph.nodes):
         a = node.attrs
         if node.op != "Conv" or "prologue" in a or node.inputs[0].rank != 4 or \
-                tuple(node.inputs[1].shape[2:]) != (1, 1) or any(s != 1 for s in a.get("strides") or [1]) or \
-                any(a.get("pads") or [0]) or a.get("tap_major") or a.get("winograd") or \
+                tuple(node.inputs[1].shape[2:]) != (1, 1) or any(s != 1 for s in a["strides"]) or \
+                any(a["pads"]) or a.get("tap_major") or a.get("winograd") or \
                 node.inputs[0].shape[1] > max_channels:
             continue
         x = node.inputs[0]
@@ -258,7 +258,7 @@ def fold_channel_shuffles(graph):
                 node.attrs.get("tap_major") or node.attrs.get("winograd") or node.attrs.get("prologue"):
             continue
         x = node.inputs[0]
-        depthwise = node.attrs.get("group", 1) == x.shape[1] > 1 and w.shape[1] == 1
+        depthwise = node.attrs["group"] == x.shape[1] > 1 and w.shape[1] == 1
         if not depthwise and int(np.prod(w.shape[2:])) == 1:
             continue
         chain, v = [], x

@@ -11,7 +11,7 @@ import numpy as np
 def pretranspose_weights(graph, keep_rows=0):
     changed = False
     for node in graph.nodes:
-        if node.op != "Gemm" or not node.attrs.get("transB", 0):
+        if node.op != "Gemm" or not node.attrs["transB"]:
             continue
         w = node.inputs[1]
         if w.const is None or w.param or w.rank != 2 or node.outputs[0].shape[-2] <= keep_rows:
@@ -29,7 +29,7 @@ def tap_major_weights(graph, multiple):
             continue
         w = node.inputs[1]
         if w.const is None or w.param or w.rank != 4 or w.shape[2] * w.shape[3] == 1 or w.shape[1] % multiple or \
-                node.attrs.get("group", 1) != 1:
+                node.attrs["group"] != 1:
             continue
         graph.set_input(node, 1, graph.constant(np.ascontiguousarray(w.const.transpose(0, 2, 3, 1))))
         node.attrs["tap_major"] = 1

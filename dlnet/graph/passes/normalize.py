@@ -55,7 +55,7 @@ def _replace(graph, matched, op, inputs, attrs):
 # ---------------------------------------------------------------------------------------------------- LayerNorm
 def _last_axis_mean(node, x):
     return (node is not None and node.op == "Reduce" and node.attrs["mode"] == "mean" and node.inputs[0] is x and
-            tuple(a % x.rank for a in node.attrs["axes"]) == (x.rank - 1,) and node.attrs.get("keepdims", 1))
+            tuple(a % x.rank for a in node.attrs["axes"]) == (x.rank - 1,) and node.attrs["keepdims"])
 
 
 def _row_vector(graph, v, x):

@@ -11,9 +11,7 @@ def _window_counts(node, shape, nsp, margin):
     kernel counts with count_include_pad=1 on the padded input.
     """
     a = node.attrs
-    k, s = a["kernel_shape"], a.get("strides") or [1] * nsp
-    pads = a.get("pads") or [0] * 2 * nsp
-    dil = a.get("dilations") or [1] * nsp
+    k, s, pads, dil = a["kernel_shape"], a["strides"], a["pads"], a["dilations"]
     out = node.outputs[0].shape[2:]
     counts = np.ones((), np.float64)
     for i in range(nsp):
@@ -30,7 +28,7 @@ def explicit_padding(graph):
             continue
         x = node.inputs[0]
         nsp = x.rank - 2
-        pads = list(node.attrs.get("pads") or [0] * 2 * nsp)
+        pads = list(node.attrs["pads"])
         if all(pads[i] == pads[i + nsp] for i in range(nsp)):
             continue
         sym = [min(pads[i], pads[i + nsp]) for i in range(nsp)]
@@ -41,7 +39,7 @@ def explicit_padding(graph):
         pad = Node("Pad", [x], [y], {"pads": tuple(full), "mode": "constant", "value": value}, node.name + "/pad")
         graph.add_node(pad, graph.nodes.index(node))
         counts = None
-        if node.op == "AveragePool" and not node.attrs.get("count_include_pad", 0):
+        if node.op == "AveragePool" and not node.attrs["count_include_pad"]:
             counts = _window_counts(node, x.shape, nsp, [0] * nsp)
         graph.set_input(node, 0, y)
         node.attrs["pads"] = tuple(sym + sym)

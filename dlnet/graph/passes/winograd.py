@@ -54,9 +54,9 @@ def _geometry(node, w_shape, min_channels, min_tiles, y_shape=None):
     a = node.attrs
     y_shape = y_shape or node.outputs[0].shape
     return (min_channels > 0 and len(y_shape) == 4 and tuple(w_shape[2:]) == (3, 3)
-            and list(a.get("strides") or [1, 1]) == [1, 1] and list(a.get("dilations") or [1, 1]) == [1, 1]
-            and a.get("group", 1) == 1 and min(w_shape[0], w_shape[1]) >= min_channels
-            and all(0 <= p <= 2 for p in a.get("pads") or [0])
+            and list(a["strides"]) == [1, 1] and list(a["dilations"]) == [1, 1]
+            and a["group"] == 1 and min(w_shape[0], w_shape[1]) >= min_channels
+            and all(0 <= p <= 2 for p in a["pads"])
             and winograd_tiles(y_shape) >= min_tiles)
 
 
