@@ -11,13 +11,14 @@ from .families.indexing import IndexFamily
 from .families.matmul import MatmulFamily
 from .families.norm_pool import NormPoolFamily
 from .families.reduce import ReduceFamily
+from .families.training import TrainingFamily
 from .families.winograd import WinogradFamily
 from .schedule import algorithm, data_inputs
 from ..graph.ir import BatchSlice, Node
 
 
 class Lowerer(Emitter, ElementwiseFamily, ConvFamily, ConvCpuFamily, WinogradFamily, ConvGradFamily, MatmulFamily,
-              NormPoolFamily, ReduceFamily, IndexFamily):
+              NormPoolFamily, ReduceFamily, IndexFamily, TrainingFamily):
     def lower(self, graph, prefix=None):
         """Lower every node of `graph` in order; the chunked prefix's nodes slice by slice of the batch."""
         for i, node in enumerate(graph.nodes):

@@ -54,11 +54,6 @@ class Op:
         """[(dtype, shape)] of the outputs."""
         raise NotImplementedError
 
-    def workspace(self, node):
-        """(bytes it could use, least bytes it needs) of scratch the node's kernels want inside the activation
-        arena while it runs, or None. The planner gives it all where a free block holds it, else what fits."""
-        return None
-
     def writes_over(self, node, index):
         """May the output be written over input `index` (same shape; the planner checks that)?"""
         return self.inplace

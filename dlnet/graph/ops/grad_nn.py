@@ -3,7 +3,6 @@ training form (batch statistics: three kernels forward, three backward)."""
 import numpy as np
 
 from ...errors import ModelError
-from ...kernels.runtime import kernel_source
 from . import REQUIRED, Op, register
 from .nn import CONV_PASS_ATTRS, AveragePool, Conv, ConvGeometry
 
@@ -32,14 +31,6 @@ class ConvGradX(Op):
     def infer(self, node):
         return [(node.inputs[0].dtype, tuple(node.attrs["x_shape"]))]
 
-    def workspace(self, node):
-        """winograd (passes/winograd.py): U of the flipped, transposed filters, then V and M over dx's tiles."""
-        if not node.attrs.get("winograd"):
-            return None
-        from .nn import winograd_workspace
-        w, dx = node.inputs[1], node.outputs[0]
-        return winograd_workspace(w.shape[1], w.shape[0], dx.shape, on_device=True)
-
     def lower(self, node, lw):
         lw.conv_grad(node, "dx")
 
@@ -54,14 +45,6 @@ class ConvGradW(Op):
     def infer(self, node):
         return [(node.inputs[0].dtype, tuple(node.attrs["w_shape"]))]
 
-    def workspace(self, node):
-        """winograd (passes/winograd.py): the 16 sums over tiles [16, K, C], then dY's and x's transformed tiles."""
-        if not node.attrs.get("winograd"):
-            return None
-        from .nn import winograd_workspace
-        k, c = node.attrs["w_shape"][:2]
-        return winograd_workspace(k, c, node.inputs[0].shape, on_device=True)
-
     def lower(self, node, lw):
         lw.conv_grad(node, "dw")
 
@@ -74,28 +57,11 @@ class PoolGrad(Op):
     name = "PoolGrad"
     attrs = dict(AveragePool.attrs, mode=REQUIRED)
 
+    def lower(self, node, lw):
+        lw.pool_grad(node)
+
     def infer(self, node):
         return [(node.inputs[1].dtype, node.inputs[1].shape)]
-
-    def lower(self, node, lw):
-        dy, x = node.inputs
-        dx = node.outputs[0]
-        a = node.attrs
-        if a.get("ceil_mode", 0) and a["mode"] == "avg":
-            raise ModelError(f"node {node.name} (AveragePool): ceil_mode gradients are not supported")
-        w_shape = (1, 1) + tuple(a["kernel_shape"])
-        H, W, OH, OW, KH, KW, s, p, d = _conv_dims(x.shape, dy.shape, w_shape, a)
-        src = f"#define POOL_{a['mode'].upper()} 1\n" + kernel_source("pool_grad")
-        if [KH, KW] == list(s) and list(p) == [0, 0] and list(d) == [1, 1] and x.rank == 4 and \
-                list(x.shape[2:]) == [OH * KH, OW * KW] and not any(a.get("pads") or [0]):
-            args = lw.args(dy) + lw.args(x) + lw.args(dx) + _ints([OH, OW, KH, KW]) + [np.int64(dy.size)]
-            lw.emit(src, "pool_grad_tiled", args, (max(dy.size, 1),), None, f"{node.name} PoolGrad")
-            return
-        args = lw.args(dy) + lw.args(x) + lw.args(dx) + _ints(
-            [H, W, OH, OW, KH, KW, s[0], s[1], p[0], p[1], d[0], d[1], a.get("count_include_pad", 0)]) + \
-            [np.int64(dx.size)]
-        lw.emit(src, "pool_grad", args, (max(dx.size, 1),), None, f"{node.name} PoolGrad")
-
 
 def pool_grad(b, node, dys):
     return [b.op("PoolGrad", [dys[0], node.inputs[0]], dict(node.attrs, mode=node.spec.mode))]
@@ -109,15 +75,11 @@ class Dropout(Op):
     name = "Dropout"
     attrs = {"ratio": REQUIRED, "salt": REQUIRED}
 
+    def lower(self, node, lw):
+        lw.dropout(node)
+
     def infer(self, node):
         return [(node.inputs[0].dtype, node.inputs[0].shape)]
-
-    def lower(self, node, lw):
-        x, seed = node.inputs
-        y = node.outputs[0]
-        args = lw.args(x) + lw.args(seed) + lw.args(y) + [np.uint32(node.attrs["salt"]),
-                                                          np.float32(node.attrs["ratio"]), np.int64(y.size)]
-        lw.emit(kernel_source("dropout"), "dropout", args, (max(y.size, 1),), None, f"{node.name} Dropout")
 
     def grad(self, b, node, dys):
         return [b.op("Dropout", [dys[0], node.inputs[1]], dict(node.attrs)), None]
@@ -139,25 +101,6 @@ def batchnorm_training(b, x, scale, bias, mean, var, epsilon, momentum, updates)
     return y
 
 
-def _bn_view(x):
-    """x as [N, C, S]"""
-    return x.shape[0], x.shape[1], int(np.prod(x.shape[2:], dtype=np.int64))
-
-
-def _bn_partial_launch(lw, node, x, dy, mean, grad):
-    """bn_partial over every channel: returns the number of slices G per channel (its sums sit in scratch)."""
-    N, C, S = _bn_view(x)
-    wg = 64 if lw.ctx.is_cpu else 256
-    count = N * S
-    G = max(1, min(-(-8 * lw.ctx.info.compute_units // C), -(-count // (4 * wg))))
-    src = f"#define WG {wg}\n" + ("#define GRAD 1\n" if grad else "") + kernel_source("bn")
-    args = lw.args(x) + (lw.args(dy) if grad else lw.dummy()) + (lw.args(mean) if grad else lw.dummy()) + \
-        _ints([N, C, S, G]) + [lw.dummy()[0]]
-    lw.emit(src, "bn_partial", args, (G * wg, C), (wg, 1), f"{node.name} {node.op}/partial")
-    lw.use_scratch(lw.launches[-1].kernel, len(args) - 1, 8 * C * G, "bnstat")
-    return src, G
-
-
 @register
 class BatchNormTrain(Op):
     """y = (x - m) / sqrt(v + eps) * scale + bias with m, v the mean and (biased) variance over all axes but 1;
@@ -166,6 +109,9 @@ class BatchNormTrain(Op):
     name = "BatchNormTrain"
     dtypes = ("float32",)
     attrs = {"epsilon": REQUIRED}
+
+    def lower(self, node, lw):
+        lw.batchnorm_train(node)
 
     def infer(self, node):
         x, scale, bias = node.inputs
@@ -183,18 +129,6 @@ class BatchNormTrain(Op):
             bias.reshape(cs)
         return [y.astype(x.dtype), m.astype(x.dtype), v.astype(x.dtype)]
 
-    def lower(self, node, lw):
-        x, scale, bias = node.inputs
-        y, mean, var = node.outputs
-        N, C, S = _bn_view(x)
-        src, G = _bn_partial_launch(lw, node, x, None, None, grad=False)
-        args = lw.args(x) + lw.args(mean) + lw.args(var) + _ints([N, C, S, G]) + [lw.dummy()[0]]
-        lw.emit(src, "bn_stats", args, (C,), None, f"{node.name} BatchNormTrain/stats")
-        lw.use_scratch(lw.launches[-1].kernel, len(args) - 1, 8 * C * G, "bnstat")
-        args = lw.args(x) + lw.args(mean) + lw.args(var) + lw.args(scale) + lw.args(bias) + lw.args(y) + \
-            _ints([C, S]) + [np.int64(y.size), np.float32(node.attrs["epsilon"])]
-        lw.emit(src, "bn_apply", args, (max(y.size, 1),), None, f"{node.name} BatchNormTrain")
-
     def grad(self, b, node, dys):
         x, scale, _ = node.inputs
         _, mean, var = node.outputs
@@ -209,23 +143,12 @@ class BatchNormTrainGrad(Op):
     dtypes = ("float32",)
     attrs = {"epsilon": REQUIRED}
 
+    def lower(self, node, lw):
+        lw.batchnorm_train_grad(node)
+
     def infer(self, node):
         dy, x, scale = node.inputs[:3]
         return [(x.dtype, x.shape), (scale.dtype, scale.shape), (scale.dtype, scale.shape)]
-
-    def lower(self, node, lw):
-        dy, x, scale, mean, var = node.inputs
-        dx, dscale, dbias = node.outputs
-        N, C, S = _bn_view(x)
-        eps = np.float32(node.attrs["epsilon"])
-        src, G = _bn_partial_launch(lw, node, x, dy, mean, grad=True)
-        args = lw.args(var) + lw.args(dscale) + lw.args(dbias) + _ints([C, G]) + [eps, lw.dummy()[0]]
-        lw.emit(src, "bn_grad_stats", args, (C,), None, f"{node.name} BatchNormTrainGrad/stats")
-        lw.use_scratch(lw.launches[-1].kernel, len(args) - 1, 8 * C * G, "bnstat")
-        args = lw.args(dy) + lw.args(x) + lw.args(mean) + lw.args(var) + lw.args(scale) + lw.args(dscale) + \
-            lw.args(dbias) + lw.args(dx) + _ints([C, S]) + [np.int64(dx.size), eps, np.float32(1.0 / (N * S))]
-        lw.emit(src, "bn_grad_apply", args, (max(dx.size, 1),), None, f"{node.name} BatchNormTrainGrad")
-
 
 def dropout_training(imp, node, xs, at):
     """The ONNX Dropout handler's training form: ratio is an attribute before op-set 12 and an input from 12."""

@@ -147,17 +147,6 @@ def conv_geometry(node):
     raise ValueError(f"node {node.name} ({node.op}) has no convolution geometry")
 
 
-def winograd_workspace(k, c, y_shape, on_device=False, m=2):
-    """(all, least) bytes of a Winograd F(m x m, 3x3) convolution's workspace (lowering.winograd): V and M,
-    (m + 2)^2 (C + K) floats per m x m output tile, all of them or at least an eighth of the layer's tiles (at most 8
-    chunks) and at least WINOGRAD_MIN_TILES; before them U (16 K C floats) where it is made on the device every run."""
-    from ...kernels.lowering import WINOGRAD_MIN_TILES
-    tiles = y_shape[0] * -(-y_shape[2] // m) * -(-y_shape[3] // m)
-    per_tile = 4 * (m + 2) ** 2 * (k + c)
-    u = -(-64 * k * c // 256) * 256 if on_device else 0
-    return u + per_tile * tiles, u + per_tile * min(tiles, max(WINOGRAD_MIN_TILES, -(-tiles // 8)))
-
-
 @register
 class Conv(Op):
     """y = act(conv(x, w) + b + res);  dx = conv_transpose(dy, w), dw = conv(x, dy) (see autodiff)
@@ -179,14 +168,6 @@ class Conv(Op):
     def infer(self, node):
         g = conv_geometry(node)
         return [(node.inputs[0].dtype, (g.N, g.K, *g.out_size))]
-
-    def workspace(self, node):
-        if not node.attrs.get("winograd"):
-            return None
-        w, y = node.inputs[1], node.outputs[0]
-        if node.attrs["winograd"] == 1:
-            return winograd_workspace(w.shape[2], w.shape[3], y.shape, m=w.shape[0] - 2)
-        return winograd_workspace(w.shape[0], w.shape[1], y.shape, on_device=True)
 
     def writes_over(self, node, index):
         """Over its residual: every epilogue reads res at an output's own index just before writing it there."""
@@ -266,6 +247,9 @@ class RoiAlign(Op):
     attrs = {"mode": REQUIRED, "output_height": REQUIRED, "output_width": REQUIRED, "spatial_scale": REQUIRED,
              "sampling_ratio": REQUIRED, "half_pixel": REQUIRED}
 
+    def lower(self, node, lw):
+        lw.roialign(node)
+
     def infer(self, node):
         x, rois, batch = node.inputs
         if x.rank != 4 or rois.rank != 2 or rois.shape[1] != 4 or batch.shape != rois.shape[:1]:
@@ -273,18 +257,6 @@ class RoiAlign(Op):
                              f"{list(x.shape)}, {list(rois.shape)} and {list(batch.shape)}")
         a = node.attrs
         return [(x.dtype, (rois.shape[0], x.shape[1], a["output_height"], a["output_width"]))]
-
-    def lower(self, node, lw):
-        from ...kernels.runtime import kernel_source
-        x, rois, batch = node.inputs
-        y, a = node.outputs[0], node.attrs
-        src = f"#define ROI_{a['mode'].upper()} 1\n" + kernel_source("roialign")
-        args = lw.args(x) + lw.args(rois) + lw.args(batch) + lw.args(y) + [
-            np.int32(x.shape[1]), np.int32(x.shape[2]), np.int32(x.shape[3]), np.int32(a["output_height"]),
-            np.int32(a["output_width"]), np.float32(a["spatial_scale"]), np.int32(a["sampling_ratio"]),
-            np.int32(a["half_pixel"]), np.int64(y.size)]
-        lw.emit(src, "roialign", args, (max(y.size, 1),), None, f"{node.name} RoiAlign")
-
 
 @register
 class LRN(Op):

@@ -80,3 +80,18 @@ class NormPoolFamily:
             np.int64(rows), np.int32(D), np.float32(node.attrs["epsilon"])]
         self.emit(kernel_source("layernorm"), "layernorm", args, (max(rows, 1),), None, f"{node.name} LayerNorm")
 
+    def roialign(self, node):
+        x, rois, batch = node.inputs
+        y, a = node.outputs[0], node.attrs
+        src = f"#define ROI_{a['mode'].upper()} 1\n" + kernel_source("roialign")
+        args = self.args(x) + self.args(rois) + self.args(batch) + self.args(y) + [
+            np.int32(x.shape[1]), np.int32(x.shape[2]), np.int32(x.shape[3]), np.int32(a["output_height"]),
+            np.int32(a["output_width"]), np.float32(a["spatial_scale"]), np.int32(a["sampling_ratio"]),
+            np.int32(a["half_pixel"]), np.int64(y.size)]
+        self.emit(src, "roialign", args, (max(y.size, 1),), None, f"{node.name} RoiAlign")
+
+    def det(self, node):
+        x, y = node.inputs[0], node.outputs[0]
+        src = f"#define N {x.shape[-1]}\n" + kernel_source("det")
+        self.emit(src, "det", self.args(x) + self.args(y) + [np.int64(y.size)], (max(y.size, 1),), None,
+                f"{node.name} Det")

@@ -1,0 +1,90 @@
+"""Training kernels: pooling gradients, Dropout, and BatchNormalization's batch statistics and gradients (bn.cl:
+per-channel partial sums over slices, then the statistics and the normalisation)."""
+import numpy as np
+
+from ..runtime import kernel_source
+from ...errors import ModelError
+from ...graph.ops.grad_nn import _conv_dims
+
+
+def _ints(values):
+    return [np.int32(v) for v in values]
+
+
+def _bn_view(x):
+    """x as [N, C, S]"""
+    return x.shape[0], x.shape[1], int(np.prod(x.shape[2:], dtype=np.int64))
+
+
+def _bn_partial_launch(lw, node, x, dy, mean, grad):
+    """bn_partial over every channel: returns the number of slices G per channel (its sums sit in scratch)."""
+    N, C, S = _bn_view(x)
+    wg = 64 if lw.dev.is_cpu else 256
+    count = N * S
+    G = max(1, min(-(-8 * lw.dev.compute_units // C), -(-count // (4 * wg))))
+    src = f"#define WG {wg}\n" + ("#define GRAD 1\n" if grad else "") + kernel_source("bn")
+    args = lw.args(x) + (lw.args(dy) if grad else lw.dummy()) + (lw.args(mean) if grad else lw.dummy()) + \
+        _ints([N, C, S, G]) + [lw.dummy()[0]]
+    lw.emit(src, "bn_partial", args, (G * wg, C), (wg, 1), f"{node.name} {node.op}/partial")
+    lw.use_scratch(lw.launches[-1].kernel, len(args) - 1, 8 * C * G, "bnstat")
+    return src, G
+
+
+
+class TrainingFamily:
+    def pool_grad(self, node):
+        dy, x = node.inputs
+        dx = node.outputs[0]
+        a = node.attrs
+        if a.get("ceil_mode", 0) and a["mode"] == "avg":
+            raise ModelError(f"node {node.name} (AveragePool): ceil_mode gradients are not supported")
+        w_shape = (1, 1) + tuple(a["kernel_shape"])
+        H, W, OH, OW, KH, KW, s, p, d = _conv_dims(x.shape, dy.shape, w_shape, a)
+        src = f"#define POOL_{a['mode'].upper()} 1\n" + kernel_source("pool_grad")
+        if [KH, KW] == list(s) and list(p) == [0, 0] and list(d) == [1, 1] and x.rank == 4 and \
+                list(x.shape[2:]) == [OH * KH, OW * KW] and not any(a.get("pads") or [0]):
+            args = self.args(dy) + self.args(x) + self.args(dx) + _ints([OH, OW, KH, KW]) + [np.int64(dy.size)]
+            self.emit(src, "pool_grad_tiled", args, (max(dy.size, 1),), None, f"{node.name} PoolGrad")
+            return
+        args = self.args(dy) + self.args(x) + self.args(dx) + _ints(
+            [H, W, OH, OW, KH, KW, s[0], s[1], p[0], p[1], d[0], d[1], a.get("count_include_pad", 0)]) + \
+            [np.int64(dx.size)]
+        self.emit(src, "pool_grad", args, (max(dx.size, 1),), None, f"{node.name} PoolGrad")
+
+
+
+    def dropout(self, node):
+        x, seed = node.inputs
+        y = node.outputs[0]
+        args = self.args(x) + self.args(seed) + self.args(y) + [np.uint32(node.attrs["salt"]),
+                                                          np.float32(node.attrs["ratio"]), np.int64(y.size)]
+        self.emit(kernel_source("dropout"), "dropout", args, (max(y.size, 1),), None, f"{node.name} Dropout")
+
+
+    def batchnorm_train(self, node):
+        x, scale, bias = node.inputs
+        y, mean, var = node.outputs
+        N, C, S = _bn_view(x)
+        src, G = _bn_partial_launch(self, node, x, None, None, grad=False)
+        args = self.args(x) + self.args(mean) + self.args(var) + _ints([N, C, S, G]) + [self.dummy()[0]]
+        self.emit(src, "bn_stats", args, (C,), None, f"{node.name} BatchNormTrain/stats")
+        self.use_scratch(self.launches[-1].kernel, len(args) - 1, 8 * C * G, "bnstat")
+        args = self.args(x) + self.args(mean) + self.args(var) + self.args(scale) + self.args(bias) + self.args(y) + \
+            _ints([C, S]) + [np.int64(y.size), np.float32(node.attrs["epsilon"])]
+        self.emit(src, "bn_apply", args, (max(y.size, 1),), None, f"{node.name} BatchNormTrain")
+
+
+    def batchnorm_train_grad(self, node):
+        dy, x, scale, mean, var = node.inputs
+        dx, dscale, dbias = node.outputs
+        N, C, S = _bn_view(x)
+        eps = np.float32(node.attrs["epsilon"])
+        src, G = _bn_partial_launch(self, node, x, dy, mean, grad=True)
+        args = self.args(var) + self.args(dscale) + self.args(dbias) + _ints([C, G]) + [eps, self.dummy()[0]]
+        self.emit(src, "bn_grad_stats", args, (C,), None, f"{node.name} BatchNormTrainGrad/stats")
+        self.use_scratch(self.launches[-1].kernel, len(args) - 1, 8 * C * G, "bnstat")
+        args = self.args(dy) + self.args(x) + self.args(mean) + self.args(var) + self.args(scale) + self.args(dscale) + \
+            self.args(dbias) + self.args(dx) + _ints([C, S]) + [np.int64(dx.size), eps, np.float32(1.0 / (N * S))]
+        self.emit(src, "bn_grad_apply", args, (max(dx.size, 1),), None, f"{node.name} BatchNormTrainGrad")
+
+
