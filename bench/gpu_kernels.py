@@ -16,12 +16,12 @@ import sys
 import numpy as np
 
 import dlnet
-from dlnet.kernels import runtime
+from dlnet.kernels import launch, runtime
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 KEYS = {}  # id(cl.Kernel) -> (source, options) of its program
-_bind = runtime.PendingKernel.bind
+_bind = launch.PendingKernel.bind
 
 
 def _recording_bind(self, ctx):
@@ -30,7 +30,7 @@ def _recording_bind(self, ctx):
     return k
 
 
-runtime.PendingKernel.bind = _recording_bind
+launch.PendingKernel.bind = _recording_bind
 
 
 def node_flops(graph):

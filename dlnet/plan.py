@@ -16,7 +16,8 @@ import numpy as np
 from .graph.memory import plan_memory
 from .kernels.families import winograd
 from .kernels.lowering import Lowerer
-from .kernels.runtime import Deferred, cl
+from .kernels.launch import Deferred
+from .kernels.runtime import cl
 from .kernels.schedule import chunked_prefix, schedule
 from .kernels.tuner import Measured
 from .onnx.importer import Importer, _names_read

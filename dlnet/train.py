@@ -10,7 +10,8 @@ from . import losses
 from .errors import InputError, ModelError
 from .graph.autodiff import gradients
 from .graph.ir import Builder
-from .kernels.runtime import Launch, cl, kernel_source
+from .kernels.launch import Launch
+from .kernels.runtime import cl, kernel_source
 from .pipeline import training_import, training_passes
 from .plan import Plan
 from .optim import SGD

@@ -1,4 +1,4 @@
-"""Probe: one CPU model under two settings of a lowering flag, both plans in one process, timed interleaved (15 rounds
+"""Probe: one CPU model under two settings of a boolean Options field, both plans in one process, timed interleaved (15 rounds
 of 3 warm-up and 5 timed runs each); prints their outputs' relative difference, launch counts, best and median ms.
 Asserts nothing.
 
@@ -17,21 +17,19 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import cpu
 
 import dlnet
-from dlnet.kernels import lowering
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="shufflenet")
-    ap.add_argument("--flag", default="DW_CPU_PAD_IN", help="a boolean constant of dlnet.kernels.lowering")
+    ap.add_argument("--flag", default="dw_cpu_pad_in", help="a boolean field of dlnet.Options")
     args = ap.parse_args()
     m = cpu.with_random_weights(onnx.load(os.path.join(cpu.LIGHT, f"light_{args.model}.onnx")),
                                 np.random.default_rng(0))
     ctx = dlnet.Context()
     nets = {}
     for v in (False, True):
-        setattr(lowering, args.flag, v)
-        nets[v] = dlnet.Net(ctx).load_onnx(m)
+        nets[v] = dlnet.Net(ctx.with_options(**{args.flag: v})).load_onnx(m)
     inp = m.graph.input[0]
     x = np.random.default_rng(1).standard_normal([d.dim_value for d in inp.type.tensor_type.shape.dim]) \
         .astype(np.float32)

@@ -5,7 +5,8 @@ import numpy as np
 from . import codegen
 from .device import TILED_CORES
 from .rules import core_threads, round_up
-from .runtime import DTYPE_TO_C, Deferred, Launch, PendingKernel, cl, kernel_source
+from .launch import Deferred, Launch, PendingKernel
+from .runtime import DTYPE_TO_C, cl, kernel_source
 from ..errors import ModelError
 from ..graph.ops import get_op
 from ..graph.ir import Node

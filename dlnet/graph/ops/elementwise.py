@@ -4,7 +4,7 @@ import math
 import numpy as np
 
 from ...errors import ModelError
-from . import REQUIRED, Op, register
+from .base import REQUIRED, Op, register
 
 
 def lit(x, T="float"):

@@ -1,5 +1,5 @@
 """A chain of pointwise nodes run as one generated kernel."""
-from . import REQUIRED, Op, register
+from .base import REQUIRED, Op, register
 
 
 @register

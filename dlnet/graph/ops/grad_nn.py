@@ -3,7 +3,7 @@ training form (batch statistics: three kernels forward, three backward)."""
 import numpy as np
 
 from ...errors import ModelError
-from . import REQUIRED, Op, register
+from .base import REQUIRED, Op, register
 from .nn import CONV_PASS_ATTRS, AveragePool, Conv, ConvGeometry
 
 
@@ -62,10 +62,6 @@ class PoolGrad(Op):
 
     def infer(self, node):
         return [(node.inputs[1].dtype, node.inputs[1].shape)]
-
-def pool_grad(b, node, dys):
-    return [b.op("PoolGrad", [dys[0], node.inputs[0]], dict(node.attrs, mode=node.spec.mode))]
-
 
 @register
 class Dropout(Op):

@@ -7,7 +7,7 @@ gives dtypes only (the shapes come from the values).
 import numpy as np
 
 from ...errors import ModelError
-from . import Op, register
+from .base import Op, register
 
 
 class HostOp(Op):

@@ -1,7 +1,7 @@
 """Matrix products."""
 import numpy as np
 
-from . import Op, register
+from .base import Op, register
 
 
 @register

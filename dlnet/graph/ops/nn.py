@@ -4,7 +4,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...errors import ModelError
-from . import REQUIRED, Op, ones, register, zero_pads
+from .base import REQUIRED, Op, ones, register, zero_pads
 
 WINDOW_ATTRS = {"strides": ones, "pads": zero_pads, "dilations": ones}  # pads: begins, then ends
 # Conv's pass attributes (fuse.py, winograd.py, layout.py): see Conv's docstring
@@ -203,8 +203,7 @@ class Pool(Op):
         lw.pool(node, self.mode)
 
     def grad(self, b, node, dys):
-        from .grad_nn import pool_grad
-        return pool_grad(b, node, dys)
+        return [b.op("PoolGrad", [dys[0], node.inputs[0]], dict(node.attrs, mode=node.spec.mode))]
 
 
 @register

@@ -1,7 +1,7 @@
 """Data-movement ops: views (Reshape), strided copies (Transpose, Slice, Expand, Concat), Gather, Pad."""
 import numpy as np
 
-from . import REQUIRED, Op, register
+from .base import REQUIRED, Op, register
 
 
 @register
