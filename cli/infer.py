@@ -160,7 +160,7 @@ class Classifier:
         net = self.net
         y = net.run({self.spec.name: self.spec.stack([x for _, x in pending])})[net.outputs[0].name]
         probs = to_probabilities(y[:len(pending)], self.final_op)
-        for (path, _), p in zip(pending, probs):
+        for (path, _), p in zip(pending, probs, strict=False):
             self.emit(path, p)
         self.progress.step(len(pending))
 
