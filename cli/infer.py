@@ -160,11 +160,12 @@ class Classifier:
         net = self.net
         y = net.run({self.spec.name: self.spec.stack([x for _, x in pending])})[net.outputs[0].name]
         probs = to_probabilities(y[:len(pending)], self.final_op)
-        for (path, _), p in zip(pending, probs):
+        for (path, _), p in zip(pending, probs, strict=False):
             self.emit(path, p)
         self.progress.step(len(pending))
 
     def emit(self, path, probs):
+        """Keep one image's top-k classes; print them where the results stream."""
         order = np.argsort(-probs, kind="stable")[:self.top_k]
         label_names = self.label_names
         top = [(int(k), label_names[k] if label_names and k < len(label_names) else "", float(probs[k]))
@@ -218,7 +219,8 @@ def infer(model, images, size, resize, mean, std, scale, bgr, layout, gray, batc
     if not files:
         fail("no image files found in " + " ".join(images))
     stream = output is None and fmt == "csv"
-    classifier = Classifier(net, spec, final_op, top_k, label_names, stream, Progress(len(files)))
+    progress = Progress(len(files))
+    classifier = Classifier(net, spec, final_op, top_k, label_names, stream, progress)
     start = time.perf_counter()
 
     def prepare(img):
@@ -226,7 +228,7 @@ def infer(model, images, size, resize, mean, std, scale, bgr, layout, gray, batc
 
     classifier.classify(files, prepare, strict)
     elapsed = time.perf_counter() - start
-    classifier.progress.clear()
+    progress.clear()
 
     results, failures = classifier.results, classifier.failures
     if not stream:

@@ -70,7 +70,7 @@ def devices():
                      "yes" if d.fp64 else "no"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
-        click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+        click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)).rstrip())
     if default is not None:
         click.echo("* default (DLNET_DEVICE, else the first GPU, else the first CPU)")
     if not found:
@@ -168,7 +168,7 @@ def graph_dot(graph):
                 lines.append(f'  {producer[v.id]} -> n{k} [label="{v.type_str()}"];')
         for v in node.outputs:
             producer[v.id] = f"n{k}"
-    for v, name in zip(graph.outputs, graph.output_names):
+    for v, name in zip(graph.outputs, graph.output_names, strict=False):
         lines.append(f'  out_{v.id} [shape=ellipse, label="{name}"];')
         if v.id in producer:
             lines.append(f"  {producer[v.id]} -> out_{v.id};")
@@ -200,7 +200,7 @@ def _onnx_reference(model_path, feeds):
 
     model = onnx.load(model_path)
     names = [o.name for o in model.graph.output]
-    return "onnx.reference", dict(zip(names, ReferenceEvaluator(model).run(None, feeds)))
+    return "onnx.reference", dict(zip(names, ReferenceEvaluator(model).run(None, feeds), strict=False))
 
 
 def reference_outputs(model_path, feeds):
@@ -216,7 +216,7 @@ def reference_outputs(model_path, feeds):
                    "using onnx.reference", err=True)
         return _onnx_reference(model_path, feeds)
     names = [o.name for o in sess.get_outputs()]
-    return "onnxruntime", dict(zip(names, sess.run(None, feeds)))
+    return "onnxruntime", dict(zip(names, sess.run(None, feeds), strict=False))
 
 
 @cli.command()
@@ -280,7 +280,8 @@ def tune(model, batch, device, precision):
         rows.append((shape, tile, str(m["per_cu"]), f"{m['rate']:.4g}", f"{m['k0']:g}"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
-        click.echo("  ".join(c.rjust(w) if i > 1 else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))))
+        cells = enumerate(zip(r, widths, strict=False))
+        click.echo("  ".join(c.rjust(w) if i > 1 else c.ljust(w) for i, (c, w) in cells))
     click.echo(f"tuned in {seconds:.2f} s; cached in {path}" if path else
                f"tuned in {seconds:.2f} s; not cached (no writable DLNET_CACHE folder)")
 
@@ -303,7 +304,8 @@ def tune_model(model, batch, device, precision):
                      f"{v['ms'].get(v['was'], float('nan')):.4f}"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
-        click.echo("  ".join(c.rjust(w) if i > 2 else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))))
+        cells = enumerate(zip(r, widths, strict=False))
+        click.echo("  ".join(c.rjust(w) if i > 2 else c.ljust(w) for i, (c, w) in cells))
     path = tuner.layer_cache_path(ctx)
     click.echo(f"products: {report['before']:.3f} ms by rule, {report['after']:.3f} ms as measured; tuned in "
                f"{report['seconds']:.1f} s; " + (f"cached in {path}" if path else "not cached (no DLNET_CACHE folder)"))

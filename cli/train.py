@@ -319,7 +319,7 @@ class _TrainingRun:
             self.checkpoint(done)
             self.echo(f"interrupted: checkpoint after {done} epochs and {self.position['step']} steps in "
                       f"{self.ckpt}; continue with --resume")
-            raise SystemExit(130)
+            raise SystemExit(130) from None
 
     def train_epoch(self, epoch, interrupt):
         """The epoch's remaining steps, then validation, a metric row and a checkpoint."""
