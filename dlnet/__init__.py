@@ -1,11 +1,11 @@
 """dlnet: a static-graph deep-learning microframework. ONNX in, OpenCL kernel launches out."""
+from . import optim
 from .errors import ConfigError, DeviceError, DlnetError, InputError, ModelError
 from .kernels.options import Options
 from .kernels.runtime import Context, devices
 from .net import Net
-from . import optim
 from .train import Trainer
 
-__all__ = ["ConfigError", "Context", "DeviceError", "DlnetError", "InputError", "ModelError", "Net", "Options", "Trainer",
-           "devices", "optim"]
+__all__ = ["ConfigError", "Context", "DeviceError", "DlnetError", "InputError", "ModelError", "Net", "Options",
+           "Trainer", "devices", "optim"]
 __version__ = "0.1.0"

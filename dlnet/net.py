@@ -236,7 +236,8 @@ def _bind_inputs(model, constants, path):
     names = {i.name for i in model.graph.input}
     unknown = [k for k in constants if k not in names]
     if unknown:
-        raise InputError(f"{path}: constants names unknown input {unknown[0]!r}; the model's inputs are {sorted(names)}")
+        raise InputError(f"{path}: constants names unknown input {unknown[0]!r}; "
+                         f"the model's inputs are {sorted(names)}")
     bound = ModelProto()
     bound.CopyFrom(model)
     kept = [i for i in bound.graph.input if i.name not in constants]

@@ -15,14 +15,13 @@ import numpy as np
 
 from .graph.memory import plan_memory
 from .kernels.families import winograd
-from .kernels.lowering import Lowerer
 from .kernels.launch import Deferred
+from .kernels.lowering import Lowerer
 from .kernels.runtime import cl
 from .kernels.schedule import chunked_prefix, schedule
 from .kernels.tuner import Measured
 from .onnx.importer import Importer, _names_read
 from .pipeline import stage_graph
-
 
 FLUSH_EVERY = 16  # launches
 
@@ -36,7 +35,8 @@ class Plan:
         schedule(graph, ctx)  # each node's algorithm, before memory is planned
         self.prefix = chunked_prefix(ctx, graph)  # nodes run slice after slice of the batch while it goes up
         pre = self.prefix
-        self.memory = plan_memory(graph, together=(pre.start, pre.stop, max(nb for _, nb in pre.chunks)) if pre else None,
+        together = (pre.start, pre.stop, max(nb for _, nb in pre.chunks)) if pre else None
+        self.memory = plan_memory(graph, together=together,
                                   workspace=lambda node: winograd.workspace(node, ctx.options))
         self.act_buf = self.const_buf = None
         self.lowerer = None

@@ -12,9 +12,9 @@ from .graph.autodiff import gradients
 from .graph.ir import Builder
 from .kernels.launch import Launch
 from .kernels.runtime import cl, kernel_source
+from .optim import SGD
 from .pipeline import training_import, training_passes
 from .plan import Plan
-from .optim import SGD
 
 TARGET = "__target"
 LOCAL = 256  # work-group size of the update kernels

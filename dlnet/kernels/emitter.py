@@ -2,14 +2,14 @@
 pieces (GEMM program text, defines, fused activations). No decisions: the rules and the schedule make them."""
 import numpy as np
 
+from ..errors import ModelError
+from ..graph.ir import Node
+from ..graph.ops import get_op
 from . import codegen
 from .device import TILED_CORES
-from .rules import core_threads, round_up
 from .launch import Deferred, Launch, PendingKernel
+from .rules import core_threads, round_up
 from .runtime import DTYPE_TO_C, cl, kernel_source
-from ..errors import ModelError
-from ..graph.ops import get_op
-from ..graph.ir import Node
 
 
 def core_source(core):
@@ -99,7 +99,8 @@ class Emitter:
             return self.const_buf, self.plan.const_offsets[weight] // item
         rid, eoff = self.plan.alias_of.get(v.id, (v.id, 0))
         first = getattr(v, "first", 0)
-        return self.act_buf, self.plan.act_offsets[rid] // item + eoff + (first * (v.size // v.shape[0]) if first else 0)
+        start = first * (v.size // v.shape[0]) if first else 0
+        return self.act_buf, self.plan.act_offsets[rid] // item + eoff + start
 
 
     def args(self, v, image=0):

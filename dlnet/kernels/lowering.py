@@ -2,6 +2,7 @@
 
 The Lowerer is the emitter (emitter.py) with every kernel family (families/) mixed in; an op's `lower` names the
 family entry that runs it, and the entry follows the node's schedule (schedule.py)."""
+from ..graph.ir import BatchSlice, Node
 from .emitter import Emitter
 from .families.conv import ConvFamily
 from .families.conv_cpu import ConvCpuFamily
@@ -14,7 +15,6 @@ from .families.reduce import ReduceFamily
 from .families.training import TrainingFamily
 from .families.winograd import WinogradFamily
 from .schedule import algorithm, data_inputs
-from ..graph.ir import BatchSlice, Node
 
 
 class Lowerer(Emitter, ElementwiseFamily, ConvFamily, ConvCpuFamily, WinogradFamily, ConvGradFamily, MatmulFamily,

@@ -17,10 +17,10 @@ from importlib import resources
 import numpy as np
 
 from ..errors import DeviceError
-from .device import Device, is_nvidia
-from .options import Options
 from . import compile_worker
 from .compile_worker import claim, device_identity, finished, trace, write_binary
+from .device import Device, is_nvidia
+from .options import Options
 
 try:
     import pyopencl as cl
@@ -408,7 +408,8 @@ class Context:
             except (OSError, cl.Error):
                 pass  # a stale or damaged binary: build from source and write it again
         try:
-            prg = cl.Program(self.cl, source).build(options=opts, cache_dir=False if binary else cache_dir(self.options))
+            where = False if binary else cache_dir(self.options)
+            prg = cl.Program(self.cl, source).build(options=opts, cache_dir=where)
         except cl.Error as e:
             digest = hashlib.sha1(source.encode()).hexdigest()[:8]
             raise DeviceError(f"OpenCL build failed for program {digest} with {opts}: {e}") from e

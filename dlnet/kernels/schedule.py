@@ -10,12 +10,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .families.conv import is_depthwise
-from .families.conv_cpu import conv_cpu_algo
-from .rules import GEMV_REG_ROWS, TAP_MAJOR_MULTIPLE
 from ..graph.passes.fuse import fold_channel_shuffles, fuse_conv_prologues
 from ..graph.passes.layout import pretranspose_weights, tap_major_weights
 from ..graph.passes.winograd import winograd_on_device, winograd_weights
+from .families.conv import is_depthwise
+from .families.conv_cpu import conv_cpu_algo
+from .rules import GEMV_REG_ROWS, TAP_MAJOR_MULTIPLE
 
 
 class Algo:
@@ -179,10 +179,10 @@ def device_passes(graph, ctx, training=False):
 
 
 # GPU inference: where a graph input of at least options.input_chunk_min_bytes is read by one node alone, that node and
-# the chain of nodes after it (chunked_prefix) run over options.input_chunks slices of the batch, slice after slice, each slice's
-# launches awaiting only its slice's upload (Plan.run uploads such an input in chunks on a second queue): the upload
-# overlaps the first layers. H100: 9.6 MB from pinned memory 0.20 ms, then 4 kernels
-# 0.13 ms: 0.333 ms one after the other, 0.224 in 4 overlapped chunks.
+# the chain of nodes after it (chunked_prefix) run over options.input_chunks slices of the batch, slice after slice,
+# each slice's launches awaiting only its slice's upload (Plan.run uploads such an input in chunks on a second queue):
+# the upload overlaps the first layers. H100: 9.6 MB from pinned memory 0.20 ms, then 4 kernels 0.13 ms: 0.333 ms one
+# after the other, 0.224 in 4 overlapped chunks.
 CHUNK_OPS = ("Conv", "MaxPool", "AveragePool", "LRN")
 
 

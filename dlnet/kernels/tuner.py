@@ -23,10 +23,10 @@ import time
 
 import numpy as np
 
+from ..errors import DeviceError, DlnetError
 from . import rules
 from .emitter import gemm_args, gemm_source
 from .runtime import cache_dir, cl, kernel_source
-from ..errors import DeviceError, DlnetError
 
 # Devices measured by hand, by OpenCL device name (the H100's entry: see the comment above GPU_TILE_MODEL)
 DATABASE = {"NVIDIA H100 80GB HBM3": rules.GPU_TILE_MODEL}
@@ -318,12 +318,12 @@ def _read_layers(path, ctx):
 def tune_layers(ctx, build, reps=LAYER_REPS, again=False):
     """A plan from build() whose tunable products take the tile measured fastest for their layer key.
 
-    Where some key of the plan has no measured tile yet (again: always): one trial plan per tile name any of them may take, with
-    every tunable product forced onto that tile where it may take it (the rule's elsewhere). Each trial runs reps + 1
-    times on a profiling queue (random inputs); a key's time under a tile is its launches' kernel time (split-K's
-    reduction included), median per launch, summed over the nodes that share the key. Per key the fastest tile
-    replaces the plan's own where it took at most LAYER_MARGIN of that one's time. The choices go to the process's
-    table and the cache file, then the plan is built again.
+    Where some key of the plan has no measured tile yet (again: always): one trial plan per tile name any of them may
+    take, with every tunable product forced onto that tile where it may take it (the rule's elsewhere). Each trial runs
+    reps + 1 times on a profiling queue (random inputs); a key's time under a tile is its launches' kernel time
+    (split-K's reduction included), median per launch, summed over the nodes that share the key.
+    Per key the fastest tile replaces the plan's own where it took at most LAYER_MARGIN of that one's time. The
+    choices go to the process's table and the cache file, then the plan is built again.
 
     Returns (plan, report): report is None where nothing was measured, else {"seconds", "before" and "after" (the
     tunable products' summed ms), "layers": {key: {"tile": chosen, "was": the plan's own, "ms": {tile: ms}}}}."""

@@ -73,9 +73,11 @@ _pointwise("Relu", 1, lambda at, a, T: f"({a[0]} > 0 ? {a[0]} : ({T})0)", lambda
 _pointwise("LeakyRelu", 1, lambda at, a, T: f"({a[0]} >= 0 ? {a[0]} : {a[0]} * {lit(at['alpha'], T)})",
            lambda at, x: np.where(x >= 0, x, x * at["alpha"]), attrs={"alpha": 0.01})
 _pointwise("Sigmoid", 1, lambda at, a, T: f"(({T})1 / (({T})1 + exp(-{a[0]})))", lambda at, x: 1 / (1 + np.exp(-x)),
-           lambda b, n, dy, x, y: [b.op("Mul", [dy, b.op("Mul", [y, b.op("Sub", [b.const(np.ones((), y.dtype)), y])])])])
+           lambda b, n, dy, x, y: [b.op("Mul", [dy, b.op("Mul", [y, b.op("Sub", [b.const(np.ones((), y.dtype)),
+                                                                                      y])])])])
 _pointwise("Tanh", 1, lambda at, a, T: f"tanh({a[0]})", lambda at, x: np.tanh(x),
-           lambda b, n, dy, x, y: [b.op("Mul", [dy, b.op("Sub", [b.const(np.ones((), y.dtype)), b.op("Mul", [y, y])])])])
+           lambda b, n, dy, x, y: [b.op("Mul", [dy, b.op("Sub", [b.const(np.ones((), y.dtype)),
+                                                                 b.op("Mul", [y, y])])])])
 _pointwise("HardSigmoid", 1, lambda at, a, T: f"clamp({lit(at['alpha'], T)} * {a[0]} + {lit(at['beta'], T)}, "
                                               f"({T})0, ({T})1)",
            lambda at, x: np.clip(at["alpha"] * x + at["beta"], 0, 1), attrs={"alpha": 0.2, "beta": 0.5})

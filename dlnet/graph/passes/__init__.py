@@ -1,13 +1,12 @@
 """Graph passes. Each is a function graph -> changed (bool)."""
-from .padding import explicit_padding
 from .batchnorm import fold_batchnorm, fold_conv_affine
 from .fold import fold_constants, remove_dead
 from .fuse import fuse_epilogues, fuse_pointwise
-from .layout import pretranspose_weights
 from .normalize import normalize_layers
+from .padding import explicit_padding
 
 INFERENCE_PASSES = [explicit_padding, fold_batchnorm, fold_constants, fold_conv_affine, normalize_layers,
-                    fuse_epilogues, fuse_pointwise, remove_dead]  # then the device's layout passes (lowering.device_passes)
+                    fuse_epilogues, fuse_pointwise, remove_dead]  # then the device's (kernels/schedule.py)
 
 
 def run_passes(graph, passes=None, verify=True):

@@ -4,10 +4,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...errors import ModelError
 from ..emitter import act_macro, core_source, defines
 from ..rules import dw_rows, plane_phases, round_up
 from ..runtime import kernel_source
-from ...errors import ModelError
 
 
 @dataclass(frozen=True)

@@ -2,13 +2,13 @@
 3x3), or im2col panels; planes.cl pads the planes they read."""
 import numpy as np
 
-from .conv import conv_dims
-from ..emitter import defines
-from ..rules import pick_conv_cpu_tiles, plane_phases, round_up
-from ..runtime import kernel_source
 from ...errors import ModelError
 from ...graph.passes.fuse import affine_chain
 from ...graph.passes.winograd import transform_weights
+from ..emitter import defines
+from ..rules import pick_conv_cpu_tiles, plane_phases, round_up
+from ..runtime import kernel_source
+from .conv import conv_dims
 
 
 def conv_cpu_algo(node, dev, options):

@@ -3,11 +3,11 @@ im2col / col2im where needed, flipped weights for stride-1 input gradients, dire
 Winograd where the training pass chose it."""
 import numpy as np
 
+from ...graph.ops.grad_nn import _conv_dims
 from ..device import TILED_CORES
 from ..emitter import act_macro, core_source, defines
 from ..rules import round_up
 from ..runtime import kernel_source
-from ...graph.ops.grad_nn import _conv_dims
 
 
 class ConvGradFamily:

@@ -1,8 +1,8 @@
 """Generated elementwise kernels: pointwise chains, copies into views, fills (codegen.py writes their source)."""
 import numpy as np
 
-from .. import codegen
 from ...graph.ir import Node, Value
+from .. import codegen
 
 
 class ElementwiseFamily:

@@ -3,13 +3,23 @@ gemv_rows.cl / gemv_mma.cl for products of few rows, gemm_cpu.cl on CPUs; split-
 device."""
 import numpy as np
 
+from ...errors import ModelError
 from .. import codegen
 from ..device import TILED_CORES
 from ..emitter import act_macro, defines, gemm_args, gemm_source
-from ..rules import (GEMM_CPU_TILES, GEMV_REG_ROWS, GEMV_ROWS_TILES, GEMV_TILES, GPU_TILE_MODEL,
-                     SPLITK_SCRATCH_MAX, pick_splits, pick_tiles, resident_groups, round_up)
+from ..rules import (
+    GEMM_CPU_TILES,
+    GEMV_REG_ROWS,
+    GEMV_ROWS_TILES,
+    GEMV_TILES,
+    GPU_TILE_MODEL,
+    SPLITK_SCRATCH_MAX,
+    pick_splits,
+    pick_tiles,
+    resident_groups,
+    round_up,
+)
 from ..runtime import kernel_source
-from ...errors import ModelError
 
 
 class MatmulFamily:

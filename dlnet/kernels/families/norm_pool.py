@@ -2,9 +2,9 @@
 layernorm.cl)."""
 import numpy as np
 
+from ...errors import ModelError
 from ..emitter import defines
 from ..runtime import DTYPE_TO_C, kernel_source
-from ...errors import ModelError
 
 
 class NormPoolFamily:

@@ -2,10 +2,10 @@
 where few outputs reduce many elements) and ArgMax / ArgMin."""
 import numpy as np
 
+from ...errors import ModelError
 from .. import codegen
 from ..emitter import defines
 from ..runtime import DTYPE_TO_C
-from ...errors import ModelError
 
 # Long reductions: on GPUs a work-group of this many work-items per output (0: one work-item), and where that leaves
 # the device short of work, several work-groups per output, enough for this many per compute unit

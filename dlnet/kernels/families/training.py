@@ -2,9 +2,9 @@
 per-channel partial sums over slices, then the statistics and the normalisation)."""
 import numpy as np
 
-from ..runtime import kernel_source
 from ...errors import ModelError
 from ...graph.ops.grad_nn import _conv_dims
+from ..runtime import kernel_source
 
 
 def _ints(values):
@@ -83,8 +83,9 @@ class TrainingFamily:
         args = self.args(var) + self.args(dscale) + self.args(dbias) + _ints([C, G]) + [eps, self.dummy()[0]]
         self.emit(src, "bn_grad_stats", args, (C,), None, f"{node.name} BatchNormTrainGrad/stats")
         self.use_scratch(self.launches[-1].kernel, len(args) - 1, 8 * C * G, "bnstat")
-        args = self.args(dy) + self.args(x) + self.args(mean) + self.args(var) + self.args(scale) + self.args(dscale) + \
-            self.args(dbias) + self.args(dx) + _ints([C, S]) + [np.int64(dx.size), eps, np.float32(1.0 / (N * S))]
+        args = self.args(dy) + self.args(x) + self.args(mean) + self.args(var) + self.args(scale) + \
+            self.args(dscale) + self.args(dbias) + self.args(dx) + _ints([C, S]) + \
+            [np.int64(dx.size), eps, np.float32(1.0 / (N * S))]
         self.emit(src, "bn_grad_apply", args, (max(dx.size, 1),), None, f"{node.name} BatchNormTrainGrad")
 
 
