@@ -265,7 +265,7 @@ def tune(model, batch, device, precision):
     """Measure the fp32 GPU tiles on DEVICE now (whatever the built-in table or the cache hold) and cache them;
     with MODEL, measure instead which tile each of its layers runs fastest on (at this batch and precision) and
     cache that, for every later run on DEVICE."""
-    from dlnet.kernels import lowering, tuner
+    from dlnet.kernels import rules, tuner
 
     if model:
         tune_model(model, batch, device, precision)
@@ -275,7 +275,7 @@ def tune(model, batch, device, precision):
     click.echo(f"{ctx.info}; tile: TMxTNxTK/WMxWN per work-item[/cp.async stages]")
     rows = [("shape", "tile", "per_cu", "TFLOP/s", "k0")]
     for shape, m in model.items():
-        t = lowering.core_tiles(ctx, lowering.GEMM_TILES["gpu"][shape])
+        t = rules.core_tiles(ctx.dev, ctx.options, rules.GEMM_TILES["gpu"][shape], "gemm_core")
         tile = f"{t['TM']}x{t['TN']}x{t['TK']}/{t['WM']}x{t['WN']}" + (f"/{t['STAGES']}" if "STAGES" in t else "")
         rows.append((shape, tile, str(m["per_cu"]), f"{m['rate']:.4g}", f"{m['k0']:g}"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]

@@ -317,6 +317,7 @@ class Context:
 
     def with_options(self, options=None, **changes):
         """A Context on the same device, queue and programs with other options (Options, or fields to change)."""
+        self._ready.wait()  # (the opening thread sets this context's state: share it once it is there)
         other = object.__new__(Context)
         other.__dict__.update(self.__dict__)
         other.options = (options if options is not None else self.options).replace(**changes)

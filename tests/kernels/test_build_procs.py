@@ -1,5 +1,5 @@
-"""Context.build_all in several processes (DLNET_BUILD_PROCS): worker processes compile a plan's new programs and
-hand their device binaries back through the binary cache (DLNET_CACHE/bin)."""
+"""Context.build_all in several processes (Options.build_processes, DLNET_BUILD_PROCS): worker processes compile a
+plan's new programs and hand their device binaries back through the binary cache (Options.cache_dir/bin)."""
 import os
 import subprocess
 import sys
@@ -17,12 +17,16 @@ GOOD = "__kernel void k(__global float *x) { x[get_global_id(0)] += 1.0f; }"
 BAD = "__kernel void k(__global float *x) { x[get_global_id(0)] += no_such_name; }"
 
 
+def fresh_context(ctx, tmp_path, procs=2):
+    """A new context of ctx's device (no program built yet) compiling in `procs` processes, its binary cache in
+    tmp_path."""
+    return dlnet.Context(ctx.info, options=ctx.options.replace(cache_dir=str(tmp_path), build_processes=procs))
+
+
 @pytest.fixture
-def procs(monkeypatch, tmp_path):
-    """Two compiling processes, an empty binary cache, and the list of the workers started (their Popen objects).
-    This process claims no program, so the worker builds every one."""
-    monkeypatch.setenv("DLNET_CACHE", str(tmp_path))
-    monkeypatch.setenv("DLNET_BUILD_PROCS", "2")
+def procs(monkeypatch):
+    """The list of the workers started (their Popen objects). This process claims no program, so the worker builds
+    every one."""
     monkeypatch.setattr(runtime, "claim", lambda folder, n: False)
     started = []
     popen = subprocess.Popen
@@ -50,39 +54,37 @@ def test_worker_builds_a_plan(ctx, procs, monkeypatch, tmp_path):
     written = []  # binaries this process writes itself (it builds from source only where a worker failed)
     write_binary = runtime.write_binary
     monkeypatch.setattr(runtime, "write_binary", lambda path, prg: written.append(path) or write_binary(path, prg))
-    fresh = dlnet.Context(ctx.info)
+    fresh = fresh_context(ctx, tmp_path)
     net = dlnet.Net(fresh).load_onnx(model)
     assert len(procs) == 1 and procs[0].wait() == 0 and not written
     assert len(fresh._programs) >= 3
     assert len(os.listdir(tmp_path / "bin")) == len(fresh._programs)
 
-    monkeypatch.setenv("DLNET_BUILD_PROCS", "0")
-    plain = dlnet.Net(dlnet.Context(ctx.info)).load_onnx(model)
+    plain = dlnet.Net(fresh_context(ctx, tmp_path, procs=0)).load_onnx(model)
     for _ in range(2):
         x = rng.standard_normal((2, 3, 12, 12)).astype(np.float32)
         y = net.run({"x": x})["y"]
         assert rel_l2(y, plain.run({"x": x})["y"]) < 1e-6
         assert rel_l2(y, reference(model, {"x": x})[0]) < 1e-5
 
-    monkeypatch.setenv("DLNET_BUILD_PROCS", "2")
-    warm = dlnet.Context(ctx.info)
+    warm = fresh_context(ctx, tmp_path)
     dlnet.Net(warm).load_onnx(model)
     assert len(procs) == 1, "every binary is in the cache: no worker to start"
     assert warm._programs.keys() == fresh._programs.keys()
 
 
-def test_build_error_in_a_worker_is_a_device_error(ctx, procs):
-    fresh = dlnet.Context(ctx.info)
+def test_build_error_in_a_worker_is_a_device_error(ctx, procs, tmp_path):
+    fresh = fresh_context(ctx, tmp_path)
     with pytest.raises(dlnet.DeviceError, match=r"(?s)OpenCL build failed for program .*no_such_name"):
         fresh.build_all([(GOOD, ()), (BAD, ()), (GOOD, ("-DUNUSED=1",))])
     assert procs[0].wait() == 1
     assert (GOOD, ()) in fresh._programs and (GOOD, ("-DUNUSED=1",)) in fresh._programs
 
 
-def test_failed_worker_falls_back_to_this_process(ctx, procs, monkeypatch):
+def test_failed_worker_falls_back_to_this_process(ctx, procs, monkeypatch, tmp_path):
     """A worker that cannot even start its work (here: no such device) leaves its programs to this process."""
     monkeypatch.setattr(runtime, "device_identity", lambda device: ("no platform", "no device", 0))
-    fresh = dlnet.Context(ctx.info)
+    fresh = fresh_context(ctx, tmp_path)
     keys = [(GOOD, ()), (GOOD, ("-DUNUSED=1",))]
     with pytest.warns(RuntimeWarning, match="compile worker exited with status 2 .*no device 0 named 'no device'"):
         fresh.build_all(keys)

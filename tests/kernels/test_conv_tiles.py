@@ -63,13 +63,11 @@ def test_conv_epilogue_matches_onnxruntime(ctx, shape, weights_as_input):
 @pytest.mark.parametrize("path", ["local", "im2col"])
 @pytest.mark.parametrize("weights_as_input", [False, True], ids=["const-w", "input-w"])
 @pytest.mark.parametrize("shape", SHAPES, ids=["x".join(map(str, s)) for s in SHAPES])
-def test_conv_packed_panels_match_onnxruntime(ctx, shape, weights_as_input, path, monkeypatch):
+def test_conv_packed_panels_match_onnxruntime(ctx, shape, weights_as_input, path):
     """The same shapes on CPU devices' packed paths, the direct one off: every panel packed into __local memory by
     its work-item ("local"), or the whole im2col matrix by a pass of its own where the layer is not 1x1 ("im2col")."""
     import onnxruntime as ort
-    from dlnet.kernels import lowering
-    monkeypatch.setattr(lowering, "CONV_CPU_DIRECT", False)
-    monkeypatch.setattr(lowering, "CONV_CPU_LOCAL_MIN_BYTES", 0 if path == "local" else 1 << 60)
+    ctx = ctx.with_options(conv_cpu_direct=False, conv_cpu_local_min_bytes=0 if path == "local" else 1 << 60)
     model, feeds = conv_model(*shape, weights_as_input)
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     net = dlnet.Net(ctx).load_onnx(model)
@@ -114,13 +112,11 @@ def direct_id(s):
 @pytest.mark.parametrize("pack", [True, False], ids=["panels-packed", "planes-in-place"])
 @pytest.mark.parametrize("weights_as_input", [False, True], ids=["const-w", "input-w"])
 @pytest.mark.parametrize("shape", DIRECT, ids=[direct_id(s) for s in DIRECT])
-def test_conv_direct_matches_onnxruntime(ctx, shape, weights_as_input, pack, monkeypatch):
+def test_conv_direct_matches_onnxruntime(ctx, shape, weights_as_input, pack):
     """Convolutions read from zero-padded (phase) planes (CPU devices' conv2d_cpu_direct), with the whole epilogue,
     against onnxruntime: every pad side, dilation, strides, wide and one-pixel outputs; each panel's rows copied into
     __local memory first, or read from the planes in place (where they would not fit)."""
-    from dlnet.kernels import lowering
-    monkeypatch.setattr(lowering, "CONV_CPU_WINOGRAD", False)
-    monkeypatch.setattr(lowering, "CONV_CPU_DIRECT_PACK", pack)
+    ctx = ctx.with_options(conv_cpu_winograd=False, conv_cpu_direct_pack=pack)
     check_conv(ctx, shape, weights_as_input, "conv2d_cpu_direct")
 
 
@@ -150,7 +146,7 @@ def check_conv(ctx, shape, weights_as_input, kernel):
     net.release()
 
 
-WINOGRAD = [  # DIRECT's form: 3x3 stride 1 with at least CONV_CPU_WINOGRAD_MIN_CHANNELS channels each side
+WINOGRAD = [  # DIRECT's form: 3x3 stride 1 with at least Options.conv_cpu_winograd_min_channels channels each side
     (1, 16, 12, 12, 16, (3, 3), [1, 1, 1, 1], 1, 1, 1),   # 6 tiles a row computed as 8, 2 dropped
     (1, 16, 32, 30, 24, (3, 3), [1, 1, 1, 1], 1, 1, 1),   # 15 tiles a row as 16: one row's vector store is partial
     (1, 18, 14, 34, 16, (3, 3), [1, 1, 1, 1], 1, 1, 1),   # 17 tiles a row as 24
@@ -163,12 +159,11 @@ WINOGRAD = [  # DIRECT's form: 3x3 stride 1 with at least CONV_CPU_WINOGRAD_MIN_
 
 
 @pytest.mark.parametrize("shape", WINOGRAD, ids=[direct_id(s) for s in WINOGRAD])
-def test_conv_winograd_matches_onnxruntime(ctx, shape, monkeypatch):
+def test_conv_winograd_matches_onnxruntime(ctx, shape):
     """3x3 stride-1 convolutions with constant weights as CPU devices' fused Winograd F(2x2, 3x3)
     (conv2d_cpu_wino), with the whole epilogue, against onnxruntime: odd sides, pads, ragged tiles and rows, rows of
     tiles mostly dropped (narrow layers, let through here)."""
-    from dlnet.kernels import lowering
-    monkeypatch.setattr(lowering, "CONV_CPU_WINOGRAD_MAX_ROW", 8)
+    ctx = ctx.with_options(conv_cpu_winograd_max_row=8, conv_cpu_winograd_min_channels=16)
     check_conv(ctx, shape, False, "conv2d_cpu_wino")
 
 
@@ -203,14 +198,13 @@ def test_conv_prologue_matches_onnxruntime(ctx, n, cin, h, w, cout, g, relu):
 
 @pytest.mark.parametrize("pad_in", [True, False])
 @pytest.mark.parametrize("n", [1, 2])
-def test_channel_shuffle_folds_into_padded_planes(ctx, n, pad_in, monkeypatch):
+def test_channel_shuffle_folds_into_padded_planes(ctx, n, pad_in):
     """shufflenet's channel shuffle (Reshape -> Transpose -> Reshape) before a depthwise layer and before a 3x3 layer:
     on CPU devices each becomes the padding pass's channel map (fold_channel_shuffles), the depthwise one that of
-    its own padding (DW_CPU_PAD_IN) or of a pad_planes launch; a Transpose of rows and columns is not a channel
+    its own padding (Options.dw_cpu_pad_in) or of a pad_planes launch; a Transpose of rows and columns is not a channel
     shuffle and stays. Against onnxruntime."""
     import onnxruntime as ort
-    from dlnet.kernels import lowering
-    monkeypatch.setattr(lowering, "DW_CPU_PAD_IN", pad_in)
+    ctx = ctx.with_options(dw_cpu_pad_in=pad_in)
     c, h, w = 12, 7, 7
     x = R.uniform(-1, 1, (n, c, h, w)).astype(np.float32)
     shuffle = [helper.make_node("Reshape", ["{0}", "s5"], ["{0}5"]),

@@ -39,53 +39,50 @@ SHAPES += [
     (2, 3, 13, 12, 3, 3, 2, 1, 1),    # stride 2 over four phase planes, multiplier 3
     (1, 70, 5, 4, 1, 3, 1, 1, 1),     # small planes, several per work-item (and per pad_planes work-item)
 ]
-# over zero-padded planes, each work-item padding its own rows (DW_CPU_PAD_IN) or after a pad_planes launch; or with
-# borders (DW_CPU_PLANES off)
+# over zero-padded planes, each work-item padding its own rows (Options.dw_cpu_pad_in) or after a pad_planes launch;
+# or with borders (Options.dw_cpu_planes off)
 VARIANTS = ["pad_in", "pad_planes", "borders"]
 
 
-def use_variant(monkeypatch, variant):
-    from dlnet.kernels import lowering
-    monkeypatch.setattr(lowering, "DW_CPU_PLANES", variant != "borders")
-    monkeypatch.setattr(lowering, "DW_CPU_PAD_IN", variant == "pad_in")
+def use_variant(ctx, variant, **changes):
+    """ctx with the depthwise variant's options (and `changes`)."""
+    return ctx.with_options(dw_cpu_planes=variant != "borders", dw_cpu_pad_in=variant == "pad_in", **changes)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("shape", SHAPES, ids=["x".join(map(str, s)) for s in SHAPES])
-def test_depthwise_matches_numpy(ctx, shape, variant, monkeypatch):
-    use_variant(monkeypatch, variant)
-    check_depthwise(ctx, shape, variant)
+def test_depthwise_matches_numpy(ctx, shape, variant):
+    check_depthwise(use_variant(ctx, variant), shape, variant)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("shape", SHAPES, ids=["x".join(map(str, s)) for s in SHAPES])
-def test_depthwise_several_rows_per_work_item(ctx, shape, variant, monkeypatch):
-    """Blocks of rows per work-item (lowering.dw_rows), the last block of each plane ragged."""
-    from dlnet.kernels import lowering
-    use_variant(monkeypatch, variant)
-    monkeypatch.setattr(lowering, "DW_MIN_OUTPUTS", 2 * shape[3] + 1)  # three rows of the input's width
-    monkeypatch.setattr(lowering, "DW_MIN_ITEMS", 1)
+def test_depthwise_several_rows_per_work_item(ctx, shape, variant):
+    """Blocks of rows per work-item (rules.dw_rows), the last block of each plane ragged."""
+    from dlnet.kernels import rules
+    # three rows of the input's width
+    ctx = use_variant(ctx, variant, dw_min_outputs=2 * shape[3] + 1, dw_min_items=1)
+    n, c, h, w, m, k, s, p, d = shape
+    oh, ow = (h + 2 * p - d * (k - 1) - 1) // s + 1, (w + 2 * p - d * (k - 1) - 1) // s + 1
+    assert 1 < rules.dw_rows(oh, ow, n * c * m, ctx.options) or oh == 1  # (what the options are for)
     check_depthwise(ctx, shape, variant)
 
 
 @pytest.mark.parametrize("variant", VARIANTS[:2])
 @pytest.mark.parametrize("shape", SHAPES, ids=["x".join(map(str, s)) for s in SHAPES])
-def test_depthwise_several_planes_per_work_item(ctx, shape, variant, monkeypatch):
+def test_depthwise_several_planes_per_work_item(ctx, shape, variant):
     """Whole planes, several per work-item (and per pad_planes work-item), the last work-item's share ragged."""
-    from dlnet.kernels import lowering
-    use_variant(monkeypatch, variant)
-    monkeypatch.setattr(lowering, "DW_MIN_OUTPUTS", 3 * shape[2] * shape[3])  # about three output planes
-    monkeypatch.setattr(lowering, "DW_MIN_ITEMS", 1)
-    monkeypatch.setattr(lowering, "PAD_MIN_ITEMS", 1)
+    # about three output planes
+    ctx = use_variant(ctx, variant, dw_min_outputs=3 * shape[2] * shape[3], dw_min_items=1, pad_min_items=1)
     check_depthwise(ctx, shape, variant)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("pads", [[0, 1, 2, 0], [2, 0, 0, 2], [0, 0, 1, 1]])
-def test_depthwise_asymmetric_pads(ctx, pads, variant, monkeypatch):
+def test_depthwise_asymmetric_pads(ctx, pads, variant):
     """Pads that differ per side (TF's SAME padding), 3x3 and 4x4 kernels, against onnxruntime."""
     import onnxruntime as ort
-    use_variant(monkeypatch, variant)
+    ctx = use_variant(ctx, variant)
     x = R.uniform(-1, 1, (2, 5, 10, 13)).astype(np.float32)
     for k in (3, 4):
         w = R.uniform(-1, 1, (5, 1, k, k)).astype(np.float32)

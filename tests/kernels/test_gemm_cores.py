@@ -10,7 +10,9 @@ import pytest
 from onnx import helper
 
 import dlnet
-from dlnet.kernels import lowering, tuner
+from dlnet.kernels import rules, tuner
+from dlnet.kernels.device import Device
+from dlnet.kernels.options import Options
 from dlnet.kernels.runtime import cl
 
 from ..conftest import context, make_model, rel_l2
@@ -23,18 +25,18 @@ def f32(*shape):
 
 
 @pytest.fixture(params=["native", "portable", "tf32"])
-def core(request, monkeypatch):
+def core(request):
     """(context, tolerance) with the GEMM core under test selected."""
     ctx = context()
-    if request.param == "portable":
-        if ctx.is_cpu:  # the GPU table on a CPU device: gemm_core.cl instead of gemm_vec.cl
-            monkeypatch.setitem(lowering.GEMM_TILES, "cpu", lowering.GEMM_TILES["gpu"])
+    if request.param == "portable":  # the GPU's tiled core on a CPU device too: gemm_core.cl instead of gemm_vec.cl
+        ctx = ctx.with_options(matrix_core="portable")
+        assert ctx.dev.core == "gemm_core"
         return ctx, 1e-5
     if request.param == "tf32":
         if not ctx.is_nvidia:
             pytest.skip("the tf32 core needs an NVIDIA device (inline PTX mma.sync)")
-        monkeypatch.setattr(lowering, "TF32_FP32_K", (0, 0))  # every product on the tf32 core, shallow ones too
-        return dlnet.Context(ctx.info, precision="tf32"), 5e-3
+        # every product on the tf32 core, shallow ones too
+        return dlnet.Context(ctx.info, precision="tf32", options=ctx.options.replace(tf32_fp32_k=(0, 0))), 5e-3
     return ctx, 1e-5
 
 
@@ -100,13 +102,14 @@ def test_conv_with_epilogue(core, xs, ws, attrs):
 
 
 @pytest.mark.parametrize("shared", [False, True])
-def test_conv_of_an_input_uploaded_in_chunks(core, monkeypatch, shared):
+def test_conv_of_an_input_uploaded_in_chunks(core, shared):
     """A convolution alone reading a graph input runs in INPUT_CHUNKS launches over slices of the batch (uneven
     here: 6 images in 4), each awaiting its slice's upload on the copy queue; with its residual another input, and
     twice (the second time from a pinned array) so that a stale slice would show. An input that a second node reads
     too goes up whole (and the residual, which the convolution alone reads, in chunks)."""
     ctx, tol = core
-    monkeypatch.setattr(lowering, "INPUT_CHUNK_MIN_BYTES", 0)
+    ctx = ctx.with_options(input_chunk_min_bytes=0)
+    assert ctx.options.input_chunks == 4
     w, b = f32(24, 16, 3, 3), f32(24)
     attrs = {"pads": [1, 1, 1, 1]}
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], **attrs), helper.make_node("Add", ["c", "r"], ["s"]),
@@ -123,7 +126,7 @@ def test_conv_of_an_input_uploaded_in_chunks(core, monkeypatch, shared):
         y = net.run({"x": x, "r": r})["y"]
         assert rel_l2(y, np.maximum(conv_ref(np.asarray(x), w, b, attrs) + r, 0)) < tol
     waits = [la.wait for la in net.launches if la.wait is not None]
-    gpu_core = lowering.GEMM_TILES["cpu" if ctx.is_cpu else "gpu"]["core"] in lowering.GPU_CORES
+    gpu_core = ctx.dev.tiled
     assert sorted(set(waits)) == ([] if not gpu_core else [(1 if shared else 0, c) for c in range(4)])
     assert sorted(net._last.input_chunks) == ([] if not gpu_core else [1 if shared else 0])
 
@@ -143,17 +146,16 @@ def float64_ref(model, feeds):
     return onnx.reference.ReferenceEvaluator(model).run(None, feeds)
 
 
-def test_layers_over_slices_of_an_input_uploaded_in_chunks(core, monkeypatch):
+def test_layers_over_slices_of_an_input_uploaded_in_chunks(core):
     """The chain after a large input (conv + relu, max pool, conv, sigmoid) runs slice after slice of the batch (6
     images in 4 uneven slices), each slice's launches awaiting its upload; it stops at the convolution past the
     multiply-add budget, which runs on the whole batch. Every value the chain reads or writes has its own block
     (a later layer's output on an earlier one's would be overwritten by the next slice), of one slice (two images)
-    where the chain hands it on. Against float64, twice; and with DLNET_INPUT_CHUNKS=1."""
+    where the chain hands it on. Against float64, twice; and with Options(input_chunks=1)."""
     ctx, tol = core
-    monkeypatch.setattr(lowering, "INPUT_CHUNK_MIN_BYTES", 0)
-    monkeypatch.setattr(lowering, "CHUNK_MIN_PIXELS", {"fp32": 100, "tf32": 100})
-    monkeypatch.setenv("DLNET_DEBUG_BOUNDS", "1")  # a slice written past its block fails the run
-    monkeypatch.setattr(lowering, "CHUNK_FLOPS_PER_BYTE", {"fp32": 100, "tf32": 100})
+    ctx = ctx.with_options(input_chunk_min_bytes=0, chunk_min_pixels={"fp32": 100, "tf32": 100},
+                           chunk_flops_per_byte={"fp32": 100, "tf32": 100},
+                           debug_bounds=True)  # a slice written past its block fails the run
     inits = {"w1": f32(16, 8, 3, 3) / 8, "b1": f32(16), "w2": f32(16, 16, 3, 3) / 12, "b2": f32(16),
              "w3": f32(8, 16, 1, 1) / 4, "b3": f32(8)}
     nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], name="c1"),
@@ -164,7 +166,7 @@ def test_layers_over_slices_of_an_input_uploaded_in_chunks(core, monkeypatch):
              helper.make_node("Conv", ["s2", "w3", "b3"], ["y"], name="c3")]
     x0 = f32(6, 8, 20, 20)
     model = make_model(nodes, {"x": x0}, ["y"], inits)
-    gpu_core = lowering.GEMM_TILES["cpu" if ctx.is_cpu else "gpu"]["core"] in lowering.GPU_CORES
+    gpu_core = ctx.dev.tiled
     net = dlnet.Net(ctx).load_onnx(model)
     for _ in range(2):
         x = f32(6, 8, 20, 20)
@@ -187,25 +189,23 @@ def test_layers_over_slices_of_an_input_uploaded_in_chunks(core, monkeypatch):
                      for n in chain for v in n.inputs + n.outputs
                      if v is not None and v.const is None and v.id in mem.act_offsets})
     assert all(o1 + n1 <= o2 for (o1, n1), (o2, _) in zip(blocks, blocks[1:]))
-    monkeypatch.setattr(lowering, "INPUT_CHUNKS", 1)
-    whole = dlnet.Net(ctx).load_onnx(model)
+    whole = dlnet.Net(ctx.with_options(input_chunks=1)).load_onnx(model)
     assert whole._last.prefix is None and not any(la.wait for la in whole.launches)
     assert rel_l2(whole.run({"x": x})["y"], float64_ref(model, {"x": x})[0]) < tol
 
 
-def test_conv_tap_major(core, monkeypatch):
+def test_conv_tap_major(core):
     """On the GPU cores, constant weights of several taps and 16k channels are stored [K, KH, KW, C] and the
-    depth runs tap by tap (one window-table entry per slice of it); DLNET_TAP_MAJOR=0 keeps (c, ky, kx). Both
+    depth runs tap by tap (one window-table entry per slice of it); Options(tap_major=False) keeps (c, ky, kx). Both
     against float64."""
     ctx, tol = core
     x, w, b = f32(2, 48, 9, 10), f32(20, 48, 5, 3), f32(20)
     attrs = {"pads": [2, 1, 2, 1]}
     ref = conv_ref(x, w, b, attrs)
     model = make_model([helper.make_node("Conv", ["x", "w", "b"], ["y"], **attrs)], {"x": x}, ["y"], {"w": w, "b": b})
-    gpu_core = lowering.GEMM_TILES["cpu" if ctx.is_cpu else "gpu"]["core"] in lowering.GPU_CORES
+    gpu_core = ctx.dev.tiled
     for on in (True, False):
-        monkeypatch.setattr(lowering, "TAP_MAJOR", on)
-        net = dlnet.Net(ctx).load_onnx(model)
+        net = dlnet.Net(ctx.with_options(tap_major=on)).load_onnx(model)
         y = net.run({"x": x})["y"]
         assert rel_l2(y, ref) < tol
         conv = [n for n in net.graph.nodes if n.op == "Conv"][0]
@@ -213,25 +213,21 @@ def test_conv_tap_major(core, monkeypatch):
 
 
 @pytest.mark.parametrize("M,N", [(64, 2100), (48, 4100)])
-def test_tf32_wide_tile(M, N, monkeypatch):
+def test_tf32_wide_tile(M, N):
     """The tf32 core's 64 x 128 tile (products of at most 64 rows and many columns), ragged, against float64."""
     ctx = context()
     if not ctx.is_nvidia:
         pytest.skip("the tf32 core needs an NVIDIA device (inline PTX mma.sync)")
-    ctx = dlnet.Context(ctx.info, precision="tf32")
-    monkeypatch.setattr(lowering, "HUGE_FILL", 0)
-    assert lowering.pick_tiles(ctx, M, N, 300)[1]["WARPS_M"] == 1
+    ctx = dlnet.Context(ctx.info, precision="tf32", options=ctx.options.replace(tf32_huge_fill=0))
+    assert rules.pick_tiles(ctx.dev, ctx.options, M, N, 300).tiles["WARPS_M"] == 1
     a, b = f32(M, 300), f32(300, N)
     model = make_model([helper.make_node("MatMul", ["a", "b"], ["y"])], {"a": a, "b": b}, ["y"])
     y = dlnet.Net(ctx).load_onnx(model).run({"a": a, "b": b})["y"]
     assert rel_l2(y, a.astype(np.float64) @ b.astype(np.float64)) < 5e-3
 
 
-class _FakeNvidia:  # what pick_tiles reads of a context: an NVIDIA device of 132 compute units in tf32 mode
-    precision, is_nvidia, is_cpu = "tf32", True, False
-
-    class info:
-        compute_units = 132
+# an NVIDIA device of 132 compute units in tf32 mode, as rules.pick_tiles sees it
+FAKE_NVIDIA = Device("fake", False, True, "tf32", 132, 48 << 10, "gemm_core")
 
 
 @pytest.mark.parametrize("M,N,K,deep,shape", [
@@ -245,8 +241,9 @@ class _FakeNvidia:  # what pick_tiles reads of a context: an NVIDIA device of 13
 def test_tf32_tile_choice(M, N, K, deep, shape):
     """Which tf32 tile a product gets (the rule, on any machine): the tall 128 x 64 x 32 tile for products of at
     least 128 rows and depth 512 that the big tile would take, the 96-row one where it pads M less than 128 rows."""
-    tiles = lowering.pick_tiles(_FakeNvidia, M, N, K, deep=deep)[1]
-    assert tiles == lowering.GEMM_TILES["tf32"][shape]
+    pick = rules.pick_tiles(FAKE_NVIDIA, Options(), M, N, K, deep=deep)
+    assert pick.core == "gemm_mma" and pick.name == f"tf32:{shape}"
+    assert pick.tiles == rules.GEMM_TILES["tf32"][shape]
 
 
 @pytest.mark.parametrize("xs,ws,attrs,mm,mnk", [
@@ -255,22 +252,21 @@ def test_tf32_tile_choice(M, N, K, deep, shape):
     ((2, 96, 15, 15), (136, 96, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}, None, (136, 128, 864)),  # strided
     (None, None, None, (192, 300, 2100), None),  # huge96, ragged N
 ])
-def test_tf32_tall_and_huge96_tiles(xs, ws, attrs, mm, mnk, monkeypatch):
+def test_tf32_tall_and_huge96_tiles(xs, ws, attrs, mm, mnk):
     """The tf32 core's tall (128 x 64 x 32, three stages) and 96-row tiles against float64, with the epilogue."""
     ctx = context()
     if not ctx.is_nvidia:
         pytest.skip("the tf32 core needs an NVIDIA device (inline PTX mma.sync)")
-    ctx = dlnet.Context(ctx.info, precision="tf32")
-    monkeypatch.setattr(lowering, "HUGE_FILL", 0)
+    ctx = dlnet.Context(ctx.info, precision="tf32", options=ctx.options.replace(tf32_huge_fill=0))
     if mm:
         M, K, N = mm
-        assert lowering.pick_tiles(ctx, M, N, K)[1]["TM"] == 96
+        assert rules.pick_tiles(ctx.dev, ctx.options, M, N, K).tiles["TM"] == 96
         a, b = f32(M, K), f32(K, N)
         model = make_model([helper.make_node("MatMul", ["a", "b"], ["y"])], {"a": a, "b": b}, ["y"])
         net = dlnet.Net(ctx).load_onnx(model)
         y, ref = net.run({"a": a, "b": b})["y"], a.astype(np.float64) @ b.astype(np.float64)
     else:
-        assert lowering.pick_tiles(ctx, *mnk)[1]["TK"] == 32
+        assert rules.pick_tiles(ctx.dev, ctx.options, *mnk).tiles["TK"] == 32
         x, w, b = f32(*xs), f32(*ws), f32(ws[0])
         ref = np.maximum(conv_ref(x, w, b, attrs), 0)
         model = make_model([helper.make_node("Conv", ["x", "w", "b"], ["c"], **attrs),
@@ -325,7 +321,7 @@ def test_conv_weight_gradient_split_k(core):
                                 torch.nn.Linear(16 * 23 * 23, 5))
     x, y = f32(2, 7, 23, 23), rng.integers(0, 5, 2)
     labels = check_gradients_against_torch(ctx, tol, model, x, y)
-    if lowering.GEMM_TILES["cpu" if ctx.is_cpu else "gpu"]["core"] == "gemm_core":  # the split this test is about
+    if ctx.dev.core == "gemm_core":  # the split this test is about
         assert any("splitK" in label and "ConvGrad" in label for label in labels), labels
 
 
@@ -334,7 +330,7 @@ def test_gemv(core, m, n, k):
     """A fully connected layer of at most 8 rows with transB=1 weights runs as gemv.cl: bias (beta), alpha and a
     fused Relu, ragged column groups; a K that is not a multiple of 4 keeps the GEMM core."""
     ctx, tol = core
-    if lowering.GEMM_TILES["cpu" if ctx.is_cpu else "gpu"]["core"] not in lowering.GPU_CORES:
+    if not ctx.dev.tiled:
         pytest.skip("gemv.cl stands in for the GPU cores (forced onto CPUs by the 'portable' case)")
     for kk, want in [(k, True), (k + 1, False)]:
         a, w, bias = f32(m, kk), f32(n, kk), f32(n)
@@ -351,7 +347,7 @@ def test_split_k_partials_in_the_arena(core):
     free at that layer (where the first convolution's output was), not to a buffer of their own. Alone, with no
     such block, they get their own buffer. Both against float64."""
     ctx, tol = core
-    if lowering.GEMM_TILES["cpu" if ctx.is_cpu else "gpu"]["core"] == "gemm_vec":
+    if ctx.dev.core == "gemm_vec":
         pytest.skip("split-K is the GPU cores' (forced onto CPUs by the 'portable' case)")
     x, v, w, fc = f32(2, 8, 40, 40), f32(8, 8, 1, 1), f32(4, 8, 1, 1), f32(4 * 40 * 40, 16)
     a = np.einsum("nchw,kc->nkhw", x.astype(np.float64), v[:, :, 0, 0])
@@ -370,21 +366,20 @@ def test_split_k_partials_in_the_arena(core):
     assert "splitk" in net._last.lowerer.scratch
 
 
-@pytest.mark.parametrize("shape", sorted(lowering.GPU_TILE_MODEL))
+@pytest.mark.parametrize("shape", sorted(rules.GPU_TILE_MODEL))
 def test_each_gpu_tile(shape, monkeypatch):
     """Every tile of the fp32 GPU table on this device (the portable core forced onto CPUs): a convolution with
-    its epilogue, a ragged GEMM, and a convolution's weight and input gradients, with that tile picked for all."""
-    ctx = context()
-    if ctx.is_cpu:
-        monkeypatch.setitem(lowering.GEMM_TILES, "cpu", lowering.GEMM_TILES["gpu"])
-    monkeypatch.setattr(tuner, "tile_model", lambda ctx: {shape: lowering.GPU_TILE_MODEL[shape]})
+    its epilogue, a ragged GEMM, and a convolution's weight and input gradients, with that tile picked for all
+    (a tile model of that one shape: no Options field names a tile model, so the tuner's function stands in)."""
+    ctx = context().with_options(matrix_core="portable")
+    monkeypatch.setattr(tuner, "tile_model", lambda ctx: {shape: rules.GPU_TILE_MODEL[shape]})
     xs, ws, attrs = CONVS[0]
     x, w, b = f32(*xs), f32(*ws), f32(ws[0])
     ref = conv_ref(x, w, b, attrs)
     model = make_model([helper.make_node("Conv", ["x", "w", "b"], ["y"], **attrs)], {"x": x}, ["y"],
                        {"w": w, "b": b})
     net = dlnet.Net(ctx).load_onnx(model)
-    want = "".join(f"#define {k} {v}\n" for k, v in lowering.GEMM_TILES["gpu"][shape].items())
+    want = "".join(f"#define {k} {v}\n" for k, v in rules.GEMM_TILES["gpu"][shape].items())
     assert any(launch.kernel.program.get_info(cl.program_info.SOURCE).startswith(want)
                for launch in net.launches if launch.kernel.function_name == "conv2d")
     assert rel_l2(net.run({"x": x})["y"], ref) < 1e-5
@@ -407,20 +402,16 @@ WINOGRAD_CONVS = [  # (x shape, output channels, pads)
 
 @pytest.mark.parametrize("m", [2, 4])
 @pytest.mark.parametrize("xs,k,p", WINOGRAD_CONVS)
-def test_winograd_conv(core, xs, k, p, m, monkeypatch):
+def test_winograd_conv(core, xs, k, p, m):
     """3x3 stride-1 convolutions through Winograd F(2x2, 3x3) or F(4x4, 3x3) (input transform, 16 or 36 products as
     one batched GEMM on the core, output transform with bias + residual + Relu) against float64."""
     ctx, tol = core
-    if lowering.GEMM_TILES["cpu" if ctx.is_cpu else "gpu"]["core"] != "gemm_core":
+    if ctx.dev.core != "gemm_core":
         pytest.skip("Winograd runs on the GPU core (forced onto CPUs by the 'portable' case)")
-    monkeypatch.setattr(lowering, "WINOGRAD_M", m)
-    monkeypatch.setattr(lowering, "WINOGRAD_M_TF32", m)
-    monkeypatch.setattr(lowering, "WINOGRAD_F4_MIN_TILES", 0)
-    monkeypatch.setattr(lowering, "WINOGRAD_MIN_CHANNELS", 8)
-    monkeypatch.setattr(lowering, "WINOGRAD_MIN_CHANNELS_TF32", 0)
-    monkeypatch.setattr(lowering, "WINOGRAD_MIN_LAYER_TILES", 0)
+    ctx = ctx.with_options(winograd_m=m, winograd_m_tf32=m, winograd_f4_min_tiles=0, winograd_min_channels=8,
+                           winograd_min_channels_tf32=0, winograd_min_layer_tiles=0)
     if xs[2] == 40:  # no free block in the arena at that layer: chunks of the least the planner must give
-        monkeypatch.setattr(lowering, "WINOGRAD_MIN_TILES", 256)
+        ctx = ctx.with_options(winograd_min_tiles=256)
     x, w, b = f32(*xs), f32(k, xs[1], 3, 3), f32(k)
     attrs = {"pads": [p] * 4}
     ref = conv_ref(x, w, b, attrs)
@@ -437,20 +428,16 @@ def test_winograd_conv(core, xs, k, p, m, monkeypatch):
     assert rel_l2(net.run({"x": x, "r": r})["y"], np.maximum(ref + r, 0)) < tol
 
 
-def test_winograd_only_where_it_applies(monkeypatch):
-    """Strided, grouped or narrow convolutions keep the implicit GEMM."""
-    ctx = context()
-    if ctx.is_cpu:
-        monkeypatch.setitem(lowering.GEMM_TILES, "cpu", lowering.GEMM_TILES["gpu"])
-    monkeypatch.setattr(lowering, "WINOGRAD_MIN_CHANNELS", 16)
-    monkeypatch.setattr(lowering, "WINOGRAD_MIN_LAYER_TILES", 0)
+def test_winograd_only_where_it_applies():
+    """Strided, grouped or narrow convolutions keep the implicit GEMM; so does a layer of fewer tiles than
+    winograd_min_layer_tiles."""
+    ctx = context().with_options(matrix_core="portable", winograd_min_channels=16, winograd_min_layer_tiles=20)
     for xs, ws, attrs, want in [((1, 16, 9, 9), (16, 16, 3, 3), {"pads": [1] * 4}, True),
                                 ((1, 16, 9, 9), (16, 16, 3, 3), {"strides": [2, 2]}, False),
                                 ((1, 16, 9, 9), (16, 8, 3, 3), {"group": 2}, False),
                                 ((1, 8, 9, 9), (16, 8, 3, 3), {}, False),
                                 ((1, 16, 9, 9), (16, 16, 3, 3), {"dilations": [2, 2]}, False),
                                 ((1, 16, 7, 7), (16, 16, 3, 3), {"pads": [1] * 4}, False)]:  # 16 tiles < 20
-        monkeypatch.setattr(lowering, "WINOGRAD_MIN_LAYER_TILES", 20)
         x, w = f32(*xs), f32(*ws)
         model = make_model([helper.make_node("Conv", ["x", "w"], ["y"], **attrs)], {"x": x}, ["y"], {"w": w})
         net = dlnet.Net(ctx).load_onnx(model)
@@ -458,16 +445,11 @@ def test_winograd_only_where_it_applies(monkeypatch):
         assert rel_l2(net.run({"x": x})["y"], conv_ref(x, w, np.zeros(ws[0], np.float32), attrs)) < 1e-5
 
 
-def test_winograd_f4_on_large_layers(monkeypatch):
-    """F(4x4, 3x3) only on layers of at least WINOGRAD_F4_MIN_TILES 4x4 tiles (its U is 36/9 of the weights);
+def test_winograd_f4_on_large_layers():
+    """F(4x4, 3x3) only on layers of at least winograd_f4_min_tiles 4x4 tiles (its U is 36/9 of the weights);
     smaller ones keep F(2x2, 3x3)."""
-    ctx = context()
-    if ctx.is_cpu:
-        monkeypatch.setitem(lowering.GEMM_TILES, "cpu", lowering.GEMM_TILES["gpu"])
-    for name, value in [("WINOGRAD_M", 4), ("WINOGRAD_M_TF32", 4), ("WINOGRAD_F4_MIN_TILES", 30),
-                        ("WINOGRAD_MIN_CHANNELS", 8), ("WINOGRAD_MIN_CHANNELS_TF32", 0),
-                        ("WINOGRAD_MIN_LAYER_TILES", 0)]:
-        monkeypatch.setattr(lowering, name, value)
+    ctx = context().with_options(matrix_core="portable", winograd_m=4, winograd_m_tf32=4, winograd_f4_min_tiles=30,
+                                 winograd_min_channels=8, winograd_min_channels_tf32=0, winograd_min_layer_tiles=0)
     for n, kind in [(1, "winograd "), (2, "winograd4 ")]:  # 25 and 50 tiles of 4x4
         x, w = f32(n, 16, 20, 20), f32(8, 16, 3, 3)
         attrs = {"pads": [1] * 4}
@@ -485,13 +467,12 @@ def test_winograd_training(core, pad, chunk, monkeypatch):
     the last); every parameter gradient against torch autograd."""
     torch = pytest.importorskip("torch")
     ctx, tol = core
-    if lowering.GEMM_TILES["cpu" if ctx.is_cpu else "gpu"]["core"] != "gemm_core":
+    if ctx.dev.core != "gemm_core":
         pytest.skip("Winograd runs on the GPU core (forced onto CPUs by the 'portable' case)")
-    monkeypatch.setattr(lowering, "WINOGRAD_MIN_CHANNELS", 8)
-    monkeypatch.setattr(lowering, "WINOGRAD_MIN_CHANNELS_TF32", 0)
-    monkeypatch.setattr(lowering, "WINOGRAD_MIN_LAYER_TILES", 0)
-    if chunk:
-        monkeypatch.setattr(lowering, "_wino_chunk", lambda T, nbytes, C, K, nx=16: min(T, chunk))
+    ctx = ctx.with_options(winograd_min_channels=8, winograd_min_channels_tf32=0, winograd_min_layer_tiles=0)
+    if chunk:  # (chunks of a set size: no option asks for one, the planner's block decides)
+        from dlnet.kernels.families import winograd
+        monkeypatch.setattr(winograd, "wino_chunk", lambda T, nbytes, C, K, options, nx=16: min(T, chunk))
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
                                 torch.nn.Conv2d(8, 12, 3, padding=pad), torch.nn.ReLU(),
@@ -515,15 +496,11 @@ def test_winograd_weight_transform():
     assert np.allclose(AT4 @ ((G4 @ g) * (BT4 @ d)), [d[i:i + 3] @ g for i in range(4)], rtol=0, atol=1e-12)
 
 
-def test_winograd_workspace_in_the_arena(monkeypatch):
+def test_winograd_workspace_in_the_arena():
     """A chain of Winograd convolutions with a residual: each layer's V and M sit in a block of the activation
     arena that is free at that layer (planned around live values), chunked where the block is short."""
-    ctx = context()
-    if ctx.is_cpu:
-        monkeypatch.setitem(lowering.GEMM_TILES, "cpu", lowering.GEMM_TILES["gpu"])
-    monkeypatch.setattr(lowering, "WINOGRAD_MIN_CHANNELS", 8)
-    monkeypatch.setattr(lowering, "WINOGRAD_MIN_LAYER_TILES", 0)
-    monkeypatch.setattr(lowering, "WINOGRAD_MIN_TILES", 256)
+    ctx = context().with_options(matrix_core="portable", winograd_min_channels=8, winograd_min_layer_tiles=0,
+                                 winograd_min_tiles=256)
     ws = {f"w{i}": (f32(16, 16, 3, 3) * 0.3).astype(np.float32) for i in range(3)}
     pads = {"pads": [1, 1, 1, 1]}
     nodes = [helper.make_node("Conv", ["x", "w0"], ["a"], **pads), helper.make_node("Relu", ["a"], ["b"]),

@@ -5,7 +5,6 @@ import pytest
 from onnx import helper
 
 import dlnet
-from dlnet.kernels import lowering
 
 from ..conftest import context, make_model, rel_l2
 
@@ -17,11 +16,9 @@ def f32(*shape):
 
 
 @pytest.fixture
-def gpu_ctx(monkeypatch):
-    ctx = context()
-    if ctx.is_cpu:  # the GPU table on a CPU device: gemm_core.cl and the gemv kernels instead of gemm_vec.cl
-        monkeypatch.setitem(lowering.GEMM_TILES, "cpu", lowering.GEMM_TILES["gpu"])
-    return ctx
+def gpu_ctx():
+    # the GPU's cores on a CPU device too: gemm_core.cl and the gemv kernels instead of gemm_vec.cl
+    return context().with_options(matrix_core="portable")
 
 
 def fc_model(a, w, c, alpha, beta, relu):
@@ -45,15 +42,15 @@ CASES = [(9, 300, 1300, (300,), True), (16, 129, 1028, None, False), (32, 77, 10
 
 @pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("m,n,k,c_shape,relu", CASES)
-def test_gemv_rows(gpu_ctx, monkeypatch, m, n, k, c_shape, relu, splits):
-    """Bias (beta) in three broadcast shapes, alpha, a fused Relu; K in one slice (GEMV_ROWS_SPLITS=1) or split
+def test_gemv_rows(gpu_ctx, m, n, k, c_shape, relu, splits):
+    """Bias (beta) in three broadcast shapes, alpha, a fused Relu; K in one slice (gemv_rows_splits=1) or split
     three ways (the partial sums summed by gemv_rows_reduce, which then applies the epilogue)."""
-    check_fc(gpu_ctx, monkeypatch, "gemv_rows", 1e-5, m, n, k, c_shape, relu, splits)
+    check_fc(gpu_ctx, "gemv_rows", 1e-5, m, n, k, c_shape, relu, splits)
 
 
-def check_fc(ctx, monkeypatch, kernel, tol, m, n, k, c_shape, relu, splits):
+def check_fc(ctx, kernel, tol, m, n, k, c_shape, relu, splits):
     """Gemm(a, w^T, c) [-> Relu] on `kernel` alone, its K in `splits` slices, against float64 within `tol`, twice."""
-    monkeypatch.setattr(lowering, "GEMV_ROWS_SPLITS", splits)
+    ctx = ctx.with_options(gemv_rows_splits=splits)
     a, w = f32(m, k), f32(n, k)
     c = f32(*c_shape) if c_shape else None
     model, ref = fc_model(a, w, c, 0.7, 1.3, relu)
@@ -69,12 +66,12 @@ def check_fc(ctx, monkeypatch, kernel, tol, m, n, k, c_shape, relu, splits):
 
 @pytest.mark.parametrize("tiles", [dict(LK=8, LN=8, NC=4, KC=32, per_cu=1), dict(LK=16, LN=4, NC=1, KC=128, per_cu=4),
                                    dict(LK=8, LN=8, NC=4, KC=64, per_cu=1, pf=1)])
-def test_gemv_rows_configs(gpu_ctx, monkeypatch, tiles):
-    """Other work-group shapes of the config table (as DLNET_GEMV_ROWS sets them): one step per chunk and the lane
-    sums in ten passes of two rows; 16 lanes along k, one column each; the next chunk of A read ahead
+def test_gemv_rows_configs(gpu_ctx, tiles):
+    """Other work-group shapes of the config table (as Options.gemv_rows_tiles sets them): one step per chunk and
+    the lane sums in ten passes of two rows; 16 lanes along k, one column each; the next chunk of A read ahead
     (PREFETCH_A, a partial last chunk); slices picked by the model (split on a device of few compute units, like
     CI's PoCL)."""
-    monkeypatch.setattr(lowering, "GEMV_ROWS_TILES", {32: tiles})
+    gpu_ctx = gpu_ctx.with_options(gemv_rows_tiles={32: tiles})
     a, w, c = f32(20, 1000), f32(75, 1000), f32(75)
     model, ref = fc_model(a, w, c, 1.0, 1.0, True)
     net = dlnet.Net(gpu_ctx).load_onnx(model)
@@ -87,7 +84,8 @@ def test_gemv_rows_configs(gpu_ctx, monkeypatch, tiles):
 
 @pytest.mark.parametrize("m,k", [(16, 1027), (33, 1028)])
 def test_gemv_rows_not_taken(gpu_ctx, m, k):
-    """A K that is not a multiple of 4, or more than GEMV_MAX_ROWS rows: the GEMM core."""
+    """A K that is not a multiple of 4, or more than Options.gemv_max_rows rows: the GEMM core."""
+    gpu_ctx = gpu_ctx.with_options(gemv_max_rows=32)
     a, w, c = f32(m, k), f32(40, k), f32(40)
     model, ref = fc_model(a, w, c, 1.0, 1.0, False)
     net = dlnet.Net(gpu_ctx).load_onnx(model)
@@ -100,7 +98,7 @@ def tf32_ctx():
     ctx = context()
     if not ctx.is_nvidia:
         pytest.skip("gemv_mma.cl needs an NVIDIA device (inline PTX mma.sync)")
-    return dlnet.Context(ctx.info, precision="tf32")
+    return dlnet.Context(ctx.info, precision="tf32", options=ctx.options)
 
 
 # (M, N, K, shape of C or None, Relu): one and two m-tiles, rows past M in both; N not a multiple of a work-group's
@@ -111,18 +109,18 @@ MMA_CASES = [(9, 300, 1300, (300,), True), (16, 129, 1028, None, False), (17, 77
 
 @pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("m,n,k,c_shape,relu", MMA_CASES)
-def test_gemv_mma(tf32_ctx, monkeypatch, m, n, k, c_shape, relu, splits):
+def test_gemv_mma(tf32_ctx, m, n, k, c_shape, relu, splits):
     """tf32 mode on NVIDIA: gemv_mma.cl (tensor cores) in place of gemv_rows.cl, the error that of tf32 inputs; K in
     one slice or three (gemv_rows_reduce applying the epilogue)."""
-    check_fc(tf32_ctx, monkeypatch, "gemv_mma", 2e-3, m, n, k, c_shape, relu, splits)
+    check_fc(tf32_ctx, "gemv_mma", 2e-3, m, n, k, c_shape, relu, splits)
 
 
 @pytest.mark.parametrize("tiles", [{"WARPS": 4, "NBW": 2, "KC": 64, "per_cu": 2},
                                    {"WARPS": 2, "NBW": 4, "KC": 64, "per_cu": 4},
                                    {"WARPS": 8, "NBW": 1, "KC": 32, "per_cu": 1}])
-def test_gemv_mma_configs(tf32_ctx, monkeypatch, tiles):
-    """Other work-group shapes (as DLNET_GEMV_MMA sets them), slices picked by the rule."""
-    monkeypatch.setattr(lowering, "GEMV_MMA", tiles)
+def test_gemv_mma_configs(tf32_ctx, tiles):
+    """Other work-group shapes (as Options.gemv_mma sets them), slices picked by the rule."""
+    tf32_ctx = tf32_ctx.with_options(gemv_mma=tiles)
     a, w, c = f32(20, 3000), f32(275, 3000), f32(275)
     model, ref = fc_model(a, w, c, 1.0, 1.0, True)
     net = dlnet.Net(tf32_ctx).load_onnx(model)

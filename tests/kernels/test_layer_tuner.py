@@ -8,7 +8,7 @@ import os
 import dlnet
 import numpy as np
 import pytest
-from dlnet.kernels import lowering, tuner
+from dlnet.kernels import tuner
 from onnx import helper
 
 from ..conftest import context, make_model, reference, rel_l2
@@ -35,18 +35,18 @@ def small_net():
 
 @pytest.fixture(params=["fp32", "tf32"])
 def tunable(request, monkeypatch, tmp_path):
-    """A context whose products are tunable (the shared one, the GPU tile table forced on a CPU device; tf32: a
-    context of the same device in tf32 mode, NVIDIA only), an empty table of choices and a cache folder of the
-    test's own."""
+    """A context whose products are tunable (the shared one's device, the GPU's tiled core forced on a CPU device;
+    tf32: a context of the same device in tf32 mode, NVIDIA only) with a cache folder of the test's own and
+    tune_layers unset, and an empty table of choices."""
     ctx = context()
+    options = ctx.options.replace(matrix_core="portable", cache_dir=str(tmp_path), tune_layers="")
     if request.param == "tf32":
         if not ctx.is_nvidia:
             pytest.skip("the tf32 tiles need an NVIDIA device (inline PTX mma.sync)")
-        ctx = dlnet.Context(ctx.info, precision="tf32")
-    if ctx.is_cpu:
-        monkeypatch.setitem(lowering.GEMM_TILES, "cpu", lowering.GEMM_TILES["gpu"])
-    monkeypatch.setenv("DLNET_CACHE", str(tmp_path))
-    monkeypatch.delenv("DLNET_TUNE_LAYERS", raising=False)
+        ctx = dlnet.Context(ctx.info, precision="tf32", options=options)
+    else:
+        ctx = ctx.with_options(options)
+    assert ctx.dev.tiled
     monkeypatch.setattr(tuner, "_LAYERS", {})
     return ctx
 
@@ -117,8 +117,7 @@ def test_the_fastest_tile_is_kept_per_layer(tunable, monkeypatch):
     assert tiles_of(dlnet.Net(tunable).load_onnx(model)) == tiles_of(net)  # a plan without tune=True too
     with tuner.by_rule(tunable):  # comparisons: the rule's tiles, whatever was measured
         assert tiles_of(dlnet.Net(tunable).load_onnx(model)) == rule
-    monkeypatch.setenv("DLNET_TUNE_LAYERS", "0")
-    assert tiles_of(dlnet.Net(tunable).load_onnx(model)) == rule
+    assert tiles_of(dlnet.Net(tunable.with_options(tune_layers="0")).load_onnx(model)) == rule
 
 
 def test_a_stale_or_broken_cache_file_is_ignored(tunable, monkeypatch):
@@ -156,7 +155,11 @@ def test_tune_layers_measures_every_option(tunable, monkeypatch):
         return
     from click.testing import CliRunner
     from dlnet.cli import main as cli_main
-    path = os.path.join(os.environ["DLNET_CACHE"], "small.onnx")
+    # the CLI's context reads the environment: the same cache folder, the tiled core as on `tunable`
+    monkeypatch.setenv("DLNET_CACHE", tunable.options.cache_dir)
+    monkeypatch.setenv("DLNET_OPTIONS", "matrix_core=portable")
+    monkeypatch.delenv("DLNET_TUNE_LAYERS", raising=False)
+    path = os.path.join(tunable.options.cache_dir, "small.onnx")
     with open(path, "wb") as f:
         f.write(model.SerializeToString())
     res = CliRunner().invoke(cli_main.cli, ["tune", path, "--device", "cpu"])

@@ -1,24 +1,32 @@
 """Long reductions as the GPU runs them (forced onto whatever device runs the tests): a work-group per output, and
 where few outputs would leave the device idle, several work-groups per output whose partial results red_finish
-combines (a bias gradient: 64 sums of 800k elements each)."""
+combines (a bias gradient: 64 sums of 800k elements each). No option chooses the reduction's work-group (the
+device's kind does: families/reduce.py REDUCE_GROUP), so a copy of the context that takes its device for a GPU
+(is_cpu = False, as Device.resolve allows a caller to set) stands in for one."""
 import numpy as np
 import pytest
 from onnx import helper
 
 import dlnet
-from dlnet.kernels import lowering
 
 from ..conftest import context, make_model, reference, rel_l2
 
 rng = np.random.default_rng(11)
 
 
+def gpu_like():
+    """A context of the test device that the kernels take for a GPU (a CPU device runs the GPU's reductions)."""
+    ctx = context().with_options(input_chunks=1)  # (inputs uploaded whole, as on a CPU)
+    ctx.is_cpu = False
+    assert ctx.dev.kind == "gpu"
+    return ctx
+
+
 @pytest.mark.parametrize("op", ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceL2", "ReduceLogSumExp",
                                 "ReduceSumSquare"])
 @pytest.mark.parametrize("shape,axes", [((8, 3, 64, 64), [0, 2, 3]), ((2, 40000), [1]), ((5, 7, 9000), [0, 2])])
-def test_reduce_split(op, shape, axes, monkeypatch):
-    ctx = context()
-    monkeypatch.setitem(lowering.REDUCE_GROUP, "cpu", 256)
+def test_reduce_split(op, shape, axes):
+    ctx = gpu_like()
     x = rng.standard_normal(shape).astype(np.float32)
     if op == "ReduceSum":
         node = helper.make_node(op, ["x", "axes"], ["y"], keepdims=1)
@@ -41,12 +49,10 @@ def test_reduce_split(op, shape, axes, monkeypatch):
                                 "ReduceL2", "ReduceLogSumExp"])
 @pytest.mark.parametrize("shape,axes", [((6, 3), [1]), ((5, 4), [1]), ((3, 9), [1]), ((7, 13, 5), [1]),
                                         ((2, 11, 3, 3), [2, 3])], ids=["3", "4", "9", "13-strided", "3x3"])
-def test_reduce_lanes(op, shape, axes, lanes, monkeypatch):
+def test_reduce_lanes(op, shape, axes, lanes):
     """One work-item per output with `lanes` accumulators over interleaved elements (CPU devices use 4), on counts
     under, at and past the lane width plus a tail, and along a strided axis, against onnx.reference."""
-    ctx = context()
-    monkeypatch.setattr(lowering, "REDUCE_LANES", lanes)
-    monkeypatch.setitem(lowering.REDUCE_GROUP, "cpu", 0)
+    ctx = context().with_options(reduce_lanes=lanes)
     x = rng.uniform(0.5, 1.5, shape).astype(np.float32) * rng.choice([-1, 1], shape).astype(np.float32)
     if op == "ReduceSum":  # axes an input from opset 13
         model = make_model([helper.make_node(op, ["x", "axes"], ["y"], keepdims=0)], {"x": x}, ["y"],
@@ -59,13 +65,12 @@ def test_reduce_lanes(op, shape, axes, lanes, monkeypatch):
     assert rel_l2(got, want) < 1e-5
 
 
-def test_reduce_lanes_with_prologue(monkeypatch):
+def test_reduce_lanes_with_prologue():
     """A reduction with its pointwise producer fused in (as training's graphs have: the mean of (x - m)^2 * m) on 4
     lanes, against numpy."""
     from dlnet.graph.passes.fuse import fuse_pointwise, fuse_reduce_prologues
     from dlnet.net import Plan
-    ctx = context()
-    monkeypatch.setattr(lowering, "REDUCE_LANES", 4)
+    ctx = context().with_options(reduce_lanes=4)
     x = rng.standard_normal((3, 4, 23)).astype(np.float32)
     m = rng.standard_normal((1, 4, 1)).astype(np.float32)
     nodes = [helper.make_node("Sub", ["x", "m"], ["d"]), helper.make_node("Mul", ["d", "d"], ["s"]),

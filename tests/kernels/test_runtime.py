@@ -91,10 +91,10 @@ def test_plan_lowers_while_the_context_opens(ctx, monkeypatch):
     import sys
     import threading
 
-    from dlnet.kernels import runtime
+    from dlnet.kernels import launch, runtime
     from tests.conftest import make_model, rel_l2
     gate, seen = threading.Event(), {}
-    real_open, real_get = runtime.open_context, runtime.Deferred.get
+    real_open, real_get = runtime.open_context, launch.Deferred.get
 
     def held(device):
         seen["interval"] = sys.getswitchinterval()
@@ -107,7 +107,7 @@ def test_plan_lowers_while_the_context_opens(ctx, monkeypatch):
             gate.set()
         return real_get(self)
     monkeypatch.setattr(runtime, "open_context", held)
-    monkeypatch.setattr(runtime.Deferred, "get", get)
+    monkeypatch.setattr(launch.Deferred, "get", get)
     before = sys.getswitchinterval()
     fresh = dlnet.Context(ctx.info)
     rng = np.random.default_rng(5)
@@ -153,13 +153,12 @@ def test_bad_precision():
         dlnet.Context("cpu", precision="fp8")
 
 
-def test_memory_planner_reuses_buffers(ctx, monkeypatch):
+def test_memory_planner_reuses_buffers(ctx):
     import os
 
     import onnx
 
-    from dlnet.kernels import lowering
-    monkeypatch.setattr(lowering, "WINOGRAD_MIN_CHANNELS", 0)  # (its tiles take arena space: not this test's point)
+    ctx = ctx.with_options(winograd_min_channels=0)  # (its tiles take arena space: not this test's point)
     path = os.path.join(os.path.dirname(onnx.__file__), "backend/test/data/light/light_resnet50.onnx")
     net = dlnet.Net(ctx)
     net.load_onnx(path)
