@@ -14,9 +14,6 @@ def context():
     global _CTX
     if _CTX is None:
         _CTX = dlnet.Context(os.environ.get("DLNET_TEST_DEVICE") or None)
-        # open now: tests derive contexts from this one (ctx.with_options), and a copy taken while the device is
-        # still opening in the background never sees it open (test_options.py's with_options test covers that)
-        _CTX.queue
     return _CTX
 
 

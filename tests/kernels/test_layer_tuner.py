@@ -5,11 +5,12 @@ the CPU device (its four fp32 tiles); on an NVIDIA device in tf32 mode the tenso
 import json
 import os
 
-import dlnet
 import numpy as np
 import pytest
-from dlnet.kernels import tuner
 from onnx import helper
+
+import dlnet
+from dlnet.kernels import tuner
 
 from ..conftest import context, make_model, reference, rel_l2
 

@@ -4,14 +4,15 @@ tiled GPU core is forced onto a CPU device, with tiny sizes."""
 import json
 import math
 
-import dlnet
 import numpy as np
 import pytest
 from click.testing import CliRunner
 from dlnet.cli import main as cli_main
+from onnx import helper
+
+import dlnet
 from dlnet.kernels import rules, tuner
 from dlnet.kernels.options import Options
-from onnx import helper
 
 from ..conftest import context, make_model, rel_l2
 

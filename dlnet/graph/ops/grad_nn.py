@@ -2,23 +2,8 @@
 training form (batch statistics: three kernels forward, three backward)."""
 import numpy as np
 
-from ...errors import ModelError
 from .base import REQUIRED, Op, register
-from .nn import CONV_PASS_ATTRS, AveragePool, Conv, ConvGeometry
-
-
-def _conv_dims(x_shape, dy_shape, w_shape, attrs):
-    """ConvGeometry's 2-D view as (H, W, OH, OW, KH, KW, strides, begin pads, dilations): an alias kept for
-    PoolGrad.lower and kernels/lowering.py's conv_grad until they read conv_geometry(node)."""
-    nsp = len(x_shape) - 2
-    if nsp not in (1, 2):
-        raise ModelError(f"{nsp}-D convolution/pool gradients are not supported (1-D and 2-D are)")
-    g = ConvGeometry.from_shapes(x_shape, w_shape, attrs, dy_shape)
-    return g.H, g.W, g.OH, g.OW, g.KH, g.KW, list(g.strides_2d), list(g.pads_2d), list(g.dilations_2d)
-
-
-def _ints(values):
-    return [np.int32(v) for v in values]
+from .nn import CONV_PASS_ATTRS, AveragePool, Conv
 
 
 @register

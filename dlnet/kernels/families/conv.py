@@ -1,60 +1,26 @@
 """Convolutions on the GPU cores (implicit GEMM through window.cl + conv.cl) and depthwise ones everywhere; the
 node's algorithm (schedule.py) says which of this family's entries, conv_cpu.py's or winograd.py's runs it."""
-from dataclasses import dataclass
-
 import numpy as np
 
 from ...errors import ModelError
+from ...graph.ops.nn import conv_geometry
 from ..emitter import act_macro, core_source, defines
 from ..rules import dw_rows, plane_phases, round_up
 from ..runtime import kernel_source
 
 
-@dataclass(frozen=True)
-class ConvDims:
-    """A Conv node's geometry as the kernels take it: 1-D convolutions as 2-D ones of height 1, begin pads only."""
-    N: int
-    Cin: int
-    H: int
-    W: int
-    Cout: int
-    OH: int
-    OW: int
-    KH: int
-    KW: int
-    strides: list
-    pads: list
-    dil: list
-    group: int
-
-    @property
-    def depthwise(self):
-        return self.group == self.Cin and self.group > 1 and self.Cin * (self.Cout // self.Cin) == self.Cout
-
-
 def conv_dims(node):
-    """The ConvDims of a Conv node (asymmetric pads and 3-D convolutions are errors naming the node)."""
-    x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
+    """The geometry of a Conv node (graph/ops/nn.py's conv_geometry) as the kernels take it: float32, 1-D or 2-D,
+    symmetric pads (errors name the node otherwise)."""
+    x = node.inputs[0]
     if x.dtype != "float32":
         raise ModelError(f"node {node.name} (Conv): float32 only, got {x.dtype}")
-    nsp = x.rank - 2
-    if nsp not in (1, 2):
-        raise ModelError(f"node {node.name} (Conv): {nsp}-D convolution is not supported (1-D and 2-D are)")
-    a = node.attrs
-    strides = list(a.get("strides") or [1] * nsp)
-    pads = list(a.get("pads") or [0] * 2 * nsp)
-    dil = list(a.get("dilations") or [1] * nsp)
-    if any(pads[i] != pads[i + nsp] for i in range(nsp)):
+    if x.rank - 2 not in (1, 2):
+        raise ModelError(f"node {node.name} (Conv): {x.rank - 2}-D convolution is not supported (1-D and 2-D are)")
+    g = conv_geometry(node)
+    if not g.symmetric:
         raise ModelError(f"node {node.name} (Conv): asymmetric pads reach the kernel (padding pass missing)")
-    if nsp == 1:  # a 1-D convolution is a 2-D one of height 1
-        strides, pads, dil = [1] + strides, [0] + pads[:1], [1] + dil
-        H, W, KH, KW, OH, OW = 1, x.shape[2], 1, w.shape[2], 1, y.shape[2]
-    else:
-        KH, KW = w.shape[1:3] if a.get("tap_major") else w.shape[2:4]
-        H, W, OH, OW = x.shape[2], x.shape[3], y.shape[2], y.shape[3]
-        pads = pads[:2]
-    cout = w.shape[0] if a.get("winograd") != 1 else w.shape[2]
-    return ConvDims(x.shape[0], x.shape[1], H, W, cout, OH, OW, KH, KW, strides, pads, dil, a.get("group", 1))
+    return g
 
 
 def is_depthwise(node):
@@ -80,25 +46,26 @@ class ConvFamily:
         algo = node.schedule["algo"]  # (schedule.py; Lowerer.lower makes sure there is one)
         if algo.startswith("winograd"):  # 1: w holds U (passes/winograd.py); 2: U from w on the device, every run
             u = w if node.attrs["winograd"] == 1 else None
-            self.winograd(x, u, bargs, rargs, y, head, g.pads, label, w=w)
+            self.winograd(x, u, bargs, rargs, y, head, list(g.pads_2d), label, w=w)
         elif algo.startswith("depthwise"):
             self.depthwise(node, algo, g, head, bargs, rargs, label)
         elif algo.startswith("cpu_"):
-            geo = [np.int32(v) for v in (g.H, g.W, g.OH, g.OW, g.KH, g.KW, *g.strides, *g.pads, *g.dil)]
-            self.conv_cpu(node, algo, head, bargs, rargs, g.group, g.Cin // g.group, g.Cout // g.group, geo,
-                          g.Cout * g.OH * g.OW)
+            geo = [np.int32(v) for v in (g.H, g.W, g.OH, g.OW, g.KH, g.KW, *g.strides_2d, *g.pads_2d, *g.dilations_2d)]
+            self.conv_cpu(node, algo, head, bargs, rargs, g.group, g.C // g.group, g.K // g.group, geo,
+                          g.K * g.OH * g.OW)
         else:
             idx = self.index_type(x.size, w.size, y.size, res.size if res is not None else 0)
-            self._conv_gemm(self.args(x), self.args(w), bargs, rargs, self.args(y), head, idx, g.N, g.Cin, g.H, g.W,
-                            g.Cout, g.OH, g.OW, g.KH, g.KW, g.strides, g.pads, g.dil, g.group, label,
+            self._conv_gemm(self.args(x), self.args(w), bargs, rargs, self.args(y), head, idx, g.N, g.C, g.H, g.W,
+                            g.K, g.OH, g.OW, g.KH, g.KW, list(g.strides_2d), list(g.pads_2d),
+                            list(g.dilations_2d), g.group, label,
                             node.attrs.get("tap_major", 0))
 
     def depthwise(self, node, algo, g, head, bargs, rargs, label):
         """Depthwise convolutions: dwconv.cl on GPUs; on CPUs dwconv_cpu.cl over zero-padded planes (each work-item
         padding its own rows where they fit: PAD_IN) or over the input with its borders tested."""
         x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
-        N, Cin, H, W, Cout, OH, OW, KH, KW = g.N, g.Cin, g.H, g.W, g.Cout, g.OH, g.OW, g.KH, g.KW
-        strides, pads, dil = g.strides, g.pads, g.dil
+        N, Cin, H, W, Cout, OH, OW, KH, KW = g.N, g.C, g.H, g.W, g.K, g.OH, g.OW, g.KH, g.KW
+        strides, pads, dil = list(g.strides_2d), list(g.pads_2d), list(g.dilations_2d)
         mult, y_nstride = Cout // Cin, Cout * OH * OW
         args = self.args(x) + self.args(w) + bargs + rargs + self.args(y) + [
             np.int32(v) for v in (Cin, H, W, OH, OW, KH, KW, *strides, *pads, *dil, mult)] + [
@@ -120,8 +87,9 @@ class ConvFamily:
     def _dw_planes_cpu(self, node, g, head, bargs, rargs, label):
         """dwconv_cpu.cl's dwconv2d_cpu_planes: ROWS output rows per work-item over zero-padded planes."""
         x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
-        N, Cin, H, W, Cout, OH, OW, KH, KW = g.N, g.Cin, g.H, g.W, g.Cout, g.OH, g.OW, g.KH, g.KW
-        strides, pads, dil, o = g.strides, g.pads, g.dil, self.options
+        N, Cin, H, W, Cout, OH, OW, KH, KW = g.N, g.C, g.H, g.W, g.K, g.OH, g.OW, g.KH, g.KW
+        strides, pads, dil = list(g.strides_2d), list(g.pads_2d), list(g.dilations_2d)
+        o = self.options
         mult, y_nstride = Cout // Cin, Cout * OH * OW
         geo = {"KHC": KH, "KWC": KW, "SHC": strides[0], "SWC": strides[1], "DHC": dil[0], "DWC": dil[1]}
         Hq = -(-((OH - 1) * strides[0] + dil[0] * (KH - 1) + 1) // strides[0])

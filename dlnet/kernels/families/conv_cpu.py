@@ -17,8 +17,8 @@ def conv_cpu_algo(node, dev, options):
     "cpu_local" (1x1 layers and large im2col matrices: panels packed in local memory) or "cpu_im2col"."""
     w = node.inputs[1]
     g = conv_dims(node)
-    C, K = g.Cin // g.group, g.Cout // g.group
-    KH, KW, (SH, SW), (PH, PW), (DH, DW) = g.KH, g.KW, g.strides, g.pads, g.dil
+    C, K = g.C // g.group, g.K // g.group
+    KH, KW, (SH, SW), (PH, PW), (DH, DW) = g.KH, g.KW, g.strides_2d, g.pads_2d, g.dilations_2d
     pointwise = KH == KW == SH == SW == 1 and PH == PW == 0
     if node.attrs.get("in_perm") is not None and not (options.conv_cpu_direct and KH * KW > 1):
         raise ModelError(f"node {node.name} (Conv): a channel map needs the padded planes' path")

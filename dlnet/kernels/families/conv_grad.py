@@ -3,7 +3,7 @@ im2col / col2im where needed, flipped weights for stride-1 input gradients, dire
 Winograd where the training pass chose it."""
 import numpy as np
 
-from ...graph.ops.grad_nn import _conv_dims
+from ...graph.ops.nn import conv_geometry
 from ..device import TILED_CORES
 from ..emitter import act_macro, core_source, defines
 from ..rules import round_up
@@ -17,7 +17,9 @@ class ConvGradFamily:
         out = node.outputs[0]
         x_shape = other.shape if which == "dw" else out.shape
         w_shape = out.shape if which == "dw" else other.shape
-        H, W, OH, OW, KH, KW, s, p, d = _conv_dims(x_shape, dy.shape, w_shape, node.attrs)
+        g = conv_geometry(node)
+        H, W, OH, OW, KH, KW = g.H, g.W, g.OH, g.OW, g.KH, g.KW
+        s, p, d = list(g.strides_2d), list(g.pads_2d), list(g.dilations_2d)
         N, Cin = x_shape[0], x_shape[1]
         group = node.attrs.get("group", 1)
         K, C = w_shape[0] // group, Cin // group

@@ -3,7 +3,7 @@ per-channel partial sums over slices, then the statistics and the normalisation)
 import numpy as np
 
 from ...errors import ModelError
-from ...graph.ops.grad_nn import _conv_dims
+from ...graph.ops.nn import conv_geometry
 from ..runtime import kernel_source
 
 
@@ -38,8 +38,9 @@ class TrainingFamily:
         a = node.attrs
         if a.get("ceil_mode", 0) and a["mode"] == "avg":
             raise ModelError(f"node {node.name} (AveragePool): ceil_mode gradients are not supported")
-        w_shape = (1, 1) + tuple(a["kernel_shape"])
-        H, W, OH, OW, KH, KW, s, p, d = _conv_dims(x.shape, dy.shape, w_shape, a)
+        g = conv_geometry(node)
+        H, W, OH, OW, KH, KW = g.H, g.W, g.OH, g.OW, g.KH, g.KW
+        s, p, d = list(g.strides_2d), list(g.pads_2d), list(g.dilations_2d)
         src = f"#define POOL_{a['mode'].upper()} 1\n" + kernel_source("pool_grad")
         if [KH, KW] == list(s) and list(p) == [0, 0] and list(d) == [1, 1] and x.rank == 4 and \
                 list(x.shape[2:]) == [OH * KH, OW * KW] and not any(a.get("pads") or [0]):
