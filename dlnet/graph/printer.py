@@ -17,6 +17,7 @@
 back exactly, type included:
 
     3  0.1  1e-05  -inf  nan  True  None      int (no '.'), float (repr: always '.', 'e', inf or nan), bool, None
+    1e-05f                                    a float that is a float32 widened: 9.999999747378752e-06
     mean  128x64  "two words"  "3"            a string: bare where it reads back as that word, else JSON-quoted
     (1,1)  (x,)  ()  [1,1]  {alpha: 0.1}      tuple, list, dict (the tuple/list distinction is kept)
     f32(0.1)  ndarray(i64[2], [3,4])          numpy scalar and array
@@ -27,6 +28,7 @@ back exactly, type included:
 A value of any other kind prints as <Type: text> for the reader, and the parser refuses it.
 """
 import json
+import math
 import re
 
 import numpy as np
@@ -39,6 +41,8 @@ SHORT_DTYPES = {"object": "str", "float32": "f32", "float64": "f64", "float16": 
 ATOM = re.compile(r"[-+]?[A-Za-z0-9_.][A-Za-z0-9_.+\-/]*")
 _INT = re.compile(r"[-+]?\d+")
 _FLOAT = re.compile(r"[-+]?((\d+\.\d*|\.\d+)([eE][-+]?\d+)?|\d+[eE][-+]?\d+|inf|nan)")
+_FLOAT32 = re.compile(r"[-+]?((\d+\.\d*|\.\d+)([eE][-+]?\d+)?|\d+[eE][-+]?\d+)f")  # a float32, widened
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 _KEYWORDS = {"None": None, "True": True, "False": False}
 # the constants summary line; a note that reads like it is printed quoted
 SUMMARY = re.compile(r"\d+ constants \$\{\.\.\.\}, [0-9.]+ MiB")
@@ -53,7 +57,21 @@ def atom_value(text):
         return int(text)
     if _FLOAT.fullmatch(text):
         return float(text)
+    if _FLOAT32.fullmatch(text):
+        return float(np.float32(float(text[:-1])))
     return _KEYWORDS.get(text, text)
+
+
+def _float_repr(x):
+    """A Python float's repr, or where x is a float32 widened (ONNX float attributes: epsilon 1e-05 is
+    9.999999747378752e-06) and that is shorter, the float32's shortest text with an f: `1e-05f`."""
+    text = repr(x)
+    if not math.isfinite(x) or abs(x) > _FLOAT32_MAX or float(np.float32(x)) != x:
+        return text
+    short = str(np.float32(x)) + "f"
+    if len(short) < len(text) and _FLOAT32.fullmatch(short) and atom_value(short) == x:
+        return short
+    return text
 
 
 def is_bare(s):
@@ -128,7 +146,7 @@ def format_value(v, indent="", table=None):
     if v is None or type(v) is bool or type(v) is int:
         return str(v)
     if type(v) is float:
-        return repr(v)
+        return _float_repr(v)
     if type(v) is str:
         return v if is_bare(v) else _quote(v)
     if isinstance(v, (np.bool_, np.integer, np.floating)):

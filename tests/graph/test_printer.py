@@ -13,7 +13,7 @@ from dlnet.graph.ir import Builder, Graph, Node, Value
 from dlnet.graph.memory import plan_memory
 from dlnet.graph.parser import constants_of, graphs_equal, parse_graph
 from dlnet.graph.passes.fuse import ChannelMap, fuse_conv_prologues, fuse_epilogues, fuse_pointwise
-from dlnet.graph.printer import SHORT_DTYPES, format_graph, format_node, format_value
+from dlnet.graph.printer import SHORT_DTYPES, atom_value, format_graph, format_node, format_value
 
 LIGHT = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
 # vgg19 and densenet121 are the long ones on a 2-core CPU (tests/onnx/test_models.py): opt-in, `pytest -m models`
@@ -130,6 +130,7 @@ def test_short_dtype_names_agree_with_value_type_str():
 
 # ------------------------------------------------------------------ values --------------------------------------------
 ODD_VALUES = [0, -7, 2 ** 70, 0.1, 1e-05, -0.0, 1e+16, 5e-324, math.inf, -math.inf, math.nan, True, False, None,
+              float(np.float32(1e-05)), float(np.float32(-0.3)), float(np.float32(3.4e38)),
               "mean", "128x64", "", "two words", "3", "1e5", "None", "_", 'say "hi"\n\t#', "é", "-x",
               (), (1,), (1, 2), [], [1], [1.5, "a", None], ((1, 2), [3]), {}, {"alpha": 0.1, 3: "x"},
               ("LeakyRelu", {"alpha": 0.1}), np.float32(0.1), np.float32(1e-30), np.float16(65504), np.float64(0.3),
@@ -303,8 +304,30 @@ def test_missing_constant_and_failed_verify_are_model_errors():
         parse_graph(text)
 
 
+def test_floats_read_back_exactly():
+    """Python floats by repr, or (floats that are float32s widened, as ONNX float attributes are) by the float32's
+    shortest text and an f, where shorter; numpy floats in their own dtype. 20000 random bit patterns each."""
+    bits = np.random.default_rng(1).integers(0, 2 ** 32, 20000, dtype=np.uint64)
+    singles = bits.astype(np.uint32).view(np.float32)
+    doubles = np.random.default_rng(2).integers(0, 2 ** 63, 20000, dtype=np.uint64).view(np.float64)
+    with np.errstate(all="ignore"):  # (signalling NaNs, and float16s out of range: infinities)
+        widened, halves = singles.astype(np.float64), singles[:2000].astype(np.float16)
+    for x in list(widened) + list(doubles):
+        x = float(x)
+        text = format_value(x)
+        back = atom_value(text)
+        assert type(back) is float and (back == x or (math.isnan(x) and math.isnan(back))), (x, text)
+        assert math.isnan(x) or math.copysign(1, back) == math.copysign(1, x)
+    for x in list(singles[:2000]) + list(halves):
+        text = format_value(x)
+        assert text.startswith(("f32(", "f16(")), text
+        back = x.dtype.type(atom_value(text[4:-1]))
+        assert back.tobytes() == x.tobytes() or (np.isnan(x) and np.isnan(back)), (x, text)
+
+
 def test_format_value_is_what_the_attribute_braces_show():
     assert format_value((3, 3)) == "(3,3)" and format_value([1]) == "[1]" and format_value("SAME_UPPER") == \
         "SAME_UPPER"
     assert format_value(("LeakyRelu", {"alpha": 0.1})) == "(LeakyRelu, {alpha: 0.1})"
     assert format_value(np.float32(0.1)) == "f32(0.1)" and format_value("1e5") == '"1e5"'
+    assert format_value(float(np.float32(1e-05))) == "1e-05f" and format_value(1e-05) == "1e-05"
