@@ -1,18 +1,18 @@
-"""The IR parser: reads what printer.format_graph writes back into an equal Graph (see the grammar in printer.py).
+"""The IR parser: reads what printer.format_graph writes back into an equal Graph (the grammar: printer.py).
 
     graph = parse_graph(format_graph(original), constants=constants_of(original))
     same, why = graphs_equal(graph, original)
 
-Constants are printed as declarations without data (`const $4: f32[64] "conv1_b"`). With `constants` ({value id:
-array}), each is made with its array (the declared dtype and shape must match; a missing id is an error). Without
-it, each gets a read-only zero array of the declared dtype and shape (np.broadcast_to: no memory), so the graph
-verifies, prints, plans memory and lowers the same, but computes with zeros.
+Constants are printed as declarations without data, after the graph (`const $4: f32[64] "conv1_b"`). With
+`constants` ({value id: array}), each is made with its array (the declared dtype and shape must match; a missing
+id is an error). Without it, each gets a read-only zero array of the declared dtype and shape (np.broadcast_to: no
+memory), so the graph verifies, prints, plans memory and lowers the same, but computes with zeros.
 
-Comments are ignored, except three that the printer writes: comment lines before the first statement are the
+Comments are ignored, except two kinds that the printer writes: comment lines before the first node are the
 graph's notes (bar the constants summary), and the comment ending a node's first line is its name (after its place
 in a memory plan, `@ 1.23 MiB (view)`, which is skipped). Value names other than the graph inputs' and the
-constants' are not printed and come back empty; so does graph.cut (the printed note says where a graph stops).
-Every error is a ModelError naming the line.
+constants' are not printed and come back empty; so does graph.cut (a note says where a graph stops). The ids are
+kept; graph._next_id is one past the largest. Every error is a ModelError naming the line.
 """
 import copy
 import json
@@ -24,14 +24,13 @@ from ..errors import ModelError
 from .ir import Graph, Node, Value
 from .ops import get_op
 from .passes.fuse import ChannelMap
-from .printer import SHORT_DTYPES, SUMMARY, atom_value, constants
+from .printer import ATOM, SHORT_DTYPES, SUMMARY, atom_value, constants
 
 # tuple and list subclasses an attribute may hold, printed as Name(items) / Name[items]
 ATTR_CLASSES = {"ChannelMap": ChannelMap}
 _DTYPES = {short: name for name, short in SHORT_DTYPES.items()}
 _TOKEN = re.compile(r"""(?P<nl>\n)|(?P<ws>[ \t\r]+)|(?P<comment>\#[^\n]*)|(?P<str>"(?:[^"\\\n]|\\.)*")
-    |(?P<val>%\d+)|(?P<const>\$\d+)|(?P<label>&\d+)|(?P<punct>[()\[\]{},:=;])|(?P<atom>[-+]?[A-Za-z0-9_.][A-Za-z0-9_.+\-/]*)""",
-                    re.X)
+    |(?P<val>%\d+)|(?P<const>\$\d+)|(?P<label>&\d+)|(?P<punct>[()\[\]{},:=;])|(?P<atom>""" + ATOM.pattern + ")", re.X)
 _PLAN = re.compile(r"@ \S+ MiB( \(view\))?( |$)")
 _CLOSE = {"(": ")", "[": "]", "{": "}"}
 
