@@ -66,6 +66,7 @@ class _Parser:
         self.stmts = []  # {line, comment, outputs} of the node statements being read, innermost last
         self.table = {}  # label (&1) -> a long attribute value
         self.read_lines = set()  # lines of declarations and table rows, read before the nodes
+        self.top = set()  # ids of the graph's inputs and of its nodes' outputs read so far (not members')
 
     # tokens ---------------------------------------------------------------------------------------------------------
     def fail(self, line, msg):
@@ -123,7 +124,9 @@ class _Parser:
         tok = self.expect_kind("atom", "a type such as f32[1,3]")
         try:
             dtype = np.dtype(_DTYPES.get(tok[1], tok[1])).name
-        except TypeError:
+        except Exception:  # numpy's parser of type strings raises TypeError, ValueError, SyntaxError...
+            dtype = None
+        if dtype is None or (tok[1] not in _DTYPES and dtype != tok[1]):  # numpy's own names too: complex64
             self.error(f"unknown dtype {tok[1]!r}", tok)
         self.expect("[", f"after the dtype {tok[1]}")
         shape = []
@@ -136,14 +139,17 @@ class _Parser:
             shape.append(int(dim[1]))
         return dtype, tuple(shape)
 
-    def ref(self):
-        """An input: %id (defined earlier), $id (a declared constant) or _ (none)."""
+    def ref(self, top=False):
+        """An input: %id (defined earlier; top: by the graph's inputs or nodes, not a node list's members), $id (a
+        declared constant) or _ (none)."""
         tok = self.next()
         if tok[0] in ("val", "const"):
             v = self.values.get(int(tok[1][1:]))
             if v is None or (v.const is not None) != (tok[0] == "const"):
                 what = "declared as a constant" if tok[0] == "const" else "defined by an earlier node or input"
                 self.error(f"{tok[1]} is not {what}", tok)
+            if top and v.const is None and v.id not in self.top:
+                self.error(f"{tok[1]} is not defined by an earlier node or input (a member of a node list's)", tok)
             return v
         if tok == ("atom", "_", tok[2]):
             return None
@@ -161,14 +167,13 @@ class _Parser:
         self.values[vid] = v
         return v
 
-
     # attribute values -----------------------------------------------------------------------------------------------
     def value(self):
         """One attribute or schedule value (the forms printer.format_value writes)."""
         tok = self.next()
         kind, text = tok[0], tok[1]
         if kind == "str":
-            return json.loads(text)
+            return self.unquote(text, tok)
         if kind == "punct" and text in "([" and self.peek()[0] in ("nl", "comment"):
             nodes = self.region(_CLOSE[text])
             return nodes if text == "[" else tuple(nodes)
@@ -191,6 +196,16 @@ class _Parser:
             self.error(f"{text} is not in the table after the graph", tok)
         self.error(f"expected a value, got {text or 'end of line'!r}", tok)
 
+    def key(self):
+        """An attribute's or a dict's key: a value that can be one."""
+        tok = self.peek()
+        key = self.value()
+        try:
+            hash(key)
+        except TypeError:
+            self.error(f"{key!r} cannot be a key", tok)
+        return key
+
     def items(self, close):
         """Values separated by commas up to `close` -> (list, whether a comma ended it)."""
         out, trailing = [], False
@@ -208,7 +223,7 @@ class _Parser:
         while not self.accept("}"):
             if out:
                 self.expect(",", "or '}' between dict items")
-            key = self.value()
+            key = self.key()
             self.expect(":", "after a dict key")
             out[key] = self.value()
         return out
@@ -228,13 +243,20 @@ class _Parser:
             elements = self.items("]")[0]
             self.expect(")", "after the array's elements")
             try:
-                return np.array(elements, dtype=dtype).reshape(shape)
-            except (TypeError, ValueError) as e:
+                with np.errstate(over="raise"):
+                    return np.array(elements, dtype=dtype).reshape(shape)
+            except (TypeError, ValueError, OverflowError, FloatingPointError) as e:
                 self.error(f"array elements do not make a {dtype}{list(shape)}: {e}", tok)
         if name in _DTYPES and name != "str":
             x = self.value()
             self.expect(")", f"after the {name} scalar")
-            return np.dtype(_DTYPES[name]).type(x)
+            if type(x) not in (int, float, bool):
+                self.error(f"{name}(...) holds a number, not {x!r}", tok)
+            try:
+                with np.errstate(over="raise"):
+                    return np.dtype(_DTYPES[name]).type(x)
+            except (OverflowError, ValueError, FloatingPointError) as e:
+                self.error(f"{x!r} is not a {name}: {e}", tok)
         self.error(f"unknown constructor {name!r}: a numpy scalar (f32(...)), ndarray(...) or one of "
                    f"{', '.join(ATTR_CLASSES)}", tok)
 
@@ -266,7 +288,7 @@ class _Parser:
                     continue
                 self.error("expected ',', ';' or '}' after an attribute")
             key_tok = self.peek()
-            key = self.value()
+            key = self.key()
             if key in target:
                 self.error(f"{key!r} is given twice", key_tok)
             self.expect("=", f"after {key!r}")
@@ -301,7 +323,7 @@ class _Parser:
         while not self.accept(")"):
             if inputs:
                 self.expect(",", "or ')' between inputs")
-            inputs.append(self.ref())
+            inputs.append(self.ref(top=outer is None))
         attrs, schedule = self.attributes() if self.accept("{") else ({}, {})
         self.end_of_line("the node")
         self.stmts.pop()
@@ -392,6 +414,7 @@ class _Parser:
             dtype, shape = self.type_()
             name = self.unquote(self.expect_kind("str", "the input's name in quotes")[1], tok)
             graph.inputs.append(self.define(int(tok[1][1:]), dtype, shape, tok, name=name))
+            self.top.add(graph.inputs[-1].id)
         self.expect("{", "after the inputs")
         self.end_of_line("'{'")
         while self.peek()[0] in ("nl", "comment"):
@@ -442,10 +465,11 @@ class _Parser:
             if tok[0] == "eof" or tok[:2] == ("punct", "}"):
                 self.error("the graph ends without a return line")
             graph.add_node(self.node())
+            self.top.update(v.id for v in graph.nodes[-1].outputs)
         while self.peek()[0] not in ("nl", "eof", "comment"):
             if graph.outputs:
                 self.expect(",", "or the end of the line between outputs")
-            graph.outputs.append(self.ref())
+            graph.outputs.append(self.ref(top=True))
             graph.output_names.append(self.unquote(self.expect_kind("str", "the output's name in quotes")[1],
                                                    self.peek()))
         self.end_of_line("the return line")

@@ -58,7 +58,8 @@ def atom_value(text):
     if _FLOAT.fullmatch(text):
         return float(text)
     if _FLOAT32.fullmatch(text):
-        return float(np.float32(float(text[:-1])))
+        with np.errstate(over="ignore"):  # (1e39f: inf, as numpy has it; the printer never writes one)
+            return float(np.float32(float(text[:-1])))
     return _KEYWORDS.get(text, text)
 
 

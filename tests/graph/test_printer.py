@@ -2,6 +2,7 @@
 memory plans, every kind of attribute value), and the parser's errors, each naming its line."""
 import math
 import os
+import re
 
 import numpy as np
 import onnx
@@ -82,7 +83,8 @@ def test_gemm_with_leaky_relu_epilogue_and_hand_set_schedule():
     assert type(parsed.nodes[0].schedule["split_k"]) is int
 
 
-def test_fused_pointwise_chain_prints_its_members_under_it():
+def fused_graph():
+    """Add -> Mul -> Sigmoid, one Fused node."""
     g = Graph("chain")
     b = Builder(g)
     x = g.add_input("x", "float32", (2, 12))
@@ -92,6 +94,11 @@ def test_fused_pointwise_chain_prints_its_members_under_it():
     m = b.op("Mul", [a, c], name="mul")
     g.outputs, g.output_names = [b.op("Sigmoid", [m], name="out")], ["y"]
     assert fuse_pointwise(g)
+    return g
+
+
+def test_fused_pointwise_chain_prints_its_members_under_it():
+    g = fused_graph()
     plan = plan_memory(g)
     assert format_graph(g, plan) == "\n".join([
         'graph chain(%0: f32[2,12] "x") {',
@@ -257,6 +264,7 @@ GOOD = [
 BAD = {  # line number, its replacement, the error expected (and the line it names, where another)
     "unknown op": (4, "  %5: f32[1,4,5,5] = Relux(%4)", "unknown op 'Relux'"),
     "undefined value": (4, "  %5: f32[1,4,5,5] = Relu(%9)", "%9 is not defined by an earlier node"),
+    "reads its own output": (4, "  %5: f32[1,4,5,5] = Relu(%5)", "%5 is not defined by an earlier node"),
     "a constant as a value": (4, "  %5: f32[1,4,5,5] = Relu(%1)", "%1 is not defined"),
     "undeclared constant": (4, "  %5: f32[1,4,5,5] = Relu($7)", r"\$7 is not declared"),
     "unknown dtype": (4, "  %5: f99[1,4,5,5] = Relu(%4)", "unknown dtype 'f99'"),
@@ -296,12 +304,17 @@ def test_each_bad_line_is_named(case):
         parse_graph("\n".join(lines), {1: f32(4, 2, 3, 3), 2: f32(4)}, source="ir.txt")
 
 
-def test_missing_constant_and_failed_verify_are_model_errors():
+def test_missing_constants_and_values_defined_out_of_reach_are_named():
     with pytest.raises(ModelError, match=r"line 7: \$2 is not among the constants given"):
         parse_graph("\n".join(GOOD), {1: f32(4, 2, 3, 3)})
     text = "\n".join(GOOD).replace('return %5 "y"', 'return %6 "y"')
     with pytest.raises(ModelError, match="line 5: %6 is not defined"):
         parse_graph(text)
+    fused = format_graph(parse_graph(format_graph(fused_graph()), constants_of(fused_graph()))).splitlines()
+    assert fused[3] == "      %2: f32[2,12] = Add(%0, $1)   # add"
+    fused[7] = '  return %2 "y"'  # a member's value, read outside its node
+    with pytest.raises(ModelError, match=r"line 8: %2 is not defined by an earlier node or input \(a member"):
+        parse_graph("\n".join(fused))
 
 
 def test_floats_read_back_exactly():
@@ -323,6 +336,33 @@ def test_floats_read_back_exactly():
         assert text.startswith(("f32(", "f16(")), text
         back = x.dtype.type(atom_value(text[4:-1]))
         assert back.tobytes() == x.tobytes() or (np.isnan(x) and np.isnan(back)), (x, text)
+
+
+def test_mangled_text_raises_model_errors_only():
+    """3000 texts with a few characters deleted, replaced or inserted: each parses or raises a ModelError."""
+    g = conv_relu_graph()
+    g.nodes[0].attrs.update({f"v{i}": v for i, v in enumerate(ODD_VALUES)})
+    g.nodes[0].schedule.update(algo="winograd4", tile="128x64")
+    text, consts = format_graph(g), constants_of(g)
+    rng = np.random.default_rng(5)
+    alphabet = list("()[]{},:=;%$&#\"\\_\n -+.0123456789abfxNTF@") + ["%4", "$1", "&1", "f32(", "ndarray(", "Relu"]
+    errors = 0
+    for _ in range(3000):
+        chars = list(text)
+        for _ in range(rng.integers(1, 4)):
+            at, how = int(rng.integers(len(chars))), rng.random()
+            if how < 0.4:
+                del chars[at]
+            elif how < 0.8:
+                chars[at] = alphabet[rng.integers(len(alphabet))]
+            else:
+                chars.insert(at, alphabet[rng.integers(len(alphabet))])
+        try:
+            parse_graph("".join(chars), consts if rng.random() < 0.5 else None)
+        except ModelError as e:
+            errors += 1
+            assert re.search(r"line \d+: ", str(e)), e
+    assert errors > 1000
 
 
 def test_format_value_is_what_the_attribute_braces_show():
