@@ -77,8 +77,7 @@ def _float_repr(x):
 
 def is_bare(s):
     """A string that prints without quotes: one token that reads back as that same word."""
-    return type(s) is str and ATOM.fullmatch(s) is not None and s != "_" and atom_value(s) == s and \
-        type(atom_value(s)) is str
+    return type(s) is str and ATOM.fullmatch(s) is not None and s != "_" and type(atom_value(s)) is str
 
 
 def short_dtype(dtype):
@@ -136,8 +135,10 @@ def _format_region(nodes, indent, brackets, table):
 
 
 def _format_array(a):
-    items = ", ".join(_scalar_text(x) for x in a.reshape(-1)) if a.dtype != object else \
-        _format_items(list(a.reshape(-1)), "")
+    if a.dtype == object:  # strings
+        items = _format_items(list(a.reshape(-1)), "")
+    else:
+        items = ", ".join(_scalar_text(x) for x in a.reshape(-1))
     return f"ndarray({short_dtype(a.dtype)}[{','.join(str(d) for d in a.shape)}], [{items}])"
 
 
