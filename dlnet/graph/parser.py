@@ -114,10 +114,6 @@ class _Parser:
             self.error(f"expected the end of the line after {what}, got {self.peek()[1]!r}")
         self.next()
 
-    def skip_blank(self):
-        while self.peek()[0] == "nl":
-            self.next()
-
     # types and references -------------------------------------------------------------------------------------------
     def type_(self):
         """`f32[1,3,224,224]` -> (numpy dtype name, shape)."""
@@ -265,12 +261,9 @@ class _Parser:
         self.end_of_line("the opening bracket of a node list")
         members = []
         while True:
-            self.skip_blank()
+            self.skip_read_lines()
             if self.accept(close):
                 return members
-            if self.peek()[0] == "comment":
-                self.next()
-                continue
             members.append(self.node())
 
     def attributes(self):
@@ -375,8 +368,7 @@ class _Parser:
             self.error(f"${vid} is not among the constants given", tok)
         a = np.asarray(self.constants[vid])
         if (a.dtype.name, a.shape) != (dtype, shape):
-            self.error(f"${vid} is declared {dtype}{list(shape)}, the array given is {a.dtype.name}{list(a.shape)}",
-                       tok)
+            self.error(f"${vid} is declared {dtype}{list(shape)}, the array is {a.dtype.name}{list(a.shape)}", tok)
         return a
 
     def declarations(self):
@@ -396,7 +388,7 @@ class _Parser:
 
     def header(self):
         """`graph name(%0: f32[1,3] "x", ...) {` -> a Graph with its inputs."""
-        self.skip_blank()
+        self.skip_read_lines()
         self.expect("graph", "at the start", kind="atom")
         tok = self.next()
         if tok[0] == "str":

@@ -284,7 +284,8 @@ BAD = {  # line number, its replacement, the error expected (and the line it nam
     "bad header": (1, "graf convnet(%0: f32[1,2,5,5] \"x\") {", "expected 'graph' at the start"),
     "negative dimension": (1, 'graph convnet(%0: f32[1,-2,5,5] "x") {', "dimension '-2' is not a size"),
     "bad declaration": (7, "const $1: f32[4,2,3,3], $2", r"expected ':' after \$2"),
-    "declared type against the array": (7, "const $1: f32[4,2,3,3], $2: f32[5]", r"\$2 is declared float32\[5\]"),
+    "declared type against the array": (7, "const $1: f32[4,2,3,3], $2: f32[5]",
+                                        r"\$2 is declared float32\[5\], the array is float32\[4\]"),
     "bad quoted name": (4, '  %5: f32[1,4,5,5] = Relu(%4)   # "r', "\"r is not a JSON string"),
     "unknown table label": (3, "  %4: f32[1,4,5,5] = Conv(%0, $1, $2) {x=&3}", "&3 is not in the table"),
 }
