@@ -73,12 +73,12 @@ def test_every_declaration_is_well_formed():
                     assert len(default(nsp)) in (nsp, 2 * nsp), (name, key)
 
 
-def test_filled_attributes_print_and_pass_attributes_print_as_before():
+def test_filled_attributes_print_after_the_given_ones():
     g, b, x = _graph((1, 2, 5, 5))
     y = b.op("Conv", [x, _weights(b, (4, 2, 3, 3)), b.const(np.zeros(4, np.float32))], {"pads": (1, 1, 1, 1)})
     g.outputs, g.output_names = [y], ["y"]
     line = str(g).splitlines()[2].strip()
-    assert line == "%3: f32[1,4,5,5] = Conv(%0, $1, $2) {pads=1,1,1,1, strides=1,1, dilations=1,1, group=1, fused=bias}"
+    assert line == "%3: f32[1,4,5,5] = Conv(%0, $1, $2) {pads=(1,1,1,1), strides=(1,1), dilations=(1,1), group=1}"
 
 
 # ------------------------------------------------------------------------------------------ geometry --------------

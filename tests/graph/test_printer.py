@@ -76,7 +76,7 @@ def test_gemm_with_leaky_relu_epilogue_and_hand_set_schedule():
     g.outputs, g.output_names = [b.op("LeakyRelu", [y], {"alpha": 0.1})], ["y"]
     assert fuse_epilogues(g)
     g.nodes[0].schedule.update(algo="gemv", tile="8x8", split_k=4)
-    assert format_node(g.nodes[0]) == "%4: f32[2,3] = Gemm(%0, $1, $2) {alpha=1.0, beta=0.5, " \
+    assert format_node(g.nodes[0]) == "%4: f32[2,3] = Gemm(%0, $1, $2) {alpha=1.0, beta=0.5, transA=0, transB=0, " \
                                       "act=(LeakyRelu, ((alpha, 0.1),)); algo=gemv tile=8x8 split_k=4}   # fc"
     parsed = round_trip(g)
     assert parsed.nodes[0].schedule == {"algo": "gemv", "tile": "8x8", "split_k": 4}
