@@ -129,20 +129,40 @@ class Options:
     def parse(self, spec, where="options"):
         """These options with 'name=value,...' applied (values as Python literals; a dict or tuple in brackets)."""
         import ast
-        changes, known = {}, {f.name for f in fields(self)}
+        kinds = {f.name: f.type for f in fields(self)}
+        changes, known = {}, set(kinds)
         for item in _split_items(spec):
             name, sep, text = item.partition("=")
             name = name.strip()
             if not sep or name not in known:
                 raise DeviceError(f"{where}: {item!r}: expected name=value with a name of {sorted(known)}")
             try:
-                changes[name] = ast.literal_eval(text.strip())
+                value = ast.literal_eval(text.strip())
             except (ValueError, SyntaxError):
-                changes[name] = text.strip()
+                value = text.strip()
+            changes[name] = _typed(value, kinds[name], f"{where}: {name}")
         return self.replace(**changes)
 
     def replace(self, **changes):
         return dataclasses.replace(self, **changes)
+
+
+def _typed(value, kind, where):
+    """value as a field of this kind ("str", "int", "float", "bool", "tuple", "dict") takes it, or a DeviceError."""
+    kind = kind if isinstance(kind, str) else kind.__name__
+    if kind == "str":
+        return str(value)
+    if kind == "bool" and (isinstance(value, bool) or value in (0, 1)):
+        return bool(value)
+    if kind == "int" and isinstance(value, (int, float)) and not isinstance(value, bool) and int(value) == value:
+        return int(value)
+    if kind == "float" and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if kind == "tuple" and isinstance(value, (tuple, list)):
+        return tuple(value)
+    if kind == "dict" and (value is None or isinstance(value, dict)):
+        return value
+    raise DeviceError(f"{where}={value!r}: expected a value of type {kind}")
 
 
 def _int(env, name):

@@ -178,3 +178,13 @@ def test_two_contexts_lower_one_model_their_own_ways():
         for name in ("a", "b", "c"):
             assert rel_l2(nets[name].run({"x": x})["y"], ref) < 1e-4, name
     assert ctx.options == context().options  # the shared context's options untouched
+
+
+def test_dlnet_options_values_take_the_fields_types():
+    """DLNET_OPTIONS values are literals converted to each field's type: tune=1 is the string the tuner compares,
+    a list a tuple; a value of the wrong kind is an error naming the field."""
+    o = Options().parse("tune=1,tf32_fp32_k=[0,0],dw_cpu_pad_in=0,tf32_huge_fill=2,gemv_mma=None")
+    assert (o.tune, o.tf32_fp32_k, o.dw_cpu_pad_in, o.tf32_huge_fill, o.gemv_mma) == ("1", (0, 0), False, 2.0, None)
+    for bad in ("winograd_min_channels=abc", "winograd_min_channels=1.5", "dw_cpu_pad_in=2", "tf32_fp32_k=3"):
+        with pytest.raises(dlnet.DeviceError, match=bad.split("=")[0]):
+            Options().parse(bad)
