@@ -7,6 +7,7 @@ from .errors import InputError, ModelError
 from .graph.memory import MemoryReport, plan_memory
 from .graph.printer import format_graph
 from .kernels.runtime import Context
+from .kernels.schedule import schedule
 from .kernels.tuner import tune_layers
 from .onnx.importer import check_supported, graph_io, load_model
 from .pipeline import inference_graph
@@ -162,7 +163,7 @@ class Net:
         if self._last is not None:
             return _Printable(self._last.graph, self._last.memory)
         shapes = {i.name: tuple(1 if isinstance(d, str) else d for d in i.shape) for i in self.inputs}
-        g = self.build_graph(shapes)
+        g = schedule(self.build_graph(shapes), self.ctx)  # (each node's algorithm; tiles are chosen when planned)
         g.notes.append("symbolic dims unbound: shown with size 1")
         return _Printable(g, None)
 
