@@ -9,3 +9,11 @@ from .train import Trainer
 __all__ = ["ConfigError", "Context", "DeviceError", "DlnetError", "InputError", "ModelError", "Net", "Options",
            "Trainer", "devices", "optim"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    """dlnet.torch (the PyTorch bridge) imports torch, so it loads on first use."""
+    if name == "torch":
+        import importlib
+        return importlib.import_module(".torch", __name__)
+    raise AttributeError(f"module 'dlnet' has no attribute {name!r}")

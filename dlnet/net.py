@@ -199,22 +199,29 @@ class Net:
         return {i.name: numpy_helper.to_array(i).copy() for i in self.model.graph.initializer}
 
     def load_state_dict(self, weights, _from_trainer=False):
-        """Replace initializers by name (shapes must match); plans are rebuilt on the next run."""
+        """Replace initializers by name (shapes must match); plans are rebuilt on the next run. Takes arrays or torch
+        tensors; a net of a torch module (dlnet.torch.from_module) skips the module's entries the export dropped
+        (BatchNorm's num_batches_tracked)."""
         from onnx import numpy_helper
         inits = {i.name: i for i in self.model.graph.initializer}
+        torch_names = getattr(self, "torch_params", None)
+        loaded = {}
         for name, a in weights.items():
             if name not in inits:
+                if torch_names is not None:
+                    continue
                 raise InputError(f"{self.path}: load_state_dict: no initializer {name!r}")
             old = numpy_helper.to_array(inits[name])
-            a = np.asarray(a)
+            a = np.asarray(a.detach().cpu()) if hasattr(a, "detach") else np.asarray(a)
             if a.shape != old.shape:
                 raise InputError(f"{self.path}: load_state_dict: {name!r} has shape {list(a.shape)}, "
                                  f"expected {list(old.shape)}")
             inits[name].CopyFrom(numpy_helper.from_array(a.astype(old.dtype), name))
+            loaded[name] = a
         self.release()
         trainer = getattr(self, "_trainer", None)
         if trainer is not None and not _from_trainer:
-            trainer.load_weights(weights)
+            trainer.load_weights(loaded)
 
     def save_onnx(self, path):
         """Write the model with the current weights as a standard ONNX inference model (temp file + os.replace)."""

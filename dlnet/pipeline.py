@@ -30,7 +30,8 @@ def stage_graph(model, path, start, types, consts, ctx):
 
 
 def training_import(model, path, shapes):
-    """(graph, importer) of the forward graph for training, its padding explicit (the gradients read it so)."""
+    """(graph, importer) of the forward graph for training (batch statistics, active Dropout, float initializers as
+    parameters), its padding explicit (the gradients read it so)."""
     imp = Importer(model, path)
     graph = imp.build(shapes, training=True)
     explicit_padding(graph)

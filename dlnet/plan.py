@@ -29,11 +29,12 @@ FLUSH_EVERY = 16  # launches
 class Plan:
     """One graph planned for one set of input shapes: buffers, bound launches, output locations."""
 
-    def __init__(self, ctx, graph):
+    def __init__(self, ctx, graph, chunk_inputs=True):
         self.ctx = ctx
         self.graph = graph
         schedule(graph, ctx)  # each node's algorithm, before memory is planned
-        self.prefix = chunked_prefix(ctx, graph)  # nodes run slice after slice of the batch while it goes up
+        # nodes run slice after slice of the batch while it goes up (not in plans run in parts: vjp.py)
+        self.prefix = chunked_prefix(ctx, graph) if chunk_inputs else None
         pre = self.prefix
         together = (pre.start, pre.stop, max(nb for _, nb in pre.chunks)) if pre else None
         self.memory = plan_memory(graph, together=together,
@@ -55,6 +56,7 @@ class Plan:
                 ctx.upload(self.const_buf, v.const, self.memory.const_offsets[v.id], wait=False)
             lw.finish()
             self.launches = lw.launches
+            self.node_launches = lw.node_launches  # node index -> (first launch, end)
             self.input_locs = [lw.loc(v) for v in graph.inputs]
             self.input_chunks = lw.input_chunks  # {input index: [(first, end) element of each chunk]}
             self.output_locs = [None if v.const is not None else lw.loc(v) for v in graph.outputs]
@@ -79,6 +81,35 @@ class Plan:
         self.act_buf = self.const_buf = None
         if self.lowerer is not None:
             self.lowerer.scratch = {}
+
+    # parts of a run (vjp.py runs a forward and a backward half of one plan) ----------------------------------------
+    def upload(self, index, array):
+        """Graph input `index` from a contiguous host array (not waiting)."""
+        buf, off = self.input_locs[index]
+        if array.size:
+            cl.enqueue_copy(self.ctx.queue, buf, array, dst_offset=off * array.itemsize, is_blocking=False)
+
+    def upload_const(self, value, array):
+        """A constant's device copy (a weight the caller changed) from a host array, waiting."""
+        a = np.ascontiguousarray(array, dtype=value.dtype).reshape(value.shape)
+        self.ctx.upload(self.const_buf, a, self.memory.const_offsets[value.id])
+
+    def run_launches(self, start, stop):
+        q = self.ctx.queue
+        for i, launch in enumerate(self.launches[start:stop]):
+            launch.enqueue(q)
+            if i % FLUSH_EVERY == 0:
+                q.flush()
+
+    def download(self, index):
+        """Graph output `index` as a new host array (waiting)."""
+        v, loc = self.graph.outputs[index], self.output_locs[index]
+        if loc is None:
+            return np.array(v.const)
+        y = np.empty(v.shape, v.dtype)
+        if y.size:
+            cl.enqueue_copy(self.ctx.queue, y, loc[0], src_offset=loc[1] * y.itemsize, is_blocking=True)
+        return y
 
     def run(self, arrays):
         ctx, q = self.ctx, self.ctx.queue

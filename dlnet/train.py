@@ -195,7 +195,8 @@ class Trainer:
         self.loss = loss
         self.optimizer = optimizer if optimizer is not None else SGD(lr=0.01)
         self.label_smoothing = float(label_smoothing)
-        self.frozen = set(frozen)
+        # (a net of a torch module freezes what the module does not train: dlnet/torch.py from_module)
+        self.frozen = set(frozen) | set(getattr(net, "frozen_default", ()))
         self.output = output or net.outputs[0].name
         self.seed = int(seed)
         self.step_count = 0

@@ -20,15 +20,21 @@ from .schedule import algorithm, data_inputs
 class Lowerer(Emitter, ElementwiseFamily, ConvFamily, ConvCpuFamily, WinogradFamily, ConvGradFamily, MatmulFamily,
               NormPoolFamily, ReduceFamily, IndexFamily, TrainingFamily):
     def lower(self, graph, prefix=None):
-        """Lower every node of `graph` in order; the chunked prefix's nodes slice by slice of the batch."""
+        """Lower every node of `graph` in order; the chunked prefix's nodes slice by slice of the batch. Records each
+        node's launches (node_launches: index -> (first, end); the prefix's nodes share their block's)."""
+        self.node_launches = {}
         for i, node in enumerate(graph.nodes):
+            start = len(self.launches)
             if prefix and prefix.start <= i < prefix.stop:
                 if i == prefix.start:
                     self.lower_in_chunks(graph.nodes[prefix.start:prefix.stop], prefix)
+                    for j in range(prefix.start, prefix.stop):
+                        self.node_launches[j] = (start, len(self.launches))
                 continue
             self.layer, self.node = f"{node.name} {node.op}".strip(), node
             algorithm(node, self.dev, self.options)  # (a graph lowered without schedule(): chosen now)
             node.spec.lower(node, self)
+            self.node_launches[i] = (start, len(self.launches))
         return self
 
     def lower_in_chunks(self, nodes, prefix):
