@@ -60,7 +60,14 @@ def feeds_for(name, rng, n=3):
             "k": rng.standard_normal((n, 1, 4)).astype(np.float32)}
 
 
-MODELS = {"cnn": cnn, "multi": multi}
+def passthrough():
+    """An output with no declared type whose first dim onnx cannot name (onnxruntime: None)."""
+    return _model([helper.make_node("Identity", ["ids"], ["same"]), helper.make_node("Cast", ["ids"], ["f"], to=1)],
+                  [("ids", TensorProto.INT64, [None, 2])], [("same", TensorProto.INT64, None),
+                                                             ("f", TensorProto.FLOAT, None)])
+
+
+MODELS = {"cnn": cnn, "multi": multi, "passthrough": passthrough}
 
 # Written exactly as an onnxruntime user writes it; the dlnet run changes nothing but the import.
 SNIPPET = """
@@ -93,7 +100,7 @@ def test_onnxruntime_code_runs_on_dlnet_by_changing_the_import(name):
     ours["sess"].close()
 
 
-@pytest.mark.parametrize("name", ["cnn", "multi", "digits"])
+@pytest.mark.parametrize("name", ["cnn", "multi", "passthrough", "digits"])
 def test_inputs_and_outputs_described_as_onnxruntime_does(ctx, name):
     model = onnx.load("models/digits.onnx") if name == "digits" else MODELS[name]()
     theirs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
@@ -107,6 +114,9 @@ def test_inputs_and_outputs_described_as_onnxruntime_does(ctx, name):
     if name == "multi":  # (what the comparison covers: names, None, an int64 output, an inferred shape)
         assert described(ours.get_outputs())[1] == ("best", ["N", "T"], "tensor(int64)")
         assert ours.get_inputs()[1].shape == [None, 1, 4]
+    if name == "passthrough":
+        assert described(ours.get_outputs()) == [("same", [None, 2], "tensor(int64)"),
+                                                 ("f", [None, 2], "tensor(float)")]
     assert ours.get_modelmeta().graph_name == theirs.get_modelmeta().graph_name
     ours.close()
 
@@ -116,7 +126,7 @@ def test_run_returns_the_outputs_asked_in_their_order(ctx):
     theirs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     ours = dlnet.InferenceSession(model.SerializeToString(), providers=[ctx])
     feeds = feeds_for("multi", np.random.default_rng(7), n=2)
-    for names in (None, [], ["hidden", "scores"], ["best"], ["scores", "best", "hidden"]):
+    for names in (None, [], ["hidden", "scores"], ["best"], ["scores", "best", "hidden"], ["best", "hidden", "best"]):
         got, want = ours.run(names, feeds), theirs.run(names, feeds)
         assert len(got) == len(want) == (len(names) if names else 3)
         for g, w in zip(got, want):
@@ -207,14 +217,21 @@ def _train_feeds(rng, n):
 
 def test_trainer_close_keeps_the_trained_weights_and_frees_its_memory(ctx):
     rng = np.random.default_rng(4)
+    batches = [_train_feeds(rng, 4) for _ in range(3)]
+    same = dlnet.Net(ctx).load_onnx(cnn(), batch=4)  # the same training, its weights read while it is open
+    start = same.state_dict()["fw"]
+    trainer = dlnet.Trainer(same, optimizer=dlnet.optim.SGD(lr=0.5))
+    for feeds in batches:
+        trainer.step(feeds)
+    trained = same.state_dict()["fw"]
+    same.close()
+    assert rel_l2(trained, start) > 1e-3
     before = ctx.allocated_bytes
     net = dlnet.Net(ctx).load_onnx(cnn(), batch=4)
-    start = net.state_dict()["fw"]
     with dlnet.Trainer(net, optimizer=dlnet.optim.SGD(lr=0.5)) as trainer:
-        for _ in range(3):
-            trainer.step(_train_feeds(rng, 4))
-        trained = net.state_dict()["fw"]
-    assert trainer.closed and rel_l2(trained, start) > 1e-3
+        for feeds in batches:
+            trainer.step(feeds)
+    assert trainer.closed
     np.testing.assert_array_equal(net.state_dict()["fw"], trained)  # close() copied the device weights back first
     with pytest.raises(dlnet.InputError, match="this Trainer is closed"):
         trainer.step(_train_feeds(rng, 4))
