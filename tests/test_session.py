@@ -308,3 +308,21 @@ def test_plan_cache_keeps_the_last_shapes_and_releases_the_rest(ctx):
 
 def _device_bytes(plan):
     return sum(b.size for b in [plan.act_buf, plan.const_buf] + list(plan.lowerer.scratch.values()))
+
+
+def test_chosen_outputs_of_a_model_with_a_host_step(ctx):
+    """NonZero runs on the host between device graphs: every output is made, those asked are returned."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("NonZero", ["r"], ["nz"]),
+             helper.make_node("Cast", ["nz"], ["nf"], to=TensorProto.FLOAT),
+             helper.make_node("ReduceSum", ["nf"], ["s"], keepdims=0), helper.make_node("Neg", ["x"], ["n"])]
+    model = _model(nodes, [("x", TensorProto.FLOAT, [4, 5])], [("s", TensorProto.FLOAT, None),
+                                                              ("n", TensorProto.FLOAT, [4, 5])])
+    theirs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    ours = dlnet.InferenceSession(model, providers=[ctx])
+    x = np.random.default_rng(11).standard_normal((4, 5)).astype(np.float32)
+    for names in (["n", "s"], ["s"], None):
+        got, want = ours.run(names, {"x": x}), theirs.run(names, {"x": x})
+        assert [g.shape for g in got] == [w.shape for w in want]
+        for g, w in zip(got, want):
+            assert rel_l2(g, w) <= 1e-6
+    ours.close()
