@@ -88,12 +88,7 @@ def bench_dlnet(ctx, proto, x, y, iters, warmup, lr):
     first = trainer.step(feeds)  # builds and plans the training graph, then runs the first step
     build_s = time.perf_counter() - t
     ms = median_ms(lambda: trainer.step(feeds), iters, warmup)
-    for plan in trainer._plans.values():  # the next net needs the memory: weights, activations, Adam moments
-        plan.release()
-    if trainer._state is not None:
-        trainer._state.release()
-    trainer.hp_buf.release()
-    net.release()
+    net.close()  # the next net needs the memory: weights, activations, Adam moments (the trainer's too)
     return first, ms, build_s
 
 

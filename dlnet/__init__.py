@@ -4,10 +4,11 @@ from .errors import ConfigError, DeviceError, DlnetError, InputError, ModelError
 from .kernels.options import Options
 from .kernels.runtime import Context, devices
 from .net import Net
+from .session import InferenceSession, get_available_providers
 from .train import Trainer
 
-__all__ = ["ConfigError", "Context", "DeviceError", "DlnetError", "InputError", "ModelError", "Net", "Options",
-           "Trainer", "devices", "optim"]
+__all__ = ["ConfigError", "Context", "DeviceError", "DlnetError", "InferenceSession", "InputError", "ModelError", "Net",
+           "Options", "Trainer", "devices", "get_available_providers", "optim"]
 __version__ = "0.1.0"
 
 

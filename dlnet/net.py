@@ -1,4 +1,5 @@
 """Net: load an ONNX model, plan it per input shape, run it as a loop of enqueues."""
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -13,6 +14,8 @@ from .onnx.importer import check_supported, graph_io, load_model
 from .pipeline import inference_graph
 from .plan import Plan, StagedPlan
 
+MAX_PLANS = 8  # plans a Net keeps (one per set of input shapes and choice of outputs); the least recently used goes
+
 
 @dataclass
 class TensorInfo:
@@ -25,16 +28,20 @@ class TensorInfo:
 
 
 class Net:
-    """A loaded model. `Net(ctx).load_onnx(path)` then `net.run({name: array})`."""
+    """A loaded model. `Net(ctx).load_onnx(path)` then `net.run({name: array})`; `close()` (or the end of a `with`
+    block) releases its device memory. max_plans: how many plans (input shapes x output choices) stay on the
+    device; planning one more releases the least recently used."""
 
-    def __init__(self, ctx=None):
+    def __init__(self, ctx=None, max_plans=MAX_PLANS):
         self.ctx = ctx if ctx is not None else Context()
         self.path = None
         self.model = None
-        self.plans = {}
+        self.plans = OrderedDict()
+        self.max_plans = max(int(max_plans), 1)
         self._last = None
-        self.bound = {}
+        self.bound = {}  # symbolic dims bound at load (batch=): the shapes planned at load and input_array's default
         self.tune = False
+        self._closed = False
 
     # loading ------------------------------------------------------------------
     def load_onnx(self, path, batch=None, constants=None, tune=None):
@@ -70,28 +77,45 @@ class Net:
             shapes[info.name] = tuple(dims)
         return shapes
 
-    def build_graph(self, shapes, passes=True):
-        return inference_graph(self.model, self.path, shapes, self.ctx, passes)
+    def build_graph(self, shapes, passes=True, outputs=None):
+        return inference_graph(self.model, self.path, shapes, self.ctx, passes, outputs)
 
-    def _plan(self, shapes):
+    def _plan(self, shapes, outputs=None):
+        """The plan for these input shapes, computing only `outputs` (a tuple of output names in model order, a
+        strict subset) or every output (None): from the cache, else planned now, releasing the least recently used
+        plan beyond max_plans."""
+        self._check_open()
         key = tuple(shapes[i.name] for i in self.inputs)
+        if outputs is not None:
+            key = (key, outputs)
         plan = self.plans.get(key)
         if plan is None:
-            graph = self.build_graph(shapes)
-            if graph.cut is None and self.tune:
-                plan, tuning = tune_layers(self.ctx, lambda: Plan(self.ctx, graph), again=self.tune == "again")
-                plan.tuning = tuning
-            elif graph.cut is None:
-                plan = Plan(self.ctx, graph)
-            else:  # a node runs on the host: the rest is planned at run time, per shape (dlnet/plan.py)
-                plan = StagedPlan(self.ctx, self.model, self.path, graph, [i.name for i in self.inputs],
-                                  [o.name for o in self.outputs])
+            plan = self._new_plan(shapes, outputs)
             self.plans[key] = plan
+            while len(self.plans) > self.max_plans:
+                _, evicted = self.plans.popitem(last=False)
+                evicted.release()
+        self.plans.move_to_end(key)
         self._last = plan
         return plan
 
+    def _new_plan(self, shapes, outputs):
+        graph = self.build_graph(shapes, outputs=outputs)
+        if graph.cut is None and self.tune:
+            plan, tuning = tune_layers(self.ctx, lambda: Plan(self.ctx, graph), again=self.tune == "again")
+            plan.tuning = tuning
+            return plan
+        if graph.cut is None:
+            return Plan(self.ctx, graph)
+        # a node runs on the host: the rest is planned at run time, per shape (dlnet/plan.py); every output is made
+        return StagedPlan(self.ctx, self.model, self.path, graph, [i.name for i in self.inputs],
+                          [o.name for o in self.outputs])
+
     # running ------------------------------------------------------------------
     def _check_feeds(self, feeds):
+        """(arrays in input order, {input name: shape}). A symbolic dim takes the size the feeds give it, the same
+        in every input; a batch bound at load is only the default (another batch plans another shape)."""
+        self._check_open()
         if not isinstance(feeds, dict):
             raise InputError(f"{self.path}: run() takes a dict {{input name: array}}, got {type(feeds).__name__}")
         names = [i.name for i in self.inputs]
@@ -101,7 +125,7 @@ class Net:
         missing = [n for n in names if n not in feeds]
         if missing:
             raise InputError(f"{self.path}: missing input {missing[0]!r}; the model's inputs are {names}")
-        arrays, shapes, binding = [], {}, dict(self.bound)
+        arrays, shapes, binding = [], {}, {}
         for info in self.inputs:
             a = np.asarray(feeds[info.name])
             if info.dtype == "object" and a.dtype.kind == "U":  # a string input: numpy's str arrays are fine too
@@ -117,9 +141,6 @@ class Net:
                                  f"{len(info.shape)} {list(info.shape)}")
             for d, want in zip(a.shape, info.shape):
                 if isinstance(want, str):
-                    if want in binding and binding[want] != d and want in self.bound:
-                        raise InputError(f"{self.path}: input {info.name!r} has shape {list(a.shape)}, but "
-                                         f"{want}={self.bound[want]} was bound at load")
                     binding.setdefault(want, d)
                     if binding[want] != d:
                         raise InputError(f"{self.path}: dimension {want!r} is {binding[want]} in one input and {d} "
@@ -135,6 +156,7 @@ class Net:
         """A zeroed host array for input `name` in pinned (page-locked) memory: fill it, pass it to run(), and its
         copy to the device runs at the bus's full speed (Context.pinned). `shape` is needed only where the input
         has dimensions that are neither fixed nor bound at load."""
+        self._check_open()
         info = next((i for i in self.inputs if i.name == name), None)
         if info is None:
             raise InputError(f"{self.path}: input_array: unknown input {name!r}; the model's inputs are "
@@ -146,15 +168,34 @@ class Net:
                                  f"shape= with the symbolic dimensions filled in")
         return self.ctx.pinned(tuple(int(d) for d in shape), info.dtype)
 
-    def run(self, feeds):
-        """{input name: ndarray} -> {output name: ndarray}, in graph-output order. Arrays from input_array()
-        upload fastest."""
+    def run(self, feeds, outputs=None):
+        """{input name: ndarray} -> {output name: ndarray}, in graph-output order; with `outputs` (output names),
+        those only, in that order: their plan drops the work only the other outputs need and copies back only these
+        (a model with host steps computes every output). Arrays from input_array() upload fastest."""
         if self.model is None:
             raise ModelError("run() before load_onnx()")
+        self._check_open()
+        every = [o.name for o in self.outputs]
+        wanted = self._wanted(outputs, every)
         arrays, shapes = self._check_feeds(feeds)
-        plan = self._plan(shapes)
-        outs = plan.run(arrays)
-        return dict(zip([o.name for o in self.outputs], outs))
+        subset = tuple(n for n in every if n in wanted) if wanted is not None else None
+        plan = self._plan(shapes, subset if subset is not None and len(subset) < len(every) else None)
+        made = every if isinstance(plan, StagedPlan) or subset is None else subset
+        outs = dict(zip(made, plan.run(arrays)))
+        return outs if wanted is None else {n: outs[n] for n in wanted}
+
+    def _wanted(self, outputs, every):
+        """run()'s `outputs` checked: None, or a list of the model's output names (duplicates dropped)."""
+        if outputs is None:
+            return None
+        if isinstance(outputs, str):
+            outputs = [outputs]
+        wanted = list(dict.fromkeys(outputs))
+        unknown = [n for n in wanted if n not in every]
+        if unknown:
+            raise InputError(f"{self.path}: run(outputs=...): unknown output {unknown[0]!r}; the model's outputs are "
+                             f"{every}")
+        return wanted
 
     # inspection ---------------------------------------------------------------
     @property
@@ -184,10 +225,36 @@ class Net:
         return MemoryReport(mem.act_bytes, mem.const_bytes, mem.naive_act_bytes, work)
 
     def release(self):
+        """Release every plan's device memory; the net stays usable and plans again on the next run."""
         for p in self.plans.values():
             p.release()
         self.plans.clear()
         self._last = None
+
+    def close(self):
+        """Release this net's device memory for good: its plans and a Trainer's (which first copies its weights into
+        the model). Idempotent. The model stays on the host (inputs, outputs, state_dict(), save_onnx()); run(),
+        input_array() and Trainer(net) raise InputError afterwards."""
+        trainer = getattr(self, "_trainer", None)
+        if trainer is not None:
+            trainer.close()
+        self.release()
+        self._closed = True
+
+    @property
+    def closed(self):
+        return self._closed
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _check_open(self):
+        if self._closed:
+            raise InputError(f"{self.path}: this Net is closed (close() or its with block released it); load the "
+                             "model into a new Net to run it")
 
     # weights ------------------------------------------------------------------
     def state_dict(self):

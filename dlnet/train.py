@@ -129,12 +129,14 @@ class _TrainPlan:
         a = np.ascontiguousarray(array, dtype=v.dtype).reshape(v.shape)
         cl.enqueue_copy(ctx.queue, buf, a, dst_offset=off * a.itemsize, is_blocking=True)
 
-    def release(self):
+    def release(self, ctx):
         self.plan.release()
         for buf in self.tables:
-            buf.release()
+            ctx.free(buf)
+        self.tables = []
         if self.partial is not None:
-            self.partial.release()
+            ctx.free(self.partial)
+            self.partial = None
 
 
 def _own_initializers(net):
@@ -158,6 +160,7 @@ class _StateArena:
     state at layout[name] = (element offset, elements), and the clipping factor."""
 
     def __init__(self, ctx, slots, sizes):
+        self.ctx = ctx
         self.layout, self.total = {}, 0
         for name, size in sizes.items():
             self.layout[name] = (self.total, size)
@@ -172,8 +175,9 @@ class _StateArena:
 
     def release(self):
         for buf in self.buffers.values():
-            buf.release()
-        self.scale.release()
+            self.ctx.free(buf)
+        self.ctx.free(self.scale)
+        self.buffers = {}
 
 
 class Trainer:
@@ -190,6 +194,7 @@ class Trainer:
             raise InputError(f"loss {loss!r}: expected one of {', '.join(losses.LOSSES)}")
         if net.model is None:
             raise ModelError("Trainer(net): load a model first (net.load_onnx)")
+        net._check_open()
         self.net = net
         self.ctx = net.ctx
         self.loss = loss
@@ -206,9 +211,45 @@ class Trainer:
         self._plans = {}
         self._active = None
         self._dirty = False
+        self._closed = False
         net._trainer = self
         _own_initializers(net)
 
+    # lifetime ------------------------------------------------------------------------------------------------
+    def close(self):
+        """Copy the trained weights into the net's model, then release this trainer's device memory (its training
+        plans, the optimizer state, the hyper-parameter buffer). Idempotent. The net stays usable (net.run,
+        save_onnx); step() and evaluate() raise InputError afterwards."""
+        if self._closed:
+            return
+        self.sync()
+        for plan in self._plans.values():
+            plan.release(self.ctx)
+        self._plans.clear()
+        self._active = None
+        if self._state is not None:
+            self._state.release()
+            self._state = None
+        self.ctx.free(self.hp_buf)
+        self.hp_buf = None
+        self._closed = True
+        if getattr(self.net, "_trainer", None) is self:
+            self.net._trainer = None
+
+    @property
+    def closed(self):
+        return self._closed
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _check_open(self):
+        if self._closed:
+            raise InputError(f"{self.net.path}: this Trainer is closed (close() or its with block released it); "
+                             "make a new Trainer to train again")
 
     # state ---------------------------------------------------------------------------------------------------
     def state_arena(self, names):
@@ -295,6 +336,7 @@ class Trainer:
 
     def step(self, feeds):
         """One optimizer step on one batch; returns the loss (float) of the batch before the update."""
+        self._check_open()
         arrays, shapes, target = self._split(feeds)
         key = tuple(shapes[i.name] for i in self.net.inputs)
         plan = self._activate(key, shapes)
@@ -312,6 +354,7 @@ class Trainer:
     def evaluate(self, feeds, batch_size=256):
         """{"input": x, "target": y} -> {"loss": mean loss, "accuracy": fraction (class losses)} in inference
         mode (BatchNormalization on running statistics, Dropout off)."""
+        self._check_open()
         self.sync()
         name = self.net.inputs[0].name
         x, y = np.asarray(feeds[name]), np.asarray(feeds["target"])
