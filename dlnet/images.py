@@ -13,6 +13,7 @@ gray image ("I;16", "I") goes through Pillow's convert("RGB") as torchvision use
 above 255 (rescale such images to 8 bits first when their range is wider).
 """
 import os
+import re
 import stat
 import warnings
 
@@ -87,7 +88,9 @@ def _open_header(f, path):
         try:
             return Image.open(f, formats=_formats())
         except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
-            raise InputError(f"{path}: too many pixels ({e}; PIL.Image.MAX_IMAGE_PIXELS sets the limit)") from None
+            claimed = re.search(r"\((\d+) pixels\)", str(e))
+            raise InputError(f"{path}: too many pixels (the header says {claimed.group(1) if claimed else 'more'}; "
+                             f"the limit is PIL.Image.MAX_IMAGE_PIXELS = {Image.MAX_IMAGE_PIXELS})") from None
         except Image.UnidentifiedImageError:
             raise InputError(f"{path}: not an image file Pillow reads (unknown format)") from None
         except Exception as e:  # noqa: BLE001 - a plugin's header parser raises SyntaxError, ValueError, struct.error

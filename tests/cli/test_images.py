@@ -168,7 +168,11 @@ def special_files(folder):
     os.mkfifo(folder / "fifo.png")
     os.symlink("/dev/zero", folder / "zero.jpg")
     sock = socket.socket(socket.AF_UNIX)
-    sock.bind(str(folder / "sock.png"))
+    try:
+        sock.bind(str(folder / "sock.png"))
+    except OSError as e:  # a temp folder's path too long for a socket
+        sock.close()
+        pytest.skip(f"cannot make a socket in {folder} ({e})")
     return sock
 
 
@@ -208,8 +212,10 @@ def test_pixel_caps_are_errors(tmp_path, width, height):
     path = tmp_path / "bomb.png"
     path.write_bytes(png_claiming(width, height))
     assert path.stat().st_size < 1000
-    with pytest.raises(InputError, match=f"^{path}: too many pixels .*MAX_IMAGE_PIXELS"):
+    with pytest.raises(InputError) as e:
         read_image(str(path))
+    assert str(e.value) == (f"{path}: too many pixels (the header says {width * height}; the limit is "
+                            f"PIL.Image.MAX_IMAGE_PIXELS = {Image.MAX_IMAGE_PIXELS})")
 
 
 def test_decoded_size_cap(tmp_path, monkeypatch):

@@ -56,6 +56,17 @@ def ort_probabilities(model, x):
     return e / e.sum()
 
 
+def unix_socket(path):
+    """A listening socket at `path` (skips where the temp folder's path is too long for one)."""
+    sock = socket.socket(socket.AF_UNIX)
+    try:
+        sock.bind(str(path))
+    except OSError as e:
+        sock.close()
+        pytest.skip(f"cannot make a socket at {path} ({e})")
+    return sock
+
+
 def random_photos(folder, n, seed=0):
     rng = np.random.default_rng(seed)
     paths = []
@@ -114,8 +125,7 @@ def test_fifo_and_dev_zero_by_name_and_in_a_folder_never_hang(tmp_path):
     d.mkdir()
     os.mkfifo(d / "fifo.pgm")
     os.symlink("/dev/zero", d / "zero.png")
-    sock = socket.socket(socket.AF_UNIX)
-    sock.bind(str(d / "sock.jpg"))
+    sock = unix_socket(d / "sock.jpg")
     digit = os.path.join(DIGITS_DIR, sorted(os.listdir(DIGITS_DIR))[4])
     os.symlink(digit, d / "4.pgm")
     try:
@@ -143,7 +153,9 @@ def test_decompression_bomb_png_is_refused(runner, tmp_path):
     r = runner.invoke(cli_main.cli, ["infer", DIGITS_MODEL, str(tmp_path / "bomb.png"), digit])
     assert r.exit_code == 1
     rows = parse_csv(r.stdout, with_errors=True)
-    assert rows[0][0] == str(tmp_path / "bomb.png") and rows[0][2].startswith("too many pixels (Image size (3600000000")
+    assert rows[0][0] == str(tmp_path / "bomb.png")
+    assert rows[0][2] == ("too many pixels (the header says 3600000000; the limit is PIL.Image.MAX_IMAGE_PIXELS = "
+                          f"{Image.MAX_IMAGE_PIXELS})")
     assert rows[1][1][0][0] == 2 and f"{tmp_path / 'bomb.png'}: too many pixels" in r.stderr
 
 
@@ -213,7 +225,10 @@ def run_on_a_terminal(args, prelude=""):
     tqdm draws at every step (TQDM_MININTERVAL=0: ten small digits take milliseconds, under its 0.1 s default)."""
     import pty
 
-    master, slave = pty.openpty()
+    try:
+        master, slave = pty.openpty()
+    except OSError as e:
+        pytest.skip(f"no pseudo-terminal here ({e})")
     code = f"{prelude}\nfrom dlnet.cli.main import main\nmain()"
     env = dict(ENV, TQDM_MININTERVAL="0")
     p = subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE, stderr=slave, env=env)
