@@ -239,8 +239,6 @@ def infer(model, images, size, resize, mean, std, scale, bgr, layout, gray, batc
     top_k = min(top_k, _check_labels(net, model, labels, label_names) or top_k)
 
     stream = output is None and fmt == "csv"
-    if stream:
-        click.echo(csv_header(top_k), nl=False)
     progress = Progress(len(files))
     stdout_tty = isatty(sys.stdout)
 
@@ -256,13 +254,29 @@ def infer(model, images, size, resize, mean, std, scale, bgr, layout, gray, batc
     def prepare(img):
         return preprocess(img, spec.size, resize, spec.channels, mean_v, std_v, scale, bgr)
 
-    classifier.classify(files, prepare, strict)
-    elapsed = time.perf_counter() - start
-    progress.close()
-    if not stream:
-        text = format_json(classifier.rows) if fmt == "json" else format_csv(classifier.rows, top_k)
-        _write_results(text, output)
+    with _reader_gone():
+        if stream:
+            click.echo(csv_header(top_k), nl=False)
+        classifier.classify(files, prepare, strict)
+        elapsed = time.perf_counter() - start
+        progress.close()
+        if not stream:
+            text = format_json(classifier.rows) if fmt == "json" else format_csv(classifier.rows, top_k)
+            _write_results(text, output)
     _summary(classifier, elapsed, strict)
+
+
+@contextlib.contextmanager
+def _reader_gone():
+    """stdout's reader closed it (`dlnet infer ... | head`): one line saying so, and no second error at exit."""
+    try:
+        yield
+    except BrokenPipeError:
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError, io.UnsupportedOperation):
+            pass
+        fail("stdout: broken pipe (its reader closed it); the results after that were not written")
 
 
 def _summary(classifier, elapsed, strict):

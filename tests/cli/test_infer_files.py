@@ -283,3 +283,15 @@ def test_top_k_beyond_the_classes_gives_every_class_once(runner, rgb_softmax_mod
                                                              for n in ("class", "label", "score")] + ["error"])
     [(p, top)] = parse_csv(r.stdout)
     assert sorted(k for k, _, _ in top) == [0, 1, 2, 3] and abs(sum(s for _, _, s in top) - 1) < 1e-5
+
+
+def test_stdout_closed_by_its_reader_is_one_line(tmp_path):
+    """`dlnet infer ... | head`: the reader goes away; one line names stdout, exit 2, nothing else on stderr."""
+    code = "from dlnet.cli.main import main\nmain()"
+    p = subprocess.Popen([sys.executable, "-c", code, "infer", DIGITS_MODEL, DIGITS_DIR], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, env=ENV)
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    p.stderr.close()
+    assert p.wait(timeout=60) == 2
+    assert err == "dlnet: error: stdout: broken pipe (its reader closed it); the results after that were not written\n"
