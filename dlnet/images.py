@@ -1,137 +1,221 @@
-"""Images in, model-ready arrays out: a PNM reader, Pillow for PNG/JPEG, ImageNet-style preprocessing."""
+"""Images in, model-ready arrays out: files opened safely through Pillow, torchvision's ImageNet preprocessing.
+
+Reading: only regular files are opened (a FIFO, a device, a socket or a directory is refused by name, never read);
+Pillow decides the format from the file's header and reads what that header says, no more. Pillow's own
+`Image.MAX_IMAGE_PIXELS` is an error here (Pillow only warns between one and two times it), and the decoded image
+and its resized copy are capped at MAX_DECODED_BYTES. An animated image gives its first frame.
+
+Preprocessing is torchvision's `Resize(short) -> CenterCrop(size) -> ToTensor -> Normalize` on the PIL image that
+torchvision's loader gives (`img.convert("RGB")`, then `convert("L")` for one-channel models, as
+`transforms.Grayscale()` does), step for step: the long side is int(short * long / short_side), the resize is
+Pillow's BILINEAR (antialiased) on 8-bit pixels, the crop's corner is round((side - crop) / 2). A 16-bit or 32-bit
+gray image ("I;16", "I") goes through Pillow's convert("RGB") as torchvision users' code does, which clips values
+above 255 (rescale such images to 8 bits first when their range is wider).
+"""
 import os
+import re
+import stat
+import warnings
 
 import numpy as np
 
 from .errors import InputError
 
-IMAGE_EXTENSIONS = (".ppm", ".pgm", ".pnm", ".png", ".jpg", ".jpeg")
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 # One-channel models: the mean of the ImageNet channel statistics (torchvision's convention for grayscale).
 GRAY_MEAN = (0.449,)
 GRAY_STD = (0.226,)
 CROP_FRACTION = 0.875  # resize to size / 0.875 (256 for 224), then centre-crop size, as in ImageNet training
-MAX_PIXELS = 1 << 28  # refuse headers that promise more than this (a corrupt or hostile file)
-_MAX_TOKEN = 20  # no PNM header number is longer than this
+MAX_DECODED_BYTES = 1 << 30  # a decoded image, or its resized copy, larger than this is refused
+# Pillow formats never opened: EPS is rendered by running Ghostscript, an outside program, on the file.
+EXCLUDED_FORMATS = ("EPS",)
 
-_PNM_KINDS = {b"P2": (1, False), b"P3": (3, False), b"P5": (1, True), b"P6": (3, True)}
+_FILE_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+               (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
 
 
-def find_images(paths):
-    """Files as given, directories walked recursively (sorted), keeping files with an image extension."""
+def _pil():
+    from PIL import Image
+
+    Image.init()  # every plugin registered, so OPEN and the extension table are complete
+    return Image
+
+
+def _formats():
+    return [f for f in _pil().OPEN if f not in EXCLUDED_FORMATS]
+
+
+def image_extensions():
+    """The file extensions (lower case, with the dot) of every format Pillow opens here."""
+    Image = _pil()
+    return {ext for ext, fmt in Image.registered_extensions().items() if fmt in Image.OPEN
+            and fmt not in EXCLUDED_FORMATS}
+
+
+def file_kind(mode):
+    """'a FIFO', 'a directory', ... for a stat mode that is not a regular file."""
+    return next((name for test, name in _FILE_KINDS if test(mode)), "not a regular file")
+
+
+def open_regular(path):
+    """A binary file object for `path` when it is a regular file; InputError naming it otherwise. The open does not
+    block (a FIFO with no writer opens at once) and the check is on the opened file (no swap after a stat)."""
+    try:
+        kind = os.stat(path).st_mode
+        if not stat.S_ISREG(kind):
+            raise InputError(f"{path}: {file_kind(kind)}, not an image file")
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
+                     | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise InputError(f"{path}: cannot read ({e.strerror or e})") from None
+    try:
+        kind = os.fstat(fd).st_mode
+        if not stat.S_ISREG(kind):
+            raise InputError(f"{path}: {file_kind(kind)}, not an image file")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _open_header(f, path):
+    """Pillow's Image.open on an opened file: reads the header only; bombs and unknown formats are InputError."""
+    Image = _pil()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Image.DecompressionBombWarning)  # over MAX_IMAGE_PIXELS is an error here
+        try:
+            return Image.open(f, formats=_formats())
+        except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
+            claimed = re.search(r"\((\d+) pixels\)", str(e))
+            raise InputError(f"{path}: too many pixels (the header says {claimed.group(1) if claimed else 'more'}; "
+                             f"the limit is PIL.Image.MAX_IMAGE_PIXELS = {Image.MAX_IMAGE_PIXELS})") from None
+        except Image.UnidentifiedImageError:
+            raise InputError(f"{path}: not an image file Pillow reads (unknown format)") from None
+        except Exception as e:  # noqa: BLE001 - a plugin's header parser raises SyntaxError, ValueError, struct.error
+            raise InputError(f"{path}: bad image header ({_short(e)})") from None
+
+
+def _short(e):
+    return (str(e) or type(e).__name__)[:160]
+
+
+def is_image(path):
+    """Whether Pillow identifies `path` (a regular file) from its header; nothing past the header is read."""
+    try:
+        with open_regular(path) as f:
+            _open_header(f, path).close()
+        return True
+    except InputError:
+        return False
+
+
+def decoded_bytes(im):
+    """Bytes of `im` once decoded: width x height x bands x bytes per band."""
+    from PIL import ImageMode
+
+    try:
+        itemsize = np.dtype(ImageMode.getmode(im.mode).typestr).itemsize
+    except (KeyError, TypeError, ValueError):
+        itemsize = 4
+    return im.width * im.height * len(im.getbands()) * itemsize
+
+
+def read_image(path, note=None):
+    """A regular image file -> a loaded PIL image (the first frame of an animation: `note` hears about it);
+    InputError naming the file otherwise."""
+    with open_regular(path) as f:
+        im = _open_header(f, path)
+        fmt = im.format or "image"
+        if im.width < 1 or im.height < 1:
+            raise InputError(f"{path}: {fmt} of size {im.width}x{im.height} (expected at least 1x1)")
+        if decoded_bytes(im) > MAX_DECODED_BYTES:
+            raise InputError(f"{path}: {fmt} {im.width}x{im.height} ({im.mode}) decodes to {decoded_bytes(im)} "
+                             f"bytes, over the limit of {MAX_DECODED_BYTES}")
+        try:
+            if getattr(im, "is_animated", False):
+                if note is not None:
+                    note(f"{path}: animated {fmt}; using its first frame")
+                im.seek(0)
+            im.load()
+        except MemoryError:
+            raise InputError(f"{path}: out of memory decoding {fmt} {im.width}x{im.height}") from None
+        except Exception as e:  # noqa: BLE001 - decoders raise OSError, ValueError, SyntaxError, EOFError, ...
+            what = "truncated image data" if "truncated" in str(e) or "not enough" in str(e) else "cannot decode"
+            raise InputError(f"{path}: {what} ({fmt} {im.width}x{im.height}: {_short(e)})") from None
+        return im
+
+
+def find_images(paths, skipped=None):
+    """Files as given (each one is an input, whatever it is); directories walked recursively in sorted order,
+    keeping each regular file whose extension is one Pillow opens, or else whose header Pillow identifies.
+    Entries that are not regular files (FIFOs, devices, sockets, links to them) are passed over, each told to
+    `skipped(path, reason)`; symbolic links to directories are not followed."""
+    extensions = image_extensions()
     found = []
     for p in paths:
-        if os.path.isdir(p):
-            for root, dirs, files in os.walk(p):
-                dirs.sort()
-                for f in sorted(files):
-                    if f.lower().endswith(IMAGE_EXTENSIONS):
-                        found.append(os.path.join(root, f))
-        else:
+        if not os.path.isdir(p):
             found.append(p)
+            continue
+        for root, dirs, files in os.walk(p):
+            dirs.sort()
+            for name in sorted(files):
+                path = os.path.join(root, name)
+                try:
+                    mode = os.stat(path).st_mode
+                except OSError as e:
+                    if skipped is not None:
+                        skipped(path, f"cannot read ({e.strerror or e})")
+                    continue
+                if not stat.S_ISREG(mode):
+                    if skipped is not None:
+                        skipped(path, f"{file_kind(mode)}, not an image file")
+                elif os.path.splitext(name)[1].lower() in extensions or is_image(path):
+                    found.append(path)
     return found
 
 
-def _pnm_header(data, path):
-    """(magic, width, height, maxval, offset of the pixel data)."""
-    magic = data[:2]
-    pos, tokens = 2, []
-    while len(tokens) < 3:
-        while pos < len(data) and (data[pos:pos + 1].isspace() or data[pos:pos + 1] == b"#"):
-            if data[pos:pos + 1] == b"#":
-                end = data.find(b"\n", pos)
-                pos = len(data) if end < 0 else end
-            pos += 1
-        start = pos
-        while pos < len(data) and not data[pos:pos + 1].isspace() and data[pos:pos + 1] != b"#":
-            pos += 1
-        token = data[start:pos]
-        if not token:
-            raise InputError(f"{path}: truncated PNM header (expected width, height and maxval)")
-        if len(token) > _MAX_TOKEN or not token.isdigit():
-            raise InputError(f"{path}: bad PNM header field {token[:_MAX_TOKEN].decode('latin-1')!r} "
-                             "(expected a decimal number)")
-        tokens.append(int(token))
-    width, height, maxval = tokens
-    if width < 1 or height < 1:
-        raise InputError(f"{path}: PNM size {width}x{height} (expected at least 1x1)")
-    if width * height > MAX_PIXELS:
-        raise InputError(f"{path}: PNM size {width}x{height} is over the limit of {MAX_PIXELS} pixels")
-    if not 1 <= maxval <= 65535:
-        raise InputError(f"{path}: PNM maxval {maxval} (expected 1..65535)")
-    return magic, width, height, maxval, pos + 1  # exactly one whitespace byte ends the header
-
-
-def read_pnm(data, path="<bytes>"):
-    """P2/P3/P5/P6 with maxval up to 65535 -> float32 HxWxC in [0, 1] (Pillow keeps only 8 bits of 16-bit P6)."""
-    magic = data[:2]
-    if magic not in _PNM_KINDS:
-        raise InputError(f"{path}: not a PPM/PGM file (magic {magic!r}, expected P2, P3, P5 or P6)")
-    channels, binary = _PNM_KINDS[magic]
-    magic, width, height, maxval, offset = _pnm_header(data, path)
-    count = width * height * channels
-    if binary:
-        dtype = np.dtype(">u2") if maxval > 255 else np.dtype("u1")
-        need = count * dtype.itemsize
-        if len(data) - offset < need:
-            raise InputError(f"{path}: truncated image data ({len(data) - offset} of {need} bytes for "
-                             f"{width}x{height}x{channels})")
-        pixels = np.frombuffer(data, dtype, count, offset)
-    else:
-        fields = data[offset:].split()
-        if len(fields) < count:
-            raise InputError(f"{path}: truncated image data ({len(fields)} of {count} values for "
-                             f"{width}x{height}x{channels})")
-        try:
-            pixels = np.array([int(f) for f in fields[:count]], np.int64)
-        except ValueError:
-            raise InputError(f"{path}: bad pixel value in plain PNM data (expected decimal numbers)") from None
-    if pixels.max(initial=0) > maxval:
-        raise InputError(f"{path}: pixel value {int(pixels.max())} exceeds maxval {maxval}")
-    return (pixels.astype(np.float32) / np.float32(maxval)).reshape(height, width, channels)
-
-
-def read_image(path):
-    """Any supported file -> float32 HxWxC (C = 1 or 3) in [0, 1]; InputError naming the file otherwise."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_PIXELS * 6 + 4096)
-    except OSError as e:
-        raise InputError(f"{path}: cannot read ({e.strerror or e})") from None
-    if not data:
-        raise InputError(f"{path}: empty file")
-    if data[:2] in _PNM_KINDS:
-        return read_pnm(data, path)
-    if data[:8] != b"\x89PNG\r\n\x1a\n" and data[:3] != b"\xff\xd8\xff":
-        raise InputError(f"{path}: unsupported image format (expected PPM/PGM P2/P3/P5/P6, PNG or JPEG)")
-    import io
-
-    from PIL import Image
-
-    Image.MAX_IMAGE_PIXELS = MAX_PIXELS
-    try:
-        with Image.open(io.BytesIO(data)) as im:
-            im.load()
-            if im.mode in ("I;16", "I;16B", "I"):
-                a = np.asarray(im, np.float32) / np.float32(65535)
-                return np.clip(a, 0, 1)[:, :, None]
-            if im.mode in ("L", "1"):
-                return (np.asarray(im.convert("L"), np.float32) / np.float32(255))[:, :, None]
-            return np.asarray(im.convert("RGB"), np.float32) / np.float32(255)
-    except Exception as e:  # noqa: BLE001 - Pillow raises OSError, SyntaxError, DecompressionBombError, ...
-        raise InputError(f"{path}: cannot decode image ({str(e)[:160]})") from None
-
-
-def _resize(img, height, width):
-    """Bilinear resize of float HxWxC, channel by channel in Pillow's float mode."""
-    from PIL import Image
-
-    if img.shape[:2] == (height, width):
+def as_pil(img):
+    """A PIL image as it is; a numpy array (HxW or HxWxC, C = 1 or 3; uint8, or float in [0, 1] rounded to 8 bits
+    the way Pillow scales a PNM's maxval) as an "L" or "RGB" image."""
+    Image = _pil()
+    if isinstance(img, Image.Image):
         return img
-    chans = [np.asarray(Image.fromarray(np.ascontiguousarray(img[:, :, c]), "F")
-                        .resize((width, height), Image.BILINEAR)) for c in range(img.shape[2])]
-    return np.stack(chans, axis=2).astype(np.float32)
+    a = np.asarray(img)
+    if a.ndim == 3 and a.shape[2] == 1:
+        a = a[:, :, 0]
+    if a.ndim not in (2, 3) or (a.ndim == 3 and a.shape[2] != 3):
+        raise InputError(f"an image array of shape {list(a.shape)} (expected HxW, HxWx1 or HxWx3)")
+    if a.dtype != np.uint8:
+        a = np.floor(np.clip(np.asarray(a, np.float64), 0, 1) * 255 + 0.5).astype(np.uint8)
+    return Image.fromarray(np.ascontiguousarray(a), "L" if a.ndim == 2 else "RGB")
+
+
+def model_mode(img, channels):
+    """torchvision's loader (convert("RGB")), then convert("L") for a one-channel model (transforms.Grayscale)."""
+    if channels not in (1, 3):
+        raise InputError(f"the model wants {channels} channels; images give 1 (gray) or 3 (RGB)")
+    try:
+        rgb = img if img.mode == "RGB" else img.convert("RGB")
+    except (ValueError, OSError) as e:
+        raise InputError(f"cannot convert a {img.mode} image to RGB ({_short(e)})") from None
+    return rgb if channels == 3 else rgb.convert("L")
+
+
+def resized_size(height, width, short):
+    """(height, width) after torchvision's Resize(short): the shorter side becomes `short`, the longer one
+    int(short * long / short_side), truncated (transforms.functional._compute_resized_output_size)."""
+    if width <= height:
+        return int(short * height / width), short
+    return short, int(short * width / height)
+
+
+def center_box(height, width, crop_h, crop_w):
+    """The (left, top, right, bottom) box of torchvision's CenterCrop: corner round((side - crop) / 2.0)."""
+    top = int(round((height - crop_h) / 2.0))
+    left = int(round((width - crop_w) / 2.0))
+    return left, top, left + crop_w, top + crop_h
 
 
 def _per_channel(values, channels, name):
@@ -143,34 +227,39 @@ def _per_channel(values, channels, name):
     return v
 
 
-def preprocess(img, size, resize=None, channels=3, mean=None, std=None, scale=1.0, bgr=False):
-    """float HxWxC in [0, 1] -> float32 CxHxW: resize the shorter side, centre-crop, scale, normalise.
-
-    size: (height, width) of the crop; resize: shorter side before cropping (default max(size) / 0.875).
-    channels: 1 converts colour to luma (ITU-R 601), 3 repeats a gray image; mean/std default to ImageNet's
-    and are given in the model's channel order (BGR with bgr=True).
-    """
+def crop_image(img, size, resize=None, channels=3):
+    """A PIL image (any mode) or array -> uint8 HxWxC: the model's mode, Resize(resize), CenterCrop(size)."""
+    Image = _pil()
     crop_h, crop_w = size
     if resize is None:
         resize = round(max(crop_h, crop_w) / CROP_FRACTION)
     if resize < max(crop_h, crop_w):
         raise InputError(f"--resize {resize} is smaller than the crop {crop_h}x{crop_w}")
-    h, w = img.shape[:2]
-    if h <= w:
-        new_h, new_w = resize, max(resize, round(w * resize / h))
-    else:
-        new_h, new_w = max(resize, round(h * resize / w)), resize
-    img = _resize(img, new_h, new_w)
-    top, left = (new_h - crop_h) // 2, (new_w - crop_w) // 2
-    img = img[top:top + crop_h, left:left + crop_w]
-    if channels == 1 and img.shape[2] == 3:
-        img = img @ np.array([0.299, 0.587, 0.114], np.float32)[:, None]
-    elif channels == 3 and img.shape[2] == 1:
-        img = np.repeat(img, 3, axis=2)
-    elif channels not in (1, 3):
-        raise InputError(f"the model wants {channels} channels; images give 1 (gray) or 3 (RGB)")
+    img = model_mode(as_pil(img), channels)
+    new_h, new_w = resized_size(img.height, img.width, resize)
+    if new_h * new_w * channels > MAX_DECODED_BYTES:
+        raise InputError(f"resizing {img.width}x{img.height} to {new_w}x{new_h} (shorter side {resize}) makes "
+                         f"{new_h * new_w * channels} bytes, over the limit of {MAX_DECODED_BYTES}")
+    if (new_h, new_w) != (img.height, img.width):
+        img = img.resize((new_w, new_h), Image.BILINEAR)
+    pixels = np.asarray(img.crop(center_box(new_h, new_w, crop_h, crop_w)), np.uint8)
+    return pixels.reshape(crop_h, crop_w, channels)
+
+
+def preprocess(img, size, resize=None, channels=3, mean=None, std=None, scale=1.0, bgr=False):
+    """A PIL image (any mode) or array (see as_pil) -> float32 CxHxW, as torchvision's Resize(resize) ->
+    CenterCrop(size) -> ToTensor -> Normalize(mean, std) gives it.
+
+    size: (height, width) of the crop; resize: shorter side before cropping (default max(size) / 0.875).
+    channels: 3 (RGB) or 1 (Pillow's ITU-R 601 luma, before the resize); scale: ToTensor's [0, 1] times this;
+    mean/std default to ImageNet's and are given in the model's channel order (BGR with bgr=True).
+    """
+    pixels = crop_image(img, size, resize, channels)
+    x = pixels.astype(np.float32) / np.float32(255)  # ToTensor
+    if scale != 1.0:
+        x = x * np.float32(scale)
     if bgr and channels == 3:
-        img = img[:, :, ::-1]
+        x = x[:, :, ::-1]
     # mean/std are in the model's channel order; the ImageNet defaults are RGB, so they flip with bgr
     order = -1 if bgr else 1
     if mean is None:
@@ -181,5 +270,5 @@ def preprocess(img, size, resize=None, channels=3, mean=None, std=None, scale=1.
     std = _per_channel(std, channels, "std")
     if np.any(std == 0):
         raise InputError("--std: a standard deviation of 0")
-    x = (img * np.float32(scale) - mean) / std
+    x = (x - mean) / std
     return np.ascontiguousarray(x.transpose(2, 0, 1), np.float32)

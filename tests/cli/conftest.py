@@ -1,3 +1,5 @@
+import csv
+import io
 import os
 import shutil
 
@@ -44,10 +46,17 @@ def rgb_softmax_model(tmp_path_factory):
     return str(path)
 
 
-def parse_csv(text):
-    """[(path, [(class, label, score), ...])] from `dlnet infer` CSV output."""
+def parse_csv(text, with_errors=False):
+    """[(path, [(class, label, score), ...])] from `dlnet infer` CSV output, its header checked; a failed image's
+    list is empty; with_errors=True adds each row's error text as a third item."""
+    lines = list(csv.reader(io.StringIO(text)))
+    if not lines:
+        return []
+    header = lines[0]
+    assert header[0] == "path" and header[-1] == "error" and (len(header) - 2) % 3 == 0, header
     rows = []
-    for line in text.strip().splitlines():
-        f = line.split(",")
-        rows.append((f[0], [(int(f[i]), f[i + 1], float(f[i + 2])) for i in range(1, len(f), 3)]))
+    for f in lines[1:]:
+        assert len(f) == len(header), (header, f)
+        top = [(int(f[i]), f[i + 1], float(f[i + 2])) for i in range(1, len(f) - 1, 3) if f[i] != ""]
+        rows.append((f[0], top, f[-1]) if with_errors else (f[0], top))
     return rows

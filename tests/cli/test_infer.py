@@ -18,8 +18,10 @@ def true_label(path):
 
 
 def test_digits_csv_true_class_with_default_preprocessing(runner):
+    """The README's quick start: a header line, then one row per digit with its true class."""
     r = runner.invoke(cli_main.cli, ["infer", DIGITS_MODEL, DIGITS_DIR, "--labels", DIGITS_LABELS])
     assert r.exit_code == 0, r.output
+    assert r.stdout.splitlines()[0] == "path,class,label,score,error"
     rows = parse_csv(r.stdout)
     assert len(rows) == 10
     for path, [(k, label, score)] in rows:
@@ -47,6 +49,7 @@ def test_json_top_k_sorted_probabilities(runner, tmp_path):
     items = json.loads(out.read_text())
     assert len(items) == 10
     for item in items:
+        assert item["error"] is None
         scores = [t["score"] for t in item["top"]]
         assert scores == sorted(scores, reverse=True)
         assert abs(sum(scores) - 1) < 1e-4  # softmax applied once, over all 10 classes
@@ -58,6 +61,8 @@ def test_top_k_without_labels_has_empty_label(runner):
     path = os.path.join(DIGITS_DIR, sorted(os.listdir(DIGITS_DIR))[3])
     r = runner.invoke(cli_main.cli, ["infer", DIGITS_MODEL, path, "--top-k", "3"])
     assert r.exit_code == 0, r.output
+    assert r.stdout.splitlines()[0] == ("path,class_1,label_1,score_1,class_2,label_2,score_2,class_3,label_3,"
+                                        "score_3,error")
     [(p, top)] = parse_csv(r.stdout)
     assert p == path and len(top) == 3 and top[0][0] == 3 and all(label == "" for _, label, _ in top)
 
@@ -83,7 +88,7 @@ def test_explicit_flags_match_the_defaults(runner):
 
 
 def broken_dir(digits_copy):
-    (digits_copy / "README.txt").write_text("not an image, skipped by extension")
+    (digits_copy / "README.txt").write_text("not an image: no image extension and no image header, passed over")
     (digits_copy / "sub").mkdir()
     (digits_copy / "sub" / "0_trunc.pgm").write_bytes(b"P5\n8 8\n16\n\x00\x01\x02")
     (digits_copy / "sub" / "1_huge.ppm").write_bytes(b"P6\n99999999 99999999\n255\n\x00")
@@ -91,31 +96,57 @@ def broken_dir(digits_copy):
     return digits_copy
 
 
-def test_mixed_directory_reports_broken_files_and_classifies_the_rest(runner, digits_copy):
+BROKEN = {"sub/0_trunc.pgm": "truncated image data (PPM 8x8", "sub/1_huge.ppm": "too many pixels",
+          "sub/2_fake.png": "not an image file Pillow reads (unknown format)"}
+
+
+def test_mixed_directory_gives_every_image_a_row_failed_ones_with_their_error(runner, digits_copy):
     d = broken_dir(digits_copy)
     r = runner.invoke(cli_main.cli, ["infer", DIGITS_MODEL, str(d), "--batch", "3"])
     assert r.exit_code == 1
-    rows = parse_csv(r.stdout)
-    assert len(rows) == 10 and all(top[0][0] == true_label(p) for p, top in rows)
-    err = r.stderr
-    assert f"{d / 'sub' / '0_trunc.pgm'}: truncated image data" in err
-    assert f"{d / 'sub' / '1_huge.ppm'}: PNM size 99999999x99999999 is over the limit" in err
-    assert f"{d / 'sub' / '2_fake.png'}: unsupported image format" in err
-    assert "README" not in err and "3 failed" in err and "Traceback" not in err
+    assert r.stdout.splitlines()[0] == "path,class,label,score,error"
+    rows = parse_csv(r.stdout, with_errors=True)
+    assert [p for p, _, _ in rows] == sorted(str(p) for p in d.glob("*.pgm")) + [str(d / n) for n in BROKEN]
+    for path, top, error in rows[:10]:
+        assert error == "" and len(top) == 1 and top[0][0] == true_label(path)
+    for (path, top, error), (name, reason) in zip(rows[10:], BROKEN.items()):
+        assert path == str(d / name) and top == [] and error.startswith(reason)
+        assert f"dlnet: {d / name}: {reason}" in r.stderr
+    assert "README" not in r.output and "3 failed" in r.stderr and "Traceback" not in r.stderr
+    assert "<_io" not in r.output
+
+
+def test_json_has_every_input_and_an_error_field(runner, digits_copy):
+    d = broken_dir(digits_copy)
+    r = runner.invoke(cli_main.cli, ["infer", DIGITS_MODEL, str(d), "--format", "json", "--top-k", "2"])
+    assert r.exit_code == 1
+    items = json.loads(r.stdout)
+    assert [i["path"] for i in items][10:] == [str(d / n) for n in BROKEN] and len(items) == 13
+    for item in items[:10]:
+        assert item["error"] is None and len(item["top"]) == 2 and item["top"][0]["class"] == true_label(item["path"])
+    for item, reason in zip(items[10:], BROKEN.values()):
+        assert item["top"] == [] and item["error"].startswith(reason)
 
 
 def test_strict_stops_at_first_broken_file(runner, digits_copy):
     d = broken_dir(digits_copy)
-    (d / "00.pgm").write_bytes(b"P5\n8 8\n16\n")  # sorts first: nothing after it runs
+    (d / "00.pgm").write_bytes(b"P5\n8 8\n16\n")  # sorts first: nothing after it is read
     r = runner.invoke(cli_main.cli, ["infer", DIGITS_MODEL, str(d), "--strict"])
     assert r.exit_code == 1
-    assert r.stdout == "" and "00.pgm: truncated image data" in r.stderr and "--strict" in r.stderr
+    rows = parse_csv(r.stdout, with_errors=True)
+    assert len(rows) == 14 and all(top == [] for _, top, _ in rows)
+    assert rows[0][0] == str(d / "00.pgm") and rows[0][2].startswith("truncated image data")
+    assert all(error == f"not read: --strict stopped at {d / '00.pgm'}" for _, _, error in rows[1:])
+    assert "00.pgm: truncated image data" in r.stderr and "--strict; 13 not read" in r.stderr
 
 
 def test_missing_image_file_is_exit_1(runner, tmp_path):
-    r = runner.invoke(cli_main.cli, ["infer", DIGITS_MODEL, str(tmp_path / "nope.pgm"),
-                                     os.path.join(DIGITS_DIR, min(os.listdir(DIGITS_DIR)))])
-    assert r.exit_code == 1 and "nope.pgm: cannot read" in r.stderr and len(parse_csv(r.stdout)) == 1
+    first = os.path.join(DIGITS_DIR, min(os.listdir(DIGITS_DIR)))
+    r = runner.invoke(cli_main.cli, ["infer", DIGITS_MODEL, str(tmp_path / "nope.pgm"), first])
+    assert r.exit_code == 1 and "nope.pgm: cannot read" in r.stderr
+    rows = parse_csv(r.stdout, with_errors=True)
+    assert rows[0] == (str(tmp_path / "nope.pgm"), [], "cannot read (No such file or directory)")
+    assert rows[1][0] == first and rows[1][1][0][0] == 0 and rows[1][2] == "" and len(rows) == 2
 
 
 @pytest.mark.parametrize("args, message", [
