@@ -28,10 +28,11 @@ def reduce_to_shape(b, g, shape):
 
 
 def requires_grad(graph, wrt):
-    """Ids of every float value that depends on one of `wrt`."""
+    """Ids of every float value that depends on one of `wrt` through differentiable ops (a piecewise constant op,
+    `differentiable = False`, passes a zero gradient: no path goes through it)."""
     need = {v.id for v in wrt}
     for node in graph.nodes:
-        if any(v is not None and v.id in need for v in node.inputs):
+        if node.spec.differentiable and any(v is not None and v.id in need for v in node.inputs):
             need.update(v.id for v in node.outputs if v.dtype in FLOATS)
     return need
 

@@ -36,6 +36,9 @@ class Op:
     numpy = None  # (node, *arrays) -> list of arrays: folding at build time; None = never folded
     inplace = False  # reads every same-shaped input at the output's own index: may write over it
     dtypes = None  # dtypes of the first input its kernels take (None: any); checked when the node is built
+    # False: piecewise constant (Floor, Sign, ...): its gradient is zero wherever it exists, as PyTorch gives, so
+    # autodiff does not follow a path through it (a weight read only there feeds no differentiable path)
+    differentiable = True
 
     def filled_attrs(self, attrs, inputs):
         """A copy of `attrs` with every declared default that is absent filled in."""
