@@ -32,9 +32,48 @@ REDUCE_NP = {
 }
 
 
+def _k(b, like, v):
+    return b.const(np.asarray(v, like.dtype))
+
+
+def _sum(b, node, v):
+    return b.op("Reduce", [v], {"mode": "sum", "axes": tuple(node.attrs["axes"]), "keepdims": 1})
+
+
+def _extremum_slope(b, node, x, y):
+    hit = b.op("Cast", [b.op("Equal", [x, y])], {"to": x.dtype})
+    return b.op("Div", [hit, _sum(b, node, hit)])
+
+
+def _prod_slope(b, node, x, y):
+    """prod of the others: y / x without dividing by 0 (a group with one zero passes the rest's product to it)"""
+    zero = b.op("Equal", [x, _k(b, x, 0)])
+    zeros = _sum(b, node, b.op("Cast", [zero], {"to": x.dtype}))
+    rest = b.op("Reduce", [b.op("Where", [zero, _k(b, x, 1), x])], {"mode": "prod", "axes": tuple(node.attrs["axes"]),
+                                                                    "keepdims": 1})
+    lone = b.op("And", [zero, b.op("Equal", [zeros, _k(b, x, 1)])])
+    return b.op("Where", [b.op("Equal", [zeros, _k(b, x, 0)]), b.op("Div", [rest, x]),
+                          b.op("Where", [lone, rest, _k(b, x, 0)])])
+
+
+# d y / d x of each mode but sum and mean, from x and y (kept dims), at x's shape or broadcasting to it
+REDUCE_SLOPE = {
+    "max": _extremum_slope,
+    "min": _extremum_slope,
+    "prod": _prod_slope,
+    "l1": lambda b, node, x, y: b.op("Sign", [x]),
+    "l2": lambda b, node, x, y: b.op("Where", [b.op("Equal", [y, _k(b, x, 0)]), _k(b, x, 0), b.op("Div", [x, y])]),
+    "sumsquare": lambda b, node, x, y: b.op("Mul", [x, _k(b, x, 2)]),
+    "logsum": lambda b, node, x, y: b.op("Reciprocal", [b.op("Exp", [y])]),
+    "logsumexp": lambda b, node, x, y: b.op("Exp", [b.op("Sub", [x, y])]),
+}
+
+
 @register
 class Reduce(Op):
-    """y = reduce_mode(x, axes) (keepdims or not);  sum/mean gradients broadcast dy back (autodiff)"""
+    """y = reduce_mode(x, axes) (keepdims or not);  dx = dy (sum), dy / n (mean), dy [x = y] / #(x = y) (max, min:
+    ties share it, as PyTorch's amax), dy prod(others) (prod), dy sign x (l1), dy x / y (l2; 0 where y = 0),
+    2 dy x (sumsquare), dy / exp y (logsum), dy exp(x - y) (logsumexp)"""
     name = "Reduce"
     attrs = {"mode": REQUIRED, "axes": REQUIRED, "keepdims": 1}  # mode: a key of REDUCE_NP
     pass_attrs = {"prologue": None}  # pointwise nodes computing x from the inputs (passes/fuse.py)
@@ -61,13 +100,18 @@ class Reduce(Op):
         x = node.inputs[0]
         mode = node.attrs["mode"]
         keep = tuple(1 if i in set(node.attrs["axes"]) else d for i, d in enumerate(x.shape))
-        dy = b.op("Reshape", [dys[0]], {"shape": keep})
+
+        def kept(v):
+            return v if v.shape == keep else b.op("Reshape", [v], {"shape": keep})
+
+        dy, y = kept(dys[0]), kept(node.outputs[0])
         if mode == "sum":
             return [b.op("Expand", [dy], {"shape": x.shape})]
         if mode == "mean":
             n = x.size // max(1, int(np.prod(keep)))
             return [b.op("Expand", [b.op("Mul", [dy, b.const(np.asarray(1.0 / n, x.dtype))])], {"shape": x.shape})]
-        return None
+        dx = b.op("Mul", [dy, REDUCE_SLOPE[mode](b, node, x, y)])
+        return [dx if dx.shape == x.shape else b.op("Expand", [dx], {"shape": x.shape})]
 
 
 @register
