@@ -66,7 +66,8 @@ class Gemm(Op):
 
 @register
 class Det(Op):
-    """y = det(x) over the last two (square) dims;  no gradient (it would need a matrix inverse)"""
+    """y = det(x) over the last two (square) dims;  dx = dy cofactors(x)  (= dy y x^-T where x is invertible; the
+    cofactors are dets of the minors, gathered from x, so a singular x has its exact gradient too)"""
     name = "Det"
     dtypes = ("float32",)
     MAX_N = 32  # the kernel holds one matrix in private memory
@@ -84,4 +85,17 @@ class Det(Op):
 
     def numpy(self, node, x):
         return [np.asarray(np.linalg.det(x.astype(np.float64)), x.dtype)]
+
+    def grad(self, b, node, dys):
+        x = node.inputs[0]
+        n, r = x.shape[-1], x.rank
+        dy = b.op("Reshape", [dys[0]], {"shape": x.shape[:-2] + (1, 1)})
+        if n == 1:
+            return [dy]
+        others = b.const(np.array([[k for k in range(n) if k != i] for i in range(n)], np.int64))
+        rows = b.op("Gather", [x, others], {"axis": r - 2})  # [..., i, n - 1, n]
+        minors = b.op("Gather", [rows, others], {"axis": r})  # [..., i, n - 1, j, n - 1]
+        minors = b.op("Transpose", [minors], {"perm": tuple(range(r - 2)) + (r - 2, r, r - 1, r + 1)})
+        signs = b.const(np.array([[(-1.0) ** (i + j) for j in range(n)] for i in range(n)], x.dtype))
+        return [b.op("Mul", [dy, b.op("Mul", [b.op("Det", [minors]), signs])])]
 

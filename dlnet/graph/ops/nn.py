@@ -224,7 +224,9 @@ class AveragePool(Pool):
 
 @register
 class BatchNormalization(Op):
-    """y = (x - mean) / sqrt(var + eps) * scale + B   (inference form; passes fold it into Conv or Mul+Add)"""
+    """y = (x - mean) / sqrt(var + eps) * scale + B   (inference form; passes fold it into Conv or Mul+Add);
+    dx = dy scale / sqrt(var + eps), dscale = sum(dy xhat), dB = sum(dy), dmean = -dB scale / sqrt(var + eps),
+    dvar = -sum(dy (x - mean)) scale / 2 (var + eps)^-3/2, sums over all axes but 1"""
     name = "BatchNormalization"
     attrs = {"epsilon": 1e-5}
 
@@ -235,6 +237,26 @@ class BatchNormalization(Op):
         shape = (1, -1) + (1,) * (x.ndim - 2)
         inv = scale / np.sqrt(var + node.attrs["epsilon"])
         return [(x - mean.reshape(shape)) * inv.reshape(shape) + b.reshape(shape)]
+
+    def grad(self, b, node, dys):
+        x, scale, _, mean, var = node.inputs
+        dy = dys[0]
+        per_channel = (1, x.shape[1]) + (1,) * (x.rank - 2)
+
+        def channels(v):
+            return b.op("Reshape", [v], {"shape": per_channel})
+
+        def total(v):
+            return b.op("Reduce", [v], {"mode": "sum", "axes": (0,) + tuple(range(2, x.rank)), "keepdims": 0})
+
+        inv = b.op("Reciprocal", [b.op("Sqrt", [b.op("Add", [var, b.const(np.asarray(node.attrs["epsilon"],
+                                                                                      var.dtype))])])])
+        gain = b.op("Mul", [scale, inv])
+        dbias = total(dy)
+        dcentred = total(b.op("Mul", [dy, b.op("Sub", [x, channels(mean)])]))
+        half_inv2 = b.op("Mul", [b.op("Mul", [inv, inv]), b.const(np.asarray(-0.5, var.dtype))])
+        return [b.op("Mul", [dy, channels(gain)]), b.op("Mul", [dcentred, inv]), dbias,
+                b.op("Neg", [b.op("Mul", [dbias, gain])]), b.op("Mul", [b.op("Mul", [dcentred, gain]), half_inv2])]
 
 
 @register
@@ -257,9 +279,20 @@ class RoiAlign(Op):
         a = node.attrs
         return [(x.dtype, (rois.shape[0], x.shape[1], a["output_height"], a["output_width"]))]
 
+
+def lrn_band(channels, size, scale, dtype):
+    """W [C, C]: W[c, i] = scale where channel i is in c's window, c - floor((size - 1) / 2) <= i <= c +
+    ceil((size - 1) / 2) (ONNX), else 0: W @ x^2 sums each window at once, W^T @ g spreads g back over them."""
+    c = np.arange(channels)
+    offset = c[None, :] - c[:, None]
+    below = (size - 1) // 2
+    return np.where((offset >= -below) & (offset <= size - 1 - below), scale, 0).astype(dtype)
+
+
 @register
 class LRN(Op):
-    """y = x / (bias + alpha/size * sum_{channel window} x^2)^beta"""
+    """y = x s^-beta, s = bias + alpha/size * sum_{channel window} x^2;
+    dx = dy s^-beta - 2 beta x W^T (dy x s^(-beta - 1)) with W the window sums scaled by alpha/size (lrn_band)"""
     name = "LRN"
     dtypes = ("float32",)
     attrs = {"size": REQUIRED, "alpha": 1e-4, "beta": 0.75, "bias": 1.0}
@@ -267,8 +300,30 @@ class LRN(Op):
     def infer(self, node):
         return [(node.inputs[0].dtype, node.inputs[0].shape)]
 
+    def numpy(self, node, x):
+        a = node.attrs
+        rows = x.reshape(x.shape[0], x.shape[1], -1).astype(np.float64)
+        s = a["bias"] + lrn_band(x.shape[1], a["size"], a["alpha"] / a["size"], np.float64) @ (rows * rows)
+        return [(rows * s ** -a["beta"]).reshape(x.shape).astype(x.dtype)]
+
     def lower(self, node, lw):
         lw.lrn(node)
+
+    def grad(self, b, node, dys):
+        x, a = node.inputs[0], node.attrs
+        rows = (x.shape[0], x.shape[1], x.size // max(1, x.shape[0] * x.shape[1]))  # [N, C, pixels]
+        xr = b.op("Reshape", [x], {"shape": rows})
+        dy = b.op("Reshape", [dys[0]], {"shape": rows})
+        band = b.const(lrn_band(x.shape[1], a["size"], a["alpha"] / a["size"], x.dtype))
+
+        def k(v):
+            return b.const(np.asarray(v, x.dtype))
+
+        s = b.op("Add", [b.op("Gemm", [band, b.op("Mul", [xr, xr])]), k(a["bias"])])
+        gain = b.op("Pow", [s, k(-a["beta"])])
+        spread = b.op("Gemm", [band, b.op("Div", [b.op("Mul", [b.op("Mul", [dy, xr]), gain]), s])], {"transA": 1})
+        dx = b.op("Sub", [b.op("Mul", [dy, gain]), b.op("Mul", [b.op("Mul", [xr, spread]), k(2 * a["beta"])])])
+        return [b.op("Reshape", [dx], {"shape": x.shape})]
 
 
 class SoftmaxBase(Op):
