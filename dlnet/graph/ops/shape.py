@@ -225,26 +225,62 @@ def _norm_idx(idx, n):
     return np.where(idx < 0, idx + n, idx)
 
 
+def _element_index(idx, shape, axis):
+    """The full index tuple of every element of idx: its own coordinates with the axis one replaced by idx."""
+    coords = list(np.indices(idx.shape))
+    coords[axis] = _norm_idx(idx, shape[axis])
+    return tuple(coords)
+
+
 @register
 class GatherElements(Op):
-    """y[i] = x[i with axis coordinate idx[i]];  no gradient here"""
+    """y[i] = x[i with axis coordinate idx[i]];  dx = GatherElementsGrad(dy, idx) (scatter-add)"""
     name = "GatherElements"
     attrs = {"axis": REQUIRED}
 
     def infer(self, node):
         return [(node.inputs[0].dtype, node.inputs[1].shape)]
 
-    def numpy(self, node, x, idx):
-        axis = node.attrs["axis"]
-        return [np.take_along_axis(x, _norm_idx(idx, x.shape[axis]), axis=axis)]
+    def numpy(self, node, x, idx):  # idx may be shorter than x off the axis (take_along_axis would broadcast it)
+        return [x[_element_index(idx, x.shape, node.attrs["axis"])]]
 
     def lower(self, node, lw):
         lw.gather_elements(node)
 
+    def grad(self, b, node, dys):
+        x, idx = node.inputs
+        return [b.op("GatherElementsGrad", [dys[0], idx], {"axis": node.attrs["axis"] % x.rank,
+                                                            "in_shape": x.shape}), None]
+
+
+@register
+class GatherElementsGrad(Op):
+    """dx = zeros(in_shape); dx[i with axis coordinate idx[i]] += dy[i]  (GatherElements' gradient; deterministic:
+    each element of dx sums its own column of idx in order)"""
+    name = "GatherElementsGrad"
+    attrs = {"axis": REQUIRED, "in_shape": REQUIRED}
+
+    def infer(self, node):
+        dy, idx = node.inputs
+        if dy.shape != idx.shape:
+            raise ValueError(f"dy {list(dy.shape)} and indices {list(idx.shape)} differ")
+        return [(dy.dtype, tuple(node.attrs["in_shape"]))]
+
+    def numpy(self, node, dy, idx):
+        dx = np.zeros(node.attrs["in_shape"], dy.dtype)
+        np.add.at(dx, _element_index(idx, dx.shape, node.attrs["axis"]), dy)
+        return [dx]
+
+    def lower(self, node, lw):
+        lw.gather_elements_grad(node)
+
 
 @register
 class ScatterElements(Op):
-    """y = copy(x); y[i with axis coordinate idx[i]] (op)= upd[i], in index order"""
+    """y = copy(x); y[j] (op)= upd[i] for j = i with axis coordinate idx[i], in index order;
+    none: dx = dy where nothing is written, dupd = dy[j]  (PyTorch's scatter: each of repeated indices gets it);
+    add: dx = dy, dupd = dy[j];  max/min: dy shared by x and the updates equal to y[j] (scatter_reduce amax);
+    mul: dx = dy prod(upd to j), dupd = dy[j] x[j] prod(the other upd to j)  (no division by a zero update)"""
     name = "ScatterElements"
     attrs = {"axis": REQUIRED, "reduction": "none"}
 
@@ -266,3 +302,43 @@ class ScatterElements(Op):
 
     def lower(self, node, lw):
         lw.scatter_elements(node)
+
+    def grad(self, b, node, dys):
+        x, idx, upd = node.inputs
+        dy = dys[0]
+        axis = node.attrs["axis"] % x.rank
+        red = node.attrs["reduction"]
+
+        def k(v):
+            return b.const(np.asarray(v, x.dtype))
+
+        def gather(v):
+            return b.op("GatherElements", [v, idx], {"axis": axis})
+
+        def count(v):  # per element of x: the sum of v over the updates written there
+            return b.op("GatherElementsGrad", [v, idx], {"axis": axis, "in_shape": x.shape})
+
+        if red == "add":
+            return [dy, None, gather(dy)]
+        if red == "none":
+            hit = count(b.const(np.ones(idx.shape, x.dtype)))
+            return [b.op("Where", [b.op("Greater", [hit, k(0)]), k(0), dy]), None, gather(dy)]
+        if red in ("max", "min"):
+            y = node.outputs[0]
+            won = b.op("Cast", [b.op("Equal", [upd, gather(y)])], {"to": x.dtype})
+            kept = b.op("Cast", [b.op("Equal", [x, y])], {"to": x.dtype})
+            share = b.op("Div", [dy, b.op("Add", [kept, count(won)])])
+            return [b.op("Mul", [share, kept]), None, b.op("Mul", [gather(share), won])]
+        return self._mul_grad(b, node, dy, k, gather, count)
+
+    def _mul_grad(self, b, node, dy, k, gather, count):
+        x, idx, upd = node.inputs
+        attrs = dict(node.attrs, reduction="mul")
+        zero = b.op("Equal", [upd, k(0)])
+        # per element of x: how many zero updates, and x times the product of the non-zero ones
+        zeros = gather(count(b.op("Cast", [zero], {"to": x.dtype})))
+        rest = gather(b.op("Mul", [dy, b.op("ScatterElements", [x, idx, b.op("Where", [zero, k(1), upd])], attrs)]))
+        dupd = b.op("Where", [b.op("Equal", [zeros, k(0)]), b.op("Div", [rest, upd]),
+                              b.op("Where", [b.op("And", [zero, b.op("Equal", [zeros, k(1)])]), rest, k(0)])])
+        dx = b.op("Mul", [dy, b.op("ScatterElements", [b.const(np.ones(x.shape, x.dtype)), idx, upd], attrs)])
+        return [dx, None, dupd]

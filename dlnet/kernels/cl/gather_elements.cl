@@ -46,3 +46,36 @@ __kernel void scatter_elements(__global T* y, ulong y_off, __global const T* upd
 #endif
     }
 }
+
+// GatherElements' gradient: dx[c] = sum over j < idx's extent along the axis of dy[c with axis coordinate j] where
+// idx there is c's axis coordinate (0 where c lies outside idx's extent off the axis). In order, no atomics: the
+// same sum every run. meta: rank dims of dx, then rank dims of idx (= dy's; both contiguous).
+__kernel void gather_elements_grad(__global T* dx, ulong dx_off, __global const T* dy, ulong dy_off,
+                                   __global const IT* idx, ulong idx_off, __constant const long* meta, int rank,
+                                   int axis, long total) {
+    const long i = get_global_id(0);
+    if (i >= total) return;
+    long r = i, o = 0, stride = 1, k = 0, axis_stride = 1;
+    int inside = 1;
+    for (int d = rank - 1; d >= 0; d--) {
+        const long q = r % meta[d];
+        r /= meta[d];
+        if (d == axis) {
+            k = q;
+            axis_stride = stride;
+        } else {
+            inside &= q < meta[rank + d];
+            o += q * stride;
+        }
+        stride *= meta[rank + d];
+    }
+    T acc = 0;
+    if (inside) {
+        for (long j = 0; j < meta[rank + axis]; j++) {
+            long kj = idx[idx_off + o + j * axis_stride];
+            if (kj < 0) kj += meta[axis];
+            if (kj == k) acc += dy[dy_off + o + j * axis_stride];
+        }
+    }
+    dx[dx_off + i] = acc;
+}

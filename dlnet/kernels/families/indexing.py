@@ -1,4 +1,4 @@
-"""Indexing kernels: Gather and its gradient, Pad, GatherElements and ScatterElements."""
+"""Indexing kernels: Gather and its gradient, Pad, GatherElements (and its gradient) and ScatterElements."""
 import numpy as np
 
 from ...errors import ModelError
@@ -59,6 +59,17 @@ class IndexFamily:
         args = self.args(y) + self.args(x) + self.args(idx) + [meta, rank, axis, n, np.int64(y.size)]
         self.emit(self._typed("gather_elements", x.dtype, idx.dtype), "gather_elements", args, (max(y.size, 1),),
                   None, f"{node.name} {node.op}")
+
+    def gather_elements_grad(self, node):
+        dy, idx = node.inputs
+        dx = node.outputs[0]
+        if dx.dtype == "float16":
+            raise ModelError(f"node {node.name} ({node.op}): float16 is not supported")
+        args = self.args(dx) + self.args(dy) + self.args(idx) + [self.meta(list(dx.shape) + list(idx.shape)),
+                                                                  np.int32(dx.rank), np.int32(node.attrs["axis"]),
+                                                                  np.int64(dx.size)]
+        self.emit(self._typed("gather_elements", dx.dtype, idx.dtype), "gather_elements_grad", args,
+                  (max(dx.size, 1),), None, f"{node.name} {node.op}")
 
     def scatter_elements(self, node):
         x, idx, upd = node.inputs
