@@ -5,6 +5,7 @@ write them in place, so a step is a loop of enqueues plus one small upload (the 
 download (the loss).
 """
 import numpy as np
+from onnx import TensorProto
 
 from . import losses
 from .errors import InputError, ModelError
@@ -21,6 +22,7 @@ LOCAL = 256  # work-group size of the update kernels
 CHUNK = 32 * LOCAL  # elements per work-group: thousands of groups for a ResNet-50, a few for a bias
 OPTIONS = (f"-DLOCAL={LOCAL}",)
 SEED = "__dropout_seed"
+FLOAT_TENSORS = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE)  # the dtypes a trained weight may have
 
 
 class _TrainPlan:
@@ -37,7 +39,8 @@ class _TrainPlan:
         state_ids = {s.id for s, _ in imp.state_updates}
         inits = {i.name for i in net.model.graph.initializer}
         named = [(n, v) for n, v in imp.values.items() if n in inits and v.param]
-        trainable = [(n, v) for n, v in named if v.id not in state_ids and n not in trainer.frozen]
+        trainable = [(n, v) for n, v in named if v.id not in state_ids and n not in trainer.frozen and
+                     (trainer.params is None or n in trainer.params)]
         grads = gradients(g, loss, [v for _, v in trainable])
         self.params = [(n, v, gv) for (n, v), gv in zip(trainable, grads) if gv is not None and gv.const is None]
         self.unused = [n for (n, v), gv in zip(trainable, grads) if gv is None]
@@ -155,6 +158,17 @@ def _own_initializers(net):
     net.release()
 
 
+def _initializer_names(net, field, names):
+    """The set of `names`, each a float initializer of net's model (else an InputError naming it)."""
+    if isinstance(names, str):
+        raise InputError(f"Trainer({field}=...): expected a list of initializer names, got the string {names!r}")
+    floats = {i.name for i in net.model.graph.initializer if i.data_type in FLOAT_TENSORS}
+    for name in names:
+        if name not in floats:
+            raise InputError(f"Trainer({field}=...): {name!r} is not a float initializer of {net.path}")
+    return set(names)
+
+
 class _StateArena:
     """One device buffer per optimizer slot (exp_avg, exp_avg_sq, momentum_buffer) holding every parameter's
     state at layout[name] = (element offset, elements), and the clipping factor."""
@@ -184,24 +198,32 @@ class Trainer:
     """trainer = Trainer(net, loss="cross_entropy", optimizer=optim.Adam(lr=1e-3)); trainer.step(feeds) -> loss.
 
     feeds: the model's input(s) by name and "target" (class indices for cross_entropy/nll, else an array shaped as
-    the output). frozen: initializer names left untouched. The device copy of the weights is the truth while
-    training; net.state_dict(), net.save_onnx() and evaluate() read it back.
+    the output). The device copy of the weights is the truth while training; net.state_dict(), net.save_onnx()
+    and evaluate() read it back.
+
+    Which initializers train: `params` (names) if given, else every float initializer that feeds a differentiable
+    path to the loss (not BatchNormalization's running statistics; not one read only through integer, boolean or
+    piecewise constant ops such as Floor); less those in `frozen`. Exporters make constants (a Pow exponent, an
+    epsilon) initializers too: name the weights in `params`, or the constants in `frozen`. An unknown or non-float
+    name in either is an InputError.
     """
 
     def __init__(self, net, loss="cross_entropy", optimizer=None, label_smoothing=0.0, frozen=(), output=None,
-                 seed=0):
+                 seed=0, params=None):
         if loss not in losses.LOSSES:
             raise InputError(f"loss {loss!r}: expected one of {', '.join(losses.LOSSES)}")
         if net.model is None:
             raise ModelError("Trainer(net): load a model first (net.load_onnx)")
         net._check_open()
+        _own_initializers(net)
+        # (a net of a torch module freezes what the module does not train: dlnet/torch.py from_module)
+        self.frozen = _initializer_names(net, "frozen", frozen) | set(getattr(net, "frozen_default", ()))
+        self.params = None if params is None else _initializer_names(net, "params", params)
         self.net = net
         self.ctx = net.ctx
         self.loss = loss
         self.optimizer = optimizer if optimizer is not None else SGD(lr=0.01)
         self.label_smoothing = float(label_smoothing)
-        # (a net of a torch module freezes what the module does not train: dlnet/torch.py from_module)
-        self.frozen = set(frozen) | set(getattr(net, "frozen_default", ()))
         self.output = output or net.outputs[0].name
         self.seed = int(seed)
         self.step_count = 0
@@ -213,7 +235,6 @@ class Trainer:
         self._dirty = False
         self._closed = False
         net._trainer = self
-        _own_initializers(net)
 
     # lifetime ------------------------------------------------------------------------------------------------
     def close(self):
