@@ -5,6 +5,7 @@ import numpy as np
 
 from ...errors import ModelError
 from .base import REQUIRED, Op, ones, register, zero_pads
+from .roi import ROI_ATTRS, roialign_numpy
 
 WINDOW_ATTRS = {"strides": ones, "pads": zero_pads, "dilations": ones}  # pads: begins, then ends
 # Conv's pass attributes (fuse.py, winograd.py, layout.py): see Conv's docstring
@@ -262,14 +263,19 @@ class BatchNormalization(Op):
 @register
 class RoiAlign(Op):
     """y[r, c] = pool over each output bin's grid of bilinear samples of x[batch[r], c] inside roi r (avg or max);
-    no gradient"""
+    dx = RoiAlignGrad (dy spread back by the samples' bilinear weights; max: to the largest term's corner, the
+    first of equal ones), no gradient for the rois (torchvision's neither)"""
     name = "RoiAlign"
     dtypes = ("float32",)
-    attrs = {"mode": REQUIRED, "output_height": REQUIRED, "output_width": REQUIRED, "spatial_scale": REQUIRED,
-             "sampling_ratio": REQUIRED, "half_pixel": REQUIRED}
+    attrs = ROI_ATTRS
+    numpy = staticmethod(roialign_numpy)
 
     def lower(self, node, lw):
         lw.roialign(node)
+
+    def grad(self, b, node, dys):
+        x, rois, batch = node.inputs
+        return [b.op("RoiAlignGrad", [dys[0], x, rois, batch], dict(node.attrs)), None, None]
 
     def infer(self, node):
         x, rois, batch = node.inputs

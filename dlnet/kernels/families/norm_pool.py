@@ -90,6 +90,17 @@ class NormPoolFamily:
             np.int32(a["half_pixel"]), np.int64(y.size)]
         self.emit(src, "roialign", args, (max(y.size, 1),), None, f"{node.name} RoiAlign")
 
+    def roialign_grad(self, node):
+        dy, x, rois, batch = node.inputs
+        dx, a = node.outputs[0], node.attrs
+        self.fill(dx, 0)
+        src = f"#define ROI_{a['mode'].upper()} 1\n" + kernel_source("roialign")
+        args = self.args(dy) + self.args(x) + self.args(rois) + self.args(batch) + self.args(dx) + [
+            np.int32(x.shape[1]), np.int32(x.shape[2]), np.int32(x.shape[3]), np.int32(a["output_height"]),
+            np.int32(a["output_width"]), np.float32(a["spatial_scale"]), np.int32(a["sampling_ratio"]),
+            np.int32(a["half_pixel"]), np.int64(dy.size)]
+        self.emit(src, "roialign_grad", args, (max(dy.size, 1),), None, f"{node.name} RoiAlignGrad")
+
     def det(self, node):
         x, y = node.inputs[0], node.outputs[0]
         src = f"#define N {x.shape[-1]}\n" + kernel_source("det")
