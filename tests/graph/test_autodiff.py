@@ -177,14 +177,15 @@ def central_differences(op, attrs, arrays, w, wrt, eps=1e-6):
     return grad
 
 
-def device_gradients(op, attrs, arrays, w, fed_weights=False):
+def device_gradients(op, attrs, arrays, w, fed_weights=False, constant=()):
     """(loss, [d loss / d x for each float input]) from dlnet: float32 on the device. fed_weights: w is an input,
-    so dy is no constant and no backward node folds on the host (each runs its kernel)."""
+    so dy is no constant and no backward node folds on the host (each runs its kernel); constant: indices of float
+    arrays given as constants (no gradient asked)."""
     g = Graph("autodiff")
     b = Builder(g)
     inputs, feeds = [], []
     for i, a in enumerate(arrays):
-        if a.dtype.kind == "f":
+        if a.dtype.kind == "f" and i not in constant:
             v = g.add_input(f"x{i}", "float32", a.shape)
             feeds.append(a.astype(np.float32))
             inputs.append(v)

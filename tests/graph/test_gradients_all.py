@@ -23,7 +23,7 @@ from dlnet.graph.ir import Builder, Graph
 from dlnet.graph.ops import OPS, Op
 from dlnet.graph.ops.reduce import REDUCE_NP
 
-from ..conftest import context, rel_l2
+from ..conftest import context, reference, rel_l2
 from . import test_autodiff
 from .test_autodiff import TOL, away, central_differences, device_gradients, distinct, host_forward, normal, positive
 
@@ -44,6 +44,7 @@ NOT_DIFFERENTIATED = {
     "ConvGradX": "backward of Conv", "ConvGradW": "backward of Conv", "PoolGrad": "backward of the pools",
     "BatchNormTrainGrad": "backward of BatchNormTrain", "SliceGrad": "backward of Slice",
     "GatherGrad": "backward of Gather", "GatherElementsGrad": "backward of GatherElements",
+    "RoiAlignGrad": "backward of RoiAlign",
     # made by passes that run after autodiff
     "Fused": "a chain of pointwise nodes, fused after the backward graph exists",
     # host ops run between device graphs, and a training graph is one device graph
@@ -51,9 +52,7 @@ NOT_DIFFERENTIATED = {
     "StringNormalizer": "host op, strings",
 }
 # differentiable ops still without a rule: each is a known gap, named in the error autodiff raises
-MISSING = {
-    "RoiAlign": "its gradient scatters bilinear weights into x (a kernel with atomic adds): not written yet",
-}
+MISSING = {}
 
 
 def uniform(lo, hi, *shape):
@@ -174,6 +173,12 @@ CASES = [
      {"axis": 0, "reduction": "min"}),
     ("ScatterElements-mul", "ScatterElements", [normal(3, 4), const([[1, 1, 0], [0, 3, 3]]), normal(2, 3)],
      {"axis": 1, "reduction": "mul"}),
+    # boxes partly outside the planes, batch indices out of order (the rois: constants, no gradient)
+    *[(f"RoiAlign-{mode}-ratio{ratio}-hp{hp}", "RoiAlign",
+       [normal(2, 3, 7, 8), const(np.array([[0.5, 1, 5, 6.5], [-2, 3, 4, 9], [2, 2, 2.5, 2.2], [6, 0, 10, 4]],
+                                           np.float32)), const(np.array([1, 0, 1, 1], np.int64))],
+       {"mode": mode, "output_height": 3, "output_width": 2, "spatial_scale": 0.9, "sampling_ratio": ratio,
+        "half_pixel": hp}) for mode in ("avg", "max") for ratio, hp in ((0, 1), (2, 0))],
     # updates (3, 4 and 0 flat) of zero: one alone at its target, two together
     ("ScatterElements-mul-zeros", "ScatterElements", [normal(3, 4), const([[1, 2, 2], [0, 0, 3]]), with_zeros(2, 3)],
      {"axis": 1, "reduction": "mul"}),
@@ -211,21 +216,21 @@ def make_inputs(specs, seed):
     return [draw(spec, rng) for spec in specs]
 
 
-def host_gradients(op, attrs, arrays, w, monkeypatch):
-    """(loss, [d loss / d x for each float input]) in float64 on the host: the backward graph from autodiff
-    evaluated node by node through the ops' numpy forms (the kernels' dtype limits lifted for the build)."""
+def host_gradients(op, attrs, arrays, w, monkeypatch, constant=()):
+    """(loss, [d loss / d x for each float input not in `constant`]) in float64 on the host: the backward graph
+    from autodiff evaluated node by node through the ops' numpy forms (the kernels' dtype limits lifted)."""
     for spec in OPS.values():
         monkeypatch.setattr(spec, "dtypes", None)
     g = Graph("host")
     b = Builder(g)
-    inputs = [g.add_input(f"x{i}", "float64", a.shape) if a.dtype.kind == "f" else g.constant(a)
-              for i, a in enumerate(arrays)]
+    inputs = [g.add_input(f"x{i}", "float64", a.shape) if a.dtype.kind == "f" and i not in constant else
+              g.constant(a) for i, a in enumerate(arrays)]
     xs = [v for v in inputs if v.const is None]
     y = b.op(op, inputs, dict(attrs))
     prod = b.op("Mul", [y, b.const(w)])
     loss = b.op("Reduce", [prod], {"mode": "sum", "axes": tuple(range(prod.rank)), "keepdims": 0})
     grads = gradients(g, loss, xs)
-    values = {v.id: a for v, a in zip(xs, [a for a in arrays if a.dtype.kind == "f"])}
+    values = {v.id: arrays[int(v.name[1:])] for v in xs}
     for node in g.nodes:
         assert node.spec.numpy is not None, f"{node.op} has no numpy form"
         ins = [None if v is None else (v.const if v.const is not None else values[v.id]) for v in node.inputs]
@@ -237,16 +242,17 @@ def host_gradients(op, attrs, arrays, w, monkeypatch):
 
 def check(op, specs, attrs, on_device, monkeypatch=None, seed=0):
     arrays = make_inputs(specs, seed)
+    constant = {i for i, spec in enumerate(specs) if spec[0] == "const"}
     y = host_forward(op, attrs, arrays)
     w = np.random.default_rng(seed + 100).standard_normal(y.shape)
     if on_device:
-        loss, grads = device_gradients(op, attrs, arrays, w, fed_weights=True)
+        loss, grads = device_gradients(op, attrs, arrays, w, fed_weights=True, constant=constant)
     else:
-        loss, grads = host_gradients(op, attrs, arrays, w, monkeypatch)
+        loss, grads = host_gradients(op, attrs, arrays, w, monkeypatch, constant)
     ref_loss = float((y * w).sum())
     assert abs(loss - ref_loss) <= 1e-4 * max(1.0, abs(ref_loss)), (loss, ref_loss)
     errors = []
-    for i, g in zip([i for i, a in enumerate(arrays) if a.dtype.kind == "f"], grads):
+    for i, g in zip([i for i, a in enumerate(arrays) if a.dtype.kind == "f" and i not in constant], grads):
         fd = central_differences(op, attrs, arrays, w, i)
         assert g.shape == fd.shape, (i, g.shape, fd.shape)
         errors.append(rel_l2(g, fd))
@@ -306,6 +312,28 @@ def test_lrn_numpy_matches_the_spec_and_onnxruntime():
             model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=7)
             session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
             assert rel_l2(got, session.run(None, {"x": x})[0]) <= 1e-6, size
+
+
+@pytest.mark.parametrize("mode", ["avg", "max"])
+@pytest.mark.parametrize("ratio,coords", [(0, "half_pixel"), (2, "output_half_pixel")])
+def test_roialign_numpy_matches_onnx_reference(mode, ratio, coords):
+    """RoiAlign's numpy form (the gradient check's forward) is onnx.reference's RoiAlign."""
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((2, 3, 7, 8)).astype(np.float32)
+    rois = np.array([[0.5, 1, 5, 6.5], [-2, 3, 4, 9], [2, 2, 2.5, 2.2], [6, 0, 10, 4]], np.float32)
+    batch = np.array([1, 0, 1, 1], np.int64)
+    attrs = {"mode": mode, "output_height": 3, "output_width": 2, "spatial_scale": 0.9, "sampling_ratio": ratio}
+    node = helper.make_node("RoiAlign", ["x", "rois", "batch"], ["y"], coordinate_transformation_mode=coords, **attrs)
+    graph = helper.make_graph([node], "roi", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape),
+                                              helper.make_tensor_value_info("rois", TensorProto.FLOAT, rois.shape),
+                                              helper.make_tensor_value_info("batch", TensorProto.INT64, batch.shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 16)], ir_version=8)
+    want = reference(model, {"x": x, "rois": rois, "batch": batch})[0]
+    g = Graph()
+    got = Builder(g).op("RoiAlign", [g.constant(x), g.constant(rois), g.constant(batch)],
+                        dict(attrs, half_pixel=int(coords == "half_pixel"))).const
+    assert rel_l2(got, want) <= 1e-6
 
 
 def test_piecewise_constant_ops_pass_no_gradient():
