@@ -70,7 +70,8 @@ def const(array):
 
 
 def with_zeros(*shape):
-    """normal, with exact zeros at flat positions 0 (alone in its row of the last axis) and 3, 4 (together)"""
+    """normal, with exact zeros at flat positions 0, 3 and 4: rows with two zeros and with one (a [3, 4] input: two
+    in row 0, one in row 1; [2, 3]: one in row 0, two in row 1)"""
     return ("zeros", None, shape)
 
 
@@ -179,7 +180,7 @@ CASES = [
                                            np.float32)), const(np.array([1, 0, 1, 1], np.int64))],
        {"mode": mode, "output_height": 3, "output_width": 2, "spatial_scale": 0.9, "sampling_ratio": ratio,
         "half_pixel": hp}) for mode in ("avg", "max") for ratio, hp in ((0, 1), (2, 0))],
-    # updates (3, 4 and 0 flat) of zero: one alone at its target, two together
+    # zero updates: one alone at its target (row 0), two at one target (row 1)
     ("ScatterElements-mul-zeros", "ScatterElements", [normal(3, 4), const([[1, 2, 2], [0, 0, 3]]), with_zeros(2, 3)],
      {"axis": 1, "reduction": "mul"}),
 ]
