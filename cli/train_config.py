@@ -331,7 +331,8 @@ tests/cli/test_train_config.py checks that it is up to date. -->
 `dlnet train CONFIG.yaml` reads one YAML mapping. Every key below is optional unless marked required; a key that is
 not listed, a value of the wrong type or out of range, a duplicate key, an alias (`*name`) or merge key (`<<`), and a
 file over 1 MiB are errors that name the key (or line) and what was expected. `dlnet train --show-config CONFIG`
-prints the config with every default filled in. Paths are relative to the config's folder.
+prints the config with every default filled in. Paths are relative to the config's folder. Numbers such as `3e-4`
+read as floats (YAML 1.2; PyYAML alone would want `3.0e-4`).
 
 | key | type | default | meaning |
 |---|---|---|---|

@@ -161,6 +161,9 @@ def test_a_checkpoint_of_another_model_names_the_weight(trained, tmp_path):
     with pytest.raises(ConfigError, match=r"checkpoint-000003.safetensors: the model's weight 'w2' is not in the "
                                           r"checkpoint"):
         train_cli.run_training(path, resume=True, echo=quiet)
+    linear_model(tmp_path / "m.onnx", bias=False)
+    with pytest.raises(ConfigError, match=r"checkpoint-000003.safetensors: weight 'b' is not in the model "):
+        train_cli.run_training(path, resume=True, echo=quiet)
     assert len(checkpoint.checkpoints(str(out))) == 2 and not temp_files(out)
 
 

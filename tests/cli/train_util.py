@@ -12,16 +12,18 @@ SIDE = 16  # 1 x 16 x 16 images: a checkpoint of ~10 KB (larger than the 4 KiB o
 CLASSES = 3
 
 
-def linear_model(path, side=SIDE, classes=CLASSES, weight="w", seed=1):
+def linear_model(path, side=SIDE, classes=CLASSES, weight="w", seed=1, bias=True):
     """Flatten -> Gemm: [n, 1, side, side] -> [n, classes] logits."""
     rng = np.random.default_rng(seed)
     n_in = side * side
     w = numpy_helper.from_array((rng.standard_normal((n_in, classes)) * 0.05).astype(np.float32), weight)
     b = numpy_helper.from_array(np.zeros(classes, np.float32), "b")
-    nodes = [helper.make_node("Flatten", ["x"], ["f"]), helper.make_node("Gemm", ["f", weight, "b"], ["y"])]
+    nodes = [helper.make_node("Flatten", ["x"], ["f"]),
+             helper.make_node("Gemm", ["f", weight, "b"] if bias else ["f", weight], ["y"])]
     graph = helper.make_graph(nodes, "lin", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
                                                                             ["n", 1, side, side])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", classes])], [w, b])
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", classes])],
+                              [w, b] if bias else [w])
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=7), str(path))
     return str(path)
 
