@@ -140,7 +140,8 @@ def _run(config_path, written, cfg, resume, force, echo, interrupts):
 def _check_run_folder(output, resume, force):
     if os.path.lexists(output) and not os.path.isdir(output):
         raise ConfigError(f"output {output}: exists and is not a folder")
-    entries = sorted(os.listdir(output)) if os.path.isdir(output) else []
+    # a temporary file a killed run left holds nothing to keep (the run removes it)
+    entries = sorted(e for e in os.listdir(output) if not ckpt.TEMP.match(e)) if os.path.isdir(output) else []
     if entries and not (resume or force):
         shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
         raise ConfigError(f"output {output}: the run folder exists ({shown}); continue it with --resume or start it "
@@ -341,6 +342,7 @@ class _TrainingRun:
                 interrupts.check()
         except KeyboardInterrupt as e:
             if not getattr(e, "between_steps", False):  # at once, maybe mid-step: the last checkpoint stays
+                self.echo(f"interrupted: the last checkpoint is {self.last_checkpoint or 'none yet'}")
                 raise
             done = len(self.rows)
             self.checkpoint(done + 1, self.position["step"])

@@ -1,5 +1,6 @@
 """A small training setup the `dlnet train` tests share: a linear classifier, a dataset it can learn, a config, and a
 way to run the real command in a subprocess (with an optional test harness run first in that process)."""
+import functools
 import os
 import subprocess
 import sys
@@ -84,6 +85,7 @@ def temp_files(folder):
     return sorted(f for f in os.listdir(folder) if ".dlnet-tmp-" in f)
 
 
+@functools.lru_cache(maxsize=None)
 def can_unshare():
     """Whether this machine lets an unprivileged user and mount namespace mount a tmpfs (for real read-only and
     full-disk folders)."""
