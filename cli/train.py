@@ -191,9 +191,11 @@ def _check_state_fields(path, state):
     rows_ok = len(state["rows"]) == state["epoch"] and all(
         isinstance(r, dict) and set(r) <= set(METRICS) and all(isinstance(v, number) for v in r.values())
         for r in state["rows"])
+    if not rows_ok or state["step"] < 0:
+        raise ConfigError(f"{path}: not a dlnet training state (field {'step' if rows_ok else 'rows'!r})")
     position = state["position"]
-    if not rows_ok or not isinstance(position.get("step"), int) or not isinstance(position.get("total"), number):
-        raise ConfigError(f"{path}: not a dlnet training state (field {'position' if rows_ok else 'rows'!r})")
+    if not isinstance(position.get("step"), int) or not isinstance(position.get("total"), number):
+        raise ConfigError(f"{path}: not a dlnet training state (field 'position')")
 
 
 class _NoBar:

@@ -179,8 +179,12 @@ def test_a_forged_state_is_an_error_not_a_crash(tmp_path):
     with pytest.raises(ConfigError, match=r"checkpoint-000001.safetensors: not a dlnet training state \(field "
                                           r"'rows'\)"):
         train_cli.run_training(path, resume=True, echo=quiet)
-    checkpoint.save_checkpoint(str(out), {"weight/w": w}, {"epoch": "1"})
+    checkpoint.save_checkpoint(str(out), {"weight/w": w}, dict(forged, rows=[], epoch=0, step=-4))
     with pytest.raises(ConfigError, match=r"checkpoint-000002.safetensors: not a dlnet training state \(field "
+                                          r"'step'\)"):
+        train_cli.run_training(path, resume=True, echo=quiet)
+    checkpoint.save_checkpoint(str(out), {"weight/w": w}, {"epoch": "1"})
+    with pytest.raises(ConfigError, match=r"checkpoint-000003.safetensors: not a dlnet training state \(field "
                                           r"'config'\)"):
         train_cli.run_training(path, resume=True, echo=quiet)
 
