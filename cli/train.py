@@ -1,10 +1,12 @@
-"""`dlnet train config.yaml`: train an ONNX model from a YAML config, with checkpoints and exact resume."""
+"""`dlnet train config.yaml`: train an ONNX model as a YAML config says (its schema: train_config.py, written out in
+docs/config.md), with checkpoints that are data (checkpoint.py), exact resume, and a stop on a NaN or Inf loss."""
+import contextlib
 import csv
-import hashlib
-import json
+import io
+import math
 import os
-import pickle
 import signal
+import sys
 import threading
 import time
 
@@ -13,362 +15,436 @@ import numpy as np
 
 from dlnet.errors import ConfigError
 
+from . import checkpoint as ckpt
+from .checkpoint import write_atomic
 from .common import command_errors
+from .train_config import MAY_CHANGE_ON_RESUME, config_changes, load_config, read_config, resolve_paths, show_config
+from .train_data import augment, check_dataset, load_dataset, normalise
 
-# key: (type(s), default); a dict value is a nested section
-SCHEMA = {
-    "model": (str, None),
-    "dataset": {"path": (str, None), "val_split": (float, 0.1)},
-    # resize: [height, width] at load; random_crop: [pad]: pad by zeros, then crop back to the image size at a random
-    # offset per image (CIFAR style); flip: random horizontal flips; mean/std: per channel or one for all
-    "preprocess": {"resize": (list, None), "random_crop": (list, None), "flip": (bool, False),
-                   "mean": ((float, list), 0.0), "std": ((float, list), 1.0)},
-    "batch_size": (int, 32),
-    "epochs": (int, 1),
-    "loss": (str, "cross_entropy"),
-    "label_smoothing": (float, 0.0),
-    "optimizer": {"name": (str, "adam"), "lr": (float, 1e-3), "momentum": (float, 0.0), "nesterov": (bool, False),
-                  "weight_decay": (float, 0.0), "clip_norm": ((float, type(None)), None)},
-    "schedule": {"name": (str, "none"), "step_size": (int, 1), "gamma": (float, 0.1), "warmup": (int, 0)},
-    "output": (str, "runs/train"),
-    "device": ((str, type(None)), None),
-    "seed": (int, 0),
-}
+__all__ = ["augment", "load_config", "load_dataset", "normalise", "run_training", "train"]
+
+# besides checkpoints and temporary files, what a run writes into its folder (and --force removes)
+OWN_FILES = ("metrics.csv", "metrics.png", "model.onnx", ckpt.LEGACY)
+METRICS = ("epoch", "train_loss", "train_accuracy", "val_loss", "val_accuracy", "images_per_s")
+# the train accuracy: as many training images as validation ones (at least 256, at most 2048), evaluated after each
+# epoch in inference mode like the validation images (on the digits, all 1078 of them made an epoch 30% longer)
+TRAIN_EVAL = (256, 2048)
 
 
-# list keys: the type and count of their elements
-LISTS = {"preprocess.resize": (int, 2), "preprocess.random_crop": (int, 1), "preprocess.mean": (float, None),
-         "preprocess.std": (float, None)}
-
-
-def _check_list(name, v, path):
-    elem, count = LISTS[name]
-    ok = all(isinstance(e, (int, float) if elem is float else int) and not isinstance(e, bool) for e in v)
-    if not ok or (count is not None and len(v) != count):
-        n = f"{count} " if count is not None else ""
-        raise ConfigError(f"{path}: key {name!r} is {v!r}, expected a list of {n}{elem.__name__}")
-    return [elem(e) for e in v]
-
-
-def _check(cfg, schema, where, path):
-    if not isinstance(cfg, dict):
-        what = f"key {where[:-1]!r}" if where else "the file"
-        raise ConfigError(f"{path}: {what} must be a mapping of {', '.join(schema)}, got {type(cfg).__name__} "
-                          f"{cfg!r}")
-    out = {}
-    for key in cfg:
-        if key not in schema:
-            raise ConfigError(f"{path}: unknown key {where + key!r}; expected one of {', '.join(schema)}")
-    for key, spec in schema.items():
-        name = where + key
-        if isinstance(spec, dict):
-            section = cfg.get(key)
-            out[key] = _check({} if section is None else section, spec, name + ".", path)
-            continue
-        types, default = spec
-        if key not in cfg:
-            if default is None and types is str:
-                raise ConfigError(f"{path}: missing key {name!r} ({types.__name__})")
-            out[key] = default
-            continue
-        v = cfg[key]
-        types = types if isinstance(types, tuple) else (types,)
-        if float in types and isinstance(v, int) and not isinstance(v, bool):
-            v = float(v)
-        if not isinstance(v, types) or (isinstance(v, bool) and bool not in types):
-            raise ConfigError(f"{path}: key {name!r} is {type(v).__name__} {v!r}, expected "
-                              f"{' or '.join(t.__name__ for t in types)}")
-        if isinstance(v, list) and name in LISTS:
-            v = _check_list(name, v, path)
-        out[key] = v
-    return out
-
-
-def load_config(path):
-    import yaml
-    try:
-        with open(path) as f:
-            raw = yaml.safe_load(f)
-    except OSError as e:
-        raise ConfigError(f"{path}: {e.strerror}") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML ({e})") from None
-    cfg = _check(raw or {}, SCHEMA, "", path)
-    base = os.path.dirname(os.path.abspath(path))
-    for key in ("model", "output"):
-        cfg[key] = os.path.join(base, cfg[key])
-    cfg["dataset"]["path"] = os.path.join(base, cfg["dataset"]["path"])
-    return cfg
-
-
-def load_dataset(cfg, channels=3):
-    """(x float32 [N, C, H, W], y int64 [N], class names). A folder holds one sub-folder per class (sorted names
-    give the class indices); its images are read as grey (channels 1) or RGB, scaled to [0, 1]."""
-    p = cfg["dataset"]["path"]
-    if p.endswith(".npz"):
-        try:
-            d = np.load(p)
-            x, y = d["x"].astype(np.float32), d["y"]
-        except (OSError, KeyError, ValueError) as e:
-            raise ConfigError(f"dataset.path {p!r}: expected an .npz with arrays x and y ({e})") from None
-        return x, y, [str(c) for c in range(int(y.max()) + 1 if y.ndim == 1 and len(y) else 0)]
-    if os.path.isdir(p):
-        from PIL import Image, UnidentifiedImageError
-        classes = sorted(c for c in os.listdir(p) if os.path.isdir(os.path.join(p, c)))
-        size = cfg["preprocess"]["resize"]
-        xs, ys = [], []
-        for k, c in enumerate(classes):
-            for f in sorted(os.listdir(os.path.join(p, c))):
-                if f.startswith("."):
-                    continue
-                file = os.path.join(p, c, f)
-                try:
-                    im = Image.open(file).convert("L" if channels == 1 else "RGB")
-                except (OSError, UnidentifiedImageError) as e:
-                    raise ConfigError(f"dataset {file}: not a readable image ({e})") from None
-                if size:
-                    im = im.resize((size[1], size[0]), Image.BILINEAR)
-                a = np.asarray(im, np.float32) / 255.0
-                a = a[None] if a.ndim == 2 else a.transpose(2, 0, 1)
-                if xs and a.shape != xs[0].shape:
-                    raise ConfigError(f"dataset {file}: image is {a.shape[2]}x{a.shape[1]}, the first one "
-                                      f"{xs[0].shape[2]}x{xs[0].shape[1]}; set preprocess.resize: [height, width]")
-                xs.append(a)
-                ys.append(k)
-        if not xs:
-            raise ConfigError(f"dataset.path {p!r}: no images in class sub-folders")
-        return np.stack(xs), np.array(ys, np.int64), classes
-    raise ConfigError(f"dataset.path {p!r}: expected an .npz with arrays x, y or a folder with a sub-folder per class")
-
-
-def augment(x, cfg, rng):
-    """Random horizontal flips and pad-and-crop, one draw per image from `rng`, then normalise."""
-    pre = cfg["preprocess"]
-    if pre["flip"]:
-        flip = rng.random(len(x)) < 0.5
-        x = np.where(flip[:, None, None, None], x[..., ::-1], x)
-    if pre["random_crop"]:
-        pad = int(pre["random_crop"][0])
-        h, w = x.shape[2], x.shape[3]
-        xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
-        offsets = rng.integers(0, 2 * pad + 1, (len(x), 2))
-        x = np.stack([xp[i, :, dy:dy + h, dx:dx + w] for i, (dy, dx) in enumerate(offsets)]) if len(x) else x
-    return normalise(x, cfg)
-
-
-def normalise(x, cfg):
-    mean = np.asarray(cfg["preprocess"]["mean"], np.float32).reshape(-1, 1, 1)
-    std = np.asarray(cfg["preprocess"]["std"], np.float32).reshape(-1, 1, 1)
-    return np.ascontiguousarray((x - mean) / std, dtype=np.float32)
+def warn(line):
+    click.echo(f"dlnet: warning: {line}", err=True)
 
 
 def make_optimizer(cfg, steps_per_epoch):
+    """The optimizer and schedule the (checked) config names."""
     from dlnet import optim
     o, s = cfg["optimizer"], cfg["schedule"]
     total = steps_per_epoch * cfg["epochs"]
     schedule = {"none": lambda: optim.Warmup(s["warmup"]) if s["warmup"] else None,
                 "step": lambda: optim.StepLR(s["step_size"] * steps_per_epoch, s["gamma"], s["warmup"]),
-                "cosine": lambda: optim.Cosine(total, warmup=s["warmup"])}.get(s["name"])
-    if schedule is None:
-        raise ConfigError(f"schedule.name {s['name']!r}: expected none, step or cosine")
-    kw = dict(lr=o["lr"], weight_decay=o["weight_decay"], schedule=schedule(), clip_norm=o["clip_norm"])
+                "cosine": lambda: optim.Cosine(total, warmup=s["warmup"])}[s["name"]]()
+    kw = dict(lr=o["lr"], weight_decay=o["weight_decay"], schedule=schedule, clip_norm=o["clip_norm"])
     if o["name"] == "sgd":
         return optim.SGD(momentum=o["momentum"], nesterov=o["nesterov"], **kw)
-    if o["name"] in ("adam", "adamw"):
-        return (optim.Adam if o["name"] == "adam" else optim.AdamW)(**kw)
-    raise ConfigError(f"optimizer.name {o['name']!r}: expected sgd, adam or adamw")
+    return (optim.Adam if o["name"] == "adam" else optim.AdamW)(**kw)
 
 
-def save_checkpoint(path, state):
-    """Atomic: a temporary file beside `path`, fsynced, then os.replace; a failed write leaves the old checkpoint
-    and no temporary file behind."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            pickle.dump(state, f, protocol=pickle.HIGHEST_PROTOCOL)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    try:  # make the rename itself durable
-        fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C's KeyboardInterrupt so the same clean-up runs; the exit status is 143."""
 
 
-class _DeferInterrupt:
-    """Ctrl-C during training: a first SIGINT is held until the running step ends (a step half-enqueued would leave
-    the weights half-updated, and the checkpoint could not continue exactly); a second one interrupts at once."""
+class _Interrupts:
+    """SIGINT (Ctrl-C) and SIGTERM during a run. Inside deferred() (the training loop) the first one is held until the
+    running step ends, and check() raises it: a step half-enqueued would leave the weights half-updated, and the
+    checkpoint could not continue exactly. A second one, or one outside deferred(), is raised at once (the temporary
+    file of a write under way is removed as the exception passes)."""
 
     def __init__(self):
-        self.requested = False
-        self.previous = None
+        self.pending, self.defer, self.previous = None, False, {}
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
-            self.previous = signal.signal(signal.SIGINT, self._handler)
+            for s in (signal.SIGINT, signal.SIGTERM):
+                self.previous[s] = signal.signal(s, self._handler)
         return self
 
-    def _handler(self, signum, frame):
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-
-    def check(self):
-        if self.requested:
-            self.requested = False
-            raise KeyboardInterrupt
-
     def __exit__(self, *exc):
-        if self.previous is not None:
-            signal.signal(signal.SIGINT, self.previous)
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
         return False
 
+    @staticmethod
+    def _exception(signum, between_steps):
+        e = Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+        e.between_steps = between_steps
+        return e
 
-def run_training(config_path, resume=False, echo=print):
-    """Train as the config says; returns the per-epoch metric rows. A checkpoint is written atomically after every
-    epoch and on Ctrl-C (mid-epoch: with the epoch's order and position), so --resume continues exactly: the same
-    seed gives the same loss curve as an uninterrupted run."""
+    def _handler(self, signum, frame):
+        if self.defer and self.pending is None:
+            self.pending = signum
+            return
+        raise self._exception(signum, False)
+
+    def check(self):
+        if self.pending is not None:
+            signum, self.pending = self.pending, None
+            raise self._exception(signum, True)
+
+    @contextlib.contextmanager
+    def deferred(self):
+        self.defer = True
+        try:
+            yield
+        finally:
+            self.defer = False
+
+
+def run_training(config_path, resume=False, echo=print, force=False):
+    """Train as the config says; returns the per-epoch metric rows. A checkpoint is written after every epoch and on
+    Ctrl-C or SIGTERM (mid-epoch: with the epoch's order and position), so --resume continues exactly: the same seed
+    gives the same loss curve as an uninterrupted run. Nothing is created before the config, the data, the model and
+    (with resume) the checkpoint are checked; a run folder this call made is removed again when it fails before
+    writing anything into it."""
+    if resume and force:
+        raise ConfigError("--resume and --force: give one (continue the run, or start it over)")
+    written = read_config(config_path)
+    cfg = resolve_paths(written, config_path)
+    with _Interrupts() as interrupts:
+        try:
+            return _run(config_path, written, cfg, resume, force, echo, interrupts)
+        except KeyboardInterrupt as e:
+            raise SystemExit(143 if isinstance(e, Terminated) else 130) from None
+
+
+def _run(config_path, written, cfg, resume, force, echo, interrupts):
     import dlnet
-    cfg = load_config(config_path)
-    cfg_hash = hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:16]
-    os.makedirs(cfg["output"], exist_ok=True)
+    output = cfg["output"]
+    _check_run_folder(output, resume, force)
     net = dlnet.Net(dlnet.Context(cfg["device"])).load_onnx(cfg["model"])
-    run = _TrainingRun(cfg, cfg_hash, net, echo)
+    run = _TrainingRun(config_path, written, cfg, net, echo)
     if resume:
         run.resume()
-    run.train()
-    write_metrics(cfg["output"], run.rows, echo)
-    net.save_onnx(os.path.join(cfg["output"], "model.onnx"))
+    created = _make_folder(output)
+    try:
+        _prepare_folder(output, force, echo)
+        run.train(interrupts)
+        run.finish()
+    except BaseException:
+        for folder in reversed(created):  # what this call made, where it is still empty
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
+        raise
     return run.rows
+
+
+def _check_run_folder(output, resume, force):
+    if os.path.lexists(output) and not os.path.isdir(output):
+        raise ConfigError(f"output {output}: exists and is not a folder")
+    # a temporary file a killed run left holds nothing to keep (the run removes it)
+    entries = sorted(e for e in os.listdir(output) if not ckpt.TEMP.match(e)) if os.path.isdir(output) else []
+    if entries and not (resume or force):
+        shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+        raise ConfigError(f"output {output}: the run folder exists ({shown}); continue it with --resume or start it "
+                          f"over with --force")
+
+
+def _make_folder(output):
+    """Make the run folder and its missing parents; returns those it made, outermost first."""
+    missing, folder = [], os.path.abspath(output)
+    while not os.path.isdir(folder):
+        missing.append(folder)
+        folder = os.path.dirname(folder)
+    try:
+        os.makedirs(output, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"output {output}: could not make the run folder ({e.strerror})") from None
+    return missing[::-1]
+
+
+def _prepare_folder(output, force, echo):
+    """Check the folder takes files, remove temporary files that killed runs left, and with force dlnet's own files."""
+    probe = ckpt.temp_path(os.path.join(output, "write-test"))
+    try:
+        open(probe, "wb").close()
+        os.unlink(probe)
+    except OSError as e:
+        raise ConfigError(f"output {output}: the run folder is not writable ({e.strerror})") from None
+    stale = ckpt.remove_stale_temps(output)
+    if stale:
+        echo(f"removed {len(stale)} temporary file(s) an interrupted run left in {output}")
+    if force:
+        for path in [p for _, p in ckpt.checkpoints(output)] + [os.path.join(output, f) for f in OWN_FILES]:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+
+
+def _check_state_fields(path, state):
+    """A checkpoint's state holds what this module wrote, with its types (anyone can write a file whose checksum
+    matches; what it holds is checked before it is used)."""
+    kinds = {"config": dict, "epoch": int, "step": int, "rows": list, "rng": dict, "position": dict,
+             "train_images": int, "val_images": int}
+    for key, kind in kinds.items():
+        v = state.get(key) if isinstance(state, dict) else None
+        if not isinstance(v, kind) or isinstance(v, bool):
+            raise ConfigError(f"{path}: not a dlnet training state (field {key!r})")
+    number = (int, float)
+    rows_ok = len(state["rows"]) == state["epoch"] and all(
+        isinstance(r, dict) and set(r) <= set(METRICS) and all(isinstance(v, number) for v in r.values())
+        for r in state["rows"])
+    if not rows_ok or state["step"] < 0:
+        raise ConfigError(f"{path}: not a dlnet training state (field {'step' if rows_ok else 'rows'!r})")
+    position = state["position"]
+    if not isinstance(position.get("step"), int) or not isinstance(position.get("total"), number):
+        raise ConfigError(f"{path}: not a dlnet training state (field 'position')")
+
+
+class _NoBar:
+    def update(self, n):
+        pass
+
+    def set_postfix_str(self, text, refresh=True):
+        pass
+
+    def close(self):
+        pass
+
+
+def progress_bar(total, initial, desc, stream=None):
+    """A bar of the epoch's images with the loss, images/s and the time left: tqdm on stderr, only on a terminal;
+    an object that does nothing otherwise, or where tqdm (the `progress` extra) is not installed."""
+    stream = stream or sys.stderr
+    if not stream.isatty():
+        return _NoBar()
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return _NoBar()
+    return tqdm(total=total, initial=initial, desc=desc, unit="img", file=stream, leave=False, dynamic_ncols=True,
+                mininterval=0.25)
 
 
 class _TrainingRun:
     """One training run: the data split, the trainer, and where the run stands (epoch, position in the epoch, metric
     rows), which a checkpoint saves and --resume restores."""
 
-    def __init__(self, cfg, cfg_hash, net, echo):
+    def __init__(self, config_path, written, cfg, net, echo):
         import dlnet
-        self.cfg, self.cfg_hash, self.net, self.echo = cfg, cfg_hash, net, echo
+        self.config_path, self.written, self.cfg, self.net, self.echo = config_path, written, cfg, net, echo
         self.name = net.inputs[0].name
         in_shape = net.inputs[0].shape
         channels = in_shape[1] if len(in_shape) == 4 and isinstance(in_shape[1], int) else 3
         x, y, classes = load_dataset(cfg, channels)
+        check_dataset(x, y, cfg)
         echo(f"dataset: {len(x)} images, {len(classes)} classes, {' x '.join(str(d) for d in x.shape[1:])}")
-        split_rng = np.random.default_rng(cfg["seed"])
-        order = split_rng.permutation(len(x))
-        nval = int(len(x) * cfg["dataset"]["val_split"])
-        self.nval = nval
+        order = np.random.default_rng(cfg["seed"]).permutation(len(x))
+        self.nval = nval = int(len(x) * cfg["dataset"]["val_split"])
         self.xv, self.yv, self.xt, self.yt = x[order[:nval]], y[order[:nval]], x[order[nval:]], y[order[nval:]]
         self.bs = cfg["batch_size"]
         self.steps = max(len(self.xt) // self.bs, 1)
         self.trainer = dlnet.Trainer(net, loss=cfg["loss"], optimizer=make_optimizer(cfg, self.steps),
                                      label_smoothing=cfg["label_smoothing"], seed=cfg["seed"])
         self.rng = np.random.default_rng(cfg["seed"] + 1)
-        self.ckpt = os.path.join(cfg["output"], "checkpoint.pkl")
-        self.rows, self.start = [], 0
+        self.output = cfg["output"]
+        self.rows, self.start, self.last_checkpoint = [], 0, None
         # where an interrupted epoch stopped: its order, the next step and the loss summed so far
         self.position = {"perm": None, "step": 0, "total": 0.0}
 
+    # checkpoints -----------------------------------------------------------------------------------------------------
     def resume(self):
-        """Continue from the output folder's checkpoint, where there is one."""
-        ckpt = self.ckpt
-        if not os.path.exists(ckpt):
-            self.echo(f"no checkpoint in {self.cfg['output']}: starting from scratch")
+        """Continue from the run folder's newest good checkpoint, where there is one; nothing is written here."""
+        found = ckpt.load_newest(self.output, warn)
+        if found is None:
+            self.echo(f"no checkpoint in {self.output}: starting from scratch")
             return
-        try:
-            with open(ckpt, "rb") as f:
-                state = pickle.load(f)
-        except (OSError, pickle.UnpicklingError, EOFError) as e:
-            raise ConfigError(f"{ckpt}: not a readable checkpoint ({e})") from None
-        if state["config_hash"] != self.cfg_hash:
-            raise ConfigError(f"{ckpt}: written with another config (hash {state['config_hash']}, "
-                              f"now {self.cfg_hash})")
-        self.net.load_state_dict(state["weights"])
-        self.trainer.load_optimizer_state(state["optimizer"])
+        path, tensors, state = found
+        self._check_state(path, state)
+        weights = {k[len("weight/"):]: a for k, a in tensors.items() if k.startswith("weight/")}
+        opt_state = {k[len("optimizer/"):]: a for k, a in tensors.items() if k.startswith("optimizer/")}
+        self._check_tensors(path, weights, opt_state)
+        perm = tensors.get("position/perm")
+        if perm is not None and (perm.shape != (len(self.xt),) or sorted(perm.tolist()) != list(range(len(self.xt)))):
+            raise ConfigError(f"{path}: position/perm is not an order of the {len(self.xt)} training images")
+        self.net.load_state_dict(weights)
+        self.trainer.load_optimizer_state(opt_state)
         self.trainer.step_count = state["step"]
-        self.rng.bit_generator.state = state["rng"]
-        self.rows, self.start = state["rows"], state["epoch"]
-        self.position = state.get("position") or self.position
-        self.echo(f"resumed from {ckpt}: epoch {self.start + 1}, step {self.position['step']}")
-
-    def checkpoint(self, epoch):
-        save_checkpoint(self.ckpt, {"weights": self.net.state_dict(), "optimizer": self.trainer.optimizer_state(),
-                                    "step": self.trainer.step_count, "rng": self.rng.bit_generator.state,
-                                    "config_hash": self.cfg_hash, "epoch": epoch, "rows": self.rows,
-                                    "position": self.position})
-
-    def train(self):
-        """The remaining epochs; on Ctrl-C, a checkpoint and exit status 130."""
         try:
-            with _DeferInterrupt() as interrupt:
-                for epoch in range(self.start, self.cfg["epochs"]):
-                    self.train_epoch(epoch, interrupt)
-        except KeyboardInterrupt:
-            # raised between steps (see _DeferInterrupt): the weights, step count and position agree
-            done = len(self.rows)
-            self.checkpoint(done)
-            self.echo(f"interrupted: checkpoint after {done} epochs and {self.position['step']} steps in "
-                      f"{self.ckpt}; continue with --resume")
-            raise SystemExit(130) from None
+            self.rng.bit_generator.state = state["rng"]
+        except (TypeError, ValueError, KeyError) as e:
+            raise ConfigError(f"{path}: rng is not a random generator's state ({e})") from None
+        self.rows, self.start, self.last_checkpoint = state["rows"], state["epoch"], path
+        self.position = {"perm": perm, "step": state["position"]["step"], "total": state["position"]["total"]}
+        self.echo(f"resumed from {path}: epoch {self.start + 1}, step {self.position['step']}")
 
-    def train_epoch(self, epoch, interrupt):
-        """The epoch's remaining steps, then validation, a metric row and a checkpoint."""
+    def _check_state(self, path, state):
+        """The checkpoint's JSON state has dlnet's fields and fits this config and dataset."""
+        _check_state_fields(path, state)
+        changes = config_changes(state["config"], self.written)
+        if changes:
+            said = ", ".join(f"{k} {a!r} -> {b!r}" for k, a, b in changes)
+            raise ConfigError(f"{self.config_path}: differs from the config of {path}: {said}; only "
+                              f"{', '.join(MAY_CHANGE_ON_RESUME)} may change on --resume (or start over with --force)")
+        if state["epoch"] > self.cfg["epochs"]:
+            raise ConfigError(f"{self.config_path}: epochs is {self.cfg['epochs']}, but {path} has "
+                              f"{state['epoch']} done; epochs may only grow on --resume")
+        if (state["train_images"], state["val_images"]) != (len(self.xt), self.nval):
+            raise ConfigError(f"{path}: written for {state['train_images']} training and {state['val_images']} "
+                              f"validation images; dataset.path now gives {len(self.xt)} and {self.nval}")
+        if not 0 <= state["position"]["step"] <= self.steps:
+            raise ConfigError(f"{path}: position step {state['position']['step']}, an epoch has {self.steps}")
+
+    def _check_tensors(self, path, weights, opt_state):
+        """Every weight of the model is in the checkpoint with its shape, and nothing else is."""
+        model = {i.name: tuple(i.dims) for i in self.net.model.graph.initializer}
+        for name, shape in model.items():  # in the model's order: the first mismatch named is always the same
+            if name not in weights:
+                raise ConfigError(f"{path}: the model's weight {name!r} is not in the checkpoint "
+                                  f"(another model: {self.cfg['model']})")
+            if tuple(weights[name].shape) != shape:
+                raise ConfigError(f"{path}: weight {name!r} has shape {list(weights[name].shape)}, the model's is "
+                                  f"{list(shape)}")
+        extra = sorted(set(weights) - set(model))
+        if extra:
+            raise ConfigError(f"{path}: weight {extra[0]!r} is not in the model {self.cfg['model']}")
+        slots = self.trainer.optimizer.slots
+        for key, a in opt_state.items():
+            name, _, slot = key.rpartition("/")
+            if name not in model or slot not in slots or a.size != int(np.prod(model[name], dtype=np.int64)):
+                raise ConfigError(f"{path}: optimizer state {key!r} does not fit the model's weights and "
+                                  f"{self.cfg['optimizer']['name']}'s slots ({', '.join(slots) or 'none'})")
+
+    def checkpoint(self, epoch, step):
+        """Save the run's state as the folder's next checkpoint; weights that are not finite are never saved."""
+        weights = self.net.state_dict()
+        for name, a in weights.items():
+            if a.dtype.kind == "f" and not np.isfinite(a).all():
+                raise self._diverged(f"weight {name!r} is not finite", epoch, step)
+        tensors = {f"weight/{n}": np.ascontiguousarray(a) for n, a in weights.items()}
+        tensors.update({f"optimizer/{k}": np.ascontiguousarray(a) for k, a in self.trainer.optimizer_state().items()})
+        if self.position["perm"] is not None:
+            tensors["position/perm"] = np.asarray(self.position["perm"], np.int64)
+        state = {"config": self.written, "epoch": len(self.rows), "step": self.trainer.step_count, "rows": self.rows,
+                 "rng": self.rng.bit_generator.state, "train_images": len(self.xt), "val_images": self.nval,
+                 "position": {"step": self.position["step"], "total": self.position["total"]}}
+        self.last_checkpoint = ckpt.save_checkpoint(self.output, tensors, state, keep=self.last_checkpoint)
+
+    def _diverged(self, what, epoch, step):
+        kept = (f"the last good checkpoint is {self.last_checkpoint}" if self.last_checkpoint
+                else "no checkpoint was written")
+        return ConfigError(f"{self.config_path}: training diverged at epoch {epoch}, step {step}/{self.steps} (step "
+                           f"{self.trainer.step_count} overall): {what}; {kept}; nothing exported (lower "
+                           f"optimizer.lr, or set optimizer.clip_norm)")
+
+    # training --------------------------------------------------------------------------------------------------------
+    def train(self, interrupts):
+        """The remaining epochs; on Ctrl-C or SIGTERM between steps, a checkpoint and exit status 130 or 143."""
+        try:
+            with interrupts.deferred():
+                for epoch in range(self.start, self.cfg["epochs"]):
+                    self.train_epoch(epoch, interrupts)
+                interrupts.check()
+        except KeyboardInterrupt as e:
+            if not getattr(e, "between_steps", False):  # at once, maybe mid-step: the last checkpoint stays
+                self.echo(f"interrupted: the last checkpoint is {self.last_checkpoint or 'none yet'}")
+                raise
+            done = len(self.rows)
+            self.checkpoint(done + 1, self.position["step"])
+            self.echo(f"interrupted: checkpoint after {done} epochs and {self.position['step']} steps in "
+                      f"{self.last_checkpoint}; continue with --resume")
+            raise
+
+    def train_epoch(self, epoch, interrupts):
+        """The epoch's remaining steps, then validation, a metric row, a checkpoint and metrics.csv."""
         cfg, bs, steps = self.cfg, self.bs, self.steps
         t0 = time.perf_counter()
         if self.position["perm"] is None:
             self.position = {"perm": self.rng.permutation(len(self.xt)), "step": 0, "total": 0.0}
         perm, first = self.position["perm"], self.position["step"]
-        for k in range(first, steps):
-            idx = perm[k * bs:(k + 1) * bs]
-            xb = augment(self.xt[idx], cfg, self.rng)
-            loss = self.trainer.step({self.name: xb, "target": self.yt[idx]})
-            self.position = {"perm": perm, "step": k + 1, "total": self.position["total"] + loss}
-            interrupt.check()
-        dt = time.perf_counter() - t0
-        m = (self.trainer.evaluate({self.name: normalise(self.xv, cfg), "target": self.yv}) if self.nval
+        images = min(steps * bs, len(self.xt))
+        bar = progress_bar(images, min(first * bs, images), f"epoch {epoch + 1}/{cfg['epochs']}")
+        try:
+            for k in range(first, steps):
+                idx = perm[k * bs:(k + 1) * bs]
+                loss = self.trainer.step({self.name: augment(self.xt[idx], cfg, self.rng), "target": self.yt[idx]})
+                norm = self.trainer.grad_norm
+                if not math.isfinite(loss) or (norm is not None and not math.isfinite(norm)):
+                    raise self._diverged(f"loss {loss}" if not math.isfinite(loss) else f"gradient norm {norm}",
+                                         epoch + 1, k + 1)
+                self.position = {"perm": perm, "step": k + 1, "total": self.position["total"] + loss}
+                bar.set_postfix_str(f"loss {loss:.4f}", refresh=False)
+                bar.update(len(idx))
+                interrupts.check()
+        finally:
+            bar.close()
+        self.end_epoch(epoch, (steps - first) * bs / (time.perf_counter() - t0))
+
+    def end_epoch(self, epoch, images_per_s):
+        cfg, name = self.cfg, self.name
+        m = (self.trainer.evaluate({name: normalise(self.xv, cfg), "target": self.yv}) if self.nval
              else {"loss": float("nan")})
-        row = {"epoch": epoch + 1, "train_loss": self.position["total"] / steps, "val_loss": m["loss"],
-               "val_accuracy": m.get("accuracy", float("nan")), "images_per_s": (steps - first) * bs / dt}
+        n = min(max(self.nval, TRAIN_EVAL[0]), TRAIN_EVAL[1])
+        t = self.trainer.evaluate({name: normalise(self.xt[:n], cfg), "target": self.yt[:n]})
+        row = {"epoch": epoch + 1, "train_loss": self.position["total"] / self.steps,
+               "train_accuracy": t.get("accuracy", float("nan")), "val_loss": m["loss"],
+               "val_accuracy": m.get("accuracy", float("nan")), "images_per_s": images_per_s}
         self.rows.append(row)
         self.position = {"perm": None, "step": 0, "total": 0.0}
-        self.checkpoint(epoch + 1)
-        self.echo(f"epoch {epoch + 1}/{cfg['epochs']}: loss {row['train_loss']:.4f}  "
-                  f"{row['images_per_s']:.0f} img/s  val loss {row['val_loss']:.4f}  val acc {row['val_accuracy']:.3f}")
+        self.checkpoint(epoch + 1, self.steps)
+        write_metrics(self.output, self.rows)
+        self.echo(f"epoch {epoch + 1}/{cfg['epochs']}: loss {row['train_loss']:.4f}  {images_per_s:.0f} img/s  "
+                  f"val loss {row['val_loss']:.4f}  val acc {row['val_accuracy']:.3f}")
+
+    def finish(self):
+        """metrics.csv, the plot, and the trained model.onnx."""
+        write_metrics(self.output, self.rows)
+        if not write_plot(self.output, self.rows):
+            self.echo("matplotlib is not installed: no plot (pip install -e '.[plot]' in dlnet's folder)")
+        self.net.state_dict()  # the trainer's device weights into the model
+        write_atomic(os.path.join(self.output, "model.onnx"), self.net.model.SerializeToString())
 
 
-def write_metrics(output, rows, echo):
-    """metrics.csv, and metrics.png where matplotlib is installed."""
-    with open(os.path.join(output, "metrics.csv"), "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["epoch"])
-        w.writeheader()
-        w.writerows(rows)
+def write_metrics(output, rows):
+    """metrics.csv: one row per epoch done (rewritten whole after each epoch, through a temporary file)."""
+    text = io.StringIO()
+    w = csv.DictWriter(text, fieldnames=METRICS, extrasaction="ignore", lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows)
+    write_atomic(os.path.join(output, "metrics.csv"), text.getvalue().encode())
+
+
+def write_plot(output, rows):
+    """metrics.png: loss and accuracy per epoch, train and validation; False where matplotlib is not installed."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        fig, ax = plt.subplots()
-        ax.plot([r["epoch"] for r in rows], [r["train_loss"] for r in rows], label="train loss")
-        ax.plot([r["epoch"] for r in rows], [r["val_loss"] for r in rows], label="val loss")
-        ax.legend()
-        fig.savefig(os.path.join(output, "metrics.png"))
     except ImportError:
-        echo("matplotlib is not installed: no plot (pip install 'dlnet[plot]')")
+        return False
+    epochs = [r["epoch"] for r in rows]
+    fig, (loss_ax, acc_ax) = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, what in ((loss_ax, "loss"), (acc_ax, "accuracy")):
+        ax.plot(epochs, [r[f"train_{what}"] for r in rows], "o-", label=f"train {what}")
+        ax.plot(epochs, [r[f"val_{what}"] for r in rows], "o-", label=f"validation {what}")
+        ax.set_xlabel("epoch")
+        ax.set_ylabel(what)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    png = io.BytesIO()
+    fig.savefig(png, format="png")
+    plt.close(fig)
+    write_atomic(os.path.join(output, "metrics.png"), png.getvalue())
+    return True
 
 
 @click.command()
 @click.argument("config", type=click.Path())
-@click.option("--resume", is_flag=True, help="continue from the output dir's checkpoint")
+@click.option("--resume", is_flag=True, help="Continue from the run folder's newest good checkpoint.")
+@click.option("--force", is_flag=True, help="Start over in a run folder that exists (dlnet's files in it go).")
+@click.option("--show-config", "show", is_flag=True, help="Print CONFIG with every default filled in, and exit.")
 @command_errors
-def train(config, resume):
-    """Train an ONNX model as CONFIG (YAML) says."""
-    run_training(config, resume, echo=click.echo)
+def train(config, resume, force, show):
+    """Train an ONNX model as CONFIG (YAML; keys in docs/config.md) says."""
+    if show:
+        click.echo(show_config(load_config(config), config), nl=False)
+        return
+    run_training(config, resume, echo=click.echo, force=force)

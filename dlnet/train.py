@@ -72,7 +72,8 @@ class _TrainPlan:
         tables = [(pbuf, gbuf, len(rows), *self._table(ctx, rows)) for (pbuf, gbuf), rows in groups.values()]
         self.partial = None
         if opt.clip_norm:
-            self.partial = ctx.alloc(4 * sum(n_rows for *_, n_rows in tables))
+            self.n_partial = sum(n_rows for *_, n_rows in tables)
+            self.partial = ctx.alloc(4 * self.n_partial)
             base = 0
             for _, gbuf, _, table, n_rows in tables:
                 k = ctx.kernel(kernel_source("optim"), "sumsq", OPTIONS)
@@ -116,9 +117,14 @@ class _TrainPlan:
             launch.enqueue(q)
         for launch in self.launches:
             launch.enqueue(q)
+        sums = None
+        if self.partial is not None:  # clipping summed the gradient's squares: the norm costs one small read
+            sums = np.empty(self.n_partial, np.float32)
+            cl.enqueue_copy(q, sums, self.partial, is_blocking=False)
         loss = np.empty((), np.float32)
         buf, off = self.plan.output_locs[0]
-        cl.enqueue_copy(q, loss, buf, src_offset=off * 4, is_blocking=True)
+        cl.enqueue_copy(q, loss, buf, src_offset=off * 4, is_blocking=True)  # the queue is in order: sums too
+        trainer.grad_norm = None if sums is None else float(np.sqrt(sums.sum(dtype=np.float64)))
         return float(loss)
 
     def download(self, ctx, v):
@@ -199,7 +205,8 @@ class Trainer:
 
     feeds: the model's input(s) by name and "target" (class indices for cross_entropy/nll, else an array shaped as
     the output). The device copy of the weights is the truth while training; net.state_dict(), net.save_onnx()
-    and evaluate() read it back.
+    and evaluate() read it back. A step whose loss or grad_norm is NaN or Inf has already applied its update: the
+    weights are lost, so a caller stops and goes back to saved ones.
 
     Which initializers train: `params` (names) if given, else every float initializer that feeds a differentiable
     path to the loss (not BatchNormalization's running statistics; not one read only through integer, boolean or
@@ -227,6 +234,9 @@ class Trainer:
         self.output = output or net.outputs[0].name
         self.seed = int(seed)
         self.step_count = 0
+        # the gradient's global L2 norm in the last step where clip_norm is set (clipping computes it), else None;
+        # with the loss, what tells a diverging run (NaN or Inf) from a healthy one
+        self.grad_norm = None
         self.hp_buf = self.ctx.alloc(4 * 16)
         self._state = None  # _StateArena: the optimizer's slots of every trained parameter
         self._pending = {}  # optimizer state loaded before the arena existed

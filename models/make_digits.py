@@ -58,7 +58,7 @@ def main():
     np.savez_compressed(os.path.join(HERE, "digits_train.npz"), x=inputs(x_train), y=y_train.astype(np.int64))
     init_model(os.path.join(HERE, "digits_init.onnx"))
     os.chdir(HERE)  # the config's paths are relative to models/
-    run_training("digits_train.yaml")
+    run_training("digits_train.yaml", force=True)  # a run of its own each time
     trained = os.path.join(HERE, "runs", "digits", "model.onnx")
     net = dlnet.Net().load_onnx(trained)
     pred = net.run({"image": inputs(x_test)})["logits"].argmax(1)

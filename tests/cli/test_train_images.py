@@ -57,7 +57,7 @@ def test_image_folder_trains_an_epoch(tmp_path, channels):
     rows = train_cli.run_training(path, echo=lines.append)
     assert lines[0] == f"dataset: 18 images, 3 classes, {channels} x 8 x 8", lines
     assert len(rows) == 1 and np.isfinite(rows[0]["train_loss"]) and np.isfinite(rows[0]["val_loss"])
-    assert (tmp_path / "out" / "model.onnx").exists() and (tmp_path / "out" / "checkpoint.pkl").exists()
+    assert (tmp_path / "out" / "model.onnx").exists() and (tmp_path / "out" / "checkpoint-000001.safetensors").exists()
 
 
 def test_load_dataset_labels_by_sorted_folder(tmp_path):

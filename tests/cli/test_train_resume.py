@@ -1,11 +1,12 @@
 """`dlnet train --resume` continues exactly, and checkpoints are written atomically."""
+import errno
 import os
-import pickle
 import signal
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from dlnet.cli import checkpoint
 from dlnet.cli import train as train_cli
 from dlnet.cli.main import cli
 
@@ -25,19 +26,26 @@ def digits_config(tmp_path, name, epochs=2):
 
 
 def final_state(out):
-    with open(out / "checkpoint.pkl", "rb") as f:
-        return pickle.load(f)
+    """The newest checkpoint's state, with its tensors as "weights" and "optimizer"."""
+    (_, path), *_ = checkpoint.checkpoints(str(out))
+    tensors, state = checkpoint.read_checkpoint(path)
+    for part in ("weight", "optimizer"):
+        state[part if part == "optimizer" else "weights"] = {k.split("/", 1)[1]: a for k, a in tensors.items()
+                                                              if k.startswith(part + "/")}
+    state["perm"] = tensors.get("position/perm")
+    return state
 
 
 def assert_same_run(a, b):
     assert len(a["rows"]) == len(b["rows"]) == 2
     for ra, rb in zip(a["rows"], b["rows"]):
-        for key in ("train_loss", "val_loss", "val_accuracy"):
+        for key in ("train_loss", "train_accuracy", "val_loss", "val_accuracy"):
             assert abs(ra[key] - rb[key]) <= 1e-6, (key, ra, rb)
     assert a["step"] == b["step"]
-    assert set(a["weights"]) == set(b["weights"])
+    assert set(a["weights"]) == set(b["weights"]) and a["weights"]
     for name in a["weights"]:
         np.testing.assert_array_equal(a["weights"][name], b["weights"][name], err_msg=name)
+    assert set(a["optimizer"]) == set(b["optimizer"]) and a["optimizer"]
     for name in a["optimizer"]:
         np.testing.assert_array_equal(a["optimizer"][name], b["optimizer"][name], err_msg=name)
 
@@ -94,43 +102,59 @@ def test_ctrl_c_mid_epoch_resumes_exactly(tmp_path, uninterrupted, monkeypatch):
     assert_same_run(final_state(out), uninterrupted)
 
 
-def test_resume_with_another_config_is_refused(tmp_path):
-    path, out = digits_config(tmp_path, "other", epochs=1)
-    os.makedirs(out)
-    train_cli.save_checkpoint(str(out / "checkpoint.pkl"), {"config_hash": "0123456789abcdef"})
-    result = CliRunner().invoke(cli, ["train", path, "--resume"])
-    assert result.exit_code == 2
-    assert "written with another config" in result.output
+def test_sigterm_mid_epoch_checkpoints_and_resumes_exactly(tmp_path, uninterrupted, monkeypatch):
+    """SIGTERM (a scheduler stopping the job) is held like Ctrl-C until the step ends: exit 143, then exact resume."""
+    path, out = digits_config(tmp_path, "sigterm")
+    real_step = dlnet.Trainer.step
+    calls = []
+
+    def step(self, feeds):
+        calls.append(1)
+        if len(calls) == 19:  # epoch 2's third step (16 steps an epoch)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_step(self, feeds)
+
+    monkeypatch.setattr(dlnet.Trainer, "step", step)
+    with pytest.raises(SystemExit) as e:
+        train_cli.run_training(path, echo=lambda line: None)
+    assert e.value.code == 143
+    monkeypatch.setattr(dlnet.Trainer, "step", real_step)
+    state = final_state(out)
+    assert state["epoch"] == 1 and state["step"] == 19 and state["position"]["step"] == 3
+    assert sorted(state["perm"].tolist()) == list(range(1078))
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    assert [os.path.basename(p) for _, p in checkpoint.checkpoints(str(out))] == \
+        ["checkpoint-000002.safetensors", "checkpoint-000001.safetensors"]
+    train_cli.run_training(path, resume=True, echo=lambda line: None)
+    assert_same_run(final_state(out), uninterrupted)
 
 
 def test_checkpoint_is_written_atomically(tmp_path, monkeypatch):
-    path = tmp_path / "checkpoint.pkl"
+    path = tmp_path / "model.bin"
     synced = []
     real_fsync = os.fsync
     monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd)))
-    train_cli.save_checkpoint(str(path), {"epoch": 1})
-    assert synced, "the checkpoint was not fsynced"
-    assert os.listdir(tmp_path) == ["checkpoint.pkl"]
+    checkpoint.write_atomic(str(path), b"first")
+    assert len(synced) >= 1, "the file was not fsynced"
+    assert os.listdir(tmp_path) == ["model.bin"]
 
-    def broken_dump(obj, f, protocol=None):
+    def broken_write(f, chunks):
         f.write(b"partial")
-        raise OSError(28, "No space left on device")
+        raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(train_cli.pickle, "dump", broken_dump)
-    with pytest.raises(OSError):
-        train_cli.save_checkpoint(str(path), {"epoch": 2})
-    assert os.listdir(tmp_path) == ["checkpoint.pkl"]  # no temporary file left behind
+    monkeypatch.setattr(checkpoint, "write_chunks", broken_write)
+    with pytest.raises(dlnet.ConfigError) as e:
+        checkpoint.write_atomic(str(path), b"second")
+    assert str(e.value) == f"{path}: could not write it (No space left on device)"  # the final name, not the temp's
+    assert os.listdir(tmp_path) == ["model.bin"]  # no temporary file left behind
     monkeypatch.undo()
-    with open(path, "rb") as f:
-        assert pickle.load(f) == {"epoch": 1}  # the previous checkpoint is intact
+    assert path.read_bytes() == b"first"  # the previous file is intact
 
     def broken_replace(src, dst):
         raise KeyboardInterrupt  # Ctrl-C between the write and the rename
 
-    monkeypatch.setattr(train_cli.os, "replace", broken_replace)
+    monkeypatch.setattr(checkpoint.os, "replace", broken_replace)
     with pytest.raises(KeyboardInterrupt):
-        train_cli.save_checkpoint(str(path), {"epoch": 3})
+        checkpoint.write_atomic(str(path), b"third")
     monkeypatch.undo()
-    assert os.listdir(tmp_path) == ["checkpoint.pkl"]
-    with open(path, "rb") as f:
-        assert pickle.load(f) == {"epoch": 1}
+    assert os.listdir(tmp_path) == ["model.bin"] and path.read_bytes() == b"first"
