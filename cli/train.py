@@ -205,6 +205,9 @@ class _NoBar:
     def set_postfix_str(self, text, refresh=True):
         pass
 
+    def refresh(self):
+        pass
+
     def close(self):
         pass
 
@@ -373,6 +376,7 @@ class _TrainingRun:
                 bar.set_postfix_str(f"loss {loss:.4f}", refresh=False)
                 bar.update(len(idx))
                 interrupts.check()
+            bar.refresh()  # (the epoch's last loss shows however fast its steps were)
         finally:
             bar.close()
         self.end_epoch(epoch, (steps - first) * bs / (time.perf_counter() - t0))
