@@ -113,7 +113,9 @@ CHECKS = {
     "dlnet show": r"= Conv\(.*\n(.*\n)*\s*return %\d+ \"logits\"",
     "dlnet bench": r"[\d.]+ images/s",
     "dlnet validate": r"(?m)^OK: worst",
-    "trainer.step": _check_training,
+    'trainer.step({"image"': _check_training,
+    # dlnet's output within 1e-5 of torch's
+    "dlnet.torch.from_module": r"^tensor\((\d\.\d+e-0[5-9]|\d\.\d+e-[1-9]\d|0\.)",
     "InferenceSession": r"\['batch', 1, 16, 16\] tensor\(float\) \[[\d ]+\]",
 }
 
@@ -125,9 +127,10 @@ def test_readme_block_runs(tmp_path, line, kind, code, skip):
         pytest.fail(f"README.md:{line}: {skip[9:]}; or mark its block <!-- readme-test: skip REASON -->")
     if skip is not None:
         pytest.skip(f"README.md:{line}: {skip}")
-    if kind == "python" and re.search(r"^\s*(import|from)\s+(torch|torchvision)\b", code, re.M) and \
-            importlib.util.find_spec("torchvision") is None:
-        pytest.skip(f"README.md:{line}: needs torch and torchvision")
+    for package in ("torch", "torchvision", "onnxscript"):
+        if kind == "python" and re.search(rf"^\s*(import|from)\s+([\w.]+,\s*)*{package}\b", code, re.M) and \
+                importlib.util.find_spec(package) is None:
+            pytest.skip(f"README.md:{line}: needs {package}")
     env = _scratch(tmp_path)
     if kind == "python":
         args = [sys.executable, "-c", code]
