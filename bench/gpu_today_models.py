@@ -91,7 +91,8 @@ def main():
                 traceback.print_exc()
                 rows.append(f"| {name} | ERROR {type(e).__name__}: {str(e).splitlines()[0][:100]} | | | | |")
             print(rows[-1], flush=True)
-    print("\n| net | output rel err vs PyTorch fp32 | first loss dlnet / torch (rel) | second loss | export | ONNX ops |")
+    print("\n| net | output rel err vs PyTorch fp32 | first loss dlnet / torch (rel) | second loss | export "
+          "| ONNX ops |")
     print("|---|---|---|---|---|---|")
     print("\n".join(rows))
 
