@@ -11,11 +11,11 @@ UNARY = {  # op_type (the IR op of the same name): versions
     "Ceil": (1, 6, 13), "Erf": (9, 13), "Sign": (9, 13), "Sin": (7, 22), "Cos": (7, 22), "Tan": (7, 22),
     "Asin": (7, 22), "Acos": (7, 22), "Atan": (7, 22), "Sinh": (9, 22), "Cosh": (9, 22), "Asinh": (9, 22),
     "Acosh": (9, 22), "Atanh": (9, 22), "Round": (11, 22), "Not": (1,), "IsNaN": (9, 13, 20), "Softsign": (1, 22),
-    "Softplus": (1, 22), "HardSwish": (14, 22),
+    "Softplus": (1, 22), "HardSwish": (14, 22), "Mish": (18, 22), "BitwiseNot": (18,),
 }
 UNARY_ATTR = {  # ops with attributes that keep their ONNX names
     "LeakyRelu": (1, 6, 16), "Elu": (1, 6, 22), "Selu": (1, 6, 22), "HardSigmoid": (1, 6, 22), "Celu": (12, 28),
-    "ThresholdedRelu": (10, 22), "Shrink": (9,), "IsInf": (10, 20),
+    "ThresholdedRelu": (10, 22), "Shrink": (9,), "IsInf": (10, 20), "Swish": (24,),
 }
 
 
@@ -41,7 +41,7 @@ def _legacy_broadcast(imp, a, bv, at):
 BINARY = {"Add": (1, 6, 7, 13, 14), "Sub": (1, 6, 7, 13, 14), "Mul": (1, 6, 7, 13, 14), "Div": (1, 6, 7, 13, 14),
           "Equal": (1, 7, 11, 13, 19), "Less": (1, 7, 9, 13), "Greater": (1, 7, 9, 13), "LessOrEqual": (12, 16),
           "GreaterOrEqual": (12, 16), "And": (1, 7), "Or": (1, 7), "Xor": (1, 7), "PRelu": (1, 6, 7, 9, 16),
-          "BitShift": (11, 28), "Mod": (10, 13, 28)}
+          "BitShift": (11, 28), "Mod": (10, 13, 28), "BitwiseAnd": (18,), "BitwiseOr": (18,), "BitwiseXor": (18,)}
 
 
 @handler("Add", *BINARY["Add"])
@@ -58,6 +58,9 @@ BINARY = {"Add": (1, 6, 7, 13, 14), "Sub": (1, 6, 7, 13, 14), "Mul": (1, 6, 7, 1
 @handler("Xor", *BINARY["Xor"])
 @handler("BitShift", *BINARY["BitShift"])
 @handler("Mod", *BINARY["Mod"])
+@handler("BitwiseAnd", *BINARY["BitwiseAnd"])
+@handler("BitwiseOr", *BINARY["BitwiseOr"])
+@handler("BitwiseXor", *BINARY["BitwiseXor"])
 def _binary(imp, node, xs, at):
     a, bv = xs
     bv = _legacy_broadcast(imp, a, bv, at)
@@ -134,6 +137,22 @@ def _cast(imp, node, xs, at):
     to = at["to"]
     to = onnx_dtype(to) if isinstance(to, int) else str(to).lower()
     return [imp.b.op("Cast", [xs[0]], {"to": to})]
+
+
+@handler("CastLike", 15, 19, 21, 23, 24, 25)  # 19 adds saturate (float8 only), later versions add types
+def _cast_like(imp, node, xs, at):
+    return [imp.b.op("Cast", [xs[0]], {"to": xs[1].dtype})]
+
+
+@handler("Gelu", 20)
+def _gelu(imp, node, xs, at):  # approximate="none": x Phi(x) by erf; "tanh": by tanh (GeluTanh)
+    approximate = at.get("approximate", "none")
+    if approximate not in ("none", "tanh"):
+        raise ModelError(f"approximate={approximate!r}: expected 'none' or 'tanh'")
+    x = xs[0]
+    if x.dtype not in ("float32", "float64", "float16"):
+        raise ModelError(f"dtype {x.dtype} is not supported (supported: float32, float64, float16)")
+    return [imp.b.op("Gelu" if approximate == "none" else "GeluTanh", [x])]
 
 
 @handler("Identity", 1, 13, 14, 16, 19, 21, 23, 24, 25)

@@ -1,6 +1,6 @@
 """ModelProto -> Graph. Handlers per (op_type, since_version) live in one module per op family (elementwise, tensor,
-indexing, linalg, nn, reduce, softmax, composed, resize, recurrent, control, dynamic, text), registered in
-common.HANDLERS when imported here; they only build IR."""
+indexing, linalg, nn, normalization, reduce, softmax, composed, resize, recurrent, control, dynamic, text),
+registered in common.HANDLERS when imported here; they only build IR."""
 import mmap
 import os
 
@@ -17,6 +17,7 @@ from . import (  # noqa: F401  (imported for their @handler registrations)
     indexing,
     linalg,
     nn,
+    normalization,
     recurrent,
     reduce,
     resize,

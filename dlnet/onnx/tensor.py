@@ -1,5 +1,5 @@
 """Constants and tensor manipulation: Constant, ConstantOfShape, Shape, Size, Reshape, Flatten, Squeeze, Unsqueeze,
-Transpose, Concat, Slice, Split, Expand, Tile, Range, Pad."""
+Transpose, Concat, Slice, Split, Expand, Tile, Range, Pad, Trilu, CenterCropPad."""
 import numpy as np
 
 from ..errors import ModelError
@@ -238,3 +238,44 @@ def _pad_18(imp, node, xs, at):  # op-set 18: optional axes input; 19 adds mode 
             full[a], full[a + x.rank] = pads[i], pads[i + len(axes)]
         pads = full
     return [pad(imp, x, pads, at.get("mode", "constant"), value)]
+
+
+@handler("Trilu", 14)
+def _trilu(imp, node, xs, at):
+    """y = x where j - i >= k (upper) or j - i <= k (lower) over the last two axes, else 0: a Where on a constant
+    mask (k must be known at load)."""
+    x = xs[0]
+    if x.rank < 2:
+        raise ModelError(f"Trilu takes a tensor of rank >= 2, got {list(x.shape)}")
+    k = int(np.asarray(const(xs[1], "Trilu's k")).reshape(-1)[0]) if len(xs) > 1 and xs[1] is not None else 0
+    n, m = x.shape[-2:]
+    diagonal = np.arange(m)[None, :] - np.arange(n)[:, None]
+    keep = diagonal >= k if at.get("upper", 1) else diagonal <= k
+    if keep.all():
+        return [imp.b.op("Identity", [x])]
+    zero = np.asarray("" if x.dtype == "object" else 0).astype(x.dtype)
+    return [imp.b.op("Where", [imp.b.const(keep), x, imp.b.const(zero)])]
+
+
+@handler("CenterCropPad", 18)
+def _center_crop_pad(imp, node, xs, at):
+    """Each listed axis cropped to its centred window (odd excess: the extra cell cut at the end) or zero-padded
+    around the input (odd: the extra cell at the end)."""
+    x = xs[0]
+    shape = [int(s) for s in np.asarray(const(xs[1], "CenterCropPad's shape")).reshape(-1)]
+    axes = [norm_axis(int(a), x.rank) for a in at.get("axes") or range(x.rank)]
+    if len(axes) != len(shape):
+        raise ModelError(f"CenterCropPad's shape has {len(shape)} entries for {len(axes)} axes")
+    starts, ends = [0] * x.rank, list(x.shape)
+    pads = [0] * (2 * x.rank)
+    for a, want in zip(axes, shape, strict=True):
+        have = x.shape[a]
+        if want < have:
+            starts[a] = (have - want) // 2
+            ends[a] = starts[a] + want
+        elif want > have:
+            pads[a] = (want - have) // 2
+            pads[a + x.rank] = want - have - pads[a]
+    y = slice_axes(imp, x, starts, ends, None, None)
+    y = pad(imp, y, pads, "constant", 0)
+    return [y if y is not x else imp.b.op("Identity", [x])]

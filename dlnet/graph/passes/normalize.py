@@ -1,8 +1,12 @@
-"""Recognise LayerNorm and exact GELU in the primitives PyTorch decomposes them into at op-set 13.
+"""Recognise LayerNorm and GELU in the primitives exporters decompose them into (PyTorch's TorchScript exporter
+before op-set 17 for LayerNorm, before 20 for GELU).
 
-LayerNorm:  d = x - ReduceMean(x, -1);  d / Sqrt(ReduceMean(Pow(d, 2), -1) + eps)  [* scale]  [+ bias]
-GELU:       x * 0.5 * (1 + Erf(x / sqrt 2)), with the three factors multiplied in any order.
-Each becomes one node (LayerNorm: one row kernel; Gelu: a pointwise row that still fuses with its neighbours).
+LayerNorm:  d = x - ReduceMean(x, axes);  d / Sqrt(ReduceMean(Pow(d, 2), axes) + eps)  [* scale]  [+ bias], axes
+            the trailing ones (several: on a view of x with them merged, Reshapes that copy nothing)
+GELU:       x * 0.5 * (1 + Erf(x / sqrt 2)), with the three factors multiplied in any order;
+GELU tanh:  x * 0.5 * (1 + Tanh(sqrt(2 / pi) * (x + 0.044715 * x^3))), likewise.
+Each becomes one node (LayerNorm: one row kernel; Gelu, GeluTanh: a pointwise op that still fuses with its
+neighbours).
 """
 import math
 
@@ -53,28 +57,36 @@ def _replace(graph, matched, op, inputs, attrs):
 
 
 # ---------------------------------------------------------------------------------------------------- LayerNorm
-def _last_axis_mean(node, x):
-    return (node is not None and node.op == "Reduce" and node.attrs["mode"] == "mean" and node.inputs[0] is x and
-            tuple(a % x.rank for a in node.attrs["axes"]) == (x.rank - 1,) and node.attrs["keepdims"])
+def _trailing_mean(node, x):
+    """The first axis k of a keepdims mean of x over its trailing axes [k, rank), else None."""
+    if node is None or node.op != "Reduce" or node.attrs["mode"] != "mean" or node.inputs[0] is not x or \
+            not node.attrs["keepdims"]:
+        return None
+    axes = sorted(a % x.rank for a in node.attrs["axes"])
+    return axes[0] if axes == list(range(x.rank - len(axes), x.rank)) and axes else None
 
 
-def _row_vector(graph, v, x):
-    """`v` as a [D] constant when it is a constant broadcasting only along x's last axis, else None."""
-    D = x.shape[-1]
-    if v is None or v.const is None or v.dtype != x.dtype or v.rank > x.rank or v.size not in (1, D):
+def _row_vector(graph, v, x, k):
+    """`v` as a [D] constant (D: the size of x's axes [k, rank)) when it is a constant broadcasting only along those
+    axes, else None."""
+    inner = x.shape[k:]
+    D = int(np.prod(inner, dtype=np.int64))
+    if v is None or v.const is None or v.dtype != x.dtype or v.rank > x.rank:
         return None
-    if any(d != 1 for d in v.shape[:-1]):
+    lead = v.shape[:max(0, v.rank - len(inner))]
+    if any(d != 1 for d in lead) or np.broadcast_shapes(v.shape[len(lead):], inner) != inner:
         return None
-    if v.shape == (D,):
+    if v.shape == (D,) and k == x.rank - 1:
         return v
     if v.param:  # a trainable weight keeps its own shape: leave its Mul/Add outside
         return None
-    return graph.constant(np.broadcast_to(v.const.reshape(-1), (D,)).astype(x.dtype))
+    return graph.constant(np.broadcast_to(v.const.reshape(v.shape[len(lead):]), inner).reshape(D).astype(x.dtype))
 
 
 def _match_layernorm(graph, mean1):
     x = mean1.inputs[0]
-    if x.dtype != "float32" or x.rank == 0 or not _last_axis_mean(mean1, x):
+    k = _trailing_mean(mean1, x) if x.dtype == "float32" and x.rank else None
+    if k is None:
         return None
     sub = _sole_user(graph, mean1.outputs[0], "Sub")
     if sub is None or sub.inputs[0] is not x or sub.inputs[1] is not mean1.outputs[0]:
@@ -89,7 +101,7 @@ def _match_layernorm(graph, mean1):
     if square is None or div is None or readers != {square, div} or div.inputs[1] is d:
         return None
     mean2 = _sole_user(graph, square.outputs[0], "Reduce")
-    if not _last_axis_mean(mean2, square.outputs[0]):
+    if _trailing_mean(mean2, square.outputs[0]) != k:
         return None
     add = _sole_user(graph, mean2.outputs[0], "Add")
     eps = _scalar(_other(add, mean2.outputs[0])) if add is not None else None
@@ -102,19 +114,34 @@ def _match_layernorm(graph, mean1):
     scale = bias = None
     mul = _sole_user(graph, div.outputs[0], "Mul")
     if mul is not None:
-        scale = _row_vector(graph, _other(mul, div.outputs[0]), x)
+        scale = _row_vector(graph, _other(mul, div.outputs[0]), x, k)
         if scale is not None:
             matched.append(mul)
     tail = matched[-1].outputs[0]
     shift = _sole_user(graph, tail, "Add")
     if shift is not None:
-        bias = _row_vector(graph, _other(shift, tail), x)
+        bias = _row_vector(graph, _other(shift, tail), x, k)
         if bias is not None:
             matched.append(shift)
-    D = x.shape[-1]
+    if matched[-1].outputs[0].shape != x.shape:
+        return None
+    D = int(np.prod(x.shape[k:], dtype=np.int64))
     scale = scale if scale is not None else graph.constant(np.ones(D, x.dtype))
     bias = bias if bias is not None else graph.constant(np.zeros(D, x.dtype))
-    return matched, [x, scale, bias], {"epsilon": eps}
+    return matched, [x, scale, bias], {"epsilon": eps}, x.shape[:k] + (D,)
+
+
+def _replace_viewed(graph, matched, op, inputs, attrs, view):
+    """As _replace, the op reading its first input viewed as `view` (trailing axes merged: Reshape, no copy) and its
+    output reshaped back."""
+    end = matched[-1]
+    out = end.outputs[0]
+    x = inputs[0]
+    flat, y = graph.new_value(x.dtype, view), graph.new_value(out.dtype, view)
+    _replace(graph, matched, "Reshape", [y], {"shape": out.shape})
+    at = graph.nodes.index(out.producer)
+    graph.add_node(Node("Reshape", [x], [flat], {"shape": view}, end.name), at)
+    graph.add_node(Node(op, [flat] + inputs[1:], [y], attrs, end.name), at + 1)
 
 
 # ---------------------------------------------------------------------------------------------------- GELU
@@ -130,12 +157,63 @@ def _match_gelu(graph, erf):
         x = scaled.inputs[1]
     else:
         return None
+    return _gelu_tail(graph, x, erf, [scaled, erf])
+
+
+def _match_gelu_tanh(graph, tanh):
+    """x * 0.5 * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3))), x^3 as Pow(x, 3) or x * (x * x), any order."""
+    a = tanh.inputs[0]
+    scaled = a.producer
+    if scaled is None or scaled.op != "Mul" or _sole_user(graph, a, "Tanh") is not tanh:
+        return None
+    inner = _factor_of(scaled, math.sqrt(2.0 / math.pi))
+    add = inner.producer if inner is not None and _sole_user(graph, inner, "Mul") is scaled else None
+    if add is None or add.op != "Add":
+        return None
+    for x, term in (add.inputs, add.inputs[::-1]):
+        mul = term.producer if _sole_user(graph, term, "Add") is add else None
+        cube = _factor_of(mul, 0.044715) if mul is not None and mul.op == "Mul" else None
+        powers = _cube_of(graph, cube, x, mul) if cube is not None else None
+        if powers is not None:
+            return _gelu_tail(graph, x, tanh, powers + [mul, add, scaled, tanh])
+    return None
+
+
+def _factor_of(mul, c):
+    """The other operand of Mul node `mul` when one operand is the constant c, else None."""
+    if mul is None or mul.op != "Mul":
+        return None
+    for v, other in (mul.inputs, mul.inputs[::-1]):
+        if _near(v, c) and not _near(other, c):
+            return other
+    return None
+
+
+def _cube_of(graph, v, x, reader):
+    """The nodes computing v = x^3 (Pow(x, 3), or x * (x * x) in either order) when `reader` is v's only reader."""
+    node = v.producer
+    if node is None or _sole_user(graph, v, reader.op) is not reader:
+        return None
+    if node.op == "Pow" and node.inputs[0] is x and _near(node.inputs[1], 3.0):
+        return [node]
+    if node.op != "Mul" or x not in node.inputs:
+        return None
+    square = _other(node, x)
+    sq = square.producer if square is not None else None
+    if sq is None or sq.op != "Mul" or sq.inputs != [x, x] or _sole_user(graph, square, "Mul") is not node:
+        return None
+    return [sq, node]
+
+
+def _gelu_tail(graph, x, core, matched):
+    """The rest of a GELU whose Erf or Tanh node is `core` ((1 + core) times x and 0.5), `matched` the nodes so far:
+    (matched nodes, [x], {}) or None."""
     if x.dtype not in ("float32", "float64"):
         return None
-    one = _sole_user(graph, erf.outputs[0], "Add")
-    if one is None or not _near(_other(one, erf.outputs[0]), 1.0):
+    one = _sole_user(graph, core.outputs[0], "Add")
+    if one is None or not _near(_other(one, core.outputs[0]), 1.0):
         return None
-    matched = [scaled, erf, one]
+    matched = matched + [one]
     # (1 + erf) times x and 0.5: two Muls in either order, or one Mul by a (0.5 * x) computed beside it
     v, factors = one.outputs[0], []
     while len(factors) < 2:
@@ -163,21 +241,28 @@ def _match_gelu(graph, erf):
 
 
 def normalize_layers(graph):
-    """Replace decomposed LayerNorm and exact GELU subgraphs by LayerNorm and Gelu nodes."""
+    """Replace decomposed LayerNorm and GELU subgraphs by LayerNorm, Gelu and GeluTanh nodes."""
     changed = False
     for node in list(graph.nodes):
         if node not in graph.nodes:
             continue
         if node.op == "Reduce":
             found = _match_layernorm(graph, node)
+            if found is not None and found[3] != found[1][0].shape:  # over several trailing axes: on a view
+                _replace_viewed(graph, *found[:2], "LayerNorm", *found[2:])
+                changed = True
+                continue
             op = "LayerNorm"
         elif node.op == "Erf":
             found = _match_gelu(graph, node)
             op = "Gelu"
+        elif node.op == "Tanh":
+            found = _match_gelu_tanh(graph, node)
+            op = "GeluTanh"
         else:
             continue
         if found is not None:
-            matched, inputs, attrs = found
+            matched, inputs, attrs = found[:3]
             _replace(graph, matched, op, inputs, attrs)
             changed = True
     return changed

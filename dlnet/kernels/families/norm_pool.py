@@ -6,6 +6,10 @@ from ...errors import ModelError
 from ..emitter import defines
 from ..runtime import DTYPE_TO_C, kernel_source
 
+# GPU LayerNorm rows of at least this many elements run a work-group of this many work-items each (layernorm_wg);
+# shorter rows, and every row on CPUs, one work-item each
+LAYERNORM_GROUP = 128
+
 
 class NormPoolFamily:
     def pool(self, node, mode):
@@ -72,13 +76,26 @@ class NormPoolFamily:
         self.emit(src, "softmax", args, (max(outer * inner, 1),), None, f"{node.name} {node.op}")
 
     def layernorm(self, node):
+        """LayerNorm / LayerNormStats (the row's mean and 1 / sqrt(var + eps) too): a work-item per row on CPUs and
+        for short rows, a work-group per row on GPUs (LAYERNORM_GROUP)."""
         x, scale, bias = node.inputs
         y = node.outputs[0]
         D = x.shape[-1]
         rows = x.size // max(D, 1)
         args = self.args(x) + self.args(scale) + self.args(bias) + self.args(y) + [
             np.int64(rows), np.int32(D), np.float32(node.attrs["epsilon"])]
-        self.emit(kernel_source("layernorm"), "layernorm", args, (max(rows, 1),), None, f"{node.name} LayerNorm")
+        defs = {}
+        if len(node.outputs) > 1:
+            defs["STATS"] = 1
+            args += self.args(node.outputs[1]) + self.args(node.outputs[2])
+        wg = LAYERNORM_GROUP if not self.dev.is_cpu and D >= LAYERNORM_GROUP else 0
+        label = f"{node.name} {node.op}"
+        if wg:
+            defs["WG"] = wg
+            self.emit(defines(defs) + kernel_source("layernorm"), "layernorm_wg", args, (max(rows, 1) * wg,), (wg,),
+                      label)
+        else:
+            self.emit(defines(defs) + kernel_source("layernorm"), "layernorm", args, (max(rows, 1),), None, label)
 
     def roialign(self, node):
         x, rois, batch = node.inputs
