@@ -6,10 +6,16 @@ REDUCE_MODES = {"ReduceSum": "sum", "ReduceMean": "mean", "ReduceMax": "max", "R
                 "ReduceLogSumExp": "logsumexp", "ReduceSumSquare": "sumsquare"}
 
 
+# noop_with_empty_axes with no axes reduces over no axis: what remains is each mode's per-element part (as
+# onnx.reference and onnxruntime compute it; log(exp(x)) taken as x)
+NOOP = {"ReduceL1": "Abs", "ReduceL2": "Abs", "ReduceSumSquare": "Square", "ReduceLogSum": "Log"}
+
+
 def _reduce(imp, node, x, axes, keepdims, noop_empty=0):
     if axes is None or len(axes) == 0:
         if noop_empty:
-            return x
+            op = NOOP.get(node.op_type, "Identity")
+            return imp.b.op("Mul", [x, x]) if op == "Square" else imp.b.op(op, [x])
         axes = list(range(x.rank))
     axes = tuple(sorted({norm_axis(int(a), x.rank) for a in axes}))
     return imp.b.op("Reduce", [x], {"mode": REDUCE_MODES[node.op_type], "axes": axes, "keepdims": keepdims})

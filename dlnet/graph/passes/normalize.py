@@ -249,7 +249,7 @@ def normalize_layers(graph):
         if node.op == "Reduce":
             found = _match_layernorm(graph, node)
             if found is not None and found[3] != found[1][0].shape:  # over several trailing axes: on a view
-                _replace_viewed(graph, *found[:2], "LayerNorm", *found[2:])
+                _replace_viewed(graph, found[0], "LayerNorm", *found[1:])
                 changed = True
                 continue
             op = "LayerNorm"
