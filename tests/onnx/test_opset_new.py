@@ -87,13 +87,14 @@ def test_layer_normalization_runs_as_one_kernel(ctx):
     assert [launch.label.split()[-1] for launch in net.launches] == ["LayerNorm"]
 
 
-def test_layer_normalization_long_rows_on_a_gpu():
-    """Rows of LAYERNORM_GROUP or more elements take a work-group each on GPUs (a CPU context told it is a GPU runs
-    that kernel here), with the statistics outputs too."""
-    from dlnet.kernels.families.norm_pool import LAYERNORM_GROUP
+@pytest.mark.parametrize("D", [5, 37, 300, 2051])
+def test_layer_normalization_on_a_gpu(D):
+    """On GPUs each row takes a work-group (a CPU context told it is a GPU runs that kernel here), rows shorter than
+    the group or no multiple of it too, with the statistics outputs."""
+    from dlnet.kernels.families.norm_pool import layernorm_group
     ctx = context().with_options(input_chunks=1)
     ctx.is_cpu = False
-    D = 3 * LAYERNORM_GROUP + 5  # (a row that is not a multiple of the group)
+    assert layernorm_group(5) == 32 and layernorm_group(300) == 32 and layernorm_group(2051) == 256
     x = normal(7, D) * 3 + 2
     node = helper.make_node("LayerNormalization", ["x", "scale", "B"], ["y", "mean", "inv"], epsilon=1e-4)
     net = check([node], {"x": x}, ["y", "mean", "inv"], 17, {"scale": normal(D), "B": normal(D)}, ctx=ctx)

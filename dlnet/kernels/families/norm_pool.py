@@ -6,9 +6,16 @@ from ...errors import ModelError
 from ..emitter import defines
 from ..runtime import DTYPE_TO_C, kernel_source
 
-# GPU LayerNorm rows of at least this many elements run a work-group of this many work-items each (layernorm_wg);
-# shorter rows, and every row on CPUs, one work-item each
-LAYERNORM_GROUP = 128
+# LayerNorm on GPUs: a work-group per row (layernorm_wg) of the largest power of two <= D / 8 work-items, within these
+# bounds. H100, 3152 rows: D = 768 in 11 us against 470 us at a work-item per row, D = 32 in 7 us against 22 us;
+# 256 rows of 4096 in 10 us (256 work-items) against 2.6 ms. CPUs (PoCL) keep a work-item per row: 3152 x 32 in
+# 157 us against 870 us in groups of 32.
+LAYERNORM_GROUP = (32, 256)
+
+
+def layernorm_group(D):
+    lo, hi = LAYERNORM_GROUP
+    return max(lo, min(hi, 1 << max(0, (D // 8).bit_length() - 1)))
 
 
 class NormPoolFamily:
@@ -76,8 +83,8 @@ class NormPoolFamily:
         self.emit(src, "softmax", args, (max(outer * inner, 1),), None, f"{node.name} {node.op}")
 
     def layernorm(self, node):
-        """LayerNorm / LayerNormStats (the row's mean and 1 / sqrt(var + eps) too): a work-item per row on CPUs and
-        for short rows, a work-group per row on GPUs (LAYERNORM_GROUP)."""
+        """LayerNorm / LayerNormStats (the row's mean and 1 / sqrt(var + eps) too): a work-item per row on CPUs, a
+        work-group per row on GPUs (layernorm_group)."""
         x, scale, bias = node.inputs
         y = node.outputs[0]
         D = x.shape[-1]
@@ -88,7 +95,7 @@ class NormPoolFamily:
         if len(node.outputs) > 1:
             defs["STATS"] = 1
             args += self.args(node.outputs[1]) + self.args(node.outputs[2])
-        wg = LAYERNORM_GROUP if not self.dev.is_cpu and D >= LAYERNORM_GROUP else 0
+        wg = 0 if self.dev.is_cpu else layernorm_group(D)
         label = f"{node.name} {node.op}"
         if wg:
             defs["WG"] = wg
