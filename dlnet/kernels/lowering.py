@@ -12,13 +12,14 @@ from .families.indexing import IndexFamily
 from .families.matmul import MatmulFamily
 from .families.norm_pool import NormPoolFamily
 from .families.reduce import ReduceFamily
+from .families.sampling import SamplingFamily
 from .families.training import TrainingFamily
 from .families.winograd import WinogradFamily
 from .schedule import algorithm, data_inputs
 
 
 class Lowerer(Emitter, ElementwiseFamily, ConvFamily, ConvCpuFamily, WinogradFamily, ConvGradFamily, MatmulFamily,
-              NormPoolFamily, ReduceFamily, IndexFamily, TrainingFamily):
+              NormPoolFamily, ReduceFamily, IndexFamily, TrainingFamily, SamplingFamily):
     def lower(self, graph, prefix=None):
         """Lower every node of `graph` in order; the chunked prefix's nodes slice by slice of the batch. Records each
         node's launches (node_launches: index -> (first, end); the prefix's nodes share their block's)."""

@@ -1,5 +1,5 @@
 """ModelProto -> Graph. Handlers per (op_type, since_version) live in one module per op family (elementwise, tensor,
-indexing, linalg, nn, normalization, reduce, softmax, composed, resize, recurrent, control, dynamic, text),
+indexing, linalg, nn, normalization, reduce, softmax, composed, resize, sampling, recurrent, control, dynamic, text),
 registered in common.HANDLERS when imported here; they only build IR."""
 import mmap
 import os
@@ -21,6 +21,7 @@ from . import (  # noqa: F401  (imported for their @handler registrations)
     recurrent,
     reduce,
     resize,
+    sampling,
     softmax,
     tensor,
     text,

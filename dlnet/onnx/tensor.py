@@ -205,7 +205,9 @@ def _tile(imp, node, xs, at):
 
 @handler("Range", 11, 27)
 def _range(imp, node, xs, at):
-    start, limit, delta = (const(v, "Range's inputs") for v in xs)
+    start, limit, delta = (np.asarray(const(v, "Range's inputs")) for v in xs)
+    # (scalars; one-element tensors, as some function bodies pass them, read as their element)
+    start, limit, delta = (a.reshape(()) if a.size == 1 else a for a in (start, limit, delta))
     return [imp.b.const(np.arange(start, limit, delta).astype(start.dtype))]
 
 

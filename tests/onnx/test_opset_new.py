@@ -1,6 +1,7 @@
 """Ops and op-set forms added after op-set 13, against onnx.reference on fresh random inputs, at each op-set whose
 semantics differ: LayerNormalization-17, GroupNormalization-18/21, Gelu-20 (both approximations), Trilu-14, CastLike,
-Mish, Swish, the bitwise ops, CenterCropPad, the op-set 18 Reduce* (axes an input), Split-18, Pad-18/19, Resize-18/19;
+Mish, Swish, the bitwise ops, CenterCropPad, GridSample-16/20, AffineGrid-20, the op-set 18 Reduce* (axes an input),
+Split-18, Pad-18/19, Resize-18/19;
 the normalize pass's fusions of decomposed LayerNorm and GELU; dtype errors naming the node."""
 import numpy as np
 import onnx
@@ -362,3 +363,63 @@ def test_decomposed_layernorm_over_trailing_axes_is_one_kernel():
              helper.make_node("Add", ["nw", "b"], ["y"])]
     net = check(nodes, {"x": x}, ["y"], 18, {"w": normal(4, 5), "b": normal(5)})
     assert [launch.label.split()[-1] for launch in net.launches] == ["LayerNorm"]
+
+
+# ---------------------------------------------------------------- GridSample, AffineGrid -------------------------
+@pytest.mark.parametrize("mode", ["nearest", "linear", "cubic"])
+@pytest.mark.parametrize("padding", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("align", [0, 1])
+def test_grid_sample_2d(mode, padding, align):
+    """Positions past the edges (grid in [-1.3, 1.3]) exercise each padding mode; op-set 20's mode names."""
+    x = normal(2, 3, 5, 6)
+    grid = rng.uniform(-1.3, 1.3, (2, 4, 7, 2)).astype(np.float32)
+    node = helper.make_node("GridSample", ["x", "grid"], ["y"], mode=mode, padding_mode=padding, align_corners=align)
+    check([node], {"x": x, "grid": grid}, ["y"], 20)
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+@pytest.mark.parametrize("padding", ["zeros", "reflection"])
+def test_grid_sample_volumetric(mode, padding):
+    x = normal(1, 2, 3, 4, 5)
+    grid = rng.uniform(-1.2, 1.2, (1, 2, 3, 4, 3)).astype(np.float32)
+    node = helper.make_node("GridSample", ["x", "grid"], ["y"], mode=mode, padding_mode=padding)
+    check([node], {"x": x, "grid": grid}, ["y"], 20)
+
+
+@pytest.mark.parametrize("old,new", [("bilinear", "linear"), ("bicubic", "cubic"), ("nearest", "nearest")])
+def test_grid_sample_16_mode_names(old, new):
+    """Op-set 16 calls the modes bilinear and bicubic: the same sampling as op-set 20's linear and cubic."""
+    x, grid = normal(1, 2, 4, 5), rng.uniform(-1.1, 1.1, (1, 3, 3, 2)).astype(np.float32)
+    want = reference(model_of([helper.make_node("GridSample", ["x", "grid"], ["y"], mode=new)],
+                              {"x": x, "grid": grid}, ["y"], 20), {"x": x, "grid": grid})[0]
+    model = model_of([helper.make_node("GridSample", ["x", "grid"], ["y"], mode=old)], {"x": x, "grid": grid},
+                     ["y"], 16)
+    got = dlnet.Net(context()).load_onnx(model).run({"x": x, "grid": grid})["y"]
+    assert rel_l2(got, want) <= 1e-5
+
+
+@pytest.mark.parametrize("size", [(2, 3, 4, 5), (2, 1, 3, 4, 2)])
+@pytest.mark.parametrize("align", [0, 1])
+def test_affine_grid(size, align):
+    r = len(size) - 2
+    theta = normal(size[0], r, r + 1)
+    node = helper.make_node("AffineGrid", ["theta", "size"], ["grid"], align_corners=align)
+    check([node], {"theta": theta}, ["grid"], 20, {"size": np.asarray(size, np.int64)})
+
+
+def test_grid_sample_nearest_rounds_half_to_even():
+    """Positions exactly between two pixels (grid -0.5 and 0.5 on 4 pixels: 0.5 and 2.5) take the even one."""
+    x = normal(1, 1, 4, 4)
+    grid = rng.choice(np.float32([-0.5, 0.0, 0.5]), (1, 5, 5, 2))
+    check([helper.make_node("GridSample", ["x", "grid"], ["y"], mode="nearest")], {"x": x, "grid": grid}, ["y"], 20)
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear", "cubic"])
+@pytest.mark.parametrize("align", [0, 1])
+def test_grid_sample_reflects_far_positions(mode, align):
+    """Positions several widths outside (grid in [-6, 6]) reflect off both borders in turn."""
+    x = normal(1, 2, 4, 5)
+    grid = rng.uniform(-6, 6, (1, 6, 6, 2)).astype(np.float32)
+    node = helper.make_node("GridSample", ["x", "grid"], ["y"], mode=mode, padding_mode="reflection",
+                            align_corners=align)
+    check([node], {"x": x, "grid": grid}, ["y"], 20)

@@ -10,6 +10,7 @@ from . import (  # noqa: F401  (registration)
     normalization,
     reduce,
     roi,
+    sampling,
     shape,
 )
 from .base import OPS, REQUIRED, Op, get_op, ones, register, zero_pads
