@@ -178,8 +178,11 @@ def reduce_source(rank_out, rank_red, in_dtypes, acc_dtype, out_dtype, pre, comb
     if splits > 1:
         lines += ["  part[get_group_id(0)] = acc;", "}"]
         lines += _reduce_finish(args, I, rank_out, rank_red, base_red, acc_t, init, combine, splits)
-    lines += [f"  y[y_off + oy] = ({_ctype(out_dtype)})({post});" if splits > 1 else
-              f"  y[oy] = ({_ctype(out_dtype)})({post});", "}"]
+    where = "y_off + oy" if splits > 1 else "oy"
+    if np.dtype(out_dtype).name == "float16":  # (half has no arithmetic or casts without cl_khr_fp16: a store)
+        lines += [f"  vstore_half({post}, {where}, y);", "}"]
+    else:
+        lines += [f"  y[{where}] = ({_ctype(out_dtype)})({post});", "}"]
     return "\n".join(lines)
 
 

@@ -62,6 +62,20 @@ def onnx_dtype(code, where=""):
     return dt
 
 
+def widen_float16(fn):
+    """A handler whose kernels are float32's (Gemm, Softmax, Conv) taking float16 too: its float16 inputs widened to
+    float32 (Casts that fuse with their neighbours), its float32 outputs narrowed back. float64 stays refused by the
+    kernels' dtype check: narrowing it would lose what it is for."""
+    @functools.wraps(fn)
+    def widened(imp, node, xs, at):
+        if not any(x is not None and x.dtype == "float16" for x in xs):
+            return fn(imp, node, xs, at)
+        wide = [imp.b.op("Cast", [x], {"to": "float32"}) if x is not None and x.dtype == "float16" else x for x in xs]
+        return [y if y is None or y.dtype != "float32" else imp.b.op("Cast", [y], {"to": "float16"})
+                for y in fn(imp, node, wide, at)]
+    return widened
+
+
 # ---------------------------------------------------------------- values, shapes and axes -------------------------
 def const(v, what):
     if v is None or v.const is None:

@@ -1,7 +1,7 @@
 """ONNX ops written as compositions of existing IR ops (no kernels of their own).
 
 CumSum, OneHot, EyeLike, LpNormalization, InstanceNormalization, LpPool/GlobalLpPool, DepthToSpace/SpaceToDepth,
-ReverseSequence, TopK, Einsum, MaxUnpool, quantisation.
+ReverseSequence, TopK, Einsum, MaxUnpool, quantisation, the window functions (Hann, Hamming, Blackman: constants).
 """
 import numpy as np
 
@@ -457,3 +457,21 @@ def _qlinear_conv(imp, node, xs, at):  # y = quantize(conv(dequant(x), dequant(w
                             b.op("Mul", [reshape(b, xs[1], ()), xs[4] if xs[4].size > 1 else reshape(b, xs[4], ())])])
         y = b.op("Add", [y, reshape(b, bias, (xs[8].size,) + (1,) * (y.rank - 2))])
     return [_requant(imp, y, xs[6], xs[7])]
+
+
+# ---------------------------------------------------------------- window functions (op-set 17) ------------------
+WINDOWS = {  # w[n] over t = 2 pi n / N (N = size when periodic, else size - 1), as onnx.reference computes them
+    "HannWindow": lambda t: 0.5 - 0.5 * np.cos(t),
+    "HammingWindow": lambda t: 25.0 / 46.0 - (1 - 25.0 / 46.0) * np.cos(t),
+    "BlackmanWindow": lambda t: 0.42 - 0.5 * np.cos(t) + 0.08 * np.cos(2 * t),
+}
+
+
+@handler("HannWindow", 17)
+@handler("HammingWindow", 17)
+@handler("BlackmanWindow", 17)
+def _window(imp, node, xs, at):  # a constant: the size must be known at load
+    size = int(np.asarray(const(xs[0], f"{node.op_type}'s size")).reshape(-1)[0])
+    span = size if at.get("periodic", 1) else size - 1
+    t = 2 * np.pi * np.arange(size, dtype=np.float64) / span if span else np.zeros(size)
+    return [imp.b.const(WINDOWS[node.op_type](t).astype(onnx_dtype(at.get("output_datatype", 1))))]

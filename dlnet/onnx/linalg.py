@@ -1,9 +1,10 @@
 """Linear algebra: Gemm, MatMul (1-D operands as in numpy), Det."""
 from ..errors import ModelError
-from .common import handler, reshape
+from .common import handler, reshape, widen_float16
 
 
 @handler("Gemm", 1, 6, 7, 9, 11, 13)
+@widen_float16
 def _gemm(imp, node, xs, at):
     # op-set < 7: `broadcast` attr; < 11: C required. Same maths.
     a, bm = xs[0], xs[1]
@@ -16,6 +17,7 @@ def _gemm(imp, node, xs, at):
 
 
 @handler("MatMul", 1, 9, 13)
+@widen_float16
 def _matmul(imp, node, xs, at):
     a, bm = xs
     if a.rank == 0 or bm.rank == 0:

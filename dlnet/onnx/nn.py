@@ -3,10 +3,11 @@ global pools, BatchNormalization, RoiAlign, LRN, MeanVarianceNormalization."""
 import numpy as np
 
 from ..errors import ModelError
-from .common import auto_pads, handler, norm_axis, pad, reshape, slice_axes, spatial_attrs
+from .common import auto_pads, handler, norm_axis, pad, reshape, slice_axes, spatial_attrs, widen_float16
 
 
 @handler("Conv", 1, 11, 22)
+@widen_float16
 def _conv(imp, node, xs, at):
     x, w = xs[0], xs[1]
     nsp = x.rank - 2
@@ -156,6 +157,7 @@ def _lrn(imp, node, xs, at):
 
 # ---------------------------------------------------------------- ConvTranspose, composed -------------------------
 @handler("ConvTranspose", 1, 11, 22)
+@widen_float16
 def _conv_transpose(imp, node, xs, at):
     """y = Conv(zero-insert(x, strides) padded by (k-1)*d - pads, flip(w) with in/out channels swapped per group).
 

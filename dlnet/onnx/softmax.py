@@ -2,7 +2,7 @@
 SoftmaxCrossEntropyLoss (composed)."""
 import numpy as np
 
-from .common import handler, norm_axis, reshape
+from .common import handler, norm_axis, reshape, widen_float16
 
 
 def _softmax_legacy(imp, node, xs, at, op):
@@ -16,17 +16,20 @@ def _softmax_legacy(imp, node, xs, at, op):
 
 
 @handler("Softmax", 1, 11)
+@widen_float16
 def _softmax_1(imp, node, xs, at):
     return _softmax_legacy(imp, node, xs, at, "Softmax")
 
 
 @handler("LogSoftmax", 1, 11)
+@widen_float16
 def _logsoftmax_1(imp, node, xs, at):
     return _softmax_legacy(imp, node, xs, at, "LogSoftmax")
 
 
 @handler("Softmax", 13)
 @handler("LogSoftmax", 13)
+@widen_float16
 def _softmax_13(imp, node, xs, at):  # op-set 13: one axis, default -1
     x = xs[0]
     return [imp.b.op(node.op_type, [x], {"axis": norm_axis(at.get("axis", -1), x.rank)})]

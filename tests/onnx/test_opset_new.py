@@ -1,7 +1,7 @@
 """Ops and op-set forms added after op-set 13, against onnx.reference on fresh random inputs, at each op-set whose
 semantics differ: LayerNormalization-17, GroupNormalization-18/21, Gelu-20 (both approximations), Trilu-14, CastLike,
 Mish, Swish, the bitwise ops, CenterCropPad, GridSample-16/20, AffineGrid-20, the op-set 18 Reduce* (axes an input),
-Split-18, Pad-18/19, Resize-18/19;
+Split-18, Pad-18/19, Resize-18/19, the window functions (17); float16 through the float32 kernels;
 the normalize pass's fusions of decomposed LayerNorm and GELU; dtype errors naming the node."""
 import numpy as np
 import onnx
@@ -423,3 +423,44 @@ def test_grid_sample_reflects_far_positions(mode, align):
     node = helper.make_node("GridSample", ["x", "grid"], ["y"], mode=mode, padding_mode="reflection",
                             align_corners=align)
     check([node], {"x": x, "grid": grid}, ["y"], 20)
+
+
+# ---------------------------------------------------------------- float16 through the float32 kernels ---------------
+@pytest.mark.parametrize("op,inputs,attrs", [
+    ("MatMul", [(2, 3, 5, 8), (8, 6)], {}),
+    ("Gemm", [(4, 7), (5, 7), (5,)], {"transB": 1, "alpha": 0.5}),
+    ("Softmax", [(3, 4, 9)], {"axis": 1}),
+    ("LogSoftmax", [(3, 9)], {}),
+    ("Conv", [(2, 3, 7, 6), (4, 3, 3, 3), (4,)], {"pads": [1, 1, 1, 1]}),
+    ("ConvTranspose", [(1, 2, 4, 5), (2, 3, 3, 3)], {"strides": [2, 2]}),
+])
+def test_float16_widened_to_the_float32_kernels(op, inputs, attrs):
+    """float16 models run the float32 kernels: inputs widened, outputs narrowed (float16's answer to within its
+    rounding)."""
+    names = [f"x{i}" for i in range(len(inputs))]
+    feeds = {n: normal(*s, dtype=np.float16) for n, s in zip(names, inputs)}
+    check([helper.make_node(op, names, ["y"], **attrs)], feeds, ["y"], 13)
+
+
+@pytest.mark.parametrize("gpu", [False, True])
+@pytest.mark.parametrize("op", ["ReduceMax", "ReduceSum", "ReduceMean"])
+def test_float16_reductions(op, gpu):
+    """Reductions to float16 store through vstore_half (a half cast does not compile without cl_khr_fp16), in the
+    GPU's split reductions too (a CPU context told it is a GPU runs them here)."""
+    ctx = context().with_options(input_chunks=1)
+    ctx.is_cpu = not gpu and ctx.is_cpu
+    x = normal(2, 40000, dtype=np.float16) if gpu else normal(3, 5, 7, dtype=np.float16)
+    node = helper.make_node(op, ["x", "axes"], ["y"], keepdims=0)
+    net = check([node], {"x": x}, ["y"], 18, {"axes": np.asarray([1], np.int64)}, ctx=ctx)
+    assert not gpu or any("finish" in launch.label for launch in net.launches)
+
+
+@pytest.mark.parametrize("op", ["HannWindow", "HammingWindow", "BlackmanWindow"])
+@pytest.mark.parametrize("periodic,dtype", [(1, TensorProto.FLOAT), (0, TensorProto.DOUBLE)])
+def test_window_functions(op, periodic, dtype):
+    """Op-set 17's windows of a size known at load: constants, added to a fresh input so the net has one."""
+    size = int(rng.integers(5, 30))
+    nodes = [helper.make_node(op, ["size"], ["w"], periodic=periodic, output_datatype=dtype),
+             helper.make_node("Add", ["x", "w"], ["y"])]
+    x = normal(size, dtype=helper.tensor_dtype_to_np_dtype(dtype))
+    check(nodes, {"x": x}, ["y"], 17, {"size": np.asarray(size, np.int64)})
