@@ -40,6 +40,8 @@ def make(name):
             m.p = 0.0
         if hasattr(m, "stochastic_depth_prob"):
             m.stochastic_depth_prob = 0.0
+        if type(m).__name__ == "StochasticDepth":  # (its random mask: exported as RandomUniformLike)
+            m.p = 0.0
     return model
 
 

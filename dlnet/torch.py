@@ -157,7 +157,8 @@ class Function(torch.autograd.Function):
         ctx.vjp, ctx.n_inputs, ctx.inputs, ctx.runner = vjp, n_inputs, inputs, runner
         ctx.devices = [t.device for t in tensors]
         runner.last = vjp
-        return tuple(torch.from_numpy(o).to(inputs[0].device) for o in outs)
+        device = inputs[0].device if inputs else "cpu"
+        return tuple(torch.from_numpy(o).to(device) for o in outs)
 
     @staticmethod
     def backward(ctx, *dys):
@@ -299,7 +300,8 @@ class _Compiled:
             if net is None:
                 net = self.nets[key] = Net(self.ctx).load_onnx(export(self.gm, tuple(tensors), dynamic_batch=False))
             res = net.run({i.name: t.detach().cpu().numpy() for i, t in zip(net.inputs, tensors)})
-            outs = tuple(torch.from_numpy(np.asarray(res[o.name])).to(tensors[0].device) for o in net.outputs)
+            device = tensors[0].device if tensors else "cpu"  # (a partition of constants takes no input)
+            outs = tuple(torch.from_numpy(np.asarray(res[o.name])).to(device) for o in net.outputs)
         return outs[0] if self.single and len(outs) == 1 else outs
 
 

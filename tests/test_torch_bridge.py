@@ -193,3 +193,20 @@ def test_the_ops_pytorch_dlprim_sent_to_the_cpu():
             got = torch.compile(model, backend="dlnet")(x)
     assert not [w for w in caught if "stay in eager" in str(w.message)], [str(w.message) for w in caught]
     assert rel_l2(got.numpy(), want) < 1e-5
+
+
+class Chunks(nn.Module):
+    """torch.chunk: the default exporter writes SplitToSequence then SequenceAt (shufflenet's channel split)."""
+
+    def forward(self, x):
+        a, b = x.chunk(2, dim=1)
+        c, d, e = torch.split(x, [1, 2, 3], dim=1)
+        return torch.cat([b * torch.sigmoid(a), c, d.sum(1, keepdim=True), e[:, :1]], dim=1)
+
+
+def test_sequences_known_at_load_run_on_the_device():
+    model = Chunks()
+    x = torch.randn(2, 6, 5)
+    net = dt.from_module(model, (x,), ctx=context())
+    assert rel_l2(net.run({"x": x.numpy()})["output"], model(x).numpy()) < 1e-6
+    net.release()

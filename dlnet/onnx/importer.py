@@ -22,6 +22,7 @@ from . import (  # noqa: F401  (imported for their @handler registrations)
     reduce,
     resize,
     sampling,
+    sequence,
     softmax,
     tensor,
     text,
