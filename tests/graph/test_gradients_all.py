@@ -22,6 +22,10 @@ from dlnet.graph.autodiff import gradients
 from dlnet.graph.ir import Builder, Graph
 from dlnet.graph.ops import OPS, Op
 from dlnet.graph.ops.reduce import REDUCE_NP
+from dlnet.graph.passes import run_passes
+from dlnet.graph.passes.fold import fold_constants, remove_dead
+from dlnet.graph.passes.fuse import fuse_pointwise
+from dlnet.net import Plan
 
 from ..conftest import context, reference, rel_l2
 from . import test_autodiff
@@ -54,11 +58,7 @@ NOT_DIFFERENTIATED = {
     "StringNormalizer": "host op, strings",
 }
 # differentiable ops still without a rule: each is a known gap, named in the error autodiff raises
-MISSING = {
-    # forward ops of the newer op-sets (branch new-ops), their rules still to write
-    "GeluTanh": "Gelu-20 approximate='tanh'", "Mish": "Mish-18", "Swish": "Swish-24",
-    "LayerNormStats": "LayerNormalization-17 with its Mean / InvStdDev outputs", "GridSample": "GridSample-16/20",
-}
+MISSING = {"GridSample": "GridSample-16/20"}
 
 
 def uniform(lo, hi, *shape):
@@ -122,6 +122,10 @@ CASES = [
     ("Shrink-soft", "Shrink", [avoid([-0.5, 0.5], -2, 2, 2, 3, 4)], {"lambd": 0.5, "bias": 0.5}),
     ("Shrink-hard", "Shrink", [avoid([-0.3, 0.3], -2, 2, 2, 3, 4)], {"lambd": 0.3, "bias": 0.0}),
     ("Erf", "Erf", [normal(2, 3, 4)], {}),
+    ("GeluTanh", "GeluTanh", [uniform(-4, 4, 2, 3, 4)], {}),
+    ("Mish", "Mish", [uniform(-5, 5, 2, 3, 4)], {}),
+    ("Swish", "Swish", [uniform(-5, 5, 2, 3, 4)], {"alpha": 1.0}),
+    ("Swish-alpha", "Swish", [normal(2, 3, 4)], {"alpha": 0.4}),
     # trigonometric
     ("Sin", "Sin", [normal(2, 3, 4)], {}),
     ("Cos", "Cos", [normal(2, 3, 4)], {}),
@@ -163,6 +167,9 @@ CASES = [
                                                   positive(3)], {"epsilon": 1e-5}),
     ("BatchNormalization-2d", "BatchNormalization", [normal(5, 3), normal(3), normal(3), normal(3), positive(3)],
      {"epsilon": 1e-3}),
+    ("LayerNormStats", "LayerNormStats", [normal(2, 3, 6), positive(6), normal(6)], {"epsilon": 1e-5}),
+    ("RMSNorm", "RMSNorm", [normal(2, 3, 7), positive(7)], {"epsilon": 1e-5}),
+    ("RMSNorm-eps", "RMSNorm", [uniform(-0.3, 0.3, 4, 5), normal(5)], {"epsilon": 0.05}),
     ("Det", "Det", [normal(3, 3)], {}),
     ("Det-batched", "Det", [normal(2, 4, 4)], {}),
     ("Det-1x1", "Det", [normal(3, 1, 1)], {}),
@@ -279,6 +286,52 @@ def test_device_gradient_matches_central_differences(case_id, op, specs, attrs):
 def test_host_gradient_matches_central_differences(case_id, op, specs, attrs, monkeypatch):
     errors = check(op, specs, attrs, on_device=False, monkeypatch=monkeypatch)
     assert max(errors) <= HOST_TOL, f"{case_id}: relative L2 error per input {errors}"
+
+
+def _stats_loss(x, scale, bias, w, eps):
+    """sum(y w0) + sum(mean w1) + sum(inv w2) of LayerNormalization-17's three outputs, float64"""
+    mean = x.mean(axis=-1, keepdims=True)
+    inv = 1 / np.sqrt(((x - mean) ** 2).mean(axis=-1, keepdims=True) + eps)
+    return float(((x - mean) * inv * scale + bias).ravel() @ w[0].ravel() + mean.ravel() @ w[1].ravel() +
+                 inv.ravel() @ w[2].ravel())
+
+
+def test_layernorm_stats_outputs_carry_their_gradients():
+    """LayerNormalization-17's Mean and InvStdDev read by the loss too: dx takes their parts (d mean / dx = 1 / D,
+    d inv / dx = -inv^2 xhat / D), on the device, against float64 central differences."""
+    rng = np.random.default_rng(7)
+    x, scale, bias = rng.standard_normal((3, 6)) * 2 + 0.5, rng.uniform(0.5, 2, 6), rng.standard_normal(6)
+    w = [rng.standard_normal((3, 6)), rng.standard_normal((3, 1)), rng.standard_normal((3, 1))]
+    eps = 1e-2
+    g = Graph("stats")
+    b = Builder(g)
+    xs = [g.add_input(n, "float32", a.shape) for n, a in (("x", x), ("scale", scale), ("bias", bias))]
+    outs = b.op("LayerNormStats", xs, {"epsilon": eps}, n_out=3)
+    ws = [g.add_input(f"w{i}", "float32", a.shape) for i, a in enumerate(w)]
+    terms = [b.op("Reduce", [b.op("Mul", [o, wv])], {"mode": "sum", "axes": (0, 1), "keepdims": 0})
+             for o, wv in zip(outs, ws)]
+    loss = b.op("Add", [b.op("Add", terms[:2]), terms[2]])
+    grads = gradients(g, loss, xs)
+    g.outputs, g.output_names = [loss] + grads, ["loss", "dx", "dscale", "dbias"]
+    run_passes(g, [fold_constants, fuse_pointwise, remove_dead])
+    plan = Plan(context(), g)
+    try:
+        got = plan.run([a.astype(np.float32) for a in [x, scale, bias] + w])
+    finally:
+        plan.release()
+    assert abs(float(got[0]) - _stats_loss(x, scale, bias, w, eps)) <= 1e-4 * abs(_stats_loss(x, scale, bias, w, eps))
+    arrays = [x.copy(), scale.copy(), bias.copy()]
+    for k, dx in enumerate(got[1:]):
+        fd = np.zeros_like(arrays[k])
+        for i in np.ndindex(fd.shape):
+            keep = arrays[k][i]
+            arrays[k][i] = keep + 1e-6
+            up = _stats_loss(*arrays, w, eps)
+            arrays[k][i] = keep - 1e-6
+            down = _stats_loss(*arrays, w, eps)
+            arrays[k][i] = keep
+            fd[i] = (up - down) / 2e-6
+        assert rel_l2(dx, fd) <= TOL, (k, rel_l2(dx, fd))
 
 
 def test_a_wrong_rule_is_caught_on_the_host(monkeypatch):
