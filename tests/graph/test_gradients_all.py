@@ -50,7 +50,7 @@ NOT_DIFFERENTIATED = {
     "ConvGradX": "backward of Conv", "ConvGradW": "backward of Conv", "PoolGrad": "backward of the pools",
     "BatchNormTrainGrad": "backward of BatchNormTrain", "SliceGrad": "backward of Slice",
     "GatherGrad": "backward of Gather", "GatherElementsGrad": "backward of GatherElements",
-    "RoiAlignGrad": "backward of RoiAlign",
+    "RoiAlignGrad": "backward of RoiAlign", "GridSampleGrad": "backward of GridSample",
     # made by passes that run after autodiff
     "Fused": "a chain of pointwise nodes, fused after the backward graph exists",
     # host ops run between device graphs, and a training graph is one device graph
@@ -58,7 +58,7 @@ NOT_DIFFERENTIATED = {
     "StringNormalizer": "host op, strings",
 }
 # differentiable ops still without a rule: each is a known gap, named in the error autodiff raises
-MISSING = {"GridSample": "GridSample-16/20"}
+MISSING = {}
 
 
 def uniform(lo, hi, *shape):
@@ -193,6 +193,19 @@ CASES = [
                                            np.float32)), const(np.array([1, 0, 1, 1], np.int64))],
        {"mode": mode, "output_height": 3, "output_width": 2, "spatial_scale": 0.9, "sampling_ratio": ratio,
         "half_pixel": hp}) for mode in ("avg", "max") for ratio, hp in ((0, 1), (2, 0))],
+    # positions inside and outside the input on both sides of each axis (grid in [-1.5, 1.5]: a quarter beyond), every
+    # mode and padding, 1 to 3 spatial dims
+    *[(f"GridSample-{mode}-{pad}-align{align}", "GridSample", [normal(2, 3, 4, 5), uniform(-1.5, 1.5, 2, 3, 3, 2)],
+       {"mode": mode, "padding_mode": pad, "align_corners": align})
+      for mode, pad, align in (("linear", "zeros", 0), ("linear", "border", 1), ("linear", "reflection", 0),
+                               ("cubic", "zeros", 1), ("cubic", "border", 0), ("cubic", "reflection", 1),
+                               ("nearest", "zeros", 0), ("nearest", "reflection", 1))],
+    ("GridSample-1d", "GridSample", [normal(2, 2, 6), uniform(-1.2, 1.2, 2, 5, 1)],
+     {"mode": "linear", "padding_mode": "zeros", "align_corners": 0}),
+    ("GridSample-3d", "GridSample", [normal(1, 2, 3, 4, 3), uniform(-1.2, 1.2, 1, 2, 2, 3, 3)],
+     {"mode": "linear", "padding_mode": "reflection", "align_corners": 0}),
+    ("GridSample-3d-cubic", "GridSample", [normal(1, 2, 3, 4, 3), uniform(-1.2, 1.2, 1, 2, 1, 2, 3)],
+     {"mode": "cubic", "padding_mode": "border", "align_corners": 1}),
     # zero updates: one alone at its target (row 0), two at one target (row 1)
     ("ScatterElements-mul-zeros", "ScatterElements", [normal(3, 4), const([[1, 2, 2], [0, 0, 3]]), with_zeros(2, 3)],
      {"axis": 1, "reduction": "mul"}),
@@ -394,6 +407,29 @@ def test_roialign_numpy_matches_onnx_reference(mode, ratio, coords):
     got = Builder(g).op("RoiAlign", [g.constant(x), g.constant(rois), g.constant(batch)],
                         dict(attrs, half_pixel=int(coords == "half_pixel"))).const
     assert rel_l2(got, want) <= 1e-6
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear", "cubic"])
+@pytest.mark.parametrize("padding", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("spatial", [(4, 5), (3, 4, 3)])
+def test_gridsample_numpy_matches_onnx_reference(mode, padding, spatial):
+    """GridSample's numpy form (the gradient check's forward) is onnx.reference's GridSample-20 (each align_corners;
+    positions well outside the input, reflected several times), to the reference's own float32 rounding of the
+    denormalised coordinates (the numpy form keeps float64 there: central differences of 1e-6 need it)."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 3) + spatial)
+    grid = rng.uniform(-3.5, 3.5, (2, 2, 3, len(spatial)) if len(spatial) == 2 else (2, 2, 2, 3, 3))
+    for align in (0, 1):
+        attrs = {"mode": mode, "padding_mode": padding, "align_corners": align}
+        node = helper.make_node("GridSample", ["x", "grid"], ["y"], **attrs)
+        graph = helper.make_graph([node], "gs", [helper.make_tensor_value_info("x", TensorProto.DOUBLE, x.shape),
+                                                 helper.make_tensor_value_info("grid", TensorProto.DOUBLE, grid.shape)],
+                                  [helper.make_tensor_value_info("y", TensorProto.DOUBLE, None)])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)], ir_version=9)
+        want = reference(model, {"x": x, "grid": grid})[0]
+        g = Graph()
+        got = Builder(g).op("GridSample", [g.constant(x), g.constant(grid)], attrs).const
+        assert rel_l2(got, want) <= 1e-5, (align, rel_l2(got, want))
 
 
 def test_piecewise_constant_ops_pass_no_gradient():
