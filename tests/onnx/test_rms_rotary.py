@@ -1,0 +1,227 @@
+"""RMSNormalization-23 and RotaryEmbedding-23, and a Llama-style decoder that uses both ideas in plain torch.
+
+- Each op against onnx.reference on fresh random inputs (every axis and Scale shape; halves and interleaved pairs,
+  full and partial rotation, 4-D and 3-D X, with and without position_ids, caches constant or fed at run time).
+- Their gradients (w.r.t. X, Scale, the caches), through the importer's graph and autodiff on the device, against
+  float64 central differences of onnx.reference.
+- RMSNorm as exporters decompose it before op-set 23 (x * rsqrt(mean(x^2) + eps) * w, and the Div forms) runs as one
+  RMSNorm kernel; so does torch's nn.RMSNorm through its default exporter.
+- A Llama-style decoder (RMSNorm, rotary embeddings by rotate_half, SwiGLU MLP, grouped-query attention through
+  scaled_dot_product_attention) exported by torch 2.13's default exporter (op-set 20; enable_gqa=True, and
+  repeat_interleave of K/V) and by TorchScript at op-sets 14 and 17 (repeat_interleave only: TorchScript cannot export
+  enable_gqa=True): dlnet matches torch within 1e-4 at two sequence lengths, and one SGD step through dlnet.Trainer
+  gives torch's loss and torch's drop in loss.
+"""
+import copy
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import dlnet
+from dlnet.graph.autodiff import gradients
+from dlnet.graph.ir import Builder
+from dlnet.net import Plan
+from dlnet.onnx.importer import Importer
+from dlnet.pipeline import training_passes
+
+from ..conftest import context, reference, rel_l2
+
+rng = np.random.default_rng(23)
+
+
+def normal(*shape, dtype=np.float32):
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def model_of(nodes, inputs, outputs, inits=None, opset=23):
+    def vi(name, a):
+        return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+
+    graph = helper.make_graph(nodes, "t", [vi(n, a) for n, a in inputs.items()],
+                              [helper.make_tensor_value_info(n, TensorProto.UNDEFINED, None) for n in outputs],
+                              [onnx.numpy_helper.from_array(np.asarray(v), n) for n, v in (inits or {}).items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
+
+
+def check(nodes, inputs, inits=None, tol=1e-5, opset=23, ctx=None):
+    """dlnet's output y against the reference evaluator's: dtype, shape and values (relative L2)."""
+    model = model_of(nodes, inputs, ["y"], inits, opset)
+    want = reference(model, inputs)[0]
+    net = dlnet.Net(ctx or context()).load_onnx(model)
+    got = net.run(inputs)["y"]
+    assert got.shape == want.shape and got.dtype == want.dtype, (got.shape, want.shape, got.dtype, want.dtype)
+    assert rel_l2(got, want) <= tol, rel_l2(got, want)
+    return net
+
+
+def launches(net):
+    return [launch.label.split()[-1] for launch in net.launches]
+
+
+# ---------------------------------------------------------------- RMSNormalization-23 -------------------------------
+@pytest.mark.parametrize("shape,axis,scale", [((3, 5, 16), -1, (16,)), ((2, 3, 4, 5), 1, (3, 4, 5)),
+                                              ((2, 3, 4, 5), -2, (5,)), ((4, 6), 0, (4, 6)), ((2, 3, 8), -1, (1, 1, 8)),
+                                              ((2, 3, 8), -1, (2, 1, 8)), ((2, 3, 4, 5), 2, (1, 5))])
+def test_rms_normalization(shape, axis, scale):
+    """Every axis; a Scale of the normalised shape, of fewer dims (broadcast over it), with leading ones, or varying
+    along the leading axes too ((2, 1, 8): the reference's numpy broadcasting to X)."""
+    x = normal(*shape) * 2 + 0.3
+    node = helper.make_node("RMSNormalization", ["x", "scale"], ["y"], axis=axis, epsilon=1e-3)
+    check([node], {"x": x}, {"scale": normal(*scale) + 1.0})
+
+
+@pytest.mark.parametrize("dtype,tol", [(np.float16, 2e-3), (np.float64, 1e-6)])
+def test_rms_normalization_other_floats(dtype, tol):
+    """float16 and float64 normalise in float32 (stash_type 1) and come back in their own dtype."""
+    node = helper.make_node("RMSNormalization", ["x", "scale"], ["y"])
+    check([node], {"x": normal(4, 24, dtype=dtype)}, {"scale": normal(24, dtype=dtype)}, tol=tol)
+
+
+def test_rms_normalization_runs_as_one_kernel():
+    node = helper.make_node("RMSNormalization", ["x", "scale"], ["y"], epsilon=1e-6)
+    net = check([node], {"x": normal(6, 32)}, {"scale": normal(32)})
+    assert launches(net) == ["RMSNorm"]
+
+
+@pytest.mark.parametrize("D", [5, 300, 2051])
+def test_rms_normalization_on_a_gpu(D):
+    """GPUs run a work-group per row (a CPU context told it is a GPU runs that kernel here)."""
+    ctx = context().with_options(input_chunks=1)
+    ctx.is_cpu = False
+    node = helper.make_node("RMSNormalization", ["x", "scale"], ["y"], epsilon=1e-4)
+    net = check([node], {"x": normal(7, D) * 3 + 2}, {"scale": normal(D)}, ctx=ctx)
+    assert [launch.kernel.function_name for launch in net.launches] == ["layernorm_wg"]
+
+
+@pytest.mark.parametrize("attrs,scale,match", [({"stash_type": 0}, (8,), "stash_type 0"),
+                                               ({}, (3, 8), r"scale of shape \[3, 8\] does not broadcast")])
+def test_rms_normalization_errors_name_the_node(attrs, scale, match):
+    node = helper.make_node("RMSNormalization", ["x", "scale"], ["y"], name="rms", **attrs)
+    model = model_of([node], {"x": normal(2, 8)}, ["y"], {"scale": normal(*scale)})
+    with pytest.raises(dlnet.ModelError, match=rf"node rms \(RMSNormalization\): .*{match}"):
+        dlnet.Net(context()).load_onnx(model)
+
+
+# ---------------------------------------------------------------- RotaryEmbedding-23 --------------------------------
+B, S, HEADS, HEAD, POSITIONS = 2, 5, 3, 8, 11
+
+
+def rotary_case(rank, interleaved, rot, with_pos, dtype=np.float32):
+    """(node, inputs, caches): X 4-D [B, heads, S, head] or 3-D [B, S, heads * head]; caches [positions, rot / 2]
+    with position_ids, else [B, S, rot / 2]."""
+    half = (rot or HEAD) // 2
+    x = normal(B, HEADS, S, HEAD, dtype=dtype) if rank == 4 else normal(B, S, HEADS * HEAD, dtype=dtype)
+    rows = (POSITIONS,) if with_pos else (B, S)
+    angles = rng.uniform(0, 6, rows + (half,))
+    caches = {"cos": np.cos(angles).astype(dtype), "sin": np.sin(angles).astype(dtype)}
+    inputs = {"x": x}
+    names = ["x", "cos", "sin"]
+    if with_pos:
+        inputs["pos"] = rng.integers(0, POSITIONS, (B, S)).astype(np.int64)
+        names.append("pos")
+    attrs = {"interleaved": interleaved, "rotary_embedding_dim": rot}
+    if rank == 3:
+        attrs["num_heads"] = HEADS
+    return helper.make_node("RotaryEmbedding", names, ["y"], **attrs), inputs, caches
+
+
+ROTARY = [(4, 0, 0, True), (4, 1, 0, True), (4, 0, 4, True), (4, 1, 6, False), (3, 0, 0, False), (3, 1, 4, True),
+          (3, 0, 6, True)]
+
+
+@pytest.mark.parametrize("rank,interleaved,rot,with_pos", ROTARY)
+@pytest.mark.parametrize("caches_fed", [False, True])
+def test_rotary_embedding(rank, interleaved, rot, with_pos, caches_fed):
+    node, inputs, caches = rotary_case(rank, interleaved, rot, with_pos)
+    if caches_fed:
+        check([node], dict(inputs, **caches))
+    else:
+        check([node], inputs, caches)
+
+
+def test_rotary_embedding_float16():
+    node, inputs, caches = rotary_case(4, 0, 0, True, np.float16)
+    check([node], inputs, caches, tol=2e-3)
+
+
+def test_rotary_embedding_constant_caches_run_in_four_launches():
+    """Constant caches widen at load: a row Gather per table, the pair swap's Gather, one fused Mul/Add."""
+    node, inputs, caches = rotary_case(4, 1, 4, True)
+    net = check([node], inputs, caches)
+    assert sorted(launches(net)) == ["Gather", "Gather", "Gather", "Mul+Mul+Add"]
+
+
+@pytest.mark.parametrize("attrs,cache,match", [({}, (B, S, HEAD // 2), "needs num_heads"),
+                                               ({"num_heads": HEADS, "rotary_embedding_dim": 5}, (B, S, 2),
+                                                "rotary_embedding_dim 5"),
+                                               ({"num_heads": HEADS}, (B, S, 3), r"cos_cache of shape \[2, 5, 3\]")])
+def test_rotary_embedding_errors_name_the_node(attrs, cache, match):
+    node = helper.make_node("RotaryEmbedding", ["x", "cos", "sin"], ["y"], name="rope", **attrs)
+    model = model_of([node], {"x": normal(B, S, HEADS * HEAD)}, ["y"], {"cos": normal(*cache), "sin": normal(*cache)})
+    with pytest.raises(dlnet.ModelError, match=rf"node rope \(RotaryEmbedding\): .*{match}"):
+        dlnet.Net(context()).load_onnx(model)
+
+
+# ---------------------------------------------------------------- gradients ----------------------------------------
+def device_gradients(model, feeds, wrt, w):
+    """(loss, [d loss / d feeds[name] for name in wrt]) of loss = sum(y * w), y the model's output: the importer's
+    training graph, autodiff and the trainer's passes, float32 on the device."""
+    imp = Importer(model, "t.onnx")
+    g = imp.build({n: a.shape for n, a in feeds.items()}, training=True)
+    b = Builder(g)
+    weights = g.add_input("w", "float32", w.shape)
+    prod = b.op("Mul", [g.outputs[0], weights])
+    loss = b.op("Reduce", [prod], {"mode": "sum", "axes": tuple(range(prod.rank)), "keepdims": 0})
+    grads = gradients(g, loss, [imp.values[n] for n in wrt])
+    g.outputs, g.output_names = [loss] + grads, ["loss"] + [f"d{n}" for n in wrt]
+    training_passes(g, context())
+    plan = Plan(context(), g)
+    arrays = dict(feeds, w=w.astype(np.float32))
+    try:
+        outs = plan.run([arrays[v.name] for v in g.inputs])
+    finally:
+        plan.release()
+    return float(outs[0]), outs[1:]
+
+
+def central_differences(model64, feeds, name, w, eps=1e-6):
+    x = feeds[name]
+    fd = np.zeros_like(x)
+    for i in np.ndindex(x.shape):
+        keep = x[i]
+        sums = []
+        for step in (eps, -eps):
+            x[i] = keep + step
+            sums.append(float((reference(model64, feeds)[0] * w).sum()))
+        x[i] = keep
+        fd[i] = (sums[0] - sums[1]) / (2 * eps)
+    return fd
+
+
+def check_gradients(node, feeds, wrt):
+    """Every float feed an input; the float64 twin of the model evaluated by onnx.reference for the differences."""
+    model = model_of([node], feeds, ["y"])
+    feeds64 = {n: a.astype(np.float64) if a.dtype.kind == "f" else a for n, a in feeds.items()}
+    model64 = model_of([node], feeds64, ["y"])
+    y = reference(model64, feeds64)[0]
+    w = np.random.default_rng(1).standard_normal(y.shape)
+    loss, grads = device_gradients(model, feeds, wrt, w)
+    assert abs(loss - float((y * w).sum())) <= 1e-4 * max(1.0, abs(float((y * w).sum())))
+    for name, g in zip(wrt, grads):
+        fd = central_differences(model64, feeds64, name, w)
+        assert rel_l2(g, fd) <= 1e-3, (name, rel_l2(g, fd))
+
+
+@pytest.mark.parametrize("shape,axis,scale", [((3, 4, 6), -1, (6,)), ((2, 3, 2, 4), 1, (3, 2, 4)),
+                                              ((2, 3, 5), -1, (2, 1, 5))])
+def test_rms_normalization_gradients(shape, axis, scale):
+    node = helper.make_node("RMSNormalization", ["x", "scale"], ["y"], axis=axis, epsilon=1e-2)
+    check_gradients(node, {"x": normal(*shape), "scale": normal(*scale) + 1}, ["x", "scale"])
+
+
+@pytest.mark.parametrize("rank,interleaved,rot,with_pos", [(4, 0, 0, True), (4, 1, 4, False), (3, 1, 6, True)])
+def test_rotary_embedding_gradients(rank, interleaved, rot, with_pos):
+    node, inputs, caches = rotary_case(rank, interleaved, rot, with_pos)
+    check_gradients(node, dict(inputs, **caches), ["x", "cos", "sin"])
