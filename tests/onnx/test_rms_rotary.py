@@ -104,6 +104,82 @@ def test_rms_normalization_errors_name_the_node(attrs, scale, match):
         dlnet.Net(context()).load_onnx(model)
 
 
+# ---------------------------------------------------------------- RMSNorm decomposed -------------------------------
+def _const(name, value):
+    return helper.make_node("Constant", [], [name], value=onnx.numpy_helper.from_array(np.asarray(value, np.float32)))
+
+
+def rms_decomposed(square, form, scale, axes=(-1,), opset=18):
+    """x^2 (Pow or Mul), ReduceMean over `axes`, + eps, Sqrt, then x * Reciprocal(..), x * (1 / ..) or x / ..; then
+    * w (scale "first": w * n, "second": n * w, None: no scale). Output "n" or "y"."""
+    nodes = [_const("two", 2.0), _const("eps", 1e-6), _const("one", 1.0)]
+    nodes.append(helper.make_node("Pow", ["x", "two"], ["x2"]) if square == "pow" else
+                 helper.make_node("Mul", ["x", "x"], ["x2"]))
+    if opset >= 18:
+        nodes += [helper.make_node("Constant", [], ["axes"], value=onnx.numpy_helper.from_array(np.asarray(axes))),
+                  helper.make_node("ReduceMean", ["x2", "axes"], ["m"])]
+    else:
+        nodes.append(helper.make_node("ReduceMean", ["x2"], ["m"], axes=list(axes)))
+    nodes += [helper.make_node("Add", ["m", "eps"], ["me"]), helper.make_node("Sqrt", ["me"], ["r"])]
+    if form == "div_x":
+        nodes.append(helper.make_node("Div", ["x", "r"], ["n"]))
+    else:
+        nodes += [helper.make_node("Reciprocal", ["r"], ["ir"]) if form == "reciprocal" else
+                  helper.make_node("Div", ["one", "r"], ["ir"]), helper.make_node("Mul", ["x", "ir"], ["n"])]
+    if scale is not None:
+        nodes.append(helper.make_node("Mul", ["w", "n"] if scale == "first" else ["n", "w"], ["y"]))
+    else:
+        nodes[-1].output[0] = "y"
+    return nodes
+
+
+@pytest.mark.parametrize("square", ["pow", "mul"])
+@pytest.mark.parametrize("form", ["reciprocal", "div_one", "div_x"])
+@pytest.mark.parametrize("scale", ["first", "second", None])
+def test_decomposed_rmsnorm_is_one_kernel(square, form, scale):
+    """Each way exporters write RMSNorm before op-set 23 (torch 2.13's dynamo exporter: Pow, ReduceMean, Add, Sqrt,
+    Reciprocal, Mul, Mul; TorchScript: Div(1, Sqrt)) becomes one RMSNorm kernel."""
+    nodes = rms_decomposed(square, form, scale)
+    net = check(nodes, {"x": normal(3, 5, 16) * 2}, {"w": normal(16)} if scale else None, opset=18)
+    assert launches(net) == ["RMSNorm"]
+
+
+def test_decomposed_rmsnorm_over_trailing_axes_and_read_elsewhere():
+    """Over the last two axes (op-set 13's axes attribute): on a view, its [4, 5] scale folded into the kernel's row;
+    x also read by a residual Add after it."""
+    nodes = rms_decomposed("pow", "reciprocal", "second", axes=(-2, -1), opset=13)
+    nodes[-1].output[0] = "n2"
+    nodes.append(helper.make_node("Add", ["n2", "x"], ["y"]))
+    net = check(nodes, {"x": normal(2, 3, 4, 5)}, {"w": normal(4, 5)}, opset=13)
+    assert launches(net)[0] == "RMSNorm" and len(launches(net)) == 2
+
+
+def test_rms_over_a_leading_axis_stays_decomposed():
+    """A mean of squares over a leading axis is no RMSNorm: the primitives run, with the right values."""
+    nodes = rms_decomposed("mul", "div_x", "second", axes=(1,))
+    net = check(nodes, {"x": normal(2, 3, 4)}, {"w": normal(4)}, opset=18)
+    assert "RMSNorm" not in launches(net)
+
+
+def test_torch_rmsnorm_through_the_default_exporter():
+    """nn.RMSNorm through torch 2.13's default exporter (op-set 20: no RMSNormalization node): one RMSNorm kernel,
+    matching torch. (TorchScript cannot export nn.RMSNorm at op-set 14 or 17: aten::rms_norm is unsupported.)"""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("onnxscript")
+    torch.manual_seed(0)
+    module = torch.nn.RMSNorm(24, eps=1e-6).eval()
+    module.weight.data.uniform_(0.5, 1.5)
+    x = normal(3, 7, 24)
+    model = torch.onnx.export(module, (torch.from_numpy(x),), dynamo=True, verbose=False).model_proto
+    assert "RMSNormalization" not in {n.op_type for n in model.graph.node}
+    net = dlnet.Net(context()).load_onnx(model)
+    got = list(net.run({model.graph.input[0].name: x}).values())[0]
+    with torch.no_grad():
+        want = module(torch.from_numpy(x)).numpy()
+    assert rel_l2(got, want) <= 1e-5
+    assert launches(net) == ["RMSNorm"]
+
+
 # ---------------------------------------------------------------- RotaryEmbedding-23 --------------------------------
 B, S, HEADS, HEAD, POSITIONS = 2, 5, 3, 8, 11
 
