@@ -301,3 +301,166 @@ def test_rms_normalization_gradients(shape, axis, scale):
 def test_rotary_embedding_gradients(rank, interleaved, rot, with_pos):
     node, inputs, caches = rotary_case(rank, interleaved, rot, with_pos)
     check_gradients(node, dict(inputs, **caches), ["x", "cos", "sin"])
+
+
+# ---------------------------------------------------------------- a Llama-style decoder ------------------------------
+DIM, N_HEADS, KV_HEADS, FFN, VOCAB = 32, 4, 2, 48, 40
+HEAD_DIM = DIM // N_HEADS
+
+
+def llama_modules(torch):
+    """The Llama decoder's classes, in plain torch (as the Llama code writes them)."""
+    nn, F = torch.nn, torch.nn.functional
+
+    class RMSNorm(nn.Module):
+        def __init__(self, dim, eps=1e-6):
+            super().__init__()
+            self.weight, self.eps = nn.Parameter(torch.rand(dim) + 0.5), eps
+
+        def forward(self, x):
+            return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+
+    def rotate_half(x):
+        half = x.shape[-1] // 2
+        return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+    class Attention(nn.Module):
+        """Grouped-query attention: KV_HEADS key / value heads shared by N_HEADS query heads, through SDPA with
+        is_causal and either enable_gqa or K / V repeated (repeat_interleave)."""
+
+        def __init__(self, gqa):
+            super().__init__()
+            self.q = nn.Linear(DIM, N_HEADS * HEAD_DIM, bias=False)
+            self.k, self.v = (nn.Linear(DIM, KV_HEADS * HEAD_DIM, bias=False) for _ in range(2))
+            self.o = nn.Linear(DIM, DIM, bias=False)
+            self.gqa = gqa
+
+        def forward(self, x, cos, sin):
+            b, t, _ = x.shape
+            q = self.q(x).view(b, t, N_HEADS, HEAD_DIM).transpose(1, 2)
+            k = self.k(x).view(b, t, KV_HEADS, HEAD_DIM).transpose(1, 2)
+            v = self.v(x).view(b, t, KV_HEADS, HEAD_DIM).transpose(1, 2)
+            q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+            if self.gqa:
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            else:
+                k, v = (z.repeat_interleave(N_HEADS // KV_HEADS, dim=1) for z in (k, v))
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.o(y.transpose(1, 2).reshape(b, t, DIM))
+
+    class Layer(nn.Module):
+        """x + attn(norm(x)), then x + down(silu(gate(norm(x))) * up(norm(x))) (SwiGLU)."""
+
+        def __init__(self, gqa):
+            super().__init__()
+            self.attn_norm, self.mlp_norm = RMSNorm(DIM), RMSNorm(DIM)
+            self.attn = Attention(gqa)
+            self.gate, self.up = (nn.Linear(DIM, FFN, bias=False) for _ in range(2))
+            self.down = nn.Linear(FFN, DIM, bias=False)
+
+        def forward(self, x, cos, sin):
+            x = x + self.attn(self.attn_norm(x), cos, sin)
+            h = self.mlp_norm(x)
+            return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+    class Llama(nn.Module):
+        """Embedding, rotary cos / sin of the positions, two layers, a final RMSNorm, an LM head."""
+
+        def __init__(self, gqa=False, flat=False):
+            super().__init__()
+            self.embed = nn.Embedding(VOCAB, DIM)
+            self.register_buffer("inv_freq", 1.0 / 10000 ** (torch.arange(0, HEAD_DIM, 2).float() / HEAD_DIM),
+                                 persistent=False)
+            self.layers = nn.ModuleList([Layer(gqa), Layer(gqa)])
+            self.norm, self.head = RMSNorm(DIM), nn.Linear(DIM, VOCAB, bias=False)
+            self.flat = flat  # logits as [B * S, VOCAB] rows (the cross-entropy of every position)
+
+        def forward(self, ids):
+            freqs = torch.outer(torch.arange(ids.shape[1], dtype=torch.float32), self.inv_freq)
+            angles = torch.cat((freqs, freqs), dim=-1)
+            cos, sin = angles.cos(), angles.sin()
+            x = self.embed(ids)
+            for layer in self.layers:
+                x = layer(x, cos, sin)
+            logits = self.head(self.norm(x))
+            return logits.flatten(0, 1) if self.flat else logits
+
+    return Llama
+
+
+# how: (dynamo, op-set, enable_gqa). TorchScript cannot export enable_gqa=True ("conversion of
+# scaled_dot_product_attention not implemented if enable_gqa is True"): its exports repeat K / V.
+LLAMA_EXPORTS = {"dynamo-gqa": (True, None, True), "dynamo": (True, None, False), "ts14": (False, 14, False),
+                 "ts17": (False, 17, False)}
+
+
+def export_llama(torch, how, flat=False):
+    """(module, ModelProto): the decoder exported batch- and sequence-dynamic (the default exporter for inference;
+    optimize=False for training, so every weight keeps its qualified name, as dlnet.torch does)."""
+    import io
+    dynamo, opset, gqa = LLAMA_EXPORTS[how]
+    torch.manual_seed(0)
+    module = llama_modules(torch)(gqa, flat).eval()
+    ids = torch.from_numpy(np.random.default_rng(0).integers(0, VOCAB, (2, 12)))
+    kw = {"input_names": ["ids"], "output_names": ["logits"], "dynamo": dynamo}
+    if dynamo:
+        kw["dynamic_shapes"] = ({0: torch.export.Dim("batch", min=1, max=16), 1: torch.export.Dim("seq", min=2,
+                                                                                                  max=32)},)
+        if flat:
+            kw["optimize"] = False
+        return module, torch.onnx.export(module, (ids,), verbose=False, **kw).model_proto
+    buf = io.BytesIO()
+    torch.onnx.export(module, (ids,), buf, opset_version=opset, do_constant_folding=not flat,
+                      dynamic_axes={"ids": {0: "batch", 1: "seq"}}, **kw)
+    return module, onnx.load_from_string(buf.getvalue())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", list(LLAMA_EXPORTS))
+def test_llama_export_matches_torch(how):
+    """Two sequence lengths (and batches), each planned on its own, within 1e-4 of torch; every RMSNorm (two per
+    layer and the final one) one kernel."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("onnxscript")
+    module, model = export_llama(torch, how)
+    net = dlnet.Net(context()).load_onnx(model)
+    for seed, shape in ((1, (2, 12)), (2, (3, 7))):
+        ids = np.random.default_rng(seed).integers(0, VOCAB, shape)
+        with torch.no_grad():
+            want = module(torch.from_numpy(ids)).numpy()
+        got = net.run({"ids": ids})["logits"]
+        assert got.shape == want.shape and rel_l2(got, want) <= 1e-4, (shape, rel_l2(got, want))
+    assert len(net.plans) == 2
+    ops = [line.split("= ", 1)[1].split("(")[0] for line in str(net.graph).splitlines() if " = " in line]
+    assert ops.count("RMSNorm") == 5 and not {"Pow", "Sqrt", "Reciprocal"} & set(ops)
+    net.release()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", list(LLAMA_EXPORTS))
+def test_llama_sgd_step_matches_torch(how):
+    """One SGD step of next-token cross-entropy over every position through dlnet.Trainer (the module's parameters
+    named, not the exporter's constants or the inv_freq buffer): torch's loss, and torch's drop in loss."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("onnxscript")
+    module, model = export_llama(torch, how, flat=True)
+    rng = np.random.default_rng(3)
+    ids, target = rng.integers(0, VOCAB, (2, 12)), rng.integers(0, VOCAB, 24)
+    lr = 0.5
+    ref = copy.deepcopy(module).train()
+    opt = torch.optim.SGD(ref.parameters(), lr=lr)
+    ref_loss = torch.nn.functional.cross_entropy(ref(torch.from_numpy(ids)), torch.from_numpy(target))
+    ref_loss.backward()
+    opt.step()
+    with torch.no_grad():
+        ref_after = torch.nn.functional.cross_entropy(ref(torch.from_numpy(ids)), torch.from_numpy(target)).item()
+    net = dlnet.Net(context()).load_onnx(model)
+    trainer = dlnet.Trainer(net, optimizer=dlnet.optim.SGD(lr=lr), params=[n for n, _ in module.named_parameters()])
+    loss = trainer.step({"ids": ids, "target": target})
+    after = trainer.step({"ids": ids, "target": target})  # the loss of the updated weights
+    assert abs(loss - ref_loss.item()) <= 1e-4 * abs(ref_loss.item()), (loss, ref_loss.item())
+    drop, ref_drop = loss - after, ref_loss.item() - ref_after
+    assert ref_drop > 0.1, ref_drop  # the step moves the loss well above float rounding
+    assert abs(drop - ref_drop) <= 1e-4 * abs(ref_drop), (drop, ref_drop)
+    trainer.close()
+    net.close()
