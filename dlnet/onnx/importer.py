@@ -21,6 +21,7 @@ from . import (  # noqa: F401  (imported for their @handler registrations)
     recurrent,
     reduce,
     resize,
+    rotary,
     sampling,
     sequence,
     softmax,

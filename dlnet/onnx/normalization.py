@@ -1,6 +1,6 @@
-"""The normalisations of the newer op-sets: LayerNormalization (17) and GroupNormalization (18, 21), each one
-LayerNorm kernel over the last axis of a view of x (a Reshape, no copy), then the per-channel affine where it is not
-LayerNorm's own."""
+"""The normalisations of the newer op-sets: LayerNormalization (17), GroupNormalization (18, 21) and RMSNormalization
+(23), each one LayerNorm (RMSNorm) kernel over the last axis of a view of x (a Reshape, no copy), then the
+per-channel affine where it is not the kernel's own."""
 import numpy as np
 
 from ..errors import ModelError
@@ -10,7 +10,7 @@ FLOATS = ("float32", "float64", "float16")
 
 
 def _check(x, at):
-    """Both ops normalise in float32 (stash_type 1, the only stash type exporters write); x of float16 or float64 is
+    """The ops normalise in float32 (stash_type 1, the only stash type exporters write); x of float16 or float64 is
     cast to float32 for it and back."""
     stash = at.get("stash_type", 1)
     if stash != 1:
@@ -90,3 +90,38 @@ def _group_normalization(imp, node, xs, at):
         scale, bias = (reshape(b, b.op("Expand", [reshape(b, v, (groups, 1))], {"shape": (groups, c // groups)}),
                                (c,)) for v in (scale, bias))
     return [b.op("Add", [b.op("Mul", [y, reshape(b, scale, channel)]), reshape(b, bias, channel)])]
+
+
+def _broadcasts(shape, to):
+    """Does `shape` broadcast to `to` unidirectionally (to unchanged)?"""
+    try:
+        return np.broadcast_shapes(shape, to) == tuple(to)
+    except ValueError:
+        return False
+
+
+@handler("RMSNormalization", 23)
+def _rms_normalization(imp, node, xs, at):
+    """Y = X / sqrt(mean(X^2 over axes [axis, rank)) + eps) * scale, scale broadcasting to X (unidirectionally); Y
+    of scale's type (V)."""
+    b = imp.b
+    x, scale = xs
+    _check(x, at)
+    if scale.dtype not in FLOATS:
+        raise ModelError(f"scale of dtype {scale.dtype} is not supported (supported: {', '.join(FLOATS)})")
+    axis = norm_axis(at.get("axis", -1), x.rank)
+    inner = x.shape[axis:]
+    D = int(np.prod(inner, dtype=np.int64))
+    if not _broadcasts(scale.shape, x.shape):
+        raise ModelError(f"scale of shape {list(scale.shape)} does not broadcast to X's {list(x.shape)}")
+    x2 = reshape(b, _f32(b, x), x.shape[:axis] + (D,))
+    lead = scale.shape[:max(0, scale.rank - len(inner))]
+    per_row = all(d == 1 for d in lead) and _broadcasts(scale.shape[len(lead):], inner)
+    if per_row:
+        w = _rows(b, reshape(b, _f32(b, scale), scale.shape[len(lead):]), inner, "scale")
+    else:
+        w = b.const(np.ones(D, np.float32))
+    y = reshape(b, b.op("RMSNorm", [x2, w], {"epsilon": float(at.get("epsilon", 1e-5))}), x.shape)
+    if not per_row:  # a scale that varies along the leading axes too: its own Mul
+        y = b.op("Mul", [y, _f32(b, scale)])
+    return [y if scale.dtype == "float32" else b.op("Cast", [y], {"to": scale.dtype})]

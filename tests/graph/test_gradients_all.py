@@ -22,6 +22,10 @@ from dlnet.graph.autodiff import gradients
 from dlnet.graph.ir import Builder, Graph
 from dlnet.graph.ops import OPS, Op
 from dlnet.graph.ops.reduce import REDUCE_NP
+from dlnet.graph.passes import run_passes
+from dlnet.graph.passes.fold import fold_constants, remove_dead
+from dlnet.graph.passes.fuse import fuse_pointwise
+from dlnet.net import Plan
 
 from ..conftest import context, reference, rel_l2
 from . import test_autodiff
@@ -46,7 +50,7 @@ NOT_DIFFERENTIATED = {
     "ConvGradX": "backward of Conv", "ConvGradW": "backward of Conv", "PoolGrad": "backward of the pools",
     "BatchNormTrainGrad": "backward of BatchNormTrain", "SliceGrad": "backward of Slice",
     "GatherGrad": "backward of Gather", "GatherElementsGrad": "backward of GatherElements",
-    "RoiAlignGrad": "backward of RoiAlign",
+    "RoiAlignGrad": "backward of RoiAlign", "GridSampleGrad": "backward of GridSample",
     # made by passes that run after autodiff
     "Fused": "a chain of pointwise nodes, fused after the backward graph exists",
     # host ops run between device graphs, and a training graph is one device graph
@@ -54,11 +58,7 @@ NOT_DIFFERENTIATED = {
     "StringNormalizer": "host op, strings",
 }
 # differentiable ops still without a rule: each is a known gap, named in the error autodiff raises
-MISSING = {
-    # forward ops of the newer op-sets (branch new-ops), their rules still to write
-    "GeluTanh": "Gelu-20 approximate='tanh'", "Mish": "Mish-18", "Swish": "Swish-24",
-    "LayerNormStats": "LayerNormalization-17 with its Mean / InvStdDev outputs", "GridSample": "GridSample-16/20",
-}
+MISSING = {}
 
 
 def uniform(lo, hi, *shape):
@@ -122,6 +122,10 @@ CASES = [
     ("Shrink-soft", "Shrink", [avoid([-0.5, 0.5], -2, 2, 2, 3, 4)], {"lambd": 0.5, "bias": 0.5}),
     ("Shrink-hard", "Shrink", [avoid([-0.3, 0.3], -2, 2, 2, 3, 4)], {"lambd": 0.3, "bias": 0.0}),
     ("Erf", "Erf", [normal(2, 3, 4)], {}),
+    ("GeluTanh", "GeluTanh", [uniform(-4, 4, 2, 3, 4)], {}),
+    ("Mish", "Mish", [uniform(-5, 5, 2, 3, 4)], {}),
+    ("Swish", "Swish", [uniform(-5, 5, 2, 3, 4)], {"alpha": 1.0}),
+    ("Swish-alpha", "Swish", [normal(2, 3, 4)], {"alpha": 0.4}),
     # trigonometric
     ("Sin", "Sin", [normal(2, 3, 4)], {}),
     ("Cos", "Cos", [normal(2, 3, 4)], {}),
@@ -163,6 +167,9 @@ CASES = [
                                                   positive(3)], {"epsilon": 1e-5}),
     ("BatchNormalization-2d", "BatchNormalization", [normal(5, 3), normal(3), normal(3), normal(3), positive(3)],
      {"epsilon": 1e-3}),
+    ("LayerNormStats", "LayerNormStats", [normal(2, 3, 6), positive(6), normal(6)], {"epsilon": 1e-5}),
+    ("RMSNorm", "RMSNorm", [normal(2, 3, 7), positive(7)], {"epsilon": 1e-5}),
+    ("RMSNorm-eps", "RMSNorm", [uniform(-0.3, 0.3, 4, 5), normal(5)], {"epsilon": 0.05}),
     ("Det", "Det", [normal(3, 3)], {}),
     ("Det-batched", "Det", [normal(2, 4, 4)], {}),
     ("Det-1x1", "Det", [normal(3, 1, 1)], {}),
@@ -186,6 +193,19 @@ CASES = [
                                            np.float32)), const(np.array([1, 0, 1, 1], np.int64))],
        {"mode": mode, "output_height": 3, "output_width": 2, "spatial_scale": 0.9, "sampling_ratio": ratio,
         "half_pixel": hp}) for mode in ("avg", "max") for ratio, hp in ((0, 1), (2, 0))],
+    # positions inside and outside the input on both sides of each axis (grid in [-1.5, 1.5]: a quarter beyond), every
+    # mode and padding, 1 to 3 spatial dims
+    *[(f"GridSample-{mode}-{pad}-align{align}", "GridSample", [normal(2, 3, 4, 5), uniform(-1.5, 1.5, 2, 3, 3, 2)],
+       {"mode": mode, "padding_mode": pad, "align_corners": align})
+      for mode, pad, align in (("linear", "zeros", 0), ("linear", "border", 1), ("linear", "reflection", 0),
+                               ("cubic", "zeros", 1), ("cubic", "border", 0), ("cubic", "reflection", 1),
+                               ("nearest", "zeros", 0), ("nearest", "reflection", 1))],
+    ("GridSample-1d", "GridSample", [normal(2, 2, 6), uniform(-1.2, 1.2, 2, 5, 1)],
+     {"mode": "linear", "padding_mode": "zeros", "align_corners": 0}),
+    ("GridSample-3d", "GridSample", [normal(1, 2, 3, 4, 3), uniform(-1.2, 1.2, 1, 2, 2, 3, 3)],
+     {"mode": "linear", "padding_mode": "reflection", "align_corners": 0}),
+    ("GridSample-3d-cubic", "GridSample", [normal(1, 2, 3, 4, 3), uniform(-1.2, 1.2, 1, 2, 1, 2, 3)],
+     {"mode": "cubic", "padding_mode": "border", "align_corners": 1}),
     # zero updates: one alone at its target (row 0), two at one target (row 1)
     ("ScatterElements-mul-zeros", "ScatterElements", [normal(3, 4), const([[1, 2, 2], [0, 0, 3]]), with_zeros(2, 3)],
      {"axis": 1, "reduction": "mul"}),
@@ -281,6 +301,52 @@ def test_host_gradient_matches_central_differences(case_id, op, specs, attrs, mo
     assert max(errors) <= HOST_TOL, f"{case_id}: relative L2 error per input {errors}"
 
 
+def _stats_loss(x, scale, bias, w, eps):
+    """sum(y w0) + sum(mean w1) + sum(inv w2) of LayerNormalization-17's three outputs, float64"""
+    mean = x.mean(axis=-1, keepdims=True)
+    inv = 1 / np.sqrt(((x - mean) ** 2).mean(axis=-1, keepdims=True) + eps)
+    return float(((x - mean) * inv * scale + bias).ravel() @ w[0].ravel() + mean.ravel() @ w[1].ravel() +
+                 inv.ravel() @ w[2].ravel())
+
+
+def test_layernorm_stats_outputs_carry_their_gradients():
+    """LayerNormalization-17's Mean and InvStdDev read by the loss too: dx takes their parts (d mean / dx = 1 / D,
+    d inv / dx = -inv^2 xhat / D), on the device, against float64 central differences."""
+    rng = np.random.default_rng(7)
+    x, scale, bias = rng.standard_normal((3, 6)) * 2 + 0.5, rng.uniform(0.5, 2, 6), rng.standard_normal(6)
+    w = [rng.standard_normal((3, 6)), rng.standard_normal((3, 1)), rng.standard_normal((3, 1))]
+    eps = 1e-2
+    g = Graph("stats")
+    b = Builder(g)
+    xs = [g.add_input(n, "float32", a.shape) for n, a in (("x", x), ("scale", scale), ("bias", bias))]
+    outs = b.op("LayerNormStats", xs, {"epsilon": eps}, n_out=3)
+    ws = [g.add_input(f"w{i}", "float32", a.shape) for i, a in enumerate(w)]
+    terms = [b.op("Reduce", [b.op("Mul", [o, wv])], {"mode": "sum", "axes": (0, 1), "keepdims": 0})
+             for o, wv in zip(outs, ws)]
+    loss = b.op("Add", [b.op("Add", terms[:2]), terms[2]])
+    grads = gradients(g, loss, xs)
+    g.outputs, g.output_names = [loss] + grads, ["loss", "dx", "dscale", "dbias"]
+    run_passes(g, [fold_constants, fuse_pointwise, remove_dead])
+    plan = Plan(context(), g)
+    try:
+        got = plan.run([a.astype(np.float32) for a in [x, scale, bias] + w])
+    finally:
+        plan.release()
+    assert abs(float(got[0]) - _stats_loss(x, scale, bias, w, eps)) <= 1e-4 * abs(_stats_loss(x, scale, bias, w, eps))
+    arrays = [x.copy(), scale.copy(), bias.copy()]
+    for k, dx in enumerate(got[1:]):
+        fd = np.zeros_like(arrays[k])
+        for i in np.ndindex(fd.shape):
+            keep = arrays[k][i]
+            arrays[k][i] = keep + 1e-6
+            up = _stats_loss(*arrays, w, eps)
+            arrays[k][i] = keep - 1e-6
+            down = _stats_loss(*arrays, w, eps)
+            arrays[k][i] = keep
+            fd[i] = (up - down) / 2e-6
+        assert rel_l2(dx, fd) <= TOL, (k, rel_l2(dx, fd))
+
+
 def test_a_wrong_rule_is_caught_on_the_host(monkeypatch):
     """The float64 checker itself: an Erf rule off by a factor sqrt(2) must fail it."""
     def wrong(self, b, node, dys):
@@ -341,6 +407,29 @@ def test_roialign_numpy_matches_onnx_reference(mode, ratio, coords):
     got = Builder(g).op("RoiAlign", [g.constant(x), g.constant(rois), g.constant(batch)],
                         dict(attrs, half_pixel=int(coords == "half_pixel"))).const
     assert rel_l2(got, want) <= 1e-6
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear", "cubic"])
+@pytest.mark.parametrize("padding", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("spatial", [(4, 5), (3, 4, 3)])
+def test_gridsample_numpy_matches_onnx_reference(mode, padding, spatial):
+    """GridSample's numpy form (the gradient check's forward) is onnx.reference's GridSample-20 (each align_corners;
+    positions well outside the input, reflected several times), to the reference's own float32 rounding of the
+    denormalised coordinates (the numpy form keeps float64 there: central differences of 1e-6 need it)."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 3) + spatial)
+    grid = rng.uniform(-3.5, 3.5, (2, 2, 3, len(spatial)) if len(spatial) == 2 else (2, 2, 2, 3, 3))
+    for align in (0, 1):
+        attrs = {"mode": mode, "padding_mode": padding, "align_corners": align}
+        node = helper.make_node("GridSample", ["x", "grid"], ["y"], **attrs)
+        graph = helper.make_graph([node], "gs", [helper.make_tensor_value_info("x", TensorProto.DOUBLE, x.shape),
+                                                 helper.make_tensor_value_info("grid", TensorProto.DOUBLE, grid.shape)],
+                                  [helper.make_tensor_value_info("y", TensorProto.DOUBLE, None)])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)], ir_version=9)
+        want = reference(model, {"x": x, "grid": grid})[0]
+        g = Graph()
+        got = Builder(g).op("GridSample", [g.constant(x), g.constant(grid)], attrs).const
+        assert rel_l2(got, want) <= 1e-5, (align, rel_l2(got, want))
 
 
 def test_piecewise_constant_ops_pass_no_gradient():

@@ -1,11 +1,14 @@
-"""Recognise LayerNorm and GELU in the primitives exporters decompose them into (PyTorch's TorchScript exporter
-before op-set 17 for LayerNorm, before 20 for GELU).
+"""Recognise LayerNorm, RMSNorm and GELU in the primitives exporters decompose them into (PyTorch's TorchScript exporter
+before op-set 17 for LayerNorm, before 20 for GELU; every exporter before op-set 23 for RMSNorm).
 
 LayerNorm:  d = x - ReduceMean(x, axes);  d / Sqrt(ReduceMean(Pow(d, 2), axes) + eps)  [* scale]  [+ bias], axes
             the trailing ones (several: on a view of x with them merged, Reshapes that copy nothing)
+RMSNorm:    x * Reciprocal(Sqrt(ReduceMean(x^2, axes) + eps)) (or x * (1 / Sqrt(..)), x / Sqrt(..))  [* scale], x^2
+            as Pow(x, 2) or x * x (torch 2.13's dynamo exporter writes nn.RMSNorm so at op-set 20, both exporters
+            Llama's hand-written x * rsqrt(mean(x^2) + eps) * w)
 GELU:       x * 0.5 * (1 + Erf(x / sqrt 2)), with the three factors multiplied in any order;
 GELU tanh:  x * 0.5 * (1 + Tanh(sqrt(2 / pi) * (x + 0.044715 * x^3))), likewise.
-Each becomes one node (LayerNorm: one row kernel; Gelu, GeluTanh: a pointwise op that still fuses with its
+Each becomes one node (LayerNorm, RMSNorm: one row kernel; Gelu, GeluTanh: a pointwise op that still fuses with its
 neighbours).
 """
 import math
@@ -131,6 +134,48 @@ def _match_layernorm(graph, mean1):
     return matched, [x, scale, bias], {"epsilon": eps}, x.shape[:k] + (D,)
 
 
+def _scaled_tail(graph, matched, x, k):
+    """The optional `* scale` after the normalised value (the last matched node's output): (scale or None, nodes)."""
+    mul = _sole_user(graph, matched[-1].outputs[0], "Mul")
+    scale = _row_vector(graph, _other(mul, matched[-1].outputs[0]), x, k) if mul is not None else None
+    return scale, matched + ([mul] if scale is not None else [])
+
+
+def _match_rmsnorm(graph, mean):
+    """x * rsqrt(mean(x^2) + eps) [* scale] from the mean of the squares: (matched, [x, scale], attrs, view)."""
+    square = mean.inputs[0].producer
+    if square is None or not (square.op == "Pow" and _near(square.inputs[1], 2.0)) and \
+            not (square.op == "Mul" and square.inputs[0] is square.inputs[1]):
+        return None
+    x = square.inputs[0]
+    if x.dtype != "float32" or not x.rank or _sole_user(graph, square.outputs[0], "Reduce") is not mean:
+        return None
+    k = _trailing_mean(mean, square.outputs[0])
+    add = _sole_user(graph, mean.outputs[0], "Add") if k is not None else None
+    eps = _scalar(_other(add, mean.outputs[0])) if add is not None else None
+    sqrt = _sole_user(graph, add.outputs[0], "Sqrt") if eps is not None else None
+    if sqrt is None or len(sqrt.outputs[0].users) != 1 or sqrt.outputs[0] in graph.outputs:
+        return None
+    matched = [square, mean, add, sqrt]
+    step = sqrt.outputs[0].users[0]
+    if step.op == "Div" and step.inputs == [x, sqrt.outputs[0]]:  # x / sqrt(..)
+        matched.append(step)
+    else:  # x * (1 / sqrt(..)): Reciprocal, or Div of 1
+        if not (step.op == "Reciprocal" or (step.op == "Div" and step.inputs[1] is sqrt.outputs[0] and
+                                            _near(step.inputs[0], 1.0))):
+            return None
+        mul = _sole_user(graph, step.outputs[0], "Mul")
+        if mul is None or _other(mul, step.outputs[0]) is not x:
+            return None
+        matched += [step, mul]
+    scale, matched = _scaled_tail(graph, matched, x, k)
+    if matched[-1].outputs[0].shape != x.shape:
+        return None
+    D = int(np.prod(x.shape[k:], dtype=np.int64))
+    scale = scale if scale is not None else graph.constant(np.ones(D, x.dtype))
+    return matched, [x, scale], {"epsilon": eps}, x.shape[:k] + (D,)
+
+
 def _replace_viewed(graph, matched, op, inputs, attrs, view):
     """As _replace, the op reading its first input viewed as `view` (trailing axes merged: Reshape, no copy) and its
     output reshaped back."""
@@ -241,18 +286,19 @@ def _gelu_tail(graph, x, core, matched):
 
 
 def normalize_layers(graph):
-    """Replace decomposed LayerNorm and GELU subgraphs by LayerNorm, Gelu and GeluTanh nodes."""
+    """Replace decomposed LayerNorm, RMSNorm and GELU subgraphs by LayerNorm, RMSNorm, Gelu and GeluTanh nodes."""
     changed = False
     for node in list(graph.nodes):
         if node not in graph.nodes:
             continue
         if node.op == "Reduce":
-            found = _match_layernorm(graph, node)
+            op, found = "LayerNorm", _match_layernorm(graph, node)
+            if found is None:
+                op, found = "RMSNorm", _match_rmsnorm(graph, node)
             if found is not None and found[3] != found[1][0].shape:  # over several trailing axes: on a view
-                _replace_viewed(graph, found[0], "LayerNorm", *found[1:])
+                _replace_viewed(graph, found[0], op, *found[1:])
                 changed = True
                 continue
-            op = "LayerNorm"
         elif node.op == "Erf":
             found = _match_gelu(graph, node)
             op = "Gelu"

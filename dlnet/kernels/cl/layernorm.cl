@@ -1,6 +1,14 @@
 // LayerNorm over the last axis of a tensor viewed as [rows, D].
 // Two passes over the row (mean, then the mean of squared deviations), as PyTorch's op-set 13 decomposition does.
 // STATS: also write each row's mean and 1 / sqrt(var + eps) (LayerNormalization-17's optional outputs).
+// RMS: RMSNorm instead: no centring (the mean is taken as 0) and no bias: y = x / sqrt(mean(x^2) + eps) * scale.
+#ifdef RMS
+#define BIAS_ARGS
+#define BIAS(i) 0.0f
+#else
+#define BIAS_ARGS __global const float* bias, ulong bias_off,
+#define BIAS(i) bias[bias_off + (i)]
+#endif
 #ifdef STATS
 #define STATS_ARGS , __global float* mean_out, ulong mean_off, __global float* inv_out, ulong inv_off
 #define STORE_STATS(r, mean, inv) do { mean_out[mean_off + (r)] = (mean); inv_out[inv_off + (r)] = (inv); } while (0)
@@ -11,21 +19,24 @@
 
 // one work-item per row (CPUs, and short rows)
 __kernel void layernorm(__global const float* x, ulong x_off, __global const float* scale, ulong scale_off,
-                        __global const float* bias, ulong bias_off, __global float* y, ulong y_off,
+                        BIAS_ARGS __global float* y, ulong y_off,
                         long rows, int D, float eps STATS_ARGS) {
     const long r = get_global_id(0);
     if (r >= rows) return;
     x += x_off + r * D;
     y += y_off + r * D;
     scale += scale_off;
-    bias += bias_off;
+#ifdef RMS
+    const float mean = 0.0f;
+#else
     float s = 0.0f;
     for (int i = 0; i < D; i++) s += x[i];
     const float mean = s / D;
+#endif
     float v = 0.0f;
     for (int i = 0; i < D; i++) { const float d = x[i] - mean; v += d * d; }
     const float inv = 1.0f / sqrt(v / D + eps);
-    for (int i = 0; i < D; i++) y[i] = (x[i] - mean) * inv * scale[i] + bias[i];
+    for (int i = 0; i < D; i++) y[i] = (x[i] - mean) * inv * scale[i] + BIAS(i);
     STORE_STATS(r, mean, inv);
 }
 
@@ -47,7 +58,7 @@ inline float group_sum(float v, __local float* part) {
 
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
 void layernorm_wg(__global const float* x, ulong x_off, __global const float* scale, ulong scale_off,
-                  __global const float* bias, ulong bias_off, __global float* y, ulong y_off,
+                  BIAS_ARGS __global float* y, ulong y_off,
                   long rows, int D, float eps STATS_ARGS) {
     __local float part[WG];
     const long r = get_group_id(0);
@@ -55,14 +66,17 @@ void layernorm_wg(__global const float* x, ulong x_off, __global const float* sc
     x += x_off + r * D;
     y += y_off + r * D;
     scale += scale_off;
-    bias += bias_off;
+#ifdef RMS
+    const float mean = 0.0f;
+#else
     float s = 0.0f;
     for (int i = l; i < D; i += WG) s += x[i];
     const float mean = group_sum(s, part) / D;
+#endif
     float v = 0.0f;
     for (int i = l; i < D; i += WG) { const float d = x[i] - mean; v += d * d; }
     const float inv = 1.0f / sqrt(group_sum(v, part) / D + eps);
-    for (int i = l; i < D; i += WG) y[i] = (x[i] - mean) * inv * scale[i] + bias[i];
+    for (int i = l; i < D; i += WG) y[i] = (x[i] - mean) * inv * scale[i] + BIAS(i);
     if (l == 0) STORE_STATS(r, mean, inv);
 }
 #endif

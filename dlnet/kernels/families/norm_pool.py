@@ -83,15 +83,16 @@ class NormPoolFamily:
         self.emit(src, "softmax", args, (max(outer * inner, 1),), None, f"{node.name} {node.op}")
 
     def layernorm(self, node):
-        """LayerNorm / LayerNormStats (the row's mean and 1 / sqrt(var + eps) too): a work-item per row on CPUs, a
-        work-group per row on GPUs (layernorm_group)."""
-        x, scale, bias = node.inputs
+        """LayerNorm / LayerNormStats (the row's mean and 1 / sqrt(var + eps) too) / RMSNorm (no mean, no bias): a
+        work-item per row on CPUs, a work-group per row on GPUs (layernorm_group)."""
+        x, scale = node.inputs[:2]
         y = node.outputs[0]
         D = x.shape[-1]
         rows = x.size // max(D, 1)
-        args = self.args(x) + self.args(scale) + self.args(bias) + self.args(y) + [
+        defs = {"RMS": 1} if node.op == "RMSNorm" else {}
+        bias = [] if defs else self.args(node.inputs[2])
+        args = self.args(x) + self.args(scale) + bias + self.args(y) + [
             np.int64(rows), np.int32(D), np.float32(node.attrs["epsilon"])]
-        defs = {}
         if len(node.outputs) > 1:
             defs["STATS"] = 1
             args += self.args(node.outputs[1]) + self.args(node.outputs[2])
