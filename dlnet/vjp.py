@@ -27,7 +27,8 @@ class VJPPlan:
         unknown = [n for n in wrt_inputs if n not in self.input_names]
         if unknown:
             raise InputError(f"{path}: no input {unknown[0]!r}; the inputs are {self.input_names}")
-        named = {n: v for n, v in imp.values.items() if v.const is not None and v.param}
+        values = {n: v for n, v in imp.values.items() if hasattr(v, "const")}  # (not load-time sequences)
+        named = {n: v for n, v in values.items() if v.const is not None and v.param}
         self.param_names = [n for n in (named if params is None else params) if n in named]
         b = Builder(g)
         total = None
@@ -45,7 +46,7 @@ class VJPPlan:
                 self.grad_index[name] = len(outs)
                 outs.append(gv)
                 names.append(f"grad:{name}")
-        by_id = {v.id: n for n, v in imp.values.items()}
+        by_id = {v.id: n for n, v in values.items()}
         self.state_names = [by_id.get(s.id) for s, _ in imp.state_updates]  # (running statistics' initializers)
         for _, new in imp.state_updates:
             outs.append(new)

@@ -18,7 +18,7 @@ def _seq(x, what):
     return x
 
 
-@handler("SplitToSequence", 11)
+@handler("SplitToSequence", 11, 24)  # (24: more types)
 def _split_to_sequence(imp, node, xs, at):
     x, split = xs[0], xs[1] if len(xs) > 1 else None
     axis = norm_axis(at.get("axis", 0), x.rank)
