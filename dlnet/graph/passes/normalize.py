@@ -166,7 +166,7 @@ def normalize_layers(graph):
     """Replace decomposed LayerNorm and exact GELU subgraphs by LayerNorm and Gelu nodes."""
     changed = False
     for node in list(graph.nodes):
-        if node not in graph.nodes:
+        if node.op not in ("Reduce", "Erf") or node not in graph.nodes:  # (the op first: a linear pass on the rest)
             continue
         if node.op == "Reduce":
             found = _match_layernorm(graph, node)
