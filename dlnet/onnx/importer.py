@@ -1,6 +1,7 @@
 """ModelProto -> Graph. Handlers per (op_type, since_version) live in one module per op family (elementwise, tensor,
 indexing, linalg, nn, reduce, softmax, composed, resize, recurrent, control, dynamic, text), registered in
 common.HANDLERS when imported here; they only build IR."""
+import functools
 import os
 
 import onnx
@@ -91,8 +92,20 @@ class Importer:
         self.b = Builder(self.graph, path)
 
     def attrs(self, node):
+        """{name: value} of the node's attributes, the node checked against its op's schema first (every handler
+        asks, a subgraph's too): inputs it requires given, no more inputs than it takes, each attribute of the type
+        it declares (handlers and kernels read them so). A ModelError otherwise."""
         out = {}
+        types, required, most = _schema(node.op_type, self.opset, node.domain)
+        if len(node.input) > most:
+            raise ModelError(f"{len(node.input)} inputs given, the op takes at most {most}")
+        missing = [k for k in required if k >= len(node.input) or not node.input[k]]
+        if missing:
+            raise ModelError(f"input #{missing[0]} is required")
         for a in node.attribute:
+            want = types.get(a.name)
+            if want is not None and a.type != want:
+                raise ModelError(f"attribute {a.name!r} is of type {_type_name(a.type)}, expected {_type_name(want)}")
             v = helper.get_attribute_value(a)
             if isinstance(v, bytes):
                 v = v.decode()
@@ -245,6 +258,24 @@ class Importer:
         if index is not None:
             g.notes.append(f"stops before ONNX node #{index}: {reason}")
         return g
+
+
+@functools.cache
+def _schema(op_type, opset, domain):
+    """({attribute name: AttributeProto type}, indices of the inputs it requires, the most inputs it takes) of the
+    op's schema at this op-set; nothing to check where onnx has none."""
+    try:
+        schema = onnx.defs.get_schema(op_type, opset, "" if domain == "ai.onnx" else domain)
+    except Exception:  # (no such op or op-set: resolve_handler has said so already)
+        return {}, (), 2**31
+    single = onnx.defs.OpSchema.FormalParameterOption.Single
+    required = tuple(k for k, p in enumerate(schema.inputs) if p.option == single)
+    return {name: int(a.type) for name, a in schema.attributes.items()}, required, schema.max_input
+
+
+def _type_name(code):
+    return onnx.AttributeProto.AttributeType.Name(code) if code in onnx.AttributeProto.AttributeType.values() \
+        else str(code)
 
 
 def _names_read(nodes):

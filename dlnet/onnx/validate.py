@@ -70,6 +70,8 @@ def read_model(source, base_dir=None):
 def model_name(model):
     """How messages name a model that came as a proto or bytes: never a path."""
     name = model.graph.name
+    if isinstance(name, bytes):  # (not UTF-8: protobuf hands such a string over as bytes)
+        name = name.decode(errors="replace")
     if not name:
         return "<model>"
     return f"<model {name[:60] + ('...' if len(name) > 60 else '')!r}>"

@@ -338,3 +338,39 @@ def test_save_onnx_never_over_its_source_and_leaves_no_temp_file(ctx, tmp_path, 
     with pytest.raises(dlnet.InputError, match="out2.onnx: could not be written .No space left on device"):
         net.save_onnx(str(tmp_path / "out2.onnx"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["alias.onnx", "m.onnx", "out.onnx"]
+
+
+# ------------------------------------------------------------------ what the fuzz found ---------------------------
+def test_node_checked_against_its_schema(ctx):
+    """An attribute of another type than the schema's (Gemm's alpha as a string), a required input left out, more
+    inputs than the op takes: each a ModelError naming the node, in a subgraph too."""
+    rng = np.random.default_rng(6)
+    w = rng.standard_normal((4, 3)).astype(np.float32)
+    model = make_model([helper.make_node("Gemm", ["x", "w"], ["y"], name="fc", alpha=1.0)], {"x": ("float32", [2, 3])},
+                       ["y"], {"w": w})
+    alpha = model.graph.node[0].attribute[0]
+    alpha.type = onnx.AttributeProto.STRING
+    with pytest.raises(dlnet.ModelError, match=r"node fc \(Gemm\): attribute 'alpha' is of type STRING, expected "):
+        dlnet.Net(ctx).load_onnx(model)
+    for inputs, match in ((["x", ""], "input #1 is required"), (["x"], "input #1 is required"),
+                          (["x", "w", "w", "w"], "4 inputs given, the op takes at most 3")):
+        model = make_model([helper.make_node("Gemm", inputs, ["y"], name="fc")], {"x": ("float32", [2, 3])}, ["y"],
+                           {"w": w})
+        with pytest.raises(dlnet.ModelError, match=r"<model 'test'>: node fc \(Gemm\): " + match):
+            dlnet.Net(ctx).load_onnx(model)
+    body = helper.make_graph([helper.make_node("Softmax", [""], ["o"], name="inner")], "body", [],
+                             [helper.make_tensor_value_info("o", TensorProto.FLOAT, None)])
+    model = make_model([helper.make_node("If", ["c"], ["y"], then_branch=body, else_branch=body)],
+                       {"x": ("float32", [3])}, ["y"], {"c": np.array(True)})
+    with pytest.raises(dlnet.ModelError, match="input #0 is required"):
+        dlnet.Net(ctx).load_onnx(model)
+
+
+def test_a_graph_name_that_is_not_utf8(ctx):
+    model = _relu_chain(1)
+    model.graph.name = "gzz"
+    data = model.SerializeToString().replace(b"gzz", b"g\xff\xfe")  # (same length: the proto stays valid)
+    net = dlnet.Net(ctx).load_onnx(data)
+    assert net.path == "<model 'g\ufffd\ufffd'>"
+    x = np.random.default_rng(1).standard_normal((2, 3)).astype(np.float32)
+    np.testing.assert_array_equal(net.run({"x": x})["y"], np.maximum(x, 0))
