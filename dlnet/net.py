@@ -9,6 +9,7 @@ from .graph.printer import format_graph
 from .kernels.runtime import Context
 from .kernels.schedule import schedule
 from .kernels.tuner import tune_layers
+from .onnx.common import ONNX_DTYPES
 from .onnx.importer import check_supported, graph_io
 from .onnx.validate import read_model
 from .pipeline import inference_graph
@@ -260,8 +261,11 @@ class Net:
 
 
 def _bind_inputs(model, constants, path):
-    """A copy of `model` whose inputs named in `constants` are initializers holding those arrays."""
+    """A copy of `model` whose inputs named in `constants` are initializers holding those arrays (each of the
+    input's declared dtype)."""
     from onnx import ModelProto, numpy_helper
+    if not isinstance(constants, dict):
+        raise InputError(f"{path}: constants must be a dict {{input name: array}}, got {type(constants).__name__}")
     names = {i.name for i in model.graph.input}
     unknown = [k for k in constants if k not in names]
     if unknown:
@@ -275,8 +279,15 @@ def _bind_inputs(model, constants, path):
     inits = [i for i in bound.graph.initializer if i.name not in constants]
     del bound.graph.initializer[:]
     bound.graph.initializer.extend(inits)
+    declared = {i.name: ONNX_DTYPES.get(i.type.tensor_type.elem_type) for i in model.graph.input}
     for name, array in constants.items():
-        bound.graph.initializer.append(numpy_helper.from_array(np.asarray(array), name))
+        a = np.asarray(array)
+        if declared[name] not in (None, "object") and a.dtype != np.dtype(declared[name]):
+            raise InputError(f"{path}: constants: input {name!r} is {declared[name]}, given {a.dtype}")
+        try:
+            bound.graph.initializer.append(numpy_helper.from_array(a, name))
+        except Exception as e:  # (a dtype ONNX has no type for)
+            raise InputError(f"{path}: constants: input {name!r} cannot be stored ({e})") from None
     return bound
 
 

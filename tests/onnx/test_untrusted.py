@@ -374,3 +374,17 @@ def test_a_graph_name_that_is_not_utf8(ctx):
     assert net.path == "<model 'g\ufffd\ufffd'>"
     x = np.random.default_rng(1).standard_normal((2, 3)).astype(np.float32)
     np.testing.assert_array_equal(net.run({"x": x})["y"], np.maximum(x, 0))
+
+
+def test_constants_bound_at_load_are_checked(ctx):
+    model = make_model([helper.make_node("Reshape", ["x", "s"], ["y"])], {"x": ("float32", [2, 3]),
+                                                                         "s": ("int64", [2])}, ["y"])
+    x = np.random.default_rng(2).standard_normal((2, 3)).astype(np.float32)
+    net = dlnet.Net(ctx).load_onnx(model, constants={"s": np.array([3, 2], np.int64)})
+    np.testing.assert_array_equal(net.run({"x": x})["y"], x.reshape(3, 2))
+    with pytest.raises(dlnet.InputError, match="constants: input 's' is int64, given float64"):
+        dlnet.Net(ctx).load_onnx(model, constants={"s": np.array([3.0, 2.0])})
+    with pytest.raises(dlnet.InputError, match="constants names unknown input 'z'"):
+        dlnet.Net(ctx).load_onnx(model, constants={"z": np.array([3, 2], np.int64)})
+    with pytest.raises(dlnet.InputError, match="constants must be a dict"):
+        dlnet.Net(ctx).load_onnx(model, constants=[("s", np.array([3, 2]))])
