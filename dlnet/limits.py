@@ -29,6 +29,12 @@ def elements(shape):
 
 
 def over_cap(shape, cap=MAX_ELEMENTS):
-    """True when a tensor of `shape` has a negative dim or more than `cap` elements."""
+    """What is wrong with a tensor of `shape`, as a phrase ("has a negative dim", "has N elements, over dlnet's cap
+    of M"), or None. Zero dims are left out of the count: strides and index arithmetic still reach that far."""
     dims = [int(d) for d in shape]
-    return any(d < 0 for d in dims) or math.prod(dims) > cap
+    if any(d < 0 for d in dims):
+        return "has a negative dim"
+    n = math.prod(max(d, 1) for d in dims)
+    if n > cap:
+        return f"has {n} elements{' (its zero dims left out)' if 0 in dims else ''}, over dlnet's cap of {cap}"
+    return None

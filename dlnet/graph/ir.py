@@ -2,7 +2,7 @@
 import numpy as np
 
 from ..errors import ModelError
-from ..limits import MAX_ELEMENTS, MAX_FOLD_ELEMENTS, elements, over_cap
+from ..limits import MAX_FOLD_ELEMENTS, elements, over_cap
 
 
 class NeedsHost(ModelError):
@@ -213,10 +213,10 @@ class Builder:
         big to fold on the host (MAX_FOLD_ELEMENTS)."""
         shapes = [shape for _, shape in types if shape is not None]
         for shape in shapes:
-            if over_cap(shape):
+            problem = over_cap(shape)
+            if problem:
                 loc = f"{self.path}: " if self.path else ""
-                raise ModelError(f"{loc}node {node.name or '?'} ({node.op}): output shape {list(shape)} has "
-                                 f"{elements(shape)} elements (dlnet's cap: {MAX_ELEMENTS}, dims >= 0)")
+                raise ModelError(f"{loc}node {node.name or '?'} ({node.op}): output shape {list(shape)} {problem}")
         return any(elements(shape) > MAX_FOLD_ELEMENTS for shape in shapes)
 
     def op(self, op, inputs, attrs=None, n_out=1, name=None, fold=True):

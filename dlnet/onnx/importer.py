@@ -9,7 +9,7 @@ from onnx import helper
 
 from ..errors import InputError, ModelError
 from ..graph.ir import Builder, Graph, NeedsHost
-from ..limits import MAX_ELEMENTS, over_cap
+from ..limits import over_cap
 from . import (  # noqa: F401  (imported for their @handler registrations)
     composed,
     control,
@@ -136,8 +136,7 @@ class Importer:
         for name, _, dtype in ins:
             shape = input_shapes[name]
             if over_cap(shape):  # (a shape from the model was checked at load: this one came at run time)
-                raise InputError(f"{self.path}: input {name!r} of shape {list(shape)}: dims must be >= 0 and the "
-                                 f"elements at most {MAX_ELEMENTS}")
+                raise InputError(f"{self.path}: input {name!r} of shape {list(shape)} {over_cap(shape)}")
             self.values[name] = self.graph.add_input(name, dtype, shape)
         return self._import_from(0)
 

@@ -26,7 +26,7 @@ def _constant(imp, node, xs, at):
 def _constant_of_shape(imp, node, xs, at):
     shape = [int(d) for d in const(xs[0], "ConstantOfShape's shape").reshape(-1)]
     if over_cap(shape):  # (before numpy allocates it)
-        raise ModelError(f"shape {shape}: dims must be >= 0 and the elements at most {MAX_ELEMENTS}")
+        raise ModelError(f"shape {shape} {over_cap(shape)}")
     value = at.get("value", np.zeros(1, np.float32))
     return [imp.b.const(np.full(tuple(shape), value.reshape(-1)[0], value.dtype))]
 

@@ -27,7 +27,7 @@ from onnx import external_data_helper, numpy_helper
 
 from ..errors import InputError, ModelError
 from ..limits import MAX_DEPTH, MAX_ELEMENTS, MAX_MODEL_BYTES, MAX_NODES, elements, over_cap
-from .common import ONNX_DTYPES
+from .common import ONNX_DTYPES, onnx_dtype
 
 NEWEST_OPSET = onnx.defs.onnx_opset_version()  # of the default domain, as the onnx package dlnet pins knows it
 NEWEST_IR = onnx.IR_VERSION
@@ -83,7 +83,7 @@ def tensor_array(tensor, where):
     if _is_external(tensor):
         raise ModelError(f"{where}: keeps its data in an external file that was not read at load")
     if over_cap(tensor.dims):
-        raise ModelError(f"{where}: dims {list(tensor.dims)} {_over_what(tensor.dims)}")
+        raise ModelError(f"{where}: dims {list(tensor.dims)} {over_cap(tensor.dims)}")
     try:
         return numpy_helper.to_array(tensor)
     except Exception as e:  # onnx's own conversion of malformed data: wrong lengths, bad UTF-8, unknown types
@@ -209,23 +209,19 @@ def _check_value_info(vi, where):
         return  # (graph_io names it)
     dims = vi.type.tensor_type.shape.dim
     fixed = [d.dim_value for d in dims if d.HasField("dim_value")]
-    if fixed and (min(fixed) < 0 or math.prod(fixed) > MAX_ELEMENTS):
+    if fixed and (min(fixed) <= 0 or math.prod(fixed) > MAX_ELEMENTS) and over_cap(fixed):
         shown = [d.dim_value if d.HasField("dim_value") else d.dim_param for d in dims]
-        raise ModelError(f"{where}: dims {shown} {_over_what(fixed)}")
+        raise ModelError(f"{where}: dims {shown} {over_cap(fixed)}")
 
 
 def _check_tensor(t, where):
-    """Dims >= 0 within the cap; True where the tensor keeps its data in an external file."""
+    """A dtype dlnet holds, dims >= 0 within the cap; True where the tensor keeps its data in an external file."""
+    if t.data_type not in ONNX_DTYPES:
+        onnx_dtype(t.data_type, f"{where}: ")  # (raises, naming the dtypes there are)
     dims = t.dims
-    if dims and (min(dims) < 0 or math.prod(dims) > MAX_ELEMENTS):
-        raise ModelError(f"{where}: dims {list(dims)} {_over_what(dims)}")
+    if dims and (min(dims) <= 0 or math.prod(dims) > MAX_ELEMENTS) and over_cap(dims):
+        raise ModelError(f"{where}: dims {list(dims)} {over_cap(dims)}")
     return t.data_location == onnx.TensorProto.EXTERNAL
-
-
-def _over_what(dims):
-    if any(d < 0 for d in dims):
-        return "have a negative dim"
-    return f"have {elements(dims)} elements (dlnet's cap: {MAX_ELEMENTS})"
 
 
 # ------------------------------------------------------------------ external data ----------------------------------
