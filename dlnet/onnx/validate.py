@@ -174,6 +174,7 @@ def _check_graph(graph, name, main):
     of it keeps its data in an external file)."""
     where = name if main else f"{name}: subgraph {graph.name!r}"
     initializers, external = set(), False
+    _utf8([t.name for t in graph.initializer] + [vi.name for vi in list(graph.input) + list(graph.output)], where)
     for t in graph.initializer:
         if t.name in initializers:
             raise ModelError(f"{where}: initializer {t.name!r} is defined twice")
@@ -187,8 +188,12 @@ def _check_graph(graph, name, main):
             raise ModelError(f"{where}: input {vi.name!r} is listed twice")
         _check_value_info(vi, f"{where}: input {vi.name!r}")
         defined.add(vi.name)
+    for vi in graph.output:
+        _check_value_info(vi, f"{where}: output {vi.name!r}")
     subgraphs = []
     for i, node in enumerate(graph.node):
+        _utf8([node.op_type, node.domain, node.name, *node.input, *node.output, *(a.name for a in node.attribute)],
+              f"{where}: node #{i}")
         for out in node.output:
             if out in defined and out:
                 raise ModelError(f"{where}: node {node.name or '#' + str(i)} ({node.op_type}) defines {out!r}, "
@@ -208,10 +213,18 @@ def _check_value_info(vi, where):
     if not vi.type.HasField("tensor_type"):
         return  # (graph_io names it)
     dims = vi.type.tensor_type.shape.dim
+    _utf8([d.dim_param for d in dims], where)
     fixed = [d.dim_value for d in dims if d.HasField("dim_value")]
     if fixed and (min(fixed) <= 0 or math.prod(fixed) > MAX_ELEMENTS) and over_cap(fixed):
         shown = [d.dim_value if d.HasField("dim_value") else d.dim_param for d in dims]
         raise ModelError(f"{where}: dims {shown} {over_cap(fixed)}")
+
+
+def _utf8(strings, where):
+    """Names are text: protobuf hands a string that is not UTF-8 over as bytes, which nothing downstream expects."""
+    for s in strings:
+        if type(s) is not str:
+            raise ModelError(f"{where}: a name that is not UTF-8 text ({bytes(s)[:40]!r})")
 
 
 def _check_tensor(t, where):

@@ -374,6 +374,12 @@ def test_a_graph_name_that_is_not_utf8(ctx):
     assert net.path == "<model 'g\ufffd\ufffd'>"
     x = np.random.default_rng(1).standard_normal((2, 3)).astype(np.float32)
     np.testing.assert_array_equal(net.run({"x": x})["y"], np.maximum(x, 0))
+    for where, model in (("input 'x'", _relu_chain(1, ("Nzz", 3))), ("node #0", _relu_chain(2))):
+        if where == "node #0":
+            model.graph.node[0].output[0] = model.graph.node[1].input[0] = "vzz"
+        data = model.SerializeToString().replace(b"zz", b"\xff\xfe")
+        with pytest.raises(dlnet.ModelError, match=f"<model 'test'>: {where}: a name that is not UTF-8 text"):
+            dlnet.Net(ctx).load_onnx(data)
 
 
 def test_constants_bound_at_load_are_checked(ctx):
