@@ -256,6 +256,8 @@ class Net:
             os.unlink(tmp)
             if isinstance(e, OSError):
                 raise InputError(f"{path}: could not be written ({e.strerror or e})") from None
+            if isinstance(e, ValueError):  # protobuf: one message holds less than 2 GiB
+                raise ModelError(f"{path}: the model cannot be written as one ONNX file ({e})") from None
             raise
         return onnx.load(path) is not None
 
