@@ -10,7 +10,9 @@ from .graph.printer import format_graph
 from .kernels.runtime import Context
 from .kernels.schedule import schedule
 from .kernels.tuner import tune_layers
-from .onnx.importer import check_supported, graph_io, load_model
+from .onnx.common import ONNX_DTYPES
+from .onnx.importer import check_supported, graph_io
+from .onnx.validate import read_model
 from .pipeline import inference_graph
 from .plan import Plan, StagedPlan
 
@@ -44,19 +46,24 @@ class Net:
         self._closed = False
 
     # loading ------------------------------------------------------------------
-    def load_onnx(self, path, batch=None, constants=None, tune=None):
-        """constants: {input name: array} binds those inputs at load (shapes, axes, pads a model takes as inputs).
+    def load_onnx(self, path, batch=None, constants=None, tune=None, base_dir=None):
+        """path: a file (str or pathlib.Path), the model's bytes, or an onnx.ModelProto. A model is untrusted: it is
+        checked before anything is allocated (dlnet/onnx/validate.py, the caps in dlnet/limits.py), and its external
+        data is read only from inside one folder: the file's own, or `base_dir` for bytes or a ModelProto (required
+        when it has external data; a name in the model is never a path).
+        constants: {input name: array} binds those inputs at load (shapes, axes, pads a model takes as inputs).
         tune: measure each layer's GEMM tile on this device when a shape is first planned, where no earlier run
         measured it (tuner.tune_layers; seconds, once: the choices are kept on disk for every later plan);
         "again": measure every layer anew; None: the environment's DLNET_TUNE_LAYERS=1 says so."""
         self.tune = tune if tune is not None else self.ctx.options.tune_layers == "1"
-        model = path if not isinstance(path, (str, bytes)) and hasattr(path, "graph") else load_model(path)
-        self.path = str(path) if isinstance(path, (str, bytes)) else (model.graph.name or "model")
+        model, self.path, self._read_files = read_model(path, base_dir)
+        if batch is not None and (isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1):
+            raise InputError(f"{self.path}: batch={batch!r}: expected an integer >= 1")
         if constants:
             model = _bind_inputs(model, constants, self.path)
         check_supported(model, self.path)
         self.model = model
-        ins, outs = graph_io(model)
+        ins, outs = graph_io(model, self.path)
         self.inputs = [TensorInfo(n, tuple(s), d) for n, s, d in ins]
         self.outputs = [TensorInfo(n, tuple(s), d) for n, s, d in outs]
         if batch is not None:
@@ -166,7 +173,11 @@ class Net:
             if any(isinstance(d, str) for d in shape):
                 raise InputError(f"{self.path}: input_array: input {name!r} has shape {list(info.shape)}; pass "
                                  f"shape= with the symbolic dimensions filled in")
-        return self.ctx.pinned(tuple(int(d) for d in shape), info.dtype)
+        shape = tuple(int(d) for d in shape)
+        if any(d < 0 for d in shape) or len(shape) != len(info.shape):
+            raise InputError(f"{self.path}: input_array: input {name!r} cannot have shape {list(shape)} (expected "
+                             f"{len(info.shape)} dims >= 0, {list(info.shape)})")
+        return self.ctx.pinned(shape, info.dtype)
 
     def run(self, feeds, outputs=None):
         """{input name: ndarray} -> {output name: ndarray}, in graph-output order; with `outputs` (output names),
@@ -291,23 +302,46 @@ class Net:
             trainer.load_weights(loaded)
 
     def save_onnx(self, path):
-        """Write the model with the current weights as a standard ONNX inference model (temp file + os.replace)."""
+        """Write the model with the current weights as a standard ONNX inference model: to a temp file beside `path`,
+        then renamed into place (removed on any error). Never over a file the model was read from."""
         import os
+        import secrets
 
         import onnx
+        if self.model is None:
+            raise ModelError("save_onnx() before load_onnx()")
+        path = os.fspath(path)
+        if os.path.realpath(path) in getattr(self, "_read_files", ()):
+            raise InputError(f"{path}: save_onnx will not write over the file the model was read from")
         self.state_dict()
-        tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "wb") as f:
-            f.write(self.model.SerializeToString())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        return onnx.load(str(path)) is not None
+        folder, base = os.path.split(os.path.abspath(path))
+        tmp = os.path.join(folder, f".{base}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except OSError as e:
+            raise InputError(f"{path}: cannot write in {folder} ({e.strerror})") from None
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(self.model.SerializeToString())
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException as e:
+            os.unlink(tmp)
+            if isinstance(e, OSError):
+                raise InputError(f"{path}: could not be written ({e.strerror or e})") from None
+            if isinstance(e, ValueError):  # protobuf: one message holds less than 2 GiB
+                raise ModelError(f"{path}: the model cannot be written as one ONNX file ({e})") from None
+            raise
+        return onnx.load(path) is not None
 
 
 def _bind_inputs(model, constants, path):
-    """A copy of `model` whose inputs named in `constants` are initializers holding those arrays."""
+    """A copy of `model` whose inputs named in `constants` are initializers holding those arrays (each of the
+    input's declared dtype)."""
     from onnx import ModelProto, numpy_helper
+    if not isinstance(constants, dict):
+        raise InputError(f"{path}: constants must be a dict {{input name: array}}, got {type(constants).__name__}")
     names = {i.name for i in model.graph.input}
     unknown = [k for k in constants if k not in names]
     if unknown:
@@ -321,8 +355,15 @@ def _bind_inputs(model, constants, path):
     inits = [i for i in bound.graph.initializer if i.name not in constants]
     del bound.graph.initializer[:]
     bound.graph.initializer.extend(inits)
+    declared = {i.name: ONNX_DTYPES.get(i.type.tensor_type.elem_type) for i in model.graph.input}
     for name, array in constants.items():
-        bound.graph.initializer.append(numpy_helper.from_array(np.asarray(array), name))
+        a = np.asarray(array)
+        if declared[name] not in (None, "object") and a.dtype != np.dtype(declared[name]):
+            raise InputError(f"{path}: constants: input {name!r} is {declared[name]}, given {a.dtype}")
+        try:
+            bound.graph.initializer.append(numpy_helper.from_array(a, name))
+        except Exception as e:  # (a dtype ONNX has no type for)
+            raise InputError(f"{path}: constants: input {name!r} cannot be stored ({e})") from None
     return bound
 
 

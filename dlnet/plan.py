@@ -39,6 +39,9 @@ class Plan:
         together = (pre.start, pre.stop, max(nb for _, nb in pre.chunks)) if pre else None
         self.memory = plan_memory(graph, together=together,
                                   workspace=lambda node: winograd.workspace(node, ctx.options))
+        # a DeviceError before anything is allocated where the arenas cannot fit the device; each buffer is
+        # committed when allocated (Context.alloc), so running out is an error here, never a crash in run()
+        ctx.check_room([self.memory.act_bytes, self.memory.const_bytes], f"{graph.name}: planned device memory")
         self.act_buf = self.const_buf = None
         self.lowerer = None
         self.tuning = None  # what tuner.tune_layers measured for this plan, where it did

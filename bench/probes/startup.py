@@ -135,7 +135,7 @@ def wrap(owner, name, label, enter=False):
         mark(label)
         return r
     setattr(owner, name, g)
-wrap(netmod, 'load_model', 'onnx parsed')
+wrap(netmod, 'read_model', 'onnx parsed')
 wrap(netmod.Net, 'build_graph', 'graph + passes')
 wrap(netmod, 'plan_memory', 'memory planned')
 wrap(runtime.Context, '_wait_open', 'context ready', enter=True)

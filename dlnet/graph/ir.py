@@ -2,6 +2,7 @@
 import numpy as np
 
 from ..errors import ModelError
+from ..limits import MAX_FOLD_ELEMENTS, elements, over_cap
 
 
 class NeedsHost(ModelError):
@@ -207,6 +208,17 @@ class Builder:
         a = np.asarray(array, dtype=dtype)
         return self.graph.constant(a)
 
+    def _check_sizes(self, node, types):
+        """Refuse an output over MAX_ELEMENTS (dlnet/limits.py) before anything is allocated; True where one is too
+        big to fold on the host (MAX_FOLD_ELEMENTS)."""
+        shapes = [shape for _, shape in types if shape is not None]
+        for shape in shapes:
+            problem = over_cap(shape)
+            if problem:
+                loc = f"{self.path}: " if self.path else ""
+                raise ModelError(f"{loc}node {node.name or '?'} ({node.op}): output shape {list(shape)} {problem}")
+        return any(elements(shape) > MAX_FOLD_ELEMENTS for shape in shapes)
+
     def op(self, op, inputs, attrs=None, n_out=1, name=None, fold=True):
         """Build `op` and return its output value (or the list when n_out != 1)."""
         from .ops import get_op
@@ -221,6 +233,7 @@ class Builder:
             loc = f"{self.path}: " if self.path else ""
             raise ModelError(f"{loc}node {node.name or '?'} ({op}): {e}") from e
         n_out = len(types) if n_out is None else n_out
+        big = self._check_sizes(node, types)
         known = all(v is None or v.const is not None for v in inputs) and not any(v is not None and v.param
                                                                                  for v in inputs)
         strings = [v for v in inputs if v is not None and v.const is None and v.dtype == "object"]
@@ -234,7 +247,7 @@ class Builder:
                 outs = [self.graph.constant(np.asarray(r, dtype=dt)) for r, (dt, _) in zip(results, types)]
                 return outs[0] if n_out == 1 else outs[:n_out]
         folds = fold and spec.numpy is not None and all(v is None or v.const is not None for v in inputs) and \
-            not any(v is not None and v.param for v in inputs)
+            not any(v is not None and v.param for v in inputs) and not big  # (too big to fold: on the device)
         if folds:
             arrays = [None if v is None else v.const for v in inputs]
             results = spec.numpy(node, *arrays)

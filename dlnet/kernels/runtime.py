@@ -2,6 +2,8 @@
 import ctypes
 import functools
 import hashlib
+import math
+import mmap
 import os
 import pickle
 import subprocess
@@ -270,6 +272,14 @@ def kernel_source(name):
     return resources.files("dlnet.kernels").joinpath("cl", name + ".cl").read_text()
 
 
+def _mib(nbytes):
+    return f"{nbytes / 2**20:.1f} MiB"
+
+
+def _probe_host_memory(nbytes):  # OSError where the process cannot map nbytes (and slack for the driver) more
+    mmap.mmap(-1, nbytes + (64 << 20)).close()
+
+
 class Context:
     """One OpenCL device, its queue and the programs built for it.
 
@@ -500,12 +510,37 @@ class Context:
 
     GUARD = 1 << 16  # DLNET_DEBUG_BOUNDS=1: bytes of guard pattern after every arena, checked after each run
 
+    def check_room(self, sizes, where=""):
+        """A DeviceError, before anything is allocated, where buffers of `sizes` bytes do not fit the device: one over
+        CL_DEVICE_MAX_MEM_ALLOC_SIZE, or all with what this context holds over CL_DEVICE_GLOBAL_MEM_SIZE."""
+        largest, total = self.device.max_mem_alloc_size, self.info.global_mem
+        where = f"{where}: " if where else ""
+        for n in sizes:
+            if n > largest:
+                raise DeviceError(f"{where}a buffer of {_mib(n)} is larger than device {self.info} allows in one "
+                                  f"buffer ({_mib(largest)}, CL_DEVICE_MAX_MEM_ALLOC_SIZE)")
+        if self.allocated_bytes + sum(sizes) > total:
+            held = f" with the {_mib(self.allocated_bytes)} already held" if self.allocated_bytes else ""
+            raise DeviceError(f"{where}{_mib(sum(sizes))} of buffers{held} do not fit device {self.info} "
+                              f"({_mib(total)}, CL_DEVICE_GLOBAL_MEM_SIZE)")
+
     def alloc(self, nbytes):
+        """A device buffer, committed now: drivers take its memory at first use (160 GB of buffers are created on an
+        80 GB H100), where a failure is a crash in run(). A one-byte write commits it here, a DeviceError (NVIDIA:
+        MEM_OBJECT_ALLOCATION_FAILURE, context intact; a fill fails with -9999 from 3 GiB and breaks the queue)."""
         guard = self.GUARD if self.options.debug_bounds else 0
+        size = max(int(nbytes), 4) + guard
+        self.check_room([size])
+        buf = None
         try:
-            buf = cl.Buffer(self.cl, cl.mem_flags.READ_WRITE, max(int(nbytes), 4) + guard)
-        except cl.Error as e:
-            raise DeviceError(f"device {self.info}: could not allocate {nbytes / 2**20:.1f} MiB ({e})") from e
+            if self.is_cpu:  # PoCL crashes (SIGSEGV) where it cannot get a CPU buffer's memory: ask the OS first
+                _probe_host_memory(size)
+            buf = cl.Buffer(self.cl, cl.mem_flags.READ_WRITE, size)
+            cl.enqueue_copy(self.queue, buf, np.zeros(1, np.uint8), is_blocking=True)
+        except (cl.Error, OSError, MemoryError, OverflowError) as e:
+            if buf is not None:
+                buf.release()
+            raise DeviceError(f"device {self.info}: could not allocate {_mib(nbytes)} ({e})") from e
         self.allocated_bytes += buf.size
         if guard:
             self.guarded = getattr(self, "guarded", {})
@@ -531,15 +566,19 @@ class Context:
         """A zeroed numpy array in page-locked host memory (an ALLOC_HOST_PTR buffer, mapped once). Copies between
         it and the device run at the bus's full speed: 9.6 MB in 0.19 ms on an H100 against 0.84 ms from an
         ordinary numpy array, whose pages the driver must stage first. The mapping lives as long as the array."""
-        dtype = np.dtype(dtype)
-        nbytes = max(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize, 1)
+        dtype, shape = np.dtype(dtype), tuple(int(d) for d in shape)
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes == 0 and min(shape, default=0) >= 0:
+            return np.zeros(shape, dtype)  # (nothing to pin; OpenCL maps no empty region)
         try:
+            if self.is_cpu:
+                _probe_host_memory(nbytes)
             buf = cl.Buffer(self.cl, cl.mem_flags.READ_WRITE | cl.mem_flags.ALLOC_HOST_PTR, nbytes)
             array, _ = cl.enqueue_map_buffer(self.queue, buf, cl.map_flags.READ | cl.map_flags.WRITE, 0,
-                                             tuple(shape), dtype)
-        except cl.Error as e:
-            raise DeviceError(f"device {self.info}: could not allocate {nbytes / 2**20:.1f} MiB of pinned host "
-                              f"memory ({e})") from e
+                                             shape, dtype)
+        except (cl.Error, OSError, MemoryError, OverflowError) as e:
+            raise DeviceError(f"device {self.info}: could not allocate {_mib(nbytes)} of pinned host memory for "
+                              f"shape {list(shape)} ({e})") from e
         array[...] = 0
         return array
 

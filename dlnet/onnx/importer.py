@@ -1,14 +1,15 @@
 """ModelProto -> Graph. Handlers per (op_type, since_version) live in one module per op family (elementwise, tensor,
 indexing, linalg, nn, normalization, reduce, softmax, composed, resize, sampling, recurrent, control, dynamic, text),
 registered in common.HANDLERS when imported here; they only build IR."""
-import mmap
+import functools
 import os
 
 import onnx
-from onnx import external_data_helper, helper, numpy_helper
+from onnx import helper
 
-from ..errors import ModelError
+from ..errors import InputError, ModelError
 from ..graph.ir import Builder, Graph, NeedsHost
+from ..limits import over_cap
 from . import (  # noqa: F401  (imported for their @handler registrations)
     composed,
     control,
@@ -29,36 +30,16 @@ from . import (  # noqa: F401  (imported for their @handler registrations)
     text,
 )
 from .common import HANDLERS, ONNX_DTYPES, Cut, onnx_dtype, resolve_handler
+from .validate import read_model, tensor_array
 
 __all__ = ["HANDLERS", "ONNX_DTYPES", "Importer", "check_supported", "graph_io", "load_model", "model_opset",
            "onnx_dtype", "resolve_handler"]
 
 
-def load_model(path):
-    """Parse an ONNX file, with a DlnetError naming the file when it is not ONNX."""
-    if not os.path.exists(path):
-        raise ModelError(f"{path}: no such file")
-    try:
-        model = _parse_mapped(str(path))
-    except Exception as e:  # protobuf raises DecodeError, RuntimeWarning, ...
-        raise ModelError(f"{path}: not an ONNX model ({type(e).__name__}: {str(e)[:120]})") from None
-    if not model.graph.node and not model.graph.output:
-        raise ModelError(f"{path}: not an ONNX model (no graph found)")
-    return model
-
-
-def _parse_mapped(path):
-    """onnx.load(path), parsed from the file mapped into memory rather than read into a copy first (resnet50's
-    100 MB: 0.12-0.27 s -> 0.07 s); tensors stored in files beside it are loaded as onnx.load loads them."""
-    try:
-        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-            model = onnx.ModelProto()
-            with memoryview(mapped) as view:
-                model.ParseFromString(view)
-    except (ValueError, TypeError, OSError):  # an empty file (no mapping), a protobuf that takes bytes only
-        return onnx.load(path)
-    external_data_helper.load_external_data_for_model(model, os.path.dirname(path))
-    return model
+def load_model(source, base_dir=None):
+    """The ModelProto of a path, bytes or a ModelProto, checked, with its external data read from inside one folder
+    (validate.read_model); a DlnetError naming the file where it is not a model dlnet can read."""
+    return read_model(source, base_dir)[0]
 
 
 def model_opset(model):
@@ -77,24 +58,26 @@ def check_supported(model, path=""):
         if fn is None:
             missing.append(f"{node.op_type} (op-set {opset}, node {node.name or '#' + str(i)}): {reason}")
     if missing:
-        raise ModelError(f"{path}: {len(missing)} unsupported node(s):\n  " + "\n  ".join(missing))
+        more = [f"... and {len(missing) - 20} more"] if len(missing) > 20 else []
+        raise ModelError(f"{path}: {len(missing)} unsupported node(s):\n  " + "\n  ".join(missing[:20] + more))
 
 
-def graph_io(model):
+def graph_io(model, path=""):
     """(inputs, outputs): lists of (name, [dims as int or str], dtype); initializers are not inputs."""
+    loc = f"{path}: " if path else ""
     inits = {i.name for i in model.graph.initializer}
 
     def info(vi, where):
         t = vi.type.tensor_type
         if not vi.type.HasField("tensor_type"):
-            raise ModelError(f"{where} {vi.name!r}: only tensor inputs/outputs are supported")
+            raise ModelError(f"{loc}{where} {vi.name!r}: only tensor inputs/outputs are supported")
         dims = []
         for k, d in enumerate(t.shape.dim):
             if d.HasField("dim_value"):
                 dims.append(int(d.dim_value))
             else:
                 dims.append(d.dim_param or f"d{k}")
-        return vi.name, dims, onnx_dtype(t.elem_type, f"{where} {vi.name!r}: ") if t.elem_type else "float32"
+        return vi.name, dims, onnx_dtype(t.elem_type, f"{loc}{where} {vi.name!r}: ") if t.elem_type else "float32"
 
     ins = [info(v, "input") for v in model.graph.input if v.name not in inits]
     outs = [info(v, "output") for v in model.graph.output]
@@ -113,13 +96,25 @@ class Importer:
         self.b = Builder(self.graph, path)
 
     def attrs(self, node):
+        """{name: value} of the node's attributes, the node checked against its op's schema first (every handler
+        asks, a subgraph's too): inputs it requires given, no more inputs than it takes, each attribute of the type
+        it declares (handlers and kernels read them so). A ModelError otherwise."""
         out = {}
+        types, required, most = _schema(node.op_type, self.opset, node.domain)
+        if len(node.input) > most:
+            raise ModelError(f"{len(node.input)} inputs given, the op takes at most {most}")
+        missing = [k for k in required if k >= len(node.input) or not node.input[k]]
+        if missing:
+            raise ModelError(f"input #{missing[0]} is required")
         for a in node.attribute:
+            want = types.get(a.name)
+            if want is not None and a.type != want:
+                raise ModelError(f"attribute {a.name!r} is of type {_type_name(a.type)}, expected {_type_name(want)}")
             v = helper.get_attribute_value(a)
             if isinstance(v, bytes):
                 v = v.decode()
             elif isinstance(v, onnx.TensorProto):
-                v = numpy_helper.to_array(v)
+                v = tensor_array(v, f"attribute {a.name!r}")
             elif isinstance(v, list) and v and isinstance(v[0], bytes):
                 v = [s.decode() for s in v]
             out[a.name] = v
@@ -135,18 +130,18 @@ class Importer:
         self.state_updates = []  # training: (running-statistic value, its new value), e.g. BatchNormalization
         self.dropout_seed = None  # training: the uint32[1] graph input Dropout nodes read
         for init in self.model.graph.initializer:
-            try:
-                arr = numpy_helper.to_array(init, base_dir=os.path.dirname(str(self.path)))
-            except Exception as e:
-                raise ModelError(f"{self.path}: initializer {init.name!r} cannot be read ({e})") from None
+            where = f"{self.path}: initializer {init.name!r}"
+            arr = tensor_array(init, where)  # (never reads a file: validate.read_model read external data at load)
             # (no copy where the dtype is already right: the array is a read-only view of the protobuf's bytes)
-            v = self.graph.constant(arr.astype(onnx_dtype(init.data_type, f"initializer {init.name!r}: "),
-                                               copy=False), init.name)
+            v = self.graph.constant(arr.astype(onnx_dtype(init.data_type, f"{where}: "), copy=False), init.name)
             v.param = training and v.dtype in ("float32", "float64", "float16")  # trainable: never folded
             self.values[init.name] = v
-        ins, _ = graph_io(self.model)
+        ins, _ = graph_io(self.model, self.path)
         for name, _, dtype in ins:
-            self.values[name] = self.graph.add_input(name, dtype, input_shapes[name])
+            shape = input_shapes[name]
+            if over_cap(shape):  # (a shape from the model was checked at load: this one came at run time)
+                raise InputError(f"{self.path}: input {name!r} of shape {list(shape)} {over_cap(shape)}")
+            self.values[name] = self.graph.add_input(name, dtype, shape)
         return self._import_from(0)
 
     def build_stage(self, start, inputs, consts):
@@ -227,7 +222,8 @@ class Importer:
             if msg.startswith(f"{self.path}:"):
                 raise
             raise ModelError(f"{self.path}: node {label} ({node.op_type}): {msg}") from None
-        except (ValueError, IndexError, KeyError, TypeError) as e:
+        except (ValueError, IndexError, KeyError, TypeError, ArithmeticError, MemoryError) as e:
+            # what numpy and the ops raise on values a model should not hold (a stride of 0, a shape of 2**70)
             raise ModelError(f"{self.path}: node {label} ({node.op_type}): {type(e).__name__}: {e}") from None
         if not isinstance(outs, (list, tuple)):
             outs = [outs]
@@ -265,6 +261,24 @@ class Importer:
         if index is not None:
             g.notes.append(f"stops before ONNX node #{index}: {reason}")
         return g
+
+
+@functools.cache
+def _schema(op_type, opset, domain):
+    """({attribute name: AttributeProto type}, indices of the inputs it requires, the most inputs it takes) of the
+    op's schema at this op-set; nothing to check where onnx has none."""
+    try:
+        schema = onnx.defs.get_schema(op_type, opset, "" if domain == "ai.onnx" else domain)
+    except Exception:  # (no such op or op-set: resolve_handler has said so already)
+        return {}, (), 2**31
+    single = onnx.defs.OpSchema.FormalParameterOption.Single
+    required = tuple(k for k, p in enumerate(schema.inputs) if p.option == single)
+    return {name: int(a.type) for name, a in schema.attributes.items()}, required, schema.max_input
+
+
+def _type_name(code):
+    return onnx.AttributeProto.AttributeType.Name(code) if code in onnx.AttributeProto.AttributeType.values() \
+        else str(code)
 
 
 def _names_read(nodes):

@@ -1,8 +1,11 @@
 """Constants and tensor manipulation: Constant, ConstantOfShape, Shape, Size, Reshape, Flatten, Squeeze, Unsqueeze,
 Transpose, Concat, Slice, Split, Expand, Tile, Range, Pad, Trilu, CenterCropPad."""
+import math
+
 import numpy as np
 
 from ..errors import ModelError
+from ..limits import MAX_ELEMENTS, over_cap
 from .common import const, handler, norm_axis, pad, reshape, slice_axes
 
 
@@ -21,7 +24,9 @@ def _constant(imp, node, xs, at):
 
 @handler("ConstantOfShape", 9, 20, 21, 23, 24, 25)
 def _constant_of_shape(imp, node, xs, at):
-    shape = const(xs[0], "ConstantOfShape's shape").astype(np.int64)
+    shape = [int(d) for d in const(xs[0], "ConstantOfShape's shape").reshape(-1)]
+    if over_cap(shape):  # (before numpy allocates it)
+        raise ModelError(f"shape {shape} {over_cap(shape)}")
     value = at.get("value", np.zeros(1, np.float32))
     return [imp.b.const(np.full(tuple(shape), value.reshape(-1)[0], value.dtype))]
 
@@ -208,6 +213,9 @@ def _range(imp, node, xs, at):
     start, limit, delta = (np.asarray(const(v, "Range's inputs")) for v in xs)
     # (scalars; one-element tensors, as some function bodies pass them, read as their element)
     start, limit, delta = (a.reshape(()) if a.size == 1 else a for a in (start, limit, delta))
+    if delta.size == 1 and (float(delta) == 0 or
+                            math.ceil((float(limit) - float(start)) / float(delta)) > MAX_ELEMENTS):  # (before numpy)
+        raise ModelError(f"Range({start}, {limit}, {delta}): a delta of 0 or more than {MAX_ELEMENTS} elements")
     return [imp.b.const(np.arange(start, limit, delta).astype(start.dtype))]
 
 

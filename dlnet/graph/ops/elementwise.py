@@ -20,6 +20,11 @@ def lit(x, T="float"):
 FLOATS = ("float32", "float64", "float16")
 
 
+def _clamp01(e, T):
+    """e clamped to [0, 1], a NaN kept (OpenCL's clamp returns 0 for it)."""
+    return f"({e} < 0 ? ({T})0 : ({e} > 1 ? ({T})1 : {e}))"
+
+
 def _erf_np(x):
     return np.vectorize(math.erf, otypes=[x.dtype])(x) if x.size else x
 
@@ -157,9 +162,11 @@ def _trig_grad(b, n, dy, x, y):
 
 
 # Unary maths:  name, C expression of a, numpy, gradient (b, node, dy, x, y) -> [dx], one line of maths
+# NaN propagates as IEEE says: comparisons are written so that a NaN takes the branch that returns it (OpenCL's
+# max/min/clamp return the non-NaN operand, so none of them touch data)
 # Relu's gradient tests y > 0 (true exactly where x > 0): y is kept for the next layer anyway, so x is read once and
 # its producer (BatchNormalization's affine, a residual Add) fuses with the Relu
-_pointwise("Relu", 1, lambda at, a, T: f"({a[0]} > 0 ? {a[0]} : ({T})0)", lambda at, x: np.maximum(x, 0),
+_pointwise("Relu", 1, lambda at, a, T: f"({a[0]} < 0 ? ({T})0 : {a[0]})", lambda at, x: np.maximum(x, 0),
            lambda b, n, dy, x, y: [b.op("Mul", [dy, b.op("Cast", [b.op("Greater", [y, b.const(np.zeros((), y.dtype))])],
                                                         {"to": y.dtype})])],
            doc="y = max(x, 0);  dx = dy * (x > 0)  (0 at x = 0, as PyTorch)")
@@ -174,12 +181,11 @@ _pointwise("Tanh", 1, lambda at, a, T: f"tanh({a[0]})", lambda at, x: np.tanh(x)
            lambda b, n, dy, x, y: [b.op("Mul", [dy, b.op("Sub", [b.const(np.ones((), y.dtype)),
                                                                  b.op("Mul", [y, y])])])],
            doc="y = tanh x;  dx = dy (1 - y^2)")
-_pointwise("HardSigmoid", 1, lambda at, a, T: f"clamp({lit(at['alpha'], T)} * {a[0]} + {lit(at['beta'], T)}, "
-                                              f"({T})0, ({T})1)",
+_pointwise("HardSigmoid", 1, lambda at, a, T: _clamp01(f"({lit(at['alpha'], T)} * {a[0]} + {lit(at['beta'], T)})", T),
            lambda at, x: np.clip(at["alpha"] * x + at["beta"], 0, 1), _hard_sigmoid_grad,
            attrs={"alpha": 0.2, "beta": 0.5},
            doc="y = clip(alpha x + beta, 0, 1);  dx = dy * (0 < y < 1 ? alpha : 0)  (0 at both kinks, as PyTorch)")
-_pointwise("HardSwish", 1, lambda at, a, T: f"({a[0]} * clamp({a[0]} / ({T})6 + ({T})0.5, ({T})0, ({T})1))",
+_pointwise("HardSwish", 1, lambda at, a, T: f"({a[0]} * {_clamp01(f'({a[0]} / ({T})6 + ({T})0.5)', T)})",
            lambda at, x: x * np.clip(x / 6 + 0.5, 0, 1), _hard_swish_grad,
            doc="y = x clip(x / 6 + 1/2, 0, 1);  dx = dy * (x <= -3 ? 0 : x < 3 ? x / 3 + 1/2 : 1)  (PyTorch's kinks)")
 _pointwise("Elu", 1, lambda at, a, T: f"({a[0]} > 0 ? {a[0]} : {lit(at['alpha'], T)} * (exp({a[0]}) - ({T})1))",
@@ -190,8 +196,8 @@ _pointwise("Selu", 1, lambda at, a, T: f"({lit(at['gamma'], T)} * ({a[0]} > 0 ? 
            lambda at, x: at["gamma"] * np.where(x > 0, x, at["alpha"] * (np.exp(x) - 1)), _selu_grad,
            attrs={"alpha": 1.6732632423543772, "gamma": 1.0507009873554805},
            doc="y = gamma (x > 0 ? x : alpha (exp x - 1));  dx = dy gamma (x > 0 ? 1 : alpha exp x)  (as PyTorch)")
-_pointwise("Celu", 1, lambda at, a, T: f"(max(({T})0, {a[0]}) + min(({T})0, {lit(at['alpha'], T)} * "
-                                       f"(exp({a[0]} / {lit(at['alpha'], T)}) - ({T})1)))",
+_pointwise("Celu", 1, lambda at, a, T: f"({a[0]} > 0 ? {a[0]} : {lit(at['alpha'], T)} * "
+                                       f"(exp({a[0]} / {lit(at['alpha'], T)}) - ({T})1))",
            lambda at, x: np.maximum(0, x) + np.minimum(0, at["alpha"] * (np.exp(x / at["alpha"]) - 1)), _celu_grad,
            attrs={"alpha": 1.0},
            doc="y = max(0, x) + min(0, alpha (exp(x / alpha) - 1));  dx = dy * (x > 0 ? 1 : exp(x / alpha))  "
@@ -246,7 +252,8 @@ def _gelu_grad(b, node, dy, x, y):
 # exact GELU, recognised from its op-set 13 decomposition by the normalize pass (x * 0.5 * (1 + erf(x / sqrt 2)))
 _pointwise("Gelu", 1, lambda at, a, T: f"({a[0]} * ({T})0.5 * (({T})1 + erf({a[0]} * {lit(math.sqrt(0.5), T)})))",
            lambda at, x: x * 0.5 * (1 + _erf_np(x * math.sqrt(0.5))), _gelu_grad)
-_pointwise("Sign", 1, lambda at, a, T: f"(({T})({a[0]} > 0) - ({T})({a[0]} < 0))", lambda at, x: np.sign(x),
+_pointwise("Sign", 1, lambda at, a, T: f"({a[0]} != {a[0]} ? {a[0]} : ({T})({a[0]} > 0) - ({T})({a[0]} < 0))",
+           lambda at, x: np.sign(x),
            differentiable=False, doc="y = sign x;  piecewise constant: no gradient path (PyTorch: 0)")
 _pointwise("Floor", 1, lambda at, a, T: f"floor({a[0]})", lambda at, x: np.floor(x),
            differentiable=False, doc="y = floor x;  piecewise constant")

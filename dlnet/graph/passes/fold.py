@@ -1,6 +1,8 @@
 """Constant folding and dead-code removal."""
 import numpy as np
 
+from ...limits import MAX_FOLD_ELEMENTS, elements
+
 
 def fold_constants(graph):
     """Evaluate on the host every node whose inputs are all constants (and not trainable)."""
@@ -8,6 +10,8 @@ def fold_constants(graph):
     for node in list(graph.nodes):
         spec = node.spec
         if spec.numpy is None or any(v is not None and (v.const is None or v.param) for v in node.inputs):
+            continue
+        if any(elements(v.shape) > MAX_FOLD_ELEMENTS for v in node.outputs):  # too big for the host: on the device
             continue
         results = spec.numpy(node, *[None if v is None else v.const for v in node.inputs])
         if results is None:

@@ -74,42 +74,57 @@ def fuse_epilogues(graph):
     return changed
 
 
+# nodes one generated kernel may fuse: real chains have a handful; a kernel of thousands of statements (a hostile
+# model's) takes minutes to compile, and growing a group is quadratic in its size
+MAX_FUSED = 64
+
+
 def fuse_pointwise(graph):
-    """Merge each pointwise node into its only pointwise reader, as long as shapes broadcast to the reader's."""
-    changed = False
+    """Merge each pointwise node into its only pointwise reader, as long as shapes broadcast to the reader's. Each
+    Fused node takes its last member's place; the node list is rebuilt once (linear in the graph's size)."""
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    gone, fused_at = set(), {}
     for node in reversed(list(graph.nodes)):  # readers first, so each group grows from its last node
-        if node.spec.kind != "pointwise" or node not in graph.nodes:
+        if node.spec.kind != "pointwise" or node in gone:
             continue
-        members = [node]
+        members, inside = [node], {node}
         # pull in producers: pointwise, single user, and result read only here
         grew = True
-        while grew:
+        while grew and len(members) < MAX_FUSED:
             grew = False
             for v in list(_inputs_of(members)):
                 p = v.producer
-                if p is None or p.spec.kind != "pointwise" or not _single_user(graph, v) or p not in graph.nodes:
+                if p is None or p.spec.kind != "pointwise" or not _single_user(graph, v) or p not in order or \
+                        p in gone or p in inside or len(members) >= MAX_FUSED:
                     continue
-                if v.users[0] not in members:
+                if v.users[0] not in inside:
                     continue
                 if len(v.shape) > len(node.outputs[0].shape) or any(
                         a != b and a != 1 for a, b in zip(v.shape[::-1], node.outputs[0].shape[::-1])):
                     continue
                 members.insert(0, p)
+                inside.add(p)
                 grew = True
         if len(members) == 1:
             continue
-        members = [n for n in graph.nodes if n in members]  # topological order
+        members.sort(key=order.__getitem__)  # topological order
         ext = list(_inputs_of(members))
         out = node.outputs[0]
-        idx = graph.nodes.index(node)
         fused = Node("Fused", ext, [], {"nodes": members}, node.name)
-        for m in members:
-            graph.remove_node(m)
+        for m in members:  # (Graph.remove_node, but the node list is rebuilt once, below)
+            for v in m.inputs:
+                if v is not None and m in v.users:
+                    v.users.remove(m)
+        gone |= inside
+        for v in ext:
+            v.users.append(fused)
         out.producer = None
         fused.outputs = [out]
-        graph.add_node(fused, idx - (len(members) - 1))
-        changed = True
-    return changed
+        out.producer = fused
+        fused_at[node] = fused
+    if fused_at:
+        graph.nodes = [fused_at.get(n, n) for n in graph.nodes if n not in gone or n in fused_at]
+    return bool(fused_at)
 
 
 def _inputs_of(members):

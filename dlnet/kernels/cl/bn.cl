@@ -58,7 +58,8 @@ __kernel void bn_stats(__global const float* x, ulong x_off, __global float* mea
     const float count = (float)N * S;
     const float m = t.x / count;
     mean[mean_off + c] = x[x_off + (long)c * S] + m;
-    var[var_off + c] = max(t.y / count - m * m, 0.0f);
+    const float v = t.y / count - m * m;
+    var[var_off + c] = v < 0.0f ? 0.0f : v;  // (max() would turn a NaN into 0)
 }
 
 // dscale[c] = sum(dy * xhat), dbias[c] = sum(dy) from the gradient partial sums.

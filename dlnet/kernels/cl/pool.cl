@@ -29,7 +29,7 @@ __kernel void pool(__global const T* x, ulong x_off, __global T* y, ulong y_off,
                 const int ix = ox * SW - PW + kx * DW;
                 const bool inside = iz >= 0 && iz < D && iy >= 0 && iy < H && ix >= 0 && ix < W;
 #if defined(POOL_MAX)
-                if (inside) { const T v = x[((long)iz * H + iy) * W + ix]; acc = v > acc ? v : acc; }
+                if (inside) { const T v = x[((long)iz * H + iy) * W + ix]; acc = v != v ? v : (v > acc ? v : acc); }
 #else
                 // count_include_pad counts padding cells but never cells past the padded border (ceil_mode)
                 const bool in_pad = iz < D + PD && iy < H + PH && ix < W + PW;

@@ -13,8 +13,8 @@
 #if defined(POOL_MAX)
 #define ACC_T T
 #define INIT LOWEST
-#define ADD(acc, v) acc = (v) > acc ? (v) : acc
-#define ADD8(acc, v) { const float8 v_ = (v); acc = v_ > acc ? v_ : acc; }
+#define ADD(acc, v) { const T v1_ = (v); acc = v1_ != v1_ ? v1_ : (v1_ > acc ? v1_ : acc); }  // a NaN wins and stays
+#define ADD8(acc, v) { const float8 v_ = (v); acc = v_ != v_ ? v_ : (v_ > acc ? v_ : acc); }
 #else
 #define ACC_T float
 #define INIT 0.0f

@@ -17,8 +17,8 @@ class ReduceFamily:
     REDUCE = {  # mode: (pre, combine, init, post)
         "sum": ("x0v", "acc += v;", "0", "acc"),
         "mean": ("x0v", "acc += v;", "0", "acc / count"),
-        "max": ("x0v", "acc = v > acc ? v : acc;", "LOWEST", "acc"),
-        "min": ("x0v", "acc = v < acc ? v : acc;", "HIGHEST", "acc"),
+        "max": ("x0v", "acc = v != v ? v : (v > acc ? v : acc);", "LOWEST", "acc"),  # a NaN wins and stays
+        "min": ("x0v", "acc = v != v ? v : (v < acc ? v : acc);", "HIGHEST", "acc"),
         "prod": ("x0v", "acc *= v;", "1", "acc"),
         "l1": ("(x0v < 0 ? -x0v : x0v)", "acc += v;", "0", "acc"),
         "l2": ("x0v * x0v", "acc += v;", "0", "sqrt(acc)"),
