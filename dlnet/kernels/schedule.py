@@ -107,9 +107,15 @@ class GemmCore(Algo):
     name = "gemm"
 
 
+class Flash(Algo):
+    """attention.cl: the online softmax over K/V tiles in __local memory (kernels/families/attention.py)."""
+    name = "flash"
+
+
 ALGOS = {
     "Conv": [Winograd, DepthwisePlanesCpu, DepthwiseCpu, DepthwiseGpu, ConvCpu, ImplicitGemm],
     "Gemm": [GemmCpu, Gemv, GemmCore],  # (the importer makes MatMul a Gemm)
+    "Attention": [Flash],
 }
 
 
