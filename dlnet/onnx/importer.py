@@ -1,6 +1,6 @@
 """ModelProto -> Graph. Handlers per (op_type, since_version) live in one module per op family (elementwise, tensor,
-indexing, linalg, nn, normalization, reduce, softmax, composed, resize, sampling, recurrent, control, dynamic, text),
-registered in common.HANDLERS when imported here; they only build IR."""
+indexing, linalg, nn, normalization, reduce, softmax, attention, composed, resize, sampling, recurrent, control,
+dynamic, text), registered in common.HANDLERS when imported here; they only build IR."""
 import mmap
 import os
 
@@ -10,6 +10,7 @@ from onnx import external_data_helper, helper, numpy_helper
 from ..errors import ModelError
 from ..graph.ir import Builder, Graph, NeedsHost
 from . import (  # noqa: F401  (imported for their @handler registrations)
+    attention,
     composed,
     control,
     dynamic,

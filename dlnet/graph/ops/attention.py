@@ -85,7 +85,7 @@ class Attention(Op):
         return attention_grad(b, node, dys[0])
 
 
-def _repeat_heads(b, x, group):
+def repeat_heads(b, x, group):
     """k or v [..., Hk, T, D] with each head repeated `group` times in place: [..., Hk * group, T, D]."""
     if group == 1:
         return x
@@ -96,7 +96,7 @@ def _repeat_heads(b, x, group):
 
 
 def _sum_heads(b, g, group):
-    """The gradient of _repeat_heads: [..., Hk * group, T, D] summed over each head's copies."""
+    """The gradient of repeat_heads: [..., Hk * group, T, D] summed over each head's copies."""
     if group == 1:
         return g
     lead, (hq, t, d) = g.shape[:-3], g.shape[-3:]
@@ -104,15 +104,13 @@ def _sum_heads(b, g, group):
     return b.op("Reduce", [split], {"mode": "sum", "axes": (len(lead) + 1,), "keepdims": 0})
 
 
-def _bias(b, node, scores):
-    """The additive bias of the scores (causal and mask together; None without either) and whether some row of it
-    may be all -inf (then the softmax of that row is NaN and is replaced by 0, as the kernel does)."""
-    a = node.attrs
-    mask = node.inputs[3] if len(node.inputs) > 3 else None
+def score_bias(b, scores, mask, causal, causal_offset):
+    """The additive bias of `scores` [..., Tq, Tk] (causal and mask together; None without either) and whether some
+    row of it may be all -inf (then the softmax of that row is NaN, to be replaced by 0 as the kernel does)."""
     tq, tk = scores.shape[-2:]
     bias, empty = None, False
-    if a["causal"]:
-        allowed = causal_allowed(tq, tk, a["causal_offset"])
+    if causal:
+        allowed = causal_allowed(tq, tk, causal_offset)
         bias = b.const(additive(allowed, scores.dtype))
         empty = not allowed.any(axis=-1).all()
     if mask is not None:
@@ -123,25 +121,31 @@ def _bias(b, node, scores):
     return bias, empty
 
 
+def masked_softmax(b, z, empty):
+    """softmax(z) over the last axis, a row of z that is all -inf 0 (not NaN) where `empty` says one may be."""
+    p = b.op("Softmax", [z], {"axis": z.rank - 1})
+    if not empty:
+        return p
+    top = b.op("Reduce", [z], {"mode": "max", "axes": (z.rank - 1,), "keepdims": 1})
+    seen = b.op("Greater", [top, b.const(np.asarray(-np.inf, z.dtype))])
+    return b.op("Where", [seen, p, b.const(np.zeros((), z.dtype))])
+
+
 def attention_grad(b, node, dy):
     """[dq, dk, dv, dmask] of Attention by its decomposition: the scores and their softmax recomputed."""
     q, k, v = node.inputs[:3]
     mask = node.inputs[3] if len(node.inputs) > 3 else None
     a = node.attrs
     group = q.shape[-3] // k.shape[-3] if q.rank > 2 else 1
-    ke, ve = _repeat_heads(b, k, group), _repeat_heads(b, v, group)
+    ke, ve = repeat_heads(b, k, group), repeat_heads(b, v, group)
     s = b.op("Gemm", [q, ke], {"transB": 1, "alpha": float(a["scale"])})
     cap = a["softcap"]
     if cap > 0:
         t = b.op("Tanh", [b.op("Mul", [s, b.const(np.asarray(1.0 / cap, s.dtype))])])
         s = b.op("Mul", [t, b.const(np.asarray(cap, s.dtype))])
-    bias, empty = _bias(b, node, s)
+    bias, empty = score_bias(b, s, mask, a["causal"], a["causal_offset"])
     z = s if bias is None else b.op("Add", [s, bias])
-    p = b.op("Softmax", [z], {"axis": z.rank - 1})
-    if empty:  # a row with no visible key: 0, not the softmax's NaN
-        top = b.op("Reduce", [z], {"mode": "max", "axes": (z.rank - 1,), "keepdims": 1})
-        seen = b.op("Greater", [top, b.const(np.asarray(-np.inf, z.dtype))])
-        p = b.op("Where", [seen, p, b.const(np.zeros((), z.dtype))])
+    p = masked_softmax(b, z, empty)
     dv = b.op("Gemm", [p, dy], {"transA": 1})
     dp = b.op("Gemm", [dy, ve], {"transB": 1})
     rows = b.op("Reduce", [b.op("Mul", [dp, p])], {"mode": "sum", "axes": (z.rank - 1,), "keepdims": 1})
