@@ -1,7 +1,9 @@
-"""The fused attention kernel (attention.cl) against attention in float64 numpy, written here from its definition
-(a loop over heads, the visible keys of each query listed): sequence lengths that are no multiple of the tile,
-head dims 16 to 128 (and v's apart from q's), causal with and without a cache offset, float and bool masks that
-broadcast, grouped-query heads, several batches and heads, Tq != Tk; and the tile rule against __local memory."""
+"""The fused attention kernels, attention.cl ("flash": work-groups, __local tiles; the CPU device runs it with
+matrix_core="portable") and attention_cpu.cl ("flash_cpu", CPUs), against attention in float64 numpy written here
+from its definition (a loop over heads, the visible keys of each query listed): sequence lengths that are no
+multiple of the tile, head dims 16 to 128 (and v's apart from q's), causal with and without a cache offset, float
+and bool masks that broadcast, grouped-query heads, several batches and heads, Tq != Tk (a KV cache, decoding);
+and the tile rule against __local memory."""
 from dataclasses import replace
 
 import numpy as np
@@ -46,14 +48,26 @@ def oracle(q, k, v, mask=None, scale=None, causal=False, offset=0, softcap=0.0):
     return y.reshape(lead + (tq, v.shape[-1]))
 
 
-def run_attention(q, k, v, mask=None, **attrs):
+ALGOS = ["flash", "flash_cpu"]
+
+
+def algo_context(algo):
+    """The test device, made to run `algo` (the GPU kernel on a CPU through matrix_core="portable")."""
+    ctx = context()
+    if algo == "flash_cpu" and ctx.dev.tiled:
+        pytest.skip("flash_cpu runs on CPU devices")
+    return ctx.with_options(matrix_core="portable") if algo == "flash" and not ctx.dev.tiled else ctx
+
+
+def run_attention(q, k, v, mask=None, algo="flash_cpu", **attrs):
+    ctx = algo_context(algo)
     g = Graph("attention")
     b = Builder(g)
     arrays = [q, k, v] + ([mask] if mask is not None else [])
     inputs = [g.add_input(f"x{i}", a.dtype, a.shape) for i, a in enumerate(arrays)]
     y = b.op("Attention", inputs, dict(attrs, scale=attrs.get("scale", float(1 / np.sqrt(q.shape[-1])))))
     g.outputs, g.output_names = [y], ["y"]
-    plan = Plan(context(), g)
+    plan = Plan(ctx, g)
     try:
         return plan.run(arrays)[0], y.producer.schedule
     finally:
@@ -77,14 +91,17 @@ CASES = {
     "rank2": ((12, 24), None, 30, None, None, {}),
     "softcap-scale": ((2, 2, 21, 32), 2, 21, None, None, {"softcap": 1.5, "scale": 0.9}),
     "dv80-d32": ((2, 2, 35, 32), 2, 35, 80, None, {}),
+    "d20-dv12": ((2, 3, 19, 20), 3, 23, 12, None, {}),  # (no multiple of the CPU kernel's 8-float chunks)
     "padding-and-causal-d128": ((2, 2, 40, 128), 2, 40, None, ((2, 1, 1, 40), "bool"), {"causal": 1}),
     "negative-offset": ((1, 2, 12, 16), 2, 12, None, None, {"causal": 1, "causal_offset": -5}),
+    "decode-one-query-gqa-mask": ((3, 4, 1, 64), 2, 77, None, ((3, 1, 1, 77), "bool"), {}),
     "long-sharp-online": ((1, 2, 33, 32), 2, 300, None, ((1, 2, 33, 300), "float"), {"scale": 2.0}),
 }
 
 
+@pytest.mark.parametrize("algo", ALGOS)
 @pytest.mark.parametrize("case", list(CASES))
-def test_kernel_matches_float64(case):
+def test_kernel_matches_float64(case, algo):
     qs, hk, tk, dv, mask_spec, attrs = CASES[case]
     rng = np.random.default_rng(sum(map(ord, case)))
     lead = qs[:-3] + ((hk,) if hk is not None else ()) if len(qs) > 2 else ()
@@ -100,22 +117,23 @@ def test_kernel_matches_float64(case):
         else:
             mask = _normal(rng, *shape, sd=3.0)
             mask.reshape(-1, shape[-1])[0, ::3] = -np.inf
-    got, schedule = run_attention(q, k, v, mask, **attrs)
+    got, schedule = run_attention(q, k, v, mask, algo, **attrs)
     want = oracle(q, k, v, mask, attrs.get("scale"), attrs.get("causal", 0), attrs.get("causal_offset", 0),
                   attrs.get("softcap", 0.0))
     assert got.shape == want.shape
     assert np.isfinite(got).all()
     assert rel_l2(got, want) <= 2e-6, rel_l2(got, want)
-    assert schedule["algo"] == "flash" and schedule["tile"]
+    assert schedule["algo"] == algo and schedule["tile"]
 
 
-def test_rows_without_a_visible_key_are_zero():
+@pytest.mark.parametrize("algo", ALGOS)
+def test_rows_without_a_visible_key_are_zero(algo):
     """Causal with a negative offset hides every key from the first rows, a bool mask from one more: 0, no NaN."""
     rng = np.random.default_rng(3)
     q, k, v = _normal(rng, 1, 1, 6, 16), _normal(rng, 1, 1, 6, 16), _normal(rng, 1, 1, 6, 16)
     mask = np.ones((6, 6), bool)
     mask[4] = False
-    got, _ = run_attention(q, k, v, mask, causal=1, causal_offset=-2)
+    got, _ = run_attention(q, k, v, mask, algo, causal=1, causal_offset=-2)
     assert np.all(got[0, 0, [0, 1, 4]] == 0) and np.all(np.abs(got[0, 0, [2, 3, 5]]) > 0)
 
 

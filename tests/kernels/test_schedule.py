@@ -57,7 +57,8 @@ CASES = [
     ("gemv", None, {"matrix_core": "portable"}, lambda: gemm_case(4, 64, 40)),
     ("gemv_rows", None, {"matrix_core": "portable", "gemv_mma": None}, lambda: gemm_case(16, 64, 40)),
     ("gemm", None, {"matrix_core": "portable"}, lambda: gemm_case(64, 48, 40)),
-    ("flash", None, {}, lambda: attention_case(2, 3, 40, 16)),
+    ("flash_cpu", "cpu", {}, lambda: attention_case(2, 3, 40, 16)),
+    ("flash", None, {"matrix_core": "portable"}, lambda: attention_case(2, 3, 40, 16)),
 ]
 
 
