@@ -190,3 +190,14 @@ def test_a_where_that_hides_where_its_condition_holds():
     att = next(n for n in g.nodes if n.op == "Attention")
     assert att.inputs[3].producer.op == "Not" and att.inputs[3].producer.inputs[0] is hidden, text
     assert err <= 1e-6
+
+
+def test_v_given_transposed_and_q_scaled_by_division():
+    """y = softmax(q / 2 @ k^T) @ vt^T with vt [.., Dv, Tk] (a product with transB): a new Transpose makes V."""
+    g, b, (q, k, vt) = _graph((2, 5, 4), (2, 7, 4), (2, 3, 7))
+    s = b.op("Gemm", [b.op("Div", [q, _c(b, 2.0)]), k], {"transB": 1})
+    g = _finish(g, b.op("Gemm", [b.op("Softmax", [s], {"axis": 2}), vt], {"transB": 1}))
+    text, err = _fused(g)
+    att = next(n for n in g.nodes if n.op == "Attention")
+    assert att.inputs[2].producer.op == "Transpose" and att.inputs[2].shape == (2, 7, 3), text
+    assert att.attrs["scale"] == 0.5 and err <= 1e-6

@@ -14,8 +14,8 @@ from ..conftest import rel_l2
 
 INPUTS = ["Q", "K", "V", "attn_mask", "past_key", "past_value", "nonpad_kv_seqlen"]
 OUTPUTS = ["Y", "present_key", "present_value", "qk_matmul_output"]
-ONNX_TYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "bool": TensorProto.BOOL,
-              "int64": TensorProto.INT64}
+ONNX_TYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "float64": TensorProto.DOUBLE,
+              "bool": TensorProto.BOOL, "int64": TensorProto.INT64}
 
 
 def attention_model(feeds, attrs, opset, n_out=1):
@@ -111,6 +111,7 @@ ERRORS = {
     "softmax_precision 7 is not supported": (23, dict(b=1, hq=2, hk=2, tq=3, tk=3, d=4), {"softmax_precision": 7}),
     "qk_matmul_output_mode 4": (23, dict(b=1, hq=2, hk=2, tq=3, tk=3, d=4), {"qk_matmul_output_mode": 4}),
     "has more keys than the 3 of K": (23, dict(b=1, hq=2, hk=2, tq=3, tk=3, d=4, mask=("float", (3, 5))), {}),
+    "dtype float64 is not supported": (23, dict(b=1, hq=2, hk=2, tq=3, tk=3, d=4, dtype=np.float64), {}),
     "does not split into 3 heads": (23, dict(b=1, hq=2, hk=2, tq=3, tk=3, d=4, flat=True),
                                     {"q_num_heads": 3, "kv_num_heads": 2}),
 }
