@@ -5,8 +5,10 @@ the scores, a Softmax, a Gemm for the output: the Tq x Tk scores in memory), on 
 
 Each shape BxHxTxD runs self-attention without a mask and causal (the decomposition adds a constant -inf
 triangle). Times: the median of --iters calls of Plan.run (inputs up and the output down included, the same for
-both) after two warm-up calls. --tiles also times the fused kernel at each of these tiles (BQxBK/NTRxNTC) for the
-device kind. Prints a table; asserts nothing (the tests check the values).
+both) after two warm-up calls. The fused column is the algorithm the schedule picks (flash_cpu on CPUs, flash
+elsewhere); --tiles also times attention.cl's work-group kernel ("flash", run on a CPU through
+matrix_core="portable") at each of these tiles (BQxBK/NTRxNTC). Prints a table; asserts nothing (the tests check the
+values).
 """
 import argparse
 import statistics
@@ -40,6 +42,7 @@ def graph(shape, causal, fused):
 
 
 def timed(ctx, g, feeds, iters):
+    """(median ms, output, the last node's schedule)"""
     plan = Plan(ctx, g)
     try:
         for _ in range(2):
@@ -49,7 +52,7 @@ def timed(ctx, g, feeds, iters):
             start = time.perf_counter()
             plan.run(feeds)
             times.append(time.perf_counter() - start)
-        return statistics.median(times) * 1e3, out
+        return statistics.median(times) * 1e3, out, g.nodes[-1].schedule
     finally:
         plan.release()
 
@@ -69,25 +72,29 @@ def main():
     ap.add_argument("--tiles", default="", help="fused kernel tiles to time too, e.g. 32x32/8x8,16x64/4x16")
     args = ap.parse_args()
     ctx = dlnet.Context(args.device)
+    portable = ctx if ctx.dev.tiled else ctx.with_options(matrix_core="portable")
     tiles = [parse_tile(t) for t in args.tiles.split(",") if t]
     kind = ctx.dev.kind
     default = family.ATTENTION_TILES[kind]
-    print(f"device: {ctx.dev.name} ({kind}); default tile {default.label}")
-    head = f"{'shape BxHxTxD':>16} {'causal':>6} {'unfused ms':>10} {'fused ms':>9} {'speed-up':>8} {'rel err':>8}"
-    print(head + "".join(f" {t.label:>14}" for t in tiles))
+    print(f"device: {ctx.dev.name} ({kind})")
+    head = f"{'shape BxHxTxD':>16} {'causal':>6} {'unfused ms':>10} {'fused ms':>9} {'algo tile':>18} " \
+           f"{'speed-up':>8} {'rel err':>8}"
+    print(head + "".join(f" {'flash ' + t.label:>20}" for t in tiles))
     rng = np.random.default_rng(0)
     for text in args.shapes.split(","):
         shape = tuple(int(x) for x in text.split("x"))
         feeds = [rng.standard_normal(shape).astype(np.float32) for _ in range(3)]
         for causal in (False, True):
-            unfused, want = timed(ctx, graph(shape, causal, False), feeds, args.iters)
-            fused, got = timed(ctx, graph(shape, causal, True), feeds, args.iters)
+            unfused, want, _ = timed(ctx, graph(shape, causal, False), feeds, args.iters)
+            fused, got, how = timed(ctx, graph(shape, causal, True), feeds, args.iters)
             err = float(np.linalg.norm(got - want) / np.linalg.norm(want))
-            row = f"{text:>16} {str(causal):>6} {unfused:10.2f} {fused:9.2f} {unfused / fused:7.2f}x {err:8.1e}"
+            algo = f"{how['algo']} {how['tile']}"
+            row = f"{text:>16} {str(causal):>6} {unfused:10.2f} {fused:9.2f} {algo:>18} {unfused / fused:7.2f}x " \
+                  f"{err:8.1e}"
             for t in tiles:
                 family.ATTENTION_TILES[kind] = t
                 try:
-                    row += f" {timed(ctx, graph(shape, causal, True), feeds, args.iters)[0]:11.2f} ms"
+                    row += f" {timed(portable, graph(shape, causal, True), feeds, args.iters)[0]:17.2f} ms"
                 finally:
                     family.ATTENTION_TILES[kind] = default
             print(row, flush=True)
