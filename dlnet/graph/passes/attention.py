@@ -11,8 +11,8 @@ c: one-element constants (not trainable weights: a training graph keeps those wh
 through the Transpose and the leading-dim Reshapes that made it (a new Transpose where no Transpose did), and through
 the Reshape(Expand(Reshape(k))) that repeats grouped-query heads. A constant mask that is exactly a causal triangle
 becomes the kernel's causal flag, one that hides nothing goes. A row with every key hidden gives 0 (ONNX Attention's
-rule, and PyTorch's eager SDPA with a bool mask) where the decomposition gives NaN (0 after PyTorch's NaN guard) or,
-with float32's lowest in place of -inf, the mean of v.
+rule, and PyTorch's eager scaled_dot_product_attention's) where the decomposition gives NaN (0 after PyTorch's
+guard) or, with float32's lowest in place of -inf, the mean of v.
 """
 import numpy as np
 
