@@ -5,6 +5,7 @@ layouts this device reads best) -> Plan (plan.py: the schedule, the memory plan,
 after a host step and training each take their graph from here.
 """
 from .graph.passes import run_passes
+from .graph.passes.attention import fuse_attention
 from .graph.passes.fold import fold_constants, remove_dead
 from .graph.passes.fuse import broadcast_expands, fuse_pointwise, fuse_reduce_prologues
 from .graph.passes.padding import explicit_padding
@@ -35,10 +36,12 @@ def stage_graph(model, path, start, types, consts, ctx):
 
 def training_import(model, path, shapes):
     """(graph, importer) of the forward graph for training (batch statistics, active Dropout, float initializers as
-    parameters), its padding explicit (the gradients read it so)."""
+    parameters), its padding explicit (the gradients read it so) and its attention fused before autodiff (the
+    forward runs the fused kernel, the backward Attention's rule; trainable scales and masks stay inputs)."""
     imp = Importer(model, path)
     graph = imp.build(shapes, training=True)
     explicit_padding(graph)
+    fuse_attention(graph)
     return graph, imp
 
 

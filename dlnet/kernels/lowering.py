@@ -4,6 +4,7 @@ The Lowerer is the emitter (emitter.py) with every kernel family (families/) mix
 family entry that runs it, and the entry follows the node's schedule (schedule.py)."""
 from ..graph.ir import BatchSlice, Node
 from .emitter import Emitter
+from .families.attention import AttentionFamily
 from .families.conv import ConvFamily
 from .families.conv_cpu import ConvCpuFamily
 from .families.conv_grad import ConvGradFamily
@@ -19,7 +20,7 @@ from .schedule import algorithm, data_inputs
 
 
 class Lowerer(Emitter, ElementwiseFamily, ConvFamily, ConvCpuFamily, WinogradFamily, ConvGradFamily, MatmulFamily,
-              NormPoolFamily, ReduceFamily, IndexFamily, TrainingFamily, SamplingFamily):
+              NormPoolFamily, ReduceFamily, IndexFamily, TrainingFamily, SamplingFamily, AttentionFamily):
     def lower(self, graph, prefix=None):
         """Lower every node of `graph` in order; the chunked prefix's nodes slice by slice of the batch. Records each
         node's launches (node_launches: index -> (first, end); the prefix's nodes share their block's)."""

@@ -107,9 +107,24 @@ class GemmCore(Algo):
     name = "gemm"
 
 
+class FlashCpu(Algo):
+    """attention_cpu.cl: a work-item per few query rows, keys from global memory, no barriers (CPUs)."""
+    name = "flash_cpu"
+
+    @staticmethod
+    def applies(node, dev, options):
+        return not dev.tiled
+
+
+class Flash(Algo):
+    """attention.cl: the online softmax over K/V tiles in __local memory (kernels/families/attention.py)."""
+    name = "flash"
+
+
 ALGOS = {
     "Conv": [Winograd, DepthwisePlanesCpu, DepthwiseCpu, DepthwiseGpu, ConvCpu, ImplicitGemm],
     "Gemm": [GemmCpu, Gemv, GemmCore],  # (the importer makes MatMul a Gemm)
+    "Attention": [FlashCpu, Flash],
 }
 
 

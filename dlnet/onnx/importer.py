@@ -1,6 +1,6 @@
 """ModelProto -> Graph. Handlers per (op_type, since_version) live in one module per op family (elementwise, tensor,
-indexing, linalg, nn, normalization, reduce, softmax, composed, resize, sampling, recurrent, control, dynamic, text),
-registered in common.HANDLERS when imported here; they only build IR."""
+indexing, linalg, nn, normalization, reduce, softmax, attention, composed, resize, sampling, recurrent, control,
+dynamic, text), registered in common.HANDLERS when imported here; they only build IR."""
 import functools
 import os
 
@@ -11,6 +11,7 @@ from ..errors import InputError, ModelError
 from ..graph.ir import Builder, Graph, NeedsHost
 from ..limits import over_cap
 from . import (  # noqa: F401  (imported for their @handler registrations)
+    attention,
     composed,
     control,
     dynamic,

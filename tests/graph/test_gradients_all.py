@@ -173,6 +173,18 @@ CASES = [
     ("Det", "Det", [normal(3, 3)], {}),
     ("Det-batched", "Det", [normal(2, 4, 4)], {}),
     ("Det-1x1", "Det", [normal(3, 1, 1)], {}),
+    # attention (the fused op's rule is its decomposition): grouped-query heads, causal offsets (rows that see no
+    # key: 0), a float mask (its gradient too) and a bool one, softcap
+    ("Attention", "Attention", [normal(2, 2, 5, 4), normal(2, 2, 6, 4), normal(2, 2, 6, 3)], {"scale": 0.5}),
+    ("Attention-gqa-causal", "Attention", [normal(1, 4, 4, 4), normal(1, 2, 6, 4), normal(1, 2, 6, 4)],
+     {"scale": 0.6, "causal": 1, "causal_offset": 2}),
+    ("Attention-float-mask", "Attention", [normal(2, 2, 5, 4), normal(2, 2, 5, 4), normal(2, 2, 5, 4),
+                                           normal(2, 1, 5, 5)], {"scale": 0.5}),
+    ("Attention-bool-mask-softcap-rank3", "Attention",
+     [normal(2, 5, 4), normal(2, 6, 4), normal(2, 6, 4), const(np.arange(30).reshape(5, 6) % 4 != 1)],
+     {"scale": 0.8, "softcap": 1.2}),
+    ("Attention-hidden-rows", "Attention", [normal(1, 2, 5, 4), normal(1, 2, 5, 4), normal(1, 2, 5, 4)],
+     {"scale": 0.7, "causal": 1, "causal_offset": -2}),
     # indexing (repeated and negative indices; indices shorter than x off the axis)
     ("GatherElements", "GatherElements", [normal(3, 4), const([[0, 2, -1, 1], [2, 2, 0, -3]])], {"axis": 0}),
     ("GatherElements-axis1-short", "GatherElements", [normal(3, 5), const([[0, -1, 2], [4, 4, 1]])], {"axis": 1}),

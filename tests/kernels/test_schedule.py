@@ -1,5 +1,5 @@
-"""The device schedule (dlnet/kernels/schedule.py): every algorithm of the Conv and Gemm tables that this device can
-run is chosen where it applies, written on the node, printed, and matches a float64 reference."""
+"""The device schedule (dlnet/kernels/schedule.py): every algorithm of the Conv, Gemm and Attention tables that this
+device can run is chosen where it applies, written on the node, printed, and matches a float64 reference."""
 import numpy as np
 import pytest
 from onnx import helper
@@ -30,6 +30,13 @@ def gemm_case(m, k, n):
     return model, {"a": a}
 
 
+def attention_case(b, h, t, d):
+    q, k, v = f32(b, h, t, d), f32(b, h, t, d), f32(b, h, t, d)
+    model = make_model([helper.make_node("Attention", ["q", "k", "v"], ["y"], is_causal=1)], {"q": q, "k": k, "v": v},
+                       ["y"], opset=23)
+    return model, {"q": q, "k": k, "v": v}
+
+
 # (algorithm, device kind it runs on or None for any, options, case)
 CASES = [
     ("winograd2", None, dict(WINO, matrix_core="portable"), lambda: conv_case((2, 16, 14, 14), (16, 16, 3, 3),
@@ -50,6 +57,8 @@ CASES = [
     ("gemv", None, {"matrix_core": "portable"}, lambda: gemm_case(4, 64, 40)),
     ("gemv_rows", None, {"matrix_core": "portable", "gemv_mma": None}, lambda: gemm_case(16, 64, 40)),
     ("gemm", None, {"matrix_core": "portable"}, lambda: gemm_case(64, 48, 40)),
+    ("flash_cpu", "cpu", {}, lambda: attention_case(2, 3, 40, 16)),
+    ("flash", None, {"matrix_core": "portable"}, lambda: attention_case(2, 3, 40, 16)),
 ]
 
 
@@ -68,7 +77,7 @@ def test_each_algorithm_where_it_applies(algo, kind, options, case):
     model, feeds = case()
     net = dlnet.Net(ctx).load_onnx(model)
     y = net.run(feeds)["y"]
-    node = next(n for n in net._last.graph.nodes if n.op in ("Conv", "Gemm"))
+    node = next(n for n in net._last.graph.nodes if n.op in ("Conv", "Gemm", "Attention"))
     assert node.schedule["algo"] == algo
     assert node.schedule.get("tile"), "the lowering records the tile it took"
     text = str(net.graph)

@@ -1,6 +1,7 @@
 """The op registry. Each op is one class: inputs/attributes, type inference, numpy folding, lowering, gradient."""
 from . import (  # noqa: F401  (registration)
     activations,
+    attention,
     elementwise,
     fused,
     grad_nn,

@@ -1,12 +1,15 @@
 """Graph passes. Each is a function graph -> changed (bool)."""
+from .attention import fuse_attention
 from .batchnorm import fold_batchnorm, fold_conv_affine
 from .fold import fold_constants, remove_dead
 from .fuse import fuse_epilogues, fuse_pointwise
 from .normalize import normalize_layers
 from .padding import explicit_padding
 
-INFERENCE_PASSES = [explicit_padding, fold_batchnorm, fold_constants, fold_conv_affine, normalize_layers,
-                    fuse_epilogues, fuse_pointwise, remove_dead]  # then the device's (kernels/schedule.py)
+# (remove_dead before fuse_attention: a score matrix read by dead nodes, nn.MultiheadAttention's unused averaged
+# weights, is read by its product alone)
+INFERENCE_PASSES = [explicit_padding, fold_batchnorm, fold_constants, fold_conv_affine, normalize_layers, remove_dead,
+                    fuse_attention, fuse_epilogues, fuse_pointwise, remove_dead]  # then the device's (schedule.py)
 
 
 def run_passes(graph, passes=None, verify=True):

@@ -1,0 +1,158 @@
+"""Scaled dot-product attention as one op: the fused kernel (kernels/families/attention.py) runs it without the
+T x T scores; its gradient is the decomposition (recomputed scores, softmax, products)."""
+import numpy as np
+
+from .base import REQUIRED, Op, register
+
+MAX_RANK = 4  # q, k, v: [T, D], [H, T, D] or [B, H, T, D]; the mask broadcasts to [B, Hq, Tq, Tk]
+
+
+def lead4(shape):
+    """(B, H) of a q / k / v shape [..., T, D] read as [B, H, T, D]."""
+    lead = (1,) * (MAX_RANK - len(shape)) + tuple(shape)
+    return lead[0], lead[1]
+
+
+def causal_allowed(tq, tk, offset):
+    """bool [tq, tk]: key j is visible to query i iff j <= i + offset (ONNX Attention's bottom-right alignment for
+    offset = the cached keys before the block; PyTorch's is_causal: offset 0)."""
+    return np.arange(tk)[None, :] <= np.arange(tq)[:, None] + offset
+
+
+def additive(mask, dtype):
+    """A mask as the bias it adds: a bool mask (True: attend) as 0 / -inf, a float mask as itself."""
+    if mask.dtype == np.bool_:
+        return np.where(mask, 0.0, -np.inf).astype(dtype)
+    return mask.astype(dtype)
+
+
+@register
+class Attention(Op):
+    """y = softmax(z) v,  z = cap(scale q k^T) + mask (+ -inf where j > i + causal_offset when causal), cap(s) =
+    softcap tanh(s / softcap) when softcap > 0; a row with no visible key (every z -inf) is 0. Grouped-query: q head
+    h reads k / v head h // (Hq / Hk).  dv = p^T dy, ds = p (dp - rowsum(dp p)) with dp = dy v^T, dmask = ds,
+    dq = scale cap'(s) ds k, dk = scale cap'(s) ds^T q (k / v gradients summed over each kv head's q heads).
+
+    Inputs q [..., Tq, D], k [..., Tk, D], v [..., Tk, Dv], optional mask (float: added; bool: True attends) that
+    broadcasts to [..., Hq, Tq, Tk]; ranks 2 to 4, leading dims of q and k equal but for the heads axis (-3)."""
+    name = "Attention"
+    dtypes = ("float32",)
+    attrs = {"scale": REQUIRED, "causal": 0, "causal_offset": 0, "softcap": 0.0}
+
+    def infer(self, node):
+        q, k, v = node.inputs[:3]
+        mask = node.inputs[3] if len(node.inputs) > 3 else None
+        if not 2 <= q.rank <= MAX_RANK or k.rank != q.rank or v.rank != q.rank:
+            raise ValueError(f"Attention takes q, k, v of one rank in 2..{MAX_RANK}, got {list(q.shape)}, "
+                             f"{list(k.shape)}, {list(v.shape)}")
+        if k.shape[-1] != q.shape[-1] or v.shape[-2] != k.shape[-2] or v.shape[:-2] != k.shape[:-2]:
+            raise ValueError(f"Attention: q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)} do not agree "
+                             "(q [..., Tq, D], k [..., Tk, D], v [..., Tk, Dv])")
+        if q.shape[:-3] != k.shape[:-3] or (q.rank > 2 and q.shape[-3] % k.shape[-3]):
+            raise ValueError(f"Attention: the heads of k {list(k.shape)} must divide those of q {list(q.shape)} "
+                             "(the other leading dims equal)")
+        scores = q.shape[:-1] + (k.shape[-2],)
+        if mask is not None:
+            if mask.dtype not in ("bool", q.dtype) or mask.rank > MAX_RANK or \
+                    np.broadcast_shapes(mask.shape, scores) != scores:
+                raise ValueError(f"Attention: mask {mask.type_str()} must be bool or {q.dtype} and broadcast to "
+                                 f"the scores {list(scores)}")
+        return [(q.dtype, q.shape[:-1] + (v.shape[-1],))]
+
+    def numpy(self, node, q, k, v, mask=None):
+        a = node.attrs
+        dt, out = np.float64, q.dtype
+        q, k, v = q.astype(dt), k.astype(dt), v.astype(dt)
+        if q.ndim > 2 and q.shape[-3] != k.shape[-3]:
+            group = q.shape[-3] // k.shape[-3]
+            k, v = np.repeat(k, group, axis=-3), np.repeat(v, group, axis=-3)
+        s = np.matmul(q, np.swapaxes(k, -1, -2)) * a["scale"]
+        if a["softcap"] > 0:
+            s = a["softcap"] * np.tanh(s / a["softcap"])
+        if a["causal"]:
+            s = s + additive(causal_allowed(s.shape[-2], s.shape[-1], a["causal_offset"]), dt)
+        if mask is not None:
+            s = s + additive(mask, dt)
+        top = s.max(axis=-1, keepdims=True)
+        e = np.exp(s - np.where(np.isneginf(top), 0.0, top))
+        total = e.sum(axis=-1, keepdims=True)
+        return [np.matmul(e / np.where(total == 0, 1.0, total), v).astype(out)]
+
+    def lower(self, node, lw):
+        lw.attention(node)
+
+    def grad(self, b, node, dys):
+        return attention_grad(b, node, dys[0])
+
+
+def repeat_heads(b, x, group):
+    """k or v [..., Hk, T, D] with each head repeated `group` times in place: [..., Hk * group, T, D]."""
+    if group == 1:
+        return x
+    lead, (hk, t, d) = x.shape[:-3], x.shape[-3:]
+    one = b.op("Reshape", [x], {"shape": lead + (hk, 1, t, d)})
+    many = b.op("Expand", [one], {"shape": lead + (hk, group, t, d)})
+    return b.op("Reshape", [many], {"shape": lead + (hk * group, t, d)})
+
+
+def _sum_heads(b, g, group):
+    """The gradient of repeat_heads: [..., Hk * group, T, D] summed over each head's copies."""
+    if group == 1:
+        return g
+    lead, (hq, t, d) = g.shape[:-3], g.shape[-3:]
+    split = b.op("Reshape", [g], {"shape": lead + (hq // group, group, t, d)})
+    return b.op("Reduce", [split], {"mode": "sum", "axes": (len(lead) + 1,), "keepdims": 0})
+
+
+def score_bias(b, scores, mask, causal, causal_offset):
+    """The additive bias of `scores` [..., Tq, Tk] (causal and mask together; None without either) and whether some
+    row of it may be all -inf (then the softmax of that row is NaN, to be replaced by 0 as the kernel does)."""
+    tq, tk = scores.shape[-2:]
+    bias, empty = None, False
+    if causal:
+        allowed = causal_allowed(tq, tk, causal_offset)
+        bias = b.const(additive(allowed, scores.dtype))
+        empty = not allowed.any(axis=-1).all()
+    if mask is not None:
+        m = b.op("Where", [mask, b.const(np.zeros((), scores.dtype)), b.const(np.asarray(-np.inf, scores.dtype))]) \
+            if mask.dtype == "bool" else mask
+        bias = m if bias is None else b.op("Add", [bias, m])
+        empty = True
+    return bias, empty
+
+
+def masked_softmax(b, z, empty):
+    """softmax(z) over the last axis, a row of z that is all -inf 0 (not NaN) where `empty` says one may be."""
+    p = b.op("Softmax", [z], {"axis": z.rank - 1})
+    if not empty:
+        return p
+    top = b.op("Reduce", [z], {"mode": "max", "axes": (z.rank - 1,), "keepdims": 1})
+    seen = b.op("Greater", [top, b.const(np.asarray(-np.inf, z.dtype))])
+    return b.op("Where", [seen, p, b.const(np.zeros((), z.dtype))])
+
+
+def attention_grad(b, node, dy):
+    """[dq, dk, dv, dmask] of Attention by its decomposition: the scores and their softmax recomputed."""
+    q, k, v = node.inputs[:3]
+    mask = node.inputs[3] if len(node.inputs) > 3 else None
+    a = node.attrs
+    group = q.shape[-3] // k.shape[-3] if q.rank > 2 else 1
+    ke, ve = repeat_heads(b, k, group), repeat_heads(b, v, group)
+    s = b.op("Gemm", [q, ke], {"transB": 1, "alpha": float(a["scale"])})
+    cap = a["softcap"]
+    if cap > 0:
+        t = b.op("Tanh", [b.op("Mul", [s, b.const(np.asarray(1.0 / cap, s.dtype))])])
+        s = b.op("Mul", [t, b.const(np.asarray(cap, s.dtype))])
+    bias, empty = score_bias(b, s, mask, a["causal"], a["causal_offset"])
+    z = s if bias is None else b.op("Add", [s, bias])
+    p = masked_softmax(b, z, empty)
+    dv = b.op("Gemm", [p, dy], {"transA": 1})
+    dp = b.op("Gemm", [dy, ve], {"transB": 1})
+    rows = b.op("Reduce", [b.op("Mul", [dp, p])], {"mode": "sum", "axes": (z.rank - 1,), "keepdims": 1})
+    ds = b.op("Mul", [p, b.op("Sub", [dp, rows])])
+    dmask = ds if mask is not None and mask.dtype != "bool" else None
+    if cap > 0:  # d(cap tanh(s / cap)) / ds = 1 - tanh^2
+        ds = b.op("Mul", [ds, b.op("Sub", [b.const(np.ones((), s.dtype)), b.op("Mul", [t, t])])])
+    dq = b.op("Gemm", [ds, ke], {"alpha": float(a["scale"])})
+    dk = b.op("Gemm", [ds, q], {"transA": 1, "alpha": float(a["scale"])})
+    return [dq, _sum_heads(b, dk, group), _sum_heads(b, dv, group), dmask]

@@ -1,0 +1,175 @@
+// Attention, FlashAttention style: y = softmax(cap(q k^T * scale) + mask [+ causal]) v without the Tq x Tk scores.
+// One work-group per (block of BQ query rows, batch * head): the block's q rows sit in __local memory; K and V are
+// streamed through __local memory BK keys at a time; each row keeps a running maximum m, a running sum l of
+// exp(z - m) and its output accumulator, rescaled by exp(m_old - m_new) whenever the maximum grows (online softmax).
+// The NTR x NTC work-items tile the block: work-item (tr, tc) owns rows tr + NTR * i (i < RQ), score columns
+// tc + NTC * c of each key tile (c < CK) and output columns tc + NTC * c (c < CV): strided, so that the work-items
+// of a row read consecutive words of a tile (no bank conflicts), and the tiles' rows are padded by one word for
+// the same reason across rows. Portable OpenCL C: no subgroups, no half, float accumulation.
+//   q [B * Hq, Tq, D], k [B * Hk, Tk, D], v [B * Hk, Tk, DV], y [B * Hq, Tq, DV], contiguous; q head h reads kv head
+//   h / (Hq / Hk) (grouped-query attention). mask: element (b, h, i, j) at b * msb + h * msh + i * msq + j * msk
+//   (strides 0 where it broadcasts); MASK 1 adds it (float), MASK 2 lets key j through where it is nonzero (bool).
+//   CAUSAL: key j is visible to query i iff j <= i + causal_offset. SOFTCAP: s = softcap * tanh(s / softcap)
+//   before the mask. A row with no visible key writes 0.
+#if !defined(D) || !defined(DV) || !defined(BQ) || !defined(BK) || !defined(NTR) || !defined(NTC)
+#error "attention.cl needs D, DV, BQ, BK, NTR and NTC"
+#endif
+#if BQ % NTR || BK % NTC || NTC > BK
+#error "attention.cl: NTR must divide BQ and NTC divide BK"
+#endif
+#ifndef MASK
+#define MASK 0
+#endif
+#ifndef CAUSAL
+#define CAUSAL 0
+#endif
+#ifndef SOFTCAP
+#define SOFTCAP 0
+#endif
+
+#define NT (NTR * NTC)
+#define RQ (BQ / NTR)
+#define CK (BK / NTC)
+#define CV ((DV + NTC - 1) / NTC)
+#define DP (D + 1)
+#define DVP (DV + 1)
+#define BKP (BK + 1)
+#define KV_ROW (DP > DVP ? DP : DVP)
+#if MASK == 2
+#define MASK_T uchar
+#else
+#define MASK_T float
+#endif
+
+__kernel __attribute__((reqd_work_group_size(NT, 1, 1)))
+void attention(__global const float* q, ulong q_off, __global const float* k, ulong k_off,
+               __global const float* v, ulong v_off, __global const MASK_T* mask, ulong mask_off,
+               __global float* y, ulong y_off, int Tq, int Tk, int Hq, int Hk, float scale, float softcap,
+               int causal_offset, long msb, long msh, long msq, long msk) {
+    __local float qs[BQ * DP];
+    __local float kvs[BK * KV_ROW];
+    __local float ps[BQ * BKP];  // the scores of a tile, then their exponentials; at the end the partial sums
+    const int lid = get_local_id(0);
+    const int tr = lid / NTC, tc = lid % NTC;
+    const int q0 = get_group_id(0) * BQ;
+    const long bh = get_group_id(1);
+    const long b = bh / Hq;
+    const int h = bh % Hq;
+    const long kvh = b * Hk + h / (Hq / Hk);
+    const int nq = min(BQ, Tq - q0);
+    q += q_off + (bh * Tq + q0) * D;
+    k += k_off + kvh * Tk * D;
+    v += v_off + kvh * Tk * DV;
+    y += y_off + (bh * Tq + q0) * DV;
+#if MASK
+    mask += mask_off + b * msb + h * msh + q0 * msq;
+#endif
+    for (int e = lid; e < BQ * D; e += NT) {
+        const int r = e / D, d = e % D;
+        qs[r * DP + d] = r < nq ? q[(long)r * D + d] : 0.0f;
+    }
+    float acc[RQ][CV], m[RQ], l[RQ];
+    for (int i = 0; i < RQ; i++) {
+        m[i] = -INFINITY;
+        l[i] = 0.0f;
+        for (int c = 0; c < CV; c++) acc[i][c] = 0.0f;
+    }
+#if CAUSAL
+    const int kv_end = min(Tk, q0 + nq + causal_offset);  // past the last key the block's last row sees
+#else
+    const int kv_end = Tk;
+#endif
+    for (int k0 = 0; k0 < kv_end; k0 += BK) {
+        const int nk = min(BK, Tk - k0);
+        barrier(CLK_LOCAL_MEM_FENCE);  // the last tile's readers of kvs and ps are done (the first time: qs written)
+        for (int e = lid; e < BK * D; e += NT) {
+            const int r = e / D, d = e % D;
+            kvs[r * DP + d] = r < nk ? k[(long)(k0 + r) * D + d] : 0.0f;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        float s[RQ][CK];
+        for (int i = 0; i < RQ; i++)
+            for (int c = 0; c < CK; c++) s[i][c] = 0.0f;
+        for (int d = 0; d < D; d++) {
+            float qv[RQ], kv[CK];
+            for (int i = 0; i < RQ; i++) qv[i] = qs[(tr + NTR * i) * DP + d];
+            for (int c = 0; c < CK; c++) kv[c] = kvs[(tc + NTC * c) * DP + d];
+            for (int i = 0; i < RQ; i++)
+                for (int c = 0; c < CK; c++) s[i][c] = fma(qv[i], kv[c], s[i][c]);
+        }
+        for (int i = 0; i < RQ; i++) {
+            const int r = tr + NTR * i;
+            for (int c = 0; c < CK; c++) {
+                const int j = tc + NTC * c;
+                float z = -INFINITY;
+                if (r < nq && j < nk) {
+                    z = s[i][c] * scale;
+#if SOFTCAP
+                    z = softcap * tanh(z / softcap);
+#endif
+#if MASK == 1
+                    z += mask[r * msq + (k0 + j) * msk];
+#elif MASK == 2
+                    if (!mask[r * msq + (k0 + j) * msk]) z = -INFINITY;
+#endif
+#if CAUSAL
+                    if (k0 + j > q0 + r + causal_offset) z = -INFINITY;
+#endif
+                }
+                s[i][c] = z;
+                ps[r * BKP + j] = z;
+            }
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        // each row's new maximum (every work-item of the row reads all BK scores: the same value in each), while the
+        // V tile goes where the K tile was
+        float alpha[RQ], mu[RQ];
+        for (int i = 0; i < RQ; i++) {
+            const int r = tr + NTR * i;
+            float top = m[i];
+            for (int j = 0; j < BK; j++) top = fmax(top, ps[r * BKP + j]);
+            mu[i] = top == -INFINITY ? 0.0f : top;  // nothing visible yet: exp(-inf - 0) = 0, never inf - inf
+            alpha[i] = exp(m[i] - mu[i]);
+            m[i] = top;
+        }
+        for (int e = lid; e < BK * DV; e += NT) {
+            const int r = e / DV, d = e % DV;
+            kvs[r * DVP + d] = r < nk ? v[(long)(k0 + r) * DV + d] : 0.0f;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int i = 0; i < RQ; i++) {
+            const int r = tr + NTR * i;
+            float sum = 0.0f;
+            for (int c = 0; c < CK; c++) {
+                const float p = exp(s[i][c] - mu[i]);
+                ps[r * BKP + tc + NTC * c] = p;
+                sum += p;
+            }
+            l[i] = l[i] * alpha[i] + sum;  // this work-item's columns only: summed over the row's work-items at the end
+            for (int c = 0; c < CV; c++) acc[i][c] *= alpha[i];
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int j = 0; j < nk; j++) {
+            float vv[CV];
+            for (int c = 0; c < CV; c++) vv[c] = tc + NTC * c < DV ? kvs[j * DVP + tc + NTC * c] : 0.0f;
+            for (int i = 0; i < RQ; i++) {
+                const float p = ps[(tr + NTR * i) * BKP + j];
+                for (int c = 0; c < CV; c++) acc[i][c] = fma(p, vv[c], acc[i][c]);
+            }
+        }
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int i = 0; i < RQ; i++) ps[(tr + NTR * i) * BKP + tc] = l[i];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int i = 0; i < RQ; i++) {
+        const int r = tr + NTR * i;
+        if (r >= nq) continue;
+        float total = 0.0f;
+        for (int t = 0; t < NTC; t++) total += ps[r * BKP + t];
+        const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+        for (int c = 0; c < CV; c++) {
+            const int col = tc + NTC * c;
+            if (col < DV) y[(long)r * DV + col] = acc[i][c] * inv;
+        }
+    }
+}

@@ -1,0 +1,132 @@
+// Attention on CPUs (PoCL): y = softmax(cap(q k^T * scale) + mask [+ causal]) v, the online softmax of attention.cl
+// without its work-groups and barriers (PoCL runs a work-group's work-items as loops between barriers, with each
+// private array spilled per work-item: 5x slower than the unfused products at T = 512). One work-item (local size 1)
+// per RQ query rows of one batch * head: their q rows and output accumulators in float8 registers along the head
+// dim, keys streamed from global memory (the cache holds a head's K and V) BK at a time; each key's score a float8
+// dot product and one horizontal sum per row.
+//   Layouts, mask, CAUSAL and SOFTCAP as in attention.cl.
+#if !defined(D) || !defined(DV) || !defined(RQ) || !defined(BK)
+#error "attention_cpu.cl needs D, DV, RQ and BK"
+#endif
+#ifndef MASK
+#define MASK 0
+#endif
+#ifndef CAUSAL
+#define CAUSAL 0
+#endif
+#ifndef SOFTCAP
+#define SOFTCAP 0
+#endif
+#define D8 ((D + 7) / 8)
+#define DV8 ((DV + 7) / 8)
+#if MASK == 2
+#define MASK_T uchar
+#else
+#define MASK_T float
+#endif
+
+// chunk c of a row of n floats, zeros past its end
+inline float8 chunk8(__global const float* row, int c, int n) {
+    if ((c + 1) * 8 <= n) return vload8(c, row);
+    float t[8];
+    for (int i = 0; i < 8; i++) t[i] = c * 8 + i < n ? row[c * 8 + i] : 0.0f;
+    return vload8(0, t);
+}
+
+inline float hsum8(float8 a) {
+    const float4 b = a.lo + a.hi;
+    const float2 c = b.lo + b.hi;
+    return c.x + c.y;
+}
+
+__kernel void attention_cpu(__global const float* q, ulong q_off, __global const float* k, ulong k_off,
+                            __global const float* v, ulong v_off, __global const MASK_T* mask, ulong mask_off,
+                            __global float* y, ulong y_off, int Tq, int Tk, int Hq, int Hk, float scale,
+                            float softcap, int causal_offset, long msb, long msh, long msq, long msk) {
+    const int q0 = get_global_id(0) * RQ;
+    const long bh = get_global_id(1);
+    if (q0 >= Tq) return;
+    const int nq = min(RQ, Tq - q0);
+    const long b = bh / Hq;
+    const int h = bh % Hq;
+    const long kvh = b * Hk + h / (Hq / Hk);
+    q += q_off + (bh * Tq + q0) * D;
+    k += k_off + kvh * Tk * D;
+    v += v_off + kvh * Tk * DV;
+    y += y_off + (bh * Tq + q0) * DV;
+#if MASK
+    mask += mask_off + b * msb + h * msh + q0 * msq;
+#endif
+    float8 qv[RQ][D8], acc[RQ][DV8];
+    float m[RQ], l[RQ];
+    for (int r = 0; r < RQ; r++) {
+        for (int c = 0; c < D8; c++) qv[r][c] = r < nq ? chunk8(q + (long)r * D, c, D) : (float8)(0.0f);
+        for (int c = 0; c < DV8; c++) acc[r][c] = (float8)(0.0f);
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
+    }
+#if CAUSAL
+    const int kv_end = min(Tk, q0 + nq + causal_offset);
+#else
+    const int kv_end = Tk;
+#endif
+    for (int j0 = 0; j0 < kv_end; j0 += BK) {
+        const int nk = min(BK, kv_end - j0);
+        float s[RQ][BK];
+        for (int jj = 0; jj < nk; jj++) {
+            const int j = j0 + jj;
+            float8 kv[D8];
+            for (int c = 0; c < D8; c++) kv[c] = chunk8(k + (long)j * D, c, D);
+            for (int r = 0; r < RQ; r++) {
+                float8 a = qv[r][0] * kv[0];
+                for (int c = 1; c < D8; c++) a = fma(qv[r][c], kv[c], a);
+                float z = hsum8(a) * scale;
+#if SOFTCAP
+                z = softcap * tanh(z / softcap);
+#endif
+#if MASK == 1
+                if (r < nq) z += mask[r * msq + j * msk];
+#elif MASK == 2
+                if (r < nq && !mask[r * msq + j * msk]) z = -INFINITY;
+#endif
+#if CAUSAL
+                if (j > q0 + r + causal_offset) z = -INFINITY;
+#endif
+                s[r][jj] = r < nq ? z : -INFINITY;
+            }
+        }
+        for (int r = 0; r < RQ; r++) {
+            float top = m[r];
+            for (int jj = 0; jj < nk; jj++) top = fmax(top, s[r][jj]);
+            const float mu = top == -INFINITY ? 0.0f : top;  // nothing visible yet: exp(-inf - 0) = 0
+            const float alpha = exp(m[r] - mu);
+            m[r] = top;
+            float sum = 0.0f;
+            for (int jj = 0; jj < nk; jj++) {
+                s[r][jj] = exp(s[r][jj] - mu);
+                sum += s[r][jj];
+            }
+            l[r] = l[r] * alpha + sum;
+            for (int c = 0; c < DV8; c++) acc[r][c] *= alpha;
+        }
+        for (int jj = 0; jj < nk; jj++) {
+            float8 vv[DV8];
+            for (int c = 0; c < DV8; c++) vv[c] = chunk8(v + (long)(j0 + jj) * DV, c, DV);
+            for (int r = 0; r < RQ; r++)
+                for (int c = 0; c < DV8; c++) acc[r][c] = fma((float8)(s[r][jj]), vv[c], acc[r][c]);
+        }
+    }
+    for (int r = 0; r < nq; r++) {
+        const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+        for (int c = 0; c < DV8; c++) {
+            const float8 o = acc[r][c] * inv;
+            if ((c + 1) * 8 <= DV) {
+                vstore8(o, c, y + (long)r * DV);
+            } else {
+                float t[8];
+                vstore8(o, 0, t);
+                for (int i = 0; c * 8 + i < DV; i++) y[(long)r * DV + c * 8 + i] = t[i];
+            }
+        }
+    }
+}

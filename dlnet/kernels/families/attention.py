@@ -1,0 +1,99 @@
+"""The fused attention kernels: softmax(q k^T * scale + mask) v with an online softmax, never the Tq x Tk scores.
+attention.cl (algo "flash"): K/V tiles through __local memory, a work-group per (block of query rows, batch * head);
+attention_cpu.cl (algo "flash_cpu", CPUs): a work-item per few query rows, keys from global memory, no barriers."""
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...errors import ModelError
+from ...graph.ops.attention import MAX_RANK, lead4
+from ..emitter import defines
+from ..runtime import kernel_source
+
+
+@dataclass(frozen=True)
+class AttentionTile:
+    """BQ query rows per work-group, BK keys per K/V tile, an NTR x NTC grid of work-items."""
+    bq: int
+    bk: int
+    ntr: int
+    ntc: int
+
+    @property
+    def label(self):
+        return f"{self.bq}x{self.bk}/{self.ntr}x{self.ntc}"
+
+    def local_bytes(self, d, dv):
+        return 4 * (self.bq * (d + 1) + self.bk * (max(d, dv) + 1) + self.bq * (self.bk + 1))
+
+
+# CPUs (attention_cpu.cl): query rows per work-item (each key read once for them; fewer where Tq is smaller, as in
+# decoding) and keys per block of scores. 2 cores (EPYC, PoCL), 8 heads of 512 x 64, best of 12: 2 rows 56 ms, 4 rows
+# 43, 8 rows 51 (the unfused products and softmax 74); 4 heads of 256 x 128: 15, 9.5, 10.3 (11.3).
+CPU_ROWS, CPU_KEYS = 4, 16
+
+# The tile per device kind: GPUs take 64 work-items of 4 x 4 scores each and (a head dim of 128) 4 x 16 outputs in
+# registers; CPUs (PoCL runs a work-group's work-items as loops between barriers) the same grid. Halved along the
+# larger of BQ and BK while the tiles overflow __local memory (head dims past 128 on a 48 KiB GPU).
+ATTENTION_TILES = {"gpu": AttentionTile(32, 32, 8, 8), "cpu": AttentionTile(32, 32, 8, 8)}
+MIN_TILE = 8
+
+
+def attention_tile(dev, d, dv, tiles=ATTENTION_TILES):
+    """The tile of a head dim d (q, k) and dv (v) on `dev` (kernels/device.Device), shrunk to its __local memory."""
+    t = tiles[dev.kind]
+    bq, bk = t.bq, t.bk
+    while AttentionTile(bq, bk, t.ntr, t.ntc).local_bytes(d, dv) > dev.local_mem:
+        if bk >= bq and bk > max(MIN_TILE, t.ntc):
+            bk //= 2
+        elif bq > max(MIN_TILE, t.ntr):
+            bq //= 2
+        else:
+            raise ModelError(f"attention with head dims {d} / {dv}: its smallest tile needs "
+                             f"{AttentionTile(bq, bk, t.ntr, t.ntc).local_bytes(d, dv)} bytes of __local memory, "
+                             f"the device has {dev.local_mem}")
+    return AttentionTile(bq, bk, t.ntr, t.ntc)
+
+
+def mask_strides(mask, scores):
+    """Element strides of `mask` over the scores [B, Hq, Tq, Tk] it broadcasts to (0 along broadcast dims)."""
+    shape = (1,) * (MAX_RANK - mask.rank) + tuple(mask.shape)
+    strides, step = [0] * MAX_RANK, 1
+    for a in reversed(range(MAX_RANK)):
+        strides[a] = step if shape[a] == scores[a] and shape[a] > 1 else 0
+        step *= shape[a]
+    return strides
+
+
+class AttentionFamily:
+    def attention(self, node):
+        """Attention by its scheduled algorithm: flash_cpu (attention_cpu.cl) or flash (attention.cl)."""
+        q, k, v = node.inputs[:3]
+        mask = node.inputs[3] if len(node.inputs) > 3 else None
+        y, a = node.outputs[0], node.attrs
+        if q.dtype != "float32":
+            raise ModelError(f"node {node.name} (Attention): float32 only, got {q.dtype}")
+        (B, Hq), (_, Hk) = lead4(q.shape), lead4(k.shape)
+        Tq, D, Tk, DV = q.shape[-2], q.shape[-1], k.shape[-2], v.shape[-1]
+        defs = {"D": D, "DV": DV, "CAUSAL": int(bool(a["causal"])), "SOFTCAP": int(a["softcap"] > 0)}
+        strides = [0, 0, 0, 0]
+        if mask is not None:
+            defs["MASK"] = 2 if mask.dtype == "bool" else 1
+            strides = mask_strides(mask, (B, Hq, Tq, Tk))
+        args = self.args(q) + self.args(k) + self.args(v) + (self.args(mask) if mask is not None else self.dummy()) \
+            + self.args(y) + [np.int32(Tq), np.int32(Tk), np.int32(Hq), np.int32(Hk), np.float32(a["scale"]),
+                              np.float32(a["softcap"]), np.int32(a["causal_offset"])] + [np.int64(s) for s in strides]
+        label = f"{node.name} Attention"
+        if node.schedule["algo"] == "flash_cpu":  # (schedule.py; Lowerer.lower makes sure there is one)
+            rows = max(1, min(CPU_ROWS, Tq))
+            defs.update(RQ=rows, BK=CPU_KEYS)
+            self.record_tile(f"{rows}x{CPU_KEYS}")
+            self.emit(defines(defs) + kernel_source("attention_cpu"), "attention_cpu", args,
+                      (max(-(-Tq // rows), 1), B * Hq), (1, 1), label)
+            return
+        tile = attention_tile(self.dev, D, DV)
+        defs.update(BQ=tile.bq, BK=tile.bk, NTR=tile.ntr, NTC=tile.ntc)
+        nt = tile.ntr * tile.ntc
+        self.record_tile(tile.label)
+        self.emit(defines(defs) + kernel_source("attention"), "attention", args,
+                  (max(-(-Tq // tile.bq), 1) * nt, B * Hq), (nt, 1), label)

@@ -1,0 +1,177 @@
+"""The fused attention kernels, attention.cl ("flash": work-groups, __local tiles; the CPU device runs it with
+matrix_core="portable") and attention_cpu.cl ("flash_cpu", CPUs), against attention in float64 numpy written here
+from its definition (a loop over heads, the visible keys of each query listed): sequence lengths that are no
+multiple of the tile, head dims 16 to 128 (and v's apart from q's), causal with and without a cache offset, float
+and bool masks that broadcast, grouped-query heads, several batches and heads, Tq != Tk (a KV cache, decoding);
+and the tile rule against __local memory."""
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from dlnet.errors import ModelError
+from dlnet.graph.ir import Builder, Graph
+from dlnet.kernels.families.attention import ATTENTION_TILES, AttentionTile, attention_tile, mask_strides
+from dlnet.plan import Plan
+
+from ..conftest import context, rel_l2
+
+
+def oracle(q, k, v, mask=None, scale=None, causal=False, offset=0, softcap=0.0):
+    """softmax(scores + bias) v query by query in float64; a query that sees no key gives 0."""
+    q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+    lead = q.shape[:-2]
+    tq, tk = q.shape[-2], k.shape[-2]
+    scale = 1 / np.sqrt(q.shape[-1]) if scale is None else scale
+    q4, k4, v4 = (a.reshape((1,) * (4 - a.ndim) + a.shape) for a in (q, k, v))
+    m4 = None if mask is None else np.broadcast_to(mask, lead + (tq, tk)).reshape(q4.shape[:2] + (tq, tk))
+    y = np.zeros(q4.shape[:3] + (v.shape[-1],))
+    group = q4.shape[1] // k4.shape[1]
+    for b in range(q4.shape[0]):
+        for h in range(q4.shape[1]):
+            kh, vh = k4[b, h // group], v4[b, h // group]
+            for i in range(tq):
+                s = kh @ q4[b, h, i] * scale
+                if softcap > 0:
+                    s = softcap * np.tanh(s / softcap)
+                seen = np.ones(tk, bool)
+                if causal:
+                    seen &= np.arange(tk) <= i + offset
+                if m4 is not None and m4.dtype == np.bool_:
+                    seen &= m4[b, h, i]
+                elif m4 is not None:
+                    s = s + m4[b, h, i]
+                    seen &= ~np.isneginf(m4[b, h, i])
+                if seen.any():
+                    e = np.exp(s[seen] - s[seen].max())
+                    y[b, h, i] = e @ vh[seen] / e.sum()
+    return y.reshape(lead + (tq, v.shape[-1]))
+
+
+ALGOS = ["flash", "flash_cpu"]
+
+
+def algo_context(algo):
+    """The test device, made to run `algo` (the GPU kernel on a CPU through matrix_core="portable")."""
+    ctx = context()
+    if algo == "flash_cpu" and ctx.dev.tiled:
+        pytest.skip("flash_cpu runs on CPU devices")
+    return ctx.with_options(matrix_core="portable") if algo == "flash" and not ctx.dev.tiled else ctx
+
+
+def run_attention(q, k, v, mask=None, algo="flash_cpu", **attrs):
+    ctx = algo_context(algo)
+    g = Graph("attention")
+    b = Builder(g)
+    arrays = [q, k, v] + ([mask] if mask is not None else [])
+    inputs = [g.add_input(f"x{i}", a.dtype, a.shape) for i, a in enumerate(arrays)]
+    y = b.op("Attention", inputs, dict(attrs, scale=attrs.get("scale", float(1 / np.sqrt(q.shape[-1])))))
+    g.outputs, g.output_names = [y], ["y"]
+    plan = Plan(ctx, g)
+    try:
+        return plan.run(arrays)[0], y.producer.schedule
+    finally:
+        plan.release()
+
+
+def _normal(rng, *shape, sd=1.0):
+    return (rng.standard_normal(shape) * sd).astype(np.float32)
+
+
+# id: (q shape, k heads, Tk, v head dim or None, mask shape and kind or None, attrs)
+CASES = {
+    "one-key": ((1, 1, 1, 16), 1, 1, None, None, {}),
+    "t37-d16": ((2, 3, 37, 16), 3, 37, None, None, {}),
+    "causal-t70-d32": ((1, 2, 70, 32), 2, 70, None, None, {"causal": 1}),
+    "float-mask-tq33-tk45-d64": ((2, 2, 33, 64), 2, 45, None, ((2, 1, 33, 45), "float"), {}),
+    "bool-mask-gqa-d80": ((1, 4, 50, 80), 2, 50, None, ((50, 50), "bool"), {}),
+    "kv-cache-causal-d128": ((1, 2, 20, 128), 2, 97, None, None, {"causal": 1, "causal_offset": 77}),
+    "mqa-causal-decode": ((2, 8, 9, 64), 1, 64, None, None, {"causal": 1, "causal_offset": 55}),
+    "rank3-mask-per-key": ((3, 40, 16), 3, 40, None, ((40,), "float"), {}),
+    "rank2": ((12, 24), None, 30, None, None, {}),
+    "softcap-scale": ((2, 2, 21, 32), 2, 21, None, None, {"softcap": 1.5, "scale": 0.9}),
+    "dv80-d32": ((2, 2, 35, 32), 2, 35, 80, None, {}),
+    "d20-dv12": ((2, 3, 19, 20), 3, 23, 12, None, {}),  # (no multiple of the CPU kernel's 8-float chunks)
+    "padding-and-causal-d128": ((2, 2, 40, 128), 2, 40, None, ((2, 1, 1, 40), "bool"), {"causal": 1}),
+    "negative-offset": ((1, 2, 12, 16), 2, 12, None, None, {"causal": 1, "causal_offset": -5}),
+    "decode-one-query-gqa-mask": ((3, 4, 1, 64), 2, 77, None, ((3, 1, 1, 77), "bool"), {}),
+    "long-sharp-online": ((1, 2, 33, 32), 2, 300, None, ((1, 2, 33, 300), "float"), {"scale": 2.0}),
+}
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("case", list(CASES))
+def test_kernel_matches_float64(case, algo):
+    qs, hk, tk, dv, mask_spec, attrs = CASES[case]
+    rng = np.random.default_rng(sum(map(ord, case)))
+    lead = qs[:-3] + ((hk,) if hk is not None else ()) if len(qs) > 2 else ()
+    q = _normal(rng, *qs)
+    k = _normal(rng, *(lead + (tk, qs[-1])), sd=2.0 if case == "long-sharp-online" else 1.0)
+    v = _normal(rng, *(lead + (tk, dv or qs[-1])))
+    mask = None
+    if mask_spec is not None:
+        shape, kind = mask_spec
+        if kind == "bool":
+            mask = rng.random(shape) > 0.4
+            mask.reshape(-1, shape[-1])[0] = False  # a row (or a batch's keys) hidden whole: 0 there
+        else:
+            mask = _normal(rng, *shape, sd=3.0)
+            mask.reshape(-1, shape[-1])[0, ::3] = -np.inf
+    got, schedule = run_attention(q, k, v, mask, algo, **attrs)
+    want = oracle(q, k, v, mask, attrs.get("scale"), attrs.get("causal", 0), attrs.get("causal_offset", 0),
+                  attrs.get("softcap", 0.0))
+    assert got.shape == want.shape
+    assert np.isfinite(got).all()
+    assert rel_l2(got, want) <= 2e-6, rel_l2(got, want)
+    assert schedule["algo"] == algo and schedule["tile"]
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_rows_without_a_visible_key_are_zero(algo):
+    """Causal with a negative offset hides every key from the first rows, a bool mask from one more: 0, no NaN."""
+    rng = np.random.default_rng(3)
+    q, k, v = _normal(rng, 1, 1, 6, 16), _normal(rng, 1, 1, 6, 16), _normal(rng, 1, 1, 6, 16)
+    mask = np.ones((6, 6), bool)
+    mask[4] = False
+    got, _ = run_attention(q, k, v, mask, algo, causal=1, causal_offset=-2)
+    assert np.all(got[0, 0, [0, 1, 4]] == 0) and np.all(np.abs(got[0, 0, [2, 3, 5]]) > 0)
+
+
+def test_op_numpy_form_is_the_oracle():
+    """Attention's numpy form (folding, the gradient checks' forward) agrees with the loop above."""
+    rng = np.random.default_rng(4)
+    q, k, v = _normal(rng, 2, 4, 7, 8), _normal(rng, 2, 2, 9, 8), _normal(rng, 2, 2, 9, 5)
+    mask = rng.random((2, 1, 7, 9)) > 0.3
+    g = Graph()
+    got = Builder(g).op("Attention", [g.constant(a) for a in (q, k, v, mask)],
+                        {"scale": 0.4, "causal": 1, "causal_offset": 2, "softcap": 2.0}).const
+    assert rel_l2(got, oracle(q, k, v, mask, 0.4, True, 2, 2.0)) <= 1e-6
+
+
+class _Dev:
+    def __init__(self, kind, local_mem):
+        self.kind, self.local_mem = kind, local_mem
+
+
+def test_tile_shrinks_to_local_memory():
+    """The table's tile where it fits; halved along BK, then BQ, where the head dims overflow a 48 KiB GPU; an
+    error naming the head dims where even the smallest tile does not fit."""
+    gpu = ATTENTION_TILES["gpu"]
+    assert attention_tile(_Dev("gpu", 48 << 10), 64, 64) == gpu
+    big = attention_tile(_Dev("gpu", 48 << 10), 256, 256)
+    assert big.local_bytes(256, 256) <= 48 << 10 and (big.bq, big.bk) != (gpu.bq, gpu.bk)
+    assert (big.ntr, big.ntc) == (gpu.ntr, gpu.ntc) and big.bq % big.ntr == 0 and big.bk % big.ntc == 0
+    tiles = {"gpu": replace(gpu, bq=64, bk=64)}
+    assert attention_tile(_Dev("gpu", 48 << 10), 128, 128, tiles) == AttentionTile(32, 32, gpu.ntr, gpu.ntc)
+    with pytest.raises(ModelError, match="head dims 4096 / 4096"):
+        attention_tile(_Dev("gpu", 48 << 10), 4096, 4096)
+
+
+def test_mask_strides_broadcast():
+    class V:
+        def __init__(self, shape):
+            self.shape, self.rank = shape, len(shape)
+    assert mask_strides(V((2, 1, 5, 7)), (2, 3, 5, 7)) == [35, 0, 7, 1]
+    assert mask_strides(V((5, 7)), (2, 3, 5, 7)) == [0, 0, 7, 1]
+    assert mask_strides(V((2, 1, 1, 7)), (2, 3, 5, 7)) == [7, 0, 0, 1]
+    assert mask_strides(V((3, 5, 1)), (2, 3, 5, 7)) == [0, 5, 1, 0]
