@@ -211,7 +211,10 @@ def test_output_write_error_names_the_output_and_leaves_no_temp(runner, tmp_path
         def write(self, text):
             raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(os, "fdopen", lambda fd, *a, **k: Full(real(fd, *a, **k)))
+    def fdopen(fd, *a, **k):  # only the results' temp file fills the disk (the model and images still read)
+        f = real(fd, *a, **k)
+        return Full(f) if str(tmp_path) in os.readlink(f"/proc/self/fd/{fd}") else f
+    monkeypatch.setattr(os, "fdopen", fdopen)
     out = tmp_path / "out.json"
     r = runner.invoke(cli_main.cli, ["infer", DIGITS_MODEL, DIGITS_DIR, "--format", "json", "--output", str(out)])
     monkeypatch.undo()

@@ -289,7 +289,7 @@ def normalize_layers(graph):
     """Replace decomposed LayerNorm, RMSNorm and GELU subgraphs by LayerNorm, RMSNorm, Gelu and GeluTanh nodes."""
     changed = False
     for node in list(graph.nodes):
-        if node.op not in ("Reduce", "Erf") or node not in graph.nodes:  # (the op first: a linear pass on the rest)
+        if node.op not in ("Reduce", "Erf", "Tanh") or node not in graph.nodes:  # (the op first: linear)
             continue
         if node.op == "Reduce":
             op, found = "LayerNorm", _match_layernorm(graph, node)
