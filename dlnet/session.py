@@ -11,7 +11,6 @@ provider's name ("CUDAExecutionProvider", "OpenCLExecutionProvider", "ROCMExecut
 As in onnxruntime, they are tried in order, one not available is passed over with a warning, and the CPU is the last
 resort.
 """
-import os
 import warnings
 
 from .errors import InputError, ModelError
@@ -72,8 +71,9 @@ class InferenceSession:
                  precision="fp32"):
         options = sess_options if isinstance(sess_options, Options) else None
         ctx, self._providers = _resolve_providers(providers, provider_options, options, precision)
-        model = _as_model(path_or_bytes)
-        self.net = Net(ctx).load_onnx(model, batch=batch, tune=tune)
+        if isinstance(path_or_bytes, (bytearray, memoryview)):
+            path_or_bytes = bytes(path_or_bytes)
+        self.net = Net(ctx).load_onnx(path_or_bytes, batch=batch, tune=tune)  # (a path, Path, bytes or ModelProto)
         self._inputs, self._outputs = _node_args(self.net.model)
         self._output_names = [o.name for o in self._outputs]
 
@@ -123,20 +123,6 @@ class InferenceSession:
 
     def __exit__(self, *exc):
         self.close()
-
-
-def _as_model(path_or_bytes):
-    """What Net.load_onnx takes: a path as a str, a ModelProto as it is, bytes parsed here."""
-    if isinstance(path_or_bytes, (bytes, bytearray, memoryview)):
-        import onnx
-        try:
-            return onnx.load_from_string(bytes(path_or_bytes))
-        except Exception as e:  # protobuf's DecodeError and others
-            raise ModelError(f"<{len(path_or_bytes)} bytes>: not an ONNX model ({type(e).__name__}: "
-                             f"{str(e)[:120]})") from None
-    if isinstance(path_or_bytes, os.PathLike):
-        return os.fspath(path_or_bytes)
-    return path_or_bytes
 
 
 def _resolve_providers(providers, provider_options, options, precision):
