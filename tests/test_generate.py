@@ -173,6 +173,22 @@ def test_static_cache_one_plan(decoders, nets, cache, monkeypatch):
     assert copies.counts == {"up": len(PAST) + 2 * runs, "device": len(PAST) * (runs - 1), "down": runs}
 
 
+@pytest.mark.slow
+def test_static_cache_default_exporter(decoders):
+    """The same static-cache decoder through torch's default (dynamo) exporter, op-set 20: torch's tokens, one
+    plan."""
+    pytest.importorskip("onnxscript")
+    model = decoders[1]["where"]
+    args = (torch.zeros(1, 1, dtype=torch.long), torch.tensor([0]),
+            *[torch.zeros(1, HEADS, TMAX, D // HEADS) for _ in PAST])
+    program = torch.onnx.export(model, args, input_names=["input_ids", "position"] + PAST,
+                                output_names=["logits"] + PRESENT, opset_version=20, verbose=False)
+    ids = prompt(seed=5)
+    with dlnet.Net(context()).load_onnx(program.model_proto) as net:
+        np.testing.assert_array_equal(dlnet.generate(net, ids, 16), torch_greedy(decoders[0], ids, 16))
+        assert len(net.plans) == 1
+
+
 def test_keep_without_host_round_trip(nets, monkeypatch):
     """run(keep=...): the kept outputs are not downloaded, the next run binds them without a host upload, and its
     logits equal those of a run given the same cache through the host."""
@@ -257,14 +273,15 @@ def test_sampling_reproducible(nets):
         dlnet.generate(net, ids, 4, top_k=3)
 
 
-def test_sample_tokens_distribution():
-    """top_k and top_p keep the right tokens with softmax's renormalised probabilities (20000 draws)."""
-    logits = np.log(np.array([[0.05, 0.4, 0.1, 0.3, 0.15]]))
-    rng = np.random.default_rng(0)
-    draws = np.array([sample_tokens(logits, rng, top_k=4, top_p=0.8)[0] for _ in range(20000)])
+@pytest.mark.parametrize("top_k, top_p, temperature, kept", [
+    (2, None, 1.0, [0, 0.4, 0, 0.3, 0]),
+    (None, 0.8, 1.0, [0, 0.4, 0, 0.3, 0.15]),  # the smallest set reaching 0.8: its third token crosses
+    (4, 0.5, 1.0, [0, 0.4, 0, 0.3, 0]),
+    (None, None, 0.5, [0.05**2, 0.4**2, 0.1**2, 0.3**2, 0.15**2]),  # temperature 0.5 squares the probabilities
+])
+def test_sample_tokens_distribution(top_k, top_p, temperature, kept):
+    """top_k, top_p and temperature keep the right tokens with renormalised probabilities (20000 draws)."""
+    logits = np.repeat(np.log([[0.05, 0.4, 0.1, 0.3, 0.15]]), 20000, axis=0)
+    draws = sample_tokens(logits, np.random.default_rng(0), top_k, top_p, temperature)
     freq = np.bincount(draws, minlength=5) / len(draws)
-    want = np.array([0, 0.4, 0, 0.3, 0.15]) / 0.85  # the top-4 set reaches 0.8 at its third token
-    assert np.abs(freq - want).max() < 0.015
-    freq = np.bincount(sample_tokens(np.repeat(logits, 20000, 0) / 0.5, rng), minlength=5) / 20000
-    p = np.exp(logits[0] / 0.5)
-    assert np.abs(freq - p / p.sum()).max() < 0.015
+    assert np.abs(freq - np.array(kept) / sum(kept)).max() < 0.015
