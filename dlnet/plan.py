@@ -178,11 +178,14 @@ class Plan:
         item = {i: np.dtype(v.dtype).itemsize for i, v in enumerate(self.graph.inputs)}
         dests = [(buf, off * item[i], off * item[i] + _nbytes(v)) for i, ((buf, off), v)
                  in enumerate(zip(self.input_locs, self.graph.inputs))]
-        reading = set(kept_in.values())
-        for k in list(self.issued):
-            if k.owner is self and (k not in reading or any(_overlaps(d, k) for d in dests if not _same(d, k))):
-                k.materialize()
+        own = {id(k): i for i, k in kept_in.items()}  # (where a value already lies in its input's place: no copy)
         copied = False
+        for k in list(self.issued):
+            i = own.get(id(k))
+            if k.owner is self and (i is None or any(_overlaps(d, k) for j, d in enumerate(dests)
+                                                     if j != i or not _same(d, k))):
+                k.materialize()
+                copied = True
         for i, k in kept_in.items():
             k.check_live(self.graph.inputs[i].name)
             buf, off = self.input_locs[i]

@@ -285,3 +285,36 @@ def test_sample_tokens_distribution(top_k, top_p, temperature, kept):
     draws = sample_tokens(logits, np.random.default_rng(0), top_k, top_p, temperature)
     freq = np.bincount(draws, minlength=5) / len(draws)
     assert np.abs(freq - np.array(kept) / sum(kept)).max() < 0.015
+
+
+def test_kept_values_swapped_in_one_arena():
+    """Two values kept in a plan's own arena, each where the other input goes: both move out before either is
+    copied in (copied in order, the first would overwrite the second)."""
+    from onnx import helper
+
+    from tests.conftest import make_model
+    nodes = [helper.make_node("Neg", ["x"], ["y"]), helper.make_node("Add", ["c", "c"], ["z"])]
+    model = make_model(nodes, {"x": ("float32", [64]), "c": ("float32", [64])}, ["y", "z"])
+    with dlnet.Net(context()).load_onnx(model) as net:
+        plan = next(iter(net.plans.values()))
+        rng = np.random.default_rng(6)
+        a, b = (rng.standard_normal(64).astype(np.float32) for _ in range(2))
+        plan.run([a, b])  # the inputs' places now hold a and b
+        (buf, x_at), (_, c_at) = plan.input_locs
+        at_c = dlnet.plan.Kept(net.ctx, (64,), np.float32, buf, c_at * 4, plan)
+        at_x = dlnet.plan.Kept(net.ctx, (64,), np.float32, buf, x_at * 4, plan)
+        plan.issued.update([at_c, at_x])
+        y, z = plan.run([at_c, at_x])
+        np.testing.assert_array_equal(y, -b)
+        np.testing.assert_array_equal(z, a + a)
+        assert at_c.state == at_x.state == "live" and at_c.owner is None  # moved to buffers of their own
+        at_c.release()
+        at_x.release()
+        plan.run([a, b])
+        in_place = dlnet.plan.Kept(net.ctx, (64,), np.float32, buf, x_at * 4, plan)  # already where x goes
+        plan.issued.add(in_place)
+        copies = plan.device_binds
+        y, z = plan.run([in_place, -b])
+        np.testing.assert_array_equal(y, -a)
+        np.testing.assert_array_equal(z, -(b + b))
+        assert plan.device_binds == copies + 1 and in_place.state == "consumed"
