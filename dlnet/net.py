@@ -88,17 +88,19 @@ class Net:
     def build_graph(self, shapes, passes=True, outputs=None):
         return inference_graph(self.model, self.path, shapes, self.ctx, passes, outputs)
 
-    def _plan(self, shapes, outputs=None):
+    def _plan(self, shapes, outputs=None, tie=()):
         """The plan for these input shapes, computing only `outputs` (a tuple of output names in model order, a
-        strict subset) or every output (None): from the cache, else planned now, releasing the least recently used
-        plan beyond max_plans."""
+        strict subset) or every output (None), with the (output, input) pairs of run(keep=...) tied in memory (`tie`):
+        from the cache, else planned now, releasing the least recently used plan beyond max_plans."""
         self._check_open()
         key = tuple(shapes[i.name] for i in self.inputs)
         if outputs is not None:
             key = (key, outputs)
+        if tie:
+            key = (key, "tie", tie)
         plan = self.plans.get(key)
         if plan is None:
-            plan = self._new_plan(shapes, outputs)
+            plan = self._new_plan(shapes, outputs, tie)
             self.plans[key] = plan
             while len(self.plans) > self.max_plans:
                 _, evicted = self.plans.popitem(last=False)
@@ -107,14 +109,14 @@ class Net:
         self._last = plan
         return plan
 
-    def _new_plan(self, shapes, outputs):
+    def _new_plan(self, shapes, outputs, tie=()):
         graph = self.build_graph(shapes, outputs=outputs)
         if graph.cut is None and self.tune:
-            plan, tuning = tune_layers(self.ctx, lambda: Plan(self.ctx, graph), again=self.tune == "again")
+            plan, tuning = tune_layers(self.ctx, lambda: Plan(self.ctx, graph, tie=tie), again=self.tune == "again")
             plan.tuning = tuning
             return plan
         if graph.cut is None:
-            return Plan(self.ctx, graph)
+            return Plan(self.ctx, graph, tie=tie)
         # a node runs on the host: the rest is planned at run time, per shape (dlnet/plan.py); every output is made
         return StagedPlan(self.ctx, self.model, self.path, graph, [i.name for i in self.inputs],
                           [o.name for o in self.outputs])
@@ -201,7 +203,7 @@ class Net:
         used = [n for n in self.kept if n not in feeds]
         wanted_here = wanted if wanted is not None else [n for n in every if n not in keep]
         subset = tuple(n for n in every if n in wanted_here or n in keep)
-        plan = self._plan(shapes, subset if len(subset) < len(every) else None)
+        plan = self._plan(shapes, subset if len(subset) < len(every) else None, tuple(sorted(keep.items())))
         made = every if isinstance(plan, StagedPlan) else subset
         if isinstance(plan, StagedPlan):  # (host steps: values cross the host anyway; kept ones are kept there)
             outs = dict(zip(made, plan.run([a.numpy() if isinstance(a, Kept) else a for a in arrays])))

@@ -32,7 +32,9 @@ FLUSH_EVERY = 16  # launches
 class Plan:
     """One graph planned for one set of input shapes: buffers, bound launches, output locations."""
 
-    def __init__(self, ctx, graph, chunk_inputs=True):
+    def __init__(self, ctx, graph, chunk_inputs=True, tie=()):
+        """tie: (output name, input name) pairs of values kept from run to run (Net.run(keep=...)): the output is
+        computed over the input's place where its node allows (graph/memory.py), so the next run needs no copy."""
         self.ctx = ctx
         self.graph = graph
         schedule(graph, ctx)  # each node's algorithm, before memory is planned
@@ -40,7 +42,10 @@ class Plan:
         self.prefix = chunked_prefix(ctx, graph) if chunk_inputs else None
         pre = self.prefix
         together = (pre.start, pre.stop, max(nb for _, nb in pre.chunks)) if pre else None
-        self.memory = plan_memory(graph, together=together,
+        outs = dict(zip(graph.output_names, graph.outputs))
+        ins = {v.name: v for v in graph.inputs}
+        tied = [(outs[o].id, ins[i].id) for o, i in tie if o in outs and i in ins]
+        self.memory = plan_memory(graph, together=together, tie=tied,
                                   workspace=lambda node: winograd.workspace(node, ctx.options))
         # a DeviceError before anything is allocated where the arenas cannot fit the device; each buffer is
         # committed when allocated (Context.alloc), so running out is an error here, never a crash in run()

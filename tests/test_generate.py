@@ -156,7 +156,9 @@ def test_growing_cache_greedy_matches_torch(decoders, nets):
 @pytest.mark.parametrize("cache", ["where", "index_copy"])
 def test_static_cache_one_plan(decoders, nets, cache, monkeypatch):
     """The static cache: the same tokens as torch's greedy loop, every step (the prompt's token by token too) on
-    one plan, the cache uploaded from the host once (the empty cache) and bound on the device at every later step."""
+    one plan, the cache uploaded from the host once (the empty cache) and bound on the device at every later step.
+    Where writes each present key over its past one (the planner ties them), so no step copies the cache; ScatterND
+    (index_copy) cannot, so each step copies it once, device to device."""
     net = nets[cache]
     net.release()
     ids = prompt(seed=1)
@@ -170,7 +172,8 @@ def test_static_cache_one_plan(decoders, nets, cache, monkeypatch):
     copies = CopySpy(monkeypatch)  # (after the weights went up)
     np.testing.assert_array_equal(dlnet.generate(net, ids[0], 16), want[0])
     assert len(net.plans) == 1
-    assert copies.counts == {"up": len(PAST) + 2 * runs, "device": len(PAST) * (runs - 1), "down": runs}
+    device = 0 if cache == "where" else len(PAST) * (runs - 1)
+    assert copies.counts == {"up": len(PAST) + 2 * runs, "down": runs, **({"device": device} if device else {})}
 
 
 @pytest.mark.slow
@@ -185,6 +188,7 @@ def test_static_cache_default_exporter(decoders):
                                 output_names=["logits"] + PRESENT, opset_version=20, verbose=False)
     ids = prompt(seed=5)
     with dlnet.Net(context()).load_onnx(program.model_proto) as net:
+        net.release()  # (the plan made at load, without the cache's outputs tied to its inputs)
         np.testing.assert_array_equal(dlnet.generate(net, ids, 16), torch_greedy(decoders[0], ids, 16))
         assert len(net.plans) == 1
 
@@ -198,6 +202,8 @@ def test_keep_without_host_round_trip(nets, monkeypatch):
     first = {"input_ids": np.array([[7]]), "position": np.array([3]), **cache}
     second = {"input_ids": np.array([[11]]), "position": np.array([4])}
     keep = dict(zip(PRESENT, PAST))
+    net.run(first, keep=keep)  # (the plans made before the copies are counted)
+    net.drop_kept()
     presents = net.run(first, outputs=PRESENT)
     want = net.run({**second, **dict(zip(PAST, presents.values()))}, outputs=["logits"] + PRESENT[:1])
     copies = CopySpy(monkeypatch)
