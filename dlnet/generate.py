@@ -8,8 +8,9 @@ output). Every step runs with `Net.run(keep={present: past})`, so the cache neve
 Two kinds of cache:
 - static: the past inputs have a fixed length Tmax (the model writes each step's keys and values in place at a
   position input, `cache_position` or `position`, and masks the keys after it). Every step has the same shapes, so
-  every step runs the same plan, its launch list bound once; the cache is copied device to device from where the
-  last step left it to where the next one reads it.
+  every step runs the same plan, its launch list bound once. Where the model writes the cache elementwise (Where
+  with a one-hot) each present key is computed in its past one's place, so no step copies the cache; otherwise
+  (ScatterND from index_copy) it is copied once a step, device to device.
 - growing: the past inputs' length is symbolic and the present is the past with the new keys concatenated (the
   standard exports). Each length is a new shape, so each step plans anew (through Net's plan cache: compiled
   programs are reused, the launches are bound again); the cache still stays on the device.

@@ -192,7 +192,9 @@ class Net:
         keep: {output name: input name}: those outputs stay on the device, in `net.kept[input name]`, and a later
         run that is not given that input reads them there, copied device to device, never through the host (a KV
         cache from one decoding step to the next). A kept output is not downloaded unless `outputs` names it. A kept
-        value feeds one run (given the input, a run drops it); `drop_kept()` releases them all."""
+        value feeds one run (given the input, a run drops it); `drop_kept()` releases them all. The plan of a run with
+        `keep` computes each kept output over its input's place where its node may write over it (elementwise), so the
+        next run of that plan copies nothing."""
         if self.model is None:
             raise ModelError("run() before load_onnx()")
         self._check_open()
