@@ -202,7 +202,8 @@ class Net:
         keep = self._check_keep(keep, every)
         wanted = self._wanted(outputs, every)
         arrays, shapes = self._check_feeds(feeds)
-        used = [n for n in self.kept if n not in feeds]
+        self.drop_kept([n for n in feeds if n in self.kept])  # given anew (before the run, which would move them)
+        used = list(self.kept)
         wanted_here = wanted if wanted is not None else [n for n in every if n not in keep]
         subset = tuple(n for n in every if n in wanted_here or n in keep)
         plan = self._plan(shapes, subset if len(subset) < len(every) else None, tuple(sorted(keep.items())))
@@ -211,7 +212,7 @@ class Net:
             outs = dict(zip(made, plan.run([a.numpy() if isinstance(a, Kept) else a for a in arrays])))
         else:
             outs = dict(zip(made, plan.run(arrays, keep={made.index(n) for n in keep})))
-        self.drop_kept(list(feeds) + used)
+        self.drop_kept(used)
         for out_name, in_name in keep.items():
             self.kept[in_name] = outs[out_name]
         return {n: outs[n].numpy() if isinstance(outs[n], Kept) else outs[n] for n in wanted_here}

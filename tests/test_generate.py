@@ -219,6 +219,10 @@ def test_keep_without_host_round_trip(nets, monkeypatch):
         assert rel_l2(got[name], want[name]) < 1e-6
     with pytest.raises(dlnet.InputError, match="missing input 'past_key_values.0.key'"):
         net.run(second)
+    net.run(first, keep=keep)
+    given = net.run({**second, **dict(zip(PAST, presents.values()))}, outputs=["logits"] + PRESENT[:1])
+    assert not net.kept  # inputs given anew replace the kept values
+    assert rel_l2(given["logits"], want["logits"]) < 1e-6
 
 
 def test_kept_values_survive_release(decoders, nets):
