@@ -95,6 +95,10 @@ class Decoder:
         self.logits = "logits" if "logits" in rest else (rest[0] if rest else None)
         if self.logits is None:
             raise ModelError(f"{self.path}: generate: no logits output besides the present keys and values")
+        flat = [p.name for p in self.past if len(p.shape) < 2]
+        if flat:
+            raise ModelError(f"{self.path}: generate: past input {flat[0]!r} has rank < 2; expected [..., length, "
+                             "head size]")
         lengths = {p.shape[-2] for p in self.past}
         self.static = all(isinstance(t, int) for t in lengths)
         if self.static and (len(lengths) != 1 or (self.write_at or self.position_ids) is None):

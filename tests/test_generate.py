@@ -86,20 +86,20 @@ def decoders():
     return growing, static
 
 
-def export(model):
+def export(model, past=PAST, present=PRESENT):
     """The TorchScript exporter's ONNX (op-set 17): the growing form with symbolic batch, length and past."""
     f = io.BytesIO()
     if model.cache == "growing":
         args = (torch.zeros(1, 3, dtype=torch.long), *[torch.randn(1, HEADS, 2, D // HEADS) for _ in PAST])
         dynamic = {"input_ids": {0: "batch", 1: "seq"}, "logits": {0: "batch", 1: "seq"},
-                   **{n: {0: "batch", 2: "past"} for n in PAST}, **{n: {0: "batch", 2: "total"} for n in PRESENT}}
-        names = ["input_ids"] + PAST
+                   **{n: {0: "batch", 2: "past"} for n in past}, **{n: {0: "batch", 2: "total"} for n in present}}
+        names = ["input_ids"] + past
     else:
         args = (torch.zeros(1, 1, dtype=torch.long), torch.tensor([0]),
-                *[torch.zeros(1, HEADS, TMAX, D // HEADS) for _ in PAST])
-        dynamic, names = None, ["input_ids", "position"] + PAST
+                *[torch.zeros(1, HEADS, TMAX, D // HEADS) for _ in past])
+        dynamic, names = None, ["input_ids", "position"] + past
     torch.onnx.export(model, args, f, opset_version=17, dynamo=False, input_names=names,
-                      output_names=["logits"] + PRESENT, dynamic_axes=dynamic)
+                      output_names=["logits"] + present, dynamic_axes=dynamic)
     return f.getvalue()
 
 
@@ -246,6 +246,20 @@ def test_kept_values_survive_release(decoders, nets):
     with torch.no_grad():
         logits = decoders[0](torch.from_numpy(ids), *[torch.zeros(1, HEADS, 0, D // HEADS) for _ in PAST])[0]
     np.testing.assert_array_equal(got, logits[0].argmax(-1).numpy())
+
+
+def test_cache_names_given(decoders):
+    """Names no exporter writes: refused by name, then paired by cache={present: past}; torch's tokens."""
+    past = [f"cache_in_{i}" for i in range(len(PAST))]
+    present = [f"cache_out_{i}" for i in range(len(PAST))]
+    ids = prompt(seed=7)
+    with dlnet.Net(context()).load_onnx(export(decoders[1]["where"], past, present)) as net:
+        with pytest.raises(dlnet.ModelError, match=r"no present output pairs with input\(s\) \['input_ids'"):
+            dlnet.generate(net, ids, 4)
+        with pytest.raises(dlnet.InputError, match="cache pairs output 'present.0.key' with input 'cache_in_0'"):
+            dlnet.generate(net, ids, 4, cache={"present.0.key": "cache_in_0"})
+        got = dlnet.generate(net, ids, 8, cache=dict(zip(present, past)))
+    np.testing.assert_array_equal(got, torch_greedy(decoders[0], ids, 8))
 
 
 def test_keep_errors(nets):
