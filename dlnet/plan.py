@@ -11,6 +11,7 @@ runs on the device, the values the rest reads come back to the host, the node ru
 forms (the code that folds them at load), and the rest of the model is imported from the next node with those
 arrays as its inputs, planned once per set of shapes and cached like any plan. Every shape is a true one.
 """
+import math
 import weakref
 
 import numpy as np
@@ -71,6 +72,7 @@ class Plan:
             self.launches = lw.launches
             self.node_launches = lw.node_launches  # node index -> (first launch, end)
             self.input_locs = [lw.loc(v) for v in graph.inputs]
+            self._dests = None  # (input_locs as byte ranges, made by the first _bind_kept)
             self.input_chunks = lw.input_chunks  # {input index: [(first, end) element of each chunk]}
             self.output_locs = [None if v.const is not None else lw.loc(v) for v in graph.outputs]
             ctx.finish()
@@ -181,8 +183,10 @@ class Plan:
         of this run is written to overlaps it, or this run does not read it, it first moves to its own buffer (the
         launches would overwrite it). Returns whether a copy was enqueued."""
         item = {i: np.dtype(v.dtype).itemsize for i, v in enumerate(self.graph.inputs)}
-        dests = [(buf, off * item[i], off * item[i] + _nbytes(v)) for i, ((buf, off), v)
-                 in enumerate(zip(self.input_locs, self.graph.inputs))]
+        if self._dests is None:  # (once: a decode step binds dozens of values)
+            self._dests = [(buf, off * item[i], off * item[i] + _nbytes(v)) for i, ((buf, off), v)
+                           in enumerate(zip(self.input_locs, self.graph.inputs))]
+        dests = self._dests
         own = {id(k): i for i, k in kept_in.items()}  # (where a value already lies in its input's place: no copy)
         copied = False
         for k in list(self.issued):
@@ -271,14 +275,11 @@ class Kept:
         self.buf, self.offset, self.owner = buf, offset, owner  # offset in bytes; owner None: buf is its own
         self.own = owner is None and buf is not None
         self.state = "live"
+        self.nbytes = _nbytes(self)
 
     @property
     def ndim(self):
         return len(self.shape)
-
-    @property
-    def nbytes(self):
-        return _nbytes(self)
 
     def __repr__(self):
         return f"Kept({self.dtype}[{','.join(map(str, self.shape))}], {self.state})"
@@ -317,7 +318,7 @@ class Kept:
 
 
 def _nbytes(v):
-    return int(np.prod(v.shape, dtype=np.int64)) * np.dtype(v.dtype).itemsize
+    return math.prod(v.shape) * np.dtype(v.dtype).itemsize
 
 
 def _same(dest, k):

@@ -329,3 +329,33 @@ def test_linear_on_a_sequence_is_one_product_with_bias_gelu_and_residual_epilogu
         h = x.astype(np.float64) @ inits["w1"] + inits["b1"]
         gelu = 0.5 * h * (1 + np.vectorize(__import__("math").erf)(h / np.sqrt(2)))
         assert rel_l2(net.run({"x": x})["y"], gelu @ inits["w2"] + x) < 1e-5
+
+
+def test_transpose_of_single_axes_is_a_view(ctx):
+    """[1, T, H, D] -> [1, H, T, D] at T = 1 (a decode step's heads) moves nothing: a Reshape, no launch; at T = 2 it
+    stays a Transpose."""
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=[0, 2, 1, 3]), helper.make_node("Relu", ["t"], ["y"])]
+    for t, transposes in ((1, 0), (2, 1)):
+        net, g = build(ctx, nodes, {"x": ("float32", [1, t, 3, 4])}, {})
+        assert [n.op for n in g.nodes].count("Transpose") == transposes
+        x = R.standard_normal((1, t, 3, 4)).astype(np.float32)
+        assert rel_l2(net.run({"x": x})["y"], np.maximum(x.transpose(0, 2, 1, 3), 0)) < 1e-7
+
+
+def test_weights_of_few_row_products_stored_for_gemv():
+    """pretranspose_weights: a constant B [K, N] of a product of at most keep_rows rows is stored [N, K] (transB=1,
+    gemv.cl streams it along k); of more rows, [K, N] (the GEMM cores)."""
+    from dlnet.graph.passes.layout import pretranspose_weights
+    w = R.standard_normal((6, 5)).astype(np.float32)
+    for rows, trans in ((1, 1), (9, 0)):
+        for start in (w, w.T.copy()):
+            g = Graph()
+            a = g.new_value("float32", (rows, 6))
+            g.inputs.append(a)
+            y = g.new_value("float32", (rows, 5))
+            g.add_node(Node("Gemm", [a, g.constant(start)], [y], {"transB": int(start is not w)}))
+            g.outputs.append(y)
+            pretranspose_weights(g, keep_rows=8)
+            node = g.nodes[0]
+            assert node.attrs["transB"] == trans
+            assert np.array_equal(node.inputs[1].const, w.T if trans else w)

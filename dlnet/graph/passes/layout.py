@@ -15,15 +15,38 @@ from ..ir import Node
 
 
 def pretranspose_weights(graph, keep_rows=0):
+    """Constant B of a Gemm stored as its kernel reads it best: [K, N] (transB=0) for the GEMM cores; [N, K]
+    (transB=1) for products of at most keep_rows rows of a 2-D output (gemv.cl streams B along k)."""
     changed = False
     for node in graph.nodes:
-        if node.op != "Gemm" or not node.attrs["transB"]:
+        if node.op != "Gemm":
             continue
-        w = node.inputs[1]
-        if w.const is None or w.param or w.rank != 2 or node.outputs[0].shape[-2] <= keep_rows:
+        w, y = node.inputs[1], node.outputs[0]
+        if w.const is None or w.param or w.rank != 2:
+            continue
+        gemv = y.rank == 2 and y.shape[0] <= keep_rows
+        if bool(node.attrs["transB"]) == gemv:
             continue
         graph.set_input(node, 1, graph.constant(np.ascontiguousarray(w.const.T)))
-        node.attrs["transB"] = 0
+        node.attrs["transB"] = int(gemv)
+        changed = True
+    return changed
+
+
+def transposes_as_views(graph):
+    """A Transpose that keeps the order of the axes longer than 1 ([1, T, H, D] -> [1, H, T, D] at T = 1: a decode
+    step's heads) moves no element: a Reshape (a view) instead."""
+    changed = False
+    for i, node in enumerate(graph.nodes):
+        if node.op != "Transpose":
+            continue
+        x, y = node.inputs[0], node.outputs[0]
+        perm = node.attrs["perm"] or tuple(reversed(range(x.rank)))
+        if [a for a in perm if x.shape[a] != 1] != [a for a in range(x.rank) if x.shape[a] != 1]:
+            continue
+        graph.remove_node(node)
+        y.producer = None
+        graph.add_node(Node("Reshape", [x], [y], {"shape": y.shape}, node.name), i)
         changed = True
     return changed
 
