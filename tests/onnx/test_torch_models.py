@@ -26,6 +26,7 @@ import pytest
 import dlnet
 from tests.conftest import rel_l2
 
+from . import test_torch_exports as first_models
 from .test_torch_exports import EXPORTS
 
 torch = pytest.importorskip("torch")
@@ -196,6 +197,16 @@ MODELS = {  # name: (factory, input maker, export shape, second shape, dynamic a
     "unet": (UNet, _images, (2, 3, 16, 16), (1, 3, 24, 32), {"x": IMAGE}, "mse"),
 }
 
+# test_torch_exports.py's models, for the SGD step its tests do not take (the decoder's logits as [B * T, VOCAB] rows:
+# the cross-entropy of every position)
+SGD_MODELS = dict(MODELS, **{
+    "decoder": (lambda: nn.Sequential(first_models.Decoder(), nn.Flatten(0, 1)),
+                lambda shape, seed: {"x": first_models._tokens(shape, seed)}, (2, 12), None, {"x": BATCH},
+                "cross_entropy"),
+    "vit": (first_models.ViT, _images, (2, 3, 16, 16), None, {"x": BATCH}, "cross_entropy"),
+    "convnext": (first_models.ConvNeXt, _images, (2, 3, 32, 32), None, {"x": BATCH}, "cross_entropy"),
+})
+
 
 def _dims(dynamic):
     """torch.export Dims for the dynamo exporter: one Dim per axis name, shared across inputs; image sizes as
@@ -231,7 +242,7 @@ def exported(tmp_path_factory):
     def get(name, how, train=False):
         if (name, how, train) not in cache:
             torch.manual_seed(0)
-            factory, make_input, shape, _, dynamic, _ = MODELS[name]
+            factory, make_input, shape, _, dynamic, _ = SGD_MODELS[name]
             module = _randomise_norms(factory()).eval()
             path = tmp_path_factory.mktemp(f"{name}_{how}_{'train' if train else 'infer'}") / "model.onnx"
             export(module, make_input(shape, 0), path, how, dynamic, train)
@@ -265,6 +276,18 @@ def test_export_matches_torch(ctx, exported, name, how):
     net.release()
 
 
+def test_unfolded_batchnorm_runs_on_running_statistics(ctx, exported):
+    """The exporters fold MobileNetV3's BatchNorms into its convolutions unless told not to; unfolded (the export
+    the SGD test trains) they are BatchNormalization nodes, which dlnet folds on its own, on the running statistics."""
+    module, path = exported("mobilenetv3", "dynamo", train=True)
+    assert "BatchNormalization" in {n.op_type for n in onnx.load(path, load_external_data=False).graph.node}
+    net = dlnet.Net(ctx).load_onnx(path)
+    feeds = _images((3, 3, 40, 48), 6)
+    assert rel_l2(net.run(feeds)["y"], _torch_out(module, feeds)) <= 1e-4
+    assert "BatchNorm" not in str(net.graph)
+    net.release()
+
+
 def test_bert_padding_changes_the_output_as_torchs_does(ctx, exported):
     """The mask is read at run time: the same ids with more padding give other logits, torch's."""
     module, path = exported("bert", "dynamo")
@@ -294,12 +317,12 @@ def torch_sgd_step(module, feeds, target, loss, lr):
 
 
 @pytest.mark.parametrize("how", CASES)
-@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("name", list(SGD_MODELS))
 def test_sgd_step_matches_torch(ctx, exported, name, how):
     """One SGD step through dlnet.Trainer (the module's parameters named, not the exporter's constants nor
     BatchNorm's statistics): torch's loss, and torch's drop in loss."""
     module, path = exported(name, how, train=True)
-    _, make_input, shape, _, _, loss_kind = MODELS[name]
+    _, make_input, shape, _, _, loss_kind = SGD_MODELS[name]
     feeds = make_input(shape, 3)
     with torch.no_grad():
         out_shape = module(*(torch.from_numpy(a) for a in feeds.values())).shape
