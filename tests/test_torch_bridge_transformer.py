@@ -64,7 +64,8 @@ def block(attention="mha"):
     return module
 
 
-ATTENTION = ["mha", "sdpa"]
+# nn.MultiheadAttention runs by default; the SDPA block (about 20 s more on 2 cores) is marked slow
+ATTENTION = ["mha", pytest.param("sdpa", marks=pytest.mark.slow)]
 
 
 @pytest.mark.parametrize("attention", ATTENTION)

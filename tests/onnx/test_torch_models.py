@@ -256,12 +256,14 @@ def _torch_out(module, feeds):
         return module(*(torch.from_numpy(a) for a in feeds.values())).numpy()
 
 
-# the default exporter's case of each model runs by default; the TorchScript ones are marked slow
-CASES = [pytest.param(how, marks=[] if how == "dynamo" else [pytest.mark.slow]) for how in EXPORTS]
+def cases(models, slow=()):
+    """(model, how) parameters: the op-set 17 TorchScript export of each model is the fast case (about a second to
+    export; the default exporter takes ten and more), unless named in `slow`; the rest are marked slow."""
+    return [pytest.param(name, how, marks=[] if how == "ts17" and name not in slow else [pytest.mark.slow])
+            for name in models for how in EXPORTS]
 
 
-@pytest.mark.parametrize("how", CASES)
-@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("name,how", cases(MODELS))
 def test_export_matches_torch(ctx, exported, name, how):
     module, path = exported(name, how)
     _, make_input, shape, shape2, _, _ = MODELS[name]
@@ -276,6 +278,7 @@ def test_export_matches_torch(ctx, exported, name, how):
     net.release()
 
 
+@pytest.mark.slow
 def test_unfolded_batchnorm_runs_on_running_statistics(ctx, exported):
     """The exporters fold MobileNetV3's BatchNorms into its convolutions unless told not to; unfolded (the export
     the SGD test trains) they are BatchNormalization nodes, which dlnet folds on its own, on the running statistics."""
@@ -290,7 +293,7 @@ def test_unfolded_batchnorm_runs_on_running_statistics(ctx, exported):
 
 def test_bert_padding_changes_the_output_as_torchs_does(ctx, exported):
     """The mask is read at run time: the same ids with more padding give other logits, torch's."""
-    module, path = exported("bert", "dynamo")
+    module, path = exported("bert", "ts17")
     net = dlnet.Net(ctx).load_onnx(path)
     feeds = _bert_inputs((2, 12), 4)
     padded = dict(feeds, mask=feeds["mask"].copy())
@@ -316,8 +319,7 @@ def torch_sgd_step(module, feeds, target, loss, lr):
     return before.item(), before.item() - after
 
 
-@pytest.mark.parametrize("how", CASES)
-@pytest.mark.parametrize("name", list(SGD_MODELS))
+@pytest.mark.parametrize("name,how", cases(SGD_MODELS, slow=("unet",)))
 def test_sgd_step_matches_torch(ctx, exported, name, how):
     """One SGD step through dlnet.Trainer (the module's parameters named, not the exporter's constants nor
     BatchNorm's statistics): torch's loss, and torch's drop in loss."""
