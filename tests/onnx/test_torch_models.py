@@ -174,12 +174,13 @@ def _images(shape, seed):
 
 
 def _randomise_norms(module):
-    """Norm scales and biases away from (1, 0), BatchNorm's running statistics away from (0, 1), so a wrong order or
-    a missing one shows."""
-    g = torch.Generator().manual_seed(2)
+    """test_torch_exports' LayerNorm weights away from (1, 0), and the same for GroupNorm and BatchNorm, with
+    BatchNorm's running statistics away from (0, 1), so a wrong order or a missing one shows."""
+    first_models._randomise_norms(module)
+    g = torch.Generator().manual_seed(3)
     with torch.no_grad():
         for m in module.modules():
-            if isinstance(m, (nn.LayerNorm, nn.GroupNorm, nn.BatchNorm2d)):
+            if isinstance(m, (nn.GroupNorm, nn.BatchNorm2d)):
                 m.weight.copy_(torch.rand(m.weight.shape, generator=g) + 0.5)
                 m.bias.copy_(torch.randn(m.bias.shape, generator=g) * 0.2)
             if isinstance(m, nn.BatchNorm2d):
