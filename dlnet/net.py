@@ -1,5 +1,4 @@
 """Net: load an ONNX model, plan it per input shape, run it as a loop of enqueues."""
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -11,12 +10,10 @@ from .kernels.runtime import Context
 from .kernels.schedule import schedule
 from .kernels.tuner import tune_layers
 from .onnx.common import ONNX_DTYPES
-from .onnx.importer import check_supported, graph_io
+from .onnx.importer import BindInputs, check_supported, graph_io
 from .onnx.validate import read_model
 from .pipeline import inference_graph
-from .plan import Plan, StagedPlan
-
-MAX_PLANS = 8  # plans a Net keeps (one per set of input shapes and choice of outputs); the least recently used goes
+from .plan import MAX_PLANS, Plan, PlanCache, StagedPlan, value_key
 
 
 @dataclass
@@ -31,15 +28,16 @@ class TensorInfo:
 
 class Net:
     """A loaded model. `Net(ctx).load_onnx(path)` then `net.run({name: array})`; `close()` (or the end of a `with`
-    block) releases its device memory. max_plans: how many plans (input shapes x output choices) stay on the
-    device; planning one more releases the least recently used."""
+    block) releases its device memory. max_plans: how many plans (input shapes x values of the inputs that decide
+    shapes x output choices) stay on the device; planning one more releases the least recently used."""
 
     def __init__(self, ctx=None, max_plans=MAX_PLANS):
         self.ctx = ctx if ctx is not None else Context()
         self.path = None
         self.model = None
-        self.plans = OrderedDict()
-        self.max_plans = max(int(max_plans), 1)
+        self.plans = PlanCache(max_plans)
+        self.max_plans = self.plans.limit
+        self.value_inputs = set()  # inputs whose values decide shapes: bound as constants, one plan per value
         self._last = None
         self.bound = {}  # symbolic dims bound at load (batch=): the shapes planned at load and input_array's default
         self.tune = False
@@ -51,7 +49,8 @@ class Net:
         checked before anything is allocated (dlnet/onnx/validate.py, the caps in dlnet/limits.py), and its external
         data is read only from inside one folder: the file's own, or `base_dir` for bytes or a ModelProto (required
         when it has external data; a name in the model is never a path).
-        constants: {input name: array} binds those inputs at load (shapes, axes, pads a model takes as inputs).
+        constants: {input name: array} binds those inputs at load (shapes, axes, pads a model takes as inputs); an
+        input left unbound that decides a shape is planned per value it takes at run time (Net._plan).
         tune: measure each layer's GEMM tile on this device when a shape is first planned, where no earlier run
         measured it (tuner.tune_layers; seconds, once: the choices are kept on disk for every later plan);
         "again": measure every layer anew; None: the environment's DLNET_TUNE_LAYERS=1 says so."""
@@ -84,30 +83,33 @@ class Net:
             shapes[info.name] = tuple(dims)
         return shapes
 
-    def build_graph(self, shapes, passes=True, outputs=None):
-        return inference_graph(self.model, self.path, shapes, self.ctx, passes, outputs)
+    def build_graph(self, shapes, passes=True, outputs=None, values=None):
+        return inference_graph(self.model, self.path, shapes, self.ctx, passes, outputs, values)
 
-    def _plan(self, shapes, outputs=None):
+    def _plan(self, shapes, outputs=None, feeds=None):
         """The plan for these input shapes, computing only `outputs` (a tuple of output names in model order, a
         strict subset) or every output (None): from the cache, else planned now, releasing the least recently used
-        plan beyond max_plans."""
+        plan beyond max_plans. feeds ({name: array}; None at load): the values of the inputs that decide shapes,
+        bound as constants of the plan and part of its key; an input found to decide one is added to value_inputs
+        and the plan made again (at load, with no values, nothing is planned: None)."""
         self._check_open()
-        key = tuple(shapes[i.name] for i in self.inputs)
-        if outputs is not None:
-            key = (key, outputs)
-        plan = self.plans.get(key)
-        if plan is None:
-            plan = self._new_plan(shapes, outputs)
-            self.plans[key] = plan
-            while len(self.plans) > self.max_plans:
-                _, evicted = self.plans.popitem(last=False)
-                evicted.release()
-        self.plans.move_to_end(key)
-        self._last = plan
-        return plan
+        while True:
+            if self.value_inputs and feeds is None:
+                return None
+            values = {n: feeds[n] for n in sorted(self.value_inputs)} if feeds is not None else None
+            key = tuple(shapes[i.name] for i in self.inputs) + value_key(values or {})
+            if outputs is not None:
+                key = (key, outputs)
+            try:
+                plan = self.plans.get_or_plan(key, lambda: self._new_plan(shapes, outputs, values))
+            except BindInputs as e:
+                self.value_inputs |= e.names
+                continue
+            self._last = plan
+            return plan
 
-    def _new_plan(self, shapes, outputs):
-        graph = self.build_graph(shapes, outputs=outputs)
+    def _new_plan(self, shapes, outputs, values):
+        graph = self.build_graph(shapes, outputs=outputs, values=values if values is not None else {})
         if graph.cut is None and self.tune:
             plan, tuning = tune_layers(self.ctx, lambda: Plan(self.ctx, graph), again=self.tune == "again")
             plan.tuning = tuning
@@ -115,8 +117,9 @@ class Net:
         if graph.cut is None:
             return Plan(self.ctx, graph)
         # a node runs on the host: the rest is planned at run time, per shape (dlnet/plan.py); every output is made
-        return StagedPlan(self.ctx, self.model, self.path, graph, [i.name for i in self.inputs],
-                          [o.name for o in self.outputs])
+        return StagedPlan(self.ctx, self.model, self.path, graph,
+                          [i.name for i in self.inputs if values is None or i.name not in values],
+                          [o.name for o in self.outputs], self.max_plans)
 
     # running ------------------------------------------------------------------
     def _check_feeds(self, feeds):
@@ -155,7 +158,7 @@ class Net:
                 elif d != want:
                     raise InputError(f"{self.path}: input {info.name!r} has shape {list(a.shape)}, expected "
                                      f"{list(info.shape)}")
-            arrays.append(np.ascontiguousarray(a))
+            arrays.append(a if a.flags.c_contiguous else a.copy())  # (ascontiguousarray makes a 0-d array 1-d)
             shapes[info.name] = a.shape
         return arrays, shapes
 
@@ -190,9 +193,11 @@ class Net:
         wanted = self._wanted(outputs, every)
         arrays, shapes = self._check_feeds(feeds)
         subset = tuple(n for n in every if n in wanted) if wanted is not None else None
-        plan = self._plan(shapes, subset if subset is not None and len(subset) < len(every) else None)
+        names = [i.name for i in self.inputs]
+        plan = self._plan(shapes, subset if subset is not None and len(subset) < len(every) else None,
+                          dict(zip(names, arrays)))
         made = every if isinstance(plan, StagedPlan) or subset is None else subset
-        outs = dict(zip(made, plan.run(arrays)))
+        outs = dict(zip(made, plan.run([a for n, a in zip(names, arrays) if n not in self.value_inputs])))
         return outs if wanted is None else {n: outs[n] for n in wanted}
 
     def _wanted(self, outputs, every):
@@ -237,9 +242,7 @@ class Net:
 
     def release(self):
         """Release every plan's device memory; the net stays usable and plans again on the next run."""
-        for p in self.plans.values():
-            p.release()
-        self.plans.clear()
+        self.plans.release()
         self._last = None
 
     def close(self):
