@@ -1,6 +1,6 @@
 """ModelProto -> Graph. Handlers per (op_type, since_version) live in one module per op family (elementwise, tensor,
 indexing, linalg, nn, normalization, reduce, softmax, attention, composed, resize, sampling, recurrent, control,
-dynamic, text), registered in common.HANDLERS when imported here; they only build IR."""
+dynamic, text, spectral), registered in common.HANDLERS when imported here; they only build IR."""
 import functools
 import os
 
@@ -27,6 +27,7 @@ from . import (  # noqa: F401  (imported for their @handler registrations)
     sampling,
     sequence,
     softmax,
+    spectral,
     tensor,
     text,
 )
