@@ -105,6 +105,10 @@ class Net:
             except BindInputs as e:
                 self.value_inputs |= e.names
                 continue
+            except ModelError as e:
+                if not values:
+                    raise
+                raise InputError(f"{e} (with the values given to input(s) {', '.join(sorted(values))})") from None
             self._last = plan
             return plan
 

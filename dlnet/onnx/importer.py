@@ -214,7 +214,8 @@ class Importer:
                 return self._cut(i, str(e))
             except NeedsValue as e:
                 if self.training:
-                    raise ModelError(f"{e}; a training graph is planned for one shape") from None
+                    raise ModelError(f"{e}; a training graph is planned for one shape (bind it at load: "
+                                     "constants=)") from None
                 needs = self._needed_inputs(nodes[i], e.value)
                 for n in reversed(self.graph.nodes[mark:]):
                     self.graph.remove_node(n)

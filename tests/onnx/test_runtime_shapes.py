@@ -77,6 +77,19 @@ CASES = [
 ]
 
 
+def _branch(name, shape):
+    value = helper.make_tensor("v", TensorProto.INT64, [len(shape)], shape)
+    return helper.make_graph([helper.make_node("Constant", [], [f"{name}_s"], value=value)], name, [],
+                             [helper.make_tensor_value_info(f"{name}_s", TensorProto.INT64, [len(shape)])])
+
+
+CASES.append(("if_condition", [helper.make_node("If", ["c"], ["s"], then_branch=_branch("then", [3, 8]),
+                                                else_branch=_branch("else", [2, 2, 6])),
+                               helper.make_node("Reshape", ["x", "s"], ["y"])],
+              {"c": ("bool", []), "x": ("float32", [4, 6])}, ["y"], 13,
+              [{"c": np.array(True)}, {"c": np.array(False)}]))
+
+
 def _fill(feeds, inputs):
     out = dict(feeds)
     for name, (dtype, shape) in inputs.items():
@@ -230,7 +243,7 @@ def test_a_wrong_run_time_shape_is_an_input_error_naming_the_node(ctx):
     model = _model([helper.make_node("Reshape", ["x", "s"], ["y"], name="the_reshape")],
                    {"x": ("float32", [4, 6]), "s": ("int64", [2])}, ["y"], 13)
     net = dlnet.Net(ctx).load_onnx(model)
-    with pytest.raises(dlnet.DlnetError, match="the_reshape"):
+    with pytest.raises(dlnet.InputError, match=r"the_reshape.*cannot reshape \[4, 6\] to \[5, 5\].*input\(s\) s\)"):
         net.run({"x": _floats(4, 6), "s": _ints(5, 5)})
     (y,) = net.run({"x": _floats(4, 6), "s": _ints(6, 4)}).values()
     assert y.shape == (6, 4)
