@@ -82,8 +82,11 @@ def graph_io(model, path=""):
     inits = {i.name for i in model.graph.initializer}
 
     def info(vi, where):
-        t = vi.type.tensor_type
-        if not vi.type.HasField("tensor_type"):
+        kind = vi.type
+        if kind.HasField("optional_type") and kind.optional_type.elem_type.HasField("tensor_type"):
+            kind = kind.optional_type.elem_type  # an optional tensor: fed (and given back) as the tensor it holds
+        t = kind.tensor_type
+        if not kind.HasField("tensor_type"):
             raise ModelError(f"{loc}{where} {vi.name!r}: only tensor inputs/outputs are supported")
         dims = []
         for k, d in enumerate(t.shape.dim):

@@ -134,3 +134,20 @@ def test_string_concat_and_regex(ctx):
     _same(ctx, model, {"x0": _words(6).reshape(2, 3), "x1": _words(3)})
     model = _string_model(helper.make_node("RegexFullMatch", ["x0"], ["y"], pattern=r"[ab]+(\.|-)?[xy]*"), [[11]])
     _same(ctx, model, {"x0": np.concatenate([_words(8), np.array(["ab.xy", "b-", "a"], object)])})
+
+
+def test_optional_tensor_input_and_optional_ops(ctx):
+    """An optional(tensor) graph input is fed as its tensor: it holds a value; a missing input holds none."""
+    opt = helper.make_value_info("o", helper.make_optional_type_proto(
+        helper.make_tensor_type_proto(TensorProto.FLOAT, [2, 3])))
+    nodes = [helper.make_node("OptionalHasElement", ["o"], ["has"]),
+             helper.make_node("OptionalHasElement", [], ["none"]),
+             helper.make_node("OptionalGetElement", ["o"], ["got"]),
+             helper.make_node("Neg", ["got"], ["y"])]
+    outs = [helper.make_tensor_value_info(n, 0, None) for n in ("has", "none", "y")]
+    model = helper.make_model(helper.make_graph(nodes, "optional", [opt], outs),
+                              opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+    x = RNG.standard_normal((2, 3)).astype(np.float32)
+    has, none, y = dlnet.Net(ctx).load_onnx(model).run({"o": x}).values()
+    assert has.dtype == bool and has.shape == () and bool(has) and not bool(none)
+    assert rel_l2(y, -x) < 1e-7
