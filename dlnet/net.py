@@ -1,5 +1,4 @@
 """Net: load an ONNX model, plan it per input shape, run it as a loop of enqueues."""
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -11,12 +10,10 @@ from .kernels.runtime import Context
 from .kernels.schedule import schedule
 from .kernels.tuner import tune_layers
 from .onnx.common import ONNX_DTYPES
-from .onnx.importer import check_supported, graph_io
+from .onnx.importer import BindInputs, check_supported, graph_io
 from .onnx.validate import read_model
 from .pipeline import inference_graph
-from .plan import Kept, Plan, StagedPlan
-
-MAX_PLANS = 8  # plans a Net keeps (one per set of input shapes and choice of outputs); the least recently used goes
+from .plan import MAX_PLANS, Kept, Plan, PlanCache, StagedPlan, value_key
 
 
 @dataclass
@@ -31,15 +28,16 @@ class TensorInfo:
 
 class Net:
     """A loaded model. `Net(ctx).load_onnx(path)` then `net.run({name: array})`; `close()` (or the end of a `with`
-    block) releases its device memory. max_plans: how many plans (input shapes x output choices) stay on the
-    device; planning one more releases the least recently used."""
+    block) releases its device memory. max_plans: how many plans (input shapes x values of the inputs that decide
+    shapes x output choices) stay on the device; planning one more releases the least recently used."""
 
     def __init__(self, ctx=None, max_plans=MAX_PLANS):
         self.ctx = ctx if ctx is not None else Context()
         self.path = None
         self.model = None
-        self.plans = OrderedDict()
-        self.max_plans = max(int(max_plans), 1)
+        self.plans = PlanCache(max_plans)
+        self.max_plans = self.plans.limit
+        self.value_inputs = set()  # inputs whose values decide shapes: bound as constants, one plan per value
         self._last = None
         self.bound = {}  # symbolic dims bound at load (batch=): the shapes planned at load and input_array's default
         self.tune = False
@@ -52,7 +50,8 @@ class Net:
         checked before anything is allocated (dlnet/onnx/validate.py, the caps in dlnet/limits.py), and its external
         data is read only from inside one folder: the file's own, or `base_dir` for bytes or a ModelProto (required
         when it has external data; a name in the model is never a path).
-        constants: {input name: array} binds those inputs at load (shapes, axes, pads a model takes as inputs).
+        constants: {input name: array} binds those inputs at load (shapes, axes, pads a model takes as inputs); an
+        input left unbound that decides a shape is planned per value it takes at run time (Net._plan).
         tune: measure each layer's GEMM tile on this device when a shape is first planned, where no earlier run
         measured it (tuner.tune_layers; seconds, once: the choices are kept on disk for every later plan);
         "again": measure every layer anew; None: the environment's DLNET_TUNE_LAYERS=1 says so."""
@@ -85,32 +84,40 @@ class Net:
             shapes[info.name] = tuple(dims)
         return shapes
 
-    def build_graph(self, shapes, passes=True, outputs=None):
-        return inference_graph(self.model, self.path, shapes, self.ctx, passes, outputs)
+    def build_graph(self, shapes, passes=True, outputs=None, values=None):
+        return inference_graph(self.model, self.path, shapes, self.ctx, passes, outputs, values)
 
-    def _plan(self, shapes, outputs=None, tie=()):
+    def _plan(self, shapes, outputs=None, feeds=None, tie=()):
         """The plan for these input shapes, computing only `outputs` (a tuple of output names in model order, a
         strict subset) or every output (None), with the (output, input) pairs of run(keep=...) tied in memory (`tie`):
-        from the cache, else planned now, releasing the least recently used plan beyond max_plans."""
+        from the cache, else planned now, releasing the least recently used plan beyond max_plans. feeds ({name:
+        array}; None at load): the values of the inputs that decide shapes, bound as constants of the plan and part
+        of its key; an input found to decide one is added to value_inputs and the plan made again (at load, with no
+        values, nothing is planned: None)."""
         self._check_open()
-        key = tuple(shapes[i.name] for i in self.inputs)
-        if outputs is not None:
-            key = (key, outputs)
-        if tie:
-            key = (key, "tie", tie)
-        plan = self.plans.get(key)
-        if plan is None:
-            plan = self._new_plan(shapes, outputs, tie)
-            self.plans[key] = plan
-            while len(self.plans) > self.max_plans:
-                _, evicted = self.plans.popitem(last=False)
-                evicted.release()
-        self.plans.move_to_end(key)
-        self._last = plan
-        return plan
+        while True:
+            if self.value_inputs and feeds is None:
+                return None
+            values = {n: feeds[n] for n in sorted(self.value_inputs)} if feeds is not None else None
+            key = tuple(shapes[i.name] for i in self.inputs) + value_key(values or {})
+            if outputs is not None:
+                key = (key, outputs)
+            if tie:
+                key = (key, "tie", tie)
+            try:
+                plan = self.plans.get_or_plan(key, lambda: self._new_plan(shapes, outputs, values, tie))
+            except BindInputs as e:
+                self.value_inputs |= e.names
+                continue
+            except ModelError as e:
+                if not values:
+                    raise
+                raise InputError(f"{e} (with the values given to input(s) {', '.join(sorted(values))})") from None
+            self._last = plan
+            return plan
 
-    def _new_plan(self, shapes, outputs, tie=()):
-        graph = self.build_graph(shapes, outputs=outputs)
+    def _new_plan(self, shapes, outputs, values, tie=()):
+        graph = self.build_graph(shapes, outputs=outputs, values=values if values is not None else {})
         if graph.cut is None and self.tune:
             plan, tuning = tune_layers(self.ctx, lambda: Plan(self.ctx, graph, tie=tie), again=self.tune == "again")
             plan.tuning = tuning
@@ -118,8 +125,9 @@ class Net:
         if graph.cut is None:
             return Plan(self.ctx, graph, tie=tie)
         # a node runs on the host: the rest is planned at run time, per shape (dlnet/plan.py); every output is made
-        return StagedPlan(self.ctx, self.model, self.path, graph, [i.name for i in self.inputs],
-                          [o.name for o in self.outputs])
+        return StagedPlan(self.ctx, self.model, self.path, graph,
+                          [i.name for i in self.inputs if values is None or i.name not in values],
+                          [o.name for o in self.outputs], self.max_plans)
 
     # running ------------------------------------------------------------------
     def _check_feeds(self, feeds):
@@ -160,7 +168,8 @@ class Net:
                 elif d != want:
                     raise InputError(f"{self.path}: input {info.name!r}{where} has shape {list(a.shape)}, expected "
                                      f"{list(info.shape)}")
-            arrays.append(a if isinstance(a, Kept) else np.ascontiguousarray(a))
+            # (ascontiguousarray makes a 0-d array 1-d)
+            arrays.append(a if isinstance(a, Kept) or a.flags.c_contiguous else a.copy())
             shapes[info.name] = a.shape
         return arrays, shapes
 
@@ -206,12 +215,15 @@ class Net:
         used = list(self.kept)
         wanted_here = wanted if wanted is not None else [n for n in every if n not in keep]
         subset = tuple(n for n in every if n in wanted_here or n in keep)
-        plan = self._plan(shapes, subset if len(subset) < len(every) else None, tuple(sorted(keep.items())))
+        names = [i.name for i in self.inputs]
+        plan = self._plan(shapes, subset if len(subset) < len(every) else None, dict(zip(names, arrays)),
+                          tuple(sorted(keep.items())))
         made = every if isinstance(plan, StagedPlan) else subset
+        given = [a for n, a in zip(names, arrays) if n not in self.value_inputs]  # (the rest are the plan's constants)
         if isinstance(plan, StagedPlan):  # (host steps: values cross the host anyway; kept ones are kept there)
-            outs = dict(zip(made, plan.run([a.numpy() if isinstance(a, Kept) else a for a in arrays])))
+            outs = dict(zip(made, plan.run([a.numpy() if isinstance(a, Kept) else a for a in given])))
         else:
-            outs = dict(zip(made, plan.run(arrays, keep={made.index(n) for n in keep})))
+            outs = dict(zip(made, plan.run(given, keep={made.index(n) for n in keep})))
         self.drop_kept(used)
         for out_name, in_name in keep.items():
             self.kept[in_name] = outs[out_name]
@@ -289,9 +301,7 @@ class Net:
 
     def release(self):
         """Release every plan's device memory; the net stays usable and plans again on the next run."""
-        for p in self.plans.values():
-            p.release()
-        self.plans.clear()
+        self.plans.release()
         self._last = None
 
     def close(self):

@@ -18,11 +18,12 @@ from .onnx.importer import Importer
 TRAINING_PASSES = [fold_constants, broadcast_expands, fuse_pointwise, fuse_reduce_prologues, remove_dead]
 
 
-def inference_graph(model, path, shapes, ctx, passes=True, outputs=None):
+def inference_graph(model, path, shapes, ctx, passes=True, outputs=None, values=None):
     """The graph of `model` for these input shapes after the generic and ctx's device passes (passes=False: as
     imported). outputs: the names of the model outputs to keep (None: all); dead-code removal then drops the work
-    only the others need (a graph that stops before a host step keeps every value it hands on)."""
-    graph = Importer(model, path).build(shapes)
+    only the others need (a graph that stops before a host step keeps every value it hands on). values: inputs bound
+    as constants ({name: array}; given, small inputs that decide shapes raise importer.BindInputs)."""
+    graph = Importer(model, path).build(shapes, values=values)
     if outputs is not None and graph.cut is None:
         kept = [(v, n) for v, n in zip(graph.outputs, graph.output_names) if n in outputs]
         graph.outputs, graph.output_names = [v for v, _ in kept], [n for _, n in kept]

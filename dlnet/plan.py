@@ -10,9 +10,15 @@ strings cannot be planned ahead. The importer ends the graph before it (`graph.c
 runs on the device, the values the rest reads come back to the host, the node runs there through its ops' NumPy
 forms (the code that folds them at load), and the rest of the model is imported from the next node with those
 arrays as its inputs, planned once per set of shapes and cached like any plan. Every shape is a true one.
+
+A node whose shape is decided by a value computed on the device (a Reshape's shape from a ReduceMax, ...) stops the
+graph the same way, but does not run on the host: the rest is imported from that node with the values it needs as
+constants (`cut.needs`), planned once per value. Graph inputs that decide shapes are bound by the Net instead
+(dlnet/net.py), so such a model stays one plan per value. Every cache of plans is a PlanCache.
 """
 import math
 import weakref
+from collections import OrderedDict
 
 import numpy as np
 
@@ -28,6 +34,36 @@ from .onnx.importer import Importer, _names_read
 from .pipeline import stage_graph
 
 FLUSH_EVERY = 16  # launches
+MAX_PLANS = 8  # plans a cache keeps (one per set of input shapes, values that decide shapes, choice of outputs)
+
+
+class PlanCache(OrderedDict):
+    """Plans by key, the least recently used released beyond `limit` (a Net's plans, a staged plan's later parts)."""
+
+    def __init__(self, limit=MAX_PLANS):
+        super().__init__()
+        self.limit = max(int(limit), 1)
+
+    def get_or_plan(self, key, make):
+        plan = self.get(key)
+        if plan is None:
+            plan = make()
+            self[key] = plan
+            while len(self) > self.limit:
+                _, evicted = self.popitem(last=False)
+                evicted.release()
+        self.move_to_end(key)
+        return plan
+
+    def release(self):
+        for plan in self.values():
+            plan.release()
+        self.clear()
+
+
+def value_key(arrays):
+    """A cache key for arrays whose values (not only shapes) decide a plan."""
+    return tuple((n, a.dtype.str, a.shape, a.tobytes()) for n, a in arrays.items())
 
 
 class Plan:
@@ -213,14 +249,14 @@ class StagedPlan:
     """A graph that ends in a cut: its device plan, then the host step, then the rest (a StagedPlan per set of
     run-time shapes; the last one's cut has no host step)."""
 
-    def __init__(self, ctx, model, path, graph, input_names, output_names):
+    def __init__(self, ctx, model, path, graph, input_names, output_names, max_plans=MAX_PLANS):
         self.ctx, self.model, self.path = ctx, model, path
         self.graph = graph
         self.input_names, self.output_names = input_names, output_names
         self.head = Plan(ctx, graph) if graph.nodes else None
         self.memory = self.head.memory if self.head is not None else plan_memory(graph)
         self.launches = self.head.launches if self.head is not None else []
-        self.rest = {}  # (name, dtype, shape) of the rest's inputs -> its plan
+        self.rest = PlanCache(max_plans)  # (name, dtype, shape) of the rest's inputs (and needed values) -> its plan
 
     def run(self, arrays):
         """Plan's contract: the model's inputs in order in, its outputs out."""
@@ -232,31 +268,35 @@ class StagedPlan:
         """Run this part and everything after it; `env` ({ONNX name: array}) gains every value they compute."""
         g, cut = self.graph, self.graph.cut
         if self.head is not None:
-            env.update(zip(g.output_names, self.head.run([np.ascontiguousarray(env[v.name]) for v in g.inputs])))
+            env.update(zip(g.output_names, self.head.run([np.require(env[v.name], requirements="C")
+                                                            for v in g.inputs])))
         for name, src in cut.aliases.items():
             env[name] = env[src]
         env.update(cut.consts)
         if cut.index is None:
             return
-        env.update(Importer(self.model, self.path).run_host(cut.index, env))
-        later = _later_names(self.model, cut.index + 1)
-        inputs = {n: env[n] for n in sorted(later) if n in env and n not in cut.consts}
-        key = tuple((n, a.dtype.str, a.shape) for n, a in inputs.items())
-        rest = self.rest.get(key)
-        if rest is None:
+        start = cut.index
+        needed = {n: np.asarray(env[n]) for n in cut.needs}
+        if not cut.needs:  # the node runs on the host; the rest starts after it
+            env.update(Importer(self.model, self.path).run_host(cut.index, env))
+            start += 1
+        later = _later_names(self.model, start)
+        inputs = {n: env[n] for n in sorted(later) if n in env and n not in cut.consts and n not in needed}
+        key = tuple((n, a.dtype.str, a.shape) for n, a in inputs.items()) + value_key(needed)
+
+        def plan_rest():
             types = {n: (a.dtype, a.shape) for n, a in inputs.items()}
             consts = {n: a for n, a in cut.consts.items() if n in later}
-            graph = stage_graph(self.model, self.path, cut.index + 1, types, consts, self.ctx)
-            rest = StagedPlan(self.ctx, self.model, self.path, graph, list(inputs), self.output_names)
-            self.rest[key] = rest
-        rest.run_env(env)
+            consts.update(needed)
+            graph = stage_graph(self.model, self.path, start, types, consts, self.ctx)
+            return StagedPlan(self.ctx, self.model, self.path, graph, list(inputs), self.output_names,
+                              self.rest.limit)
+        self.rest.get_or_plan(key, plan_rest).run_env(env)
 
     def release(self):
         if self.head is not None:
             self.head.release()
-        for rest in self.rest.values():
-            rest.release()
-        self.rest = {}
+        self.rest.release()
 
 
 def _later_names(model, start):
