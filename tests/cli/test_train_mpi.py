@@ -88,11 +88,9 @@ def test_two_ranks_train_the_digits_as_one_process_does(tmp_path):
     steps = len(one["losses"])
     assert steps == epochs * (1078 // 64) and np.array_equal(rank0["losses"], rank1["losses"])
     rel = np.abs(rank0["losses"] - one["losses"]) / np.abs(one["losses"])
-    # fp32 sums over 2 x 32 images instead of 64 round differently; Adam carries that on, so the bound holds step
-    # by step over the first two epochs and the curves stay within 1e-3 to the end
-    first = 2 * (1078 // 64)
-    assert rel[:first].max() <= 1e-5, rel[:first].max()
-    assert rel.max() <= 1e-3, rel.max()
+    # fp32 sums over 2 x 32 images round otherwise than over 64: measured 5.8e-7 at most on this config (both runs
+    # are deterministic); a trajectory near a ReLU or max-pool tie can amplify it (the 4-epoch cosine reaches 1e-4)
+    assert rel.max() <= 1e-5, rel.max()
     rows = metrics(out2)
     assert len(rows) == epochs and float(rows[-1]["val_accuracy"]) >= 0.95
     assert r2.stdout.count("epoch 1/") == 1  # rank 0 alone reports
