@@ -7,6 +7,7 @@ identity) share one small interface, which is all `dlnet.Trainer(net, ..., comm=
     iallreduce(buf)                 start an in-place sum of a float32 array over the ranks; a request (Test, Wait)
     iallgather(send, recv)          start gathering every rank's `send` into the rows of `recv`; a request
     bcast(obj), allgather(obj)      Python objects (numpy arrays pickle without copies)
+    barrier()                       wait for every rank
     abort(code)                     end every rank of the job
 
 `GradientReducer` averages a training step's gradient buckets (reverse layer order: the last layer's gradients are
@@ -56,6 +57,9 @@ class Single:
     def allgather(self, obj):
         return [obj]
 
+    def barrier(self):
+        return None
+
     def abort(self, code=1):
         raise SystemExit(code)
 
@@ -85,6 +89,9 @@ class MPI:
 
     def allgather(self, obj):
         return self.comm.allgather(obj)
+
+    def barrier(self):
+        self.comm.Barrier()
 
     def abort(self, code=1):
         self.comm.Abort(code)
