@@ -166,6 +166,10 @@ class GradientReducer:
             if request is not None:
                 request.Test()
 
+    def done(self, k):
+        """Whether bucket k's reduction (started) has completed; finish(k) then returns at once."""
+        return self.requests[k] is not None and bool(self.requests[k].Test())
+
     def finish(self, k):
         self.requests[k].Wait()
         self.requests[k] = None

@@ -125,15 +125,18 @@ class _TrainPlan:
                                  "averages float32 gradients")
             node = index.get(id(gv.producer))
             grads.append((name, gv.nbytes, self.plan.node_launches.get(node, (end, end))[1]))
-        self.buckets = []  # (launches before it is ready, [(buffer, element offset, host offset, elements)])
+        # (launches before it is ready, [(buffer, element offset, host offset, elements)], early): early where no
+        # launch reads its gradients (they are only outputs), so the average may go up while the backward runs on
+        self.buckets = []
         for members in distributed.make_buckets(grads, int(trainer.bucket_mb * 2 ** 20)):
             rows, at = [], 0
             for i in members:
                 buf, off = self.plan.lowerer.loc(self.params[i][2])
                 rows.append((buf, off, at, self.params[i][2].size))
                 at += self.params[i][2].size
-            self.buckets.append((max(grads[i][2] for i in members), rows))
-        sizes = [sum(r[3] for r in rows) for _, rows in self.buckets]
+            early = all(not self.params[i][2].users for i in members)
+            self.buckets.append((max(grads[i][2] for i in members), rows, early))
+        sizes = [sum(r[3] for r in rows) for _, rows, _ in self.buckets]
         self.reducer = distributed.GradientReducer(trainer.comm, sizes, trainer.fp16_gradients)
         self.timing = {}
 
@@ -185,7 +188,7 @@ class _TrainPlan:
         t0 = time.perf_counter()
         self._start(trainer, arrays, hp)
         reads, done = [], 0
-        for k, (ready, rows) in enumerate(self.buckets):
+        for k, (ready, rows, _) in enumerate(self.buckets):
             self._enqueue(q, self.plan.launches[done:ready])
             done = ready
             marker = cl.enqueue_marker(q)
@@ -200,21 +203,36 @@ class _TrainPlan:
         buf, off = self.plan.output_locs[0]
         loss_event = cl.enqueue_copy(q, loss, buf, src_offset=off * 4, is_blocking=False)
         q.flush()
+        finished, early = [False] * len(reads), []
+
+        def upload(k, queue):
+            reducer.finish(k)
+            finished[k] = True
+            for buf, off, at, n in self.buckets[k][1]:
+                event = cl.enqueue_copy(queue, buf, reducer.host[k][at:at + n], dst_offset=4 * off, is_blocking=False)
+            queue.flush()
+            return event
+
         for k, event in enumerate(reads):
             _wait_polling(event, reducer if k else None)
             reducer.start(k)
+            for j in range(k):  # averages already done go up on the copy queue while the backward runs on
+                if not finished[j] and self.buckets[j][2] and reducer.done(j):
+                    early.append(upload(j, copy_q))
         loss_event.wait()
         backward = time.perf_counter() - t0
-        for k, (_, rows) in enumerate(self.buckets):
-            reducer.finish(k)
-            for buf, off, at, n in rows:
-                cl.enqueue_copy(q, buf, reducer.host[k][at:at + n], dst_offset=4 * off, is_blocking=False)
+        for k in range(len(reads)):
+            if not finished[k]:
+                upload(k, q)
+        if early:  # the update launches wait for the copy queue's uploads
+            cl.enqueue_barrier(q, wait_for=early[-1:])
         self._update(trainer, loss_read=loss[0])
         if trainer.sync_bn:
             for old, _ in self.updates:
                 self.upload(ctx, old, distributed.average(trainer.comm, self.download(ctx, old)))
         self.timing = {"forward_backward_s": backward, "step_s": time.perf_counter() - t0,
-                       "bucket_s": list(reducer.seconds), "bucket_bytes": [4 * h.size for h in reducer.host]}
+                       "bucket_s": list(reducer.seconds), "bucket_bytes": [4 * h.size for h in reducer.host],
+                       "uploaded_early": len(early)}
         return float(distributed.average(trainer.comm, loss)[0])
 
     def download(self, ctx, v):

@@ -23,15 +23,27 @@ class ThreadGroup:
     def comms(self):
         return [FakeComm(self, r) for r in range(self.size)]
 
-    def exchange(self, key, rank, obj):
+    def put(self, key, rank, obj):
         with self.cond:
             self.slots.setdefault(key, {})[rank] = obj
             self.cond.notify_all()
+
+    def ready(self, key):
+        with self.cond:
+            return len(self.slots[key]) == self.size
+
+    def gather(self, key):
+        with self.cond:
             assert self.cond.wait_for(lambda: len(self.slots[key]) == self.size, timeout=60), f"collective {key}"
             return [self.slots[key][r] for r in range(self.size)]
 
+    def exchange(self, key, rank, obj):
+        self.put(key, rank, obj)
+        return self.gather(key)
+
     def run(self, fn):
         """fn(comm) on every rank in its thread; their results in rank order (a rank's exception is raised)."""
+        dlnet.devices()  # the OpenCL platforms listed once first: two threads' first listing at once can find none
         results, errors = [None] * self.size, [None] * self.size
 
         def body(comm):
@@ -52,15 +64,19 @@ class ThreadGroup:
 
 
 class FakeRequest:
-    def __init__(self, done):
-        self.done, self.finished = done, False
+    """Complete once every rank has contributed (Test: without waiting; Wait: waiting)."""
+
+    def __init__(self, group, key, done):
+        self.group, self.key, self.done, self.finished = group, key, done, False
 
     def Test(self):  # noqa: N802
-        return False
+        if not self.finished and self.group.ready(self.key):
+            self.Wait()
+        return self.finished
 
     def Wait(self):  # noqa: N802
         if not self.finished:
-            self.done()
+            self.done(self.group.gather(self.key))
             self.finished = True
 
 
@@ -75,22 +91,23 @@ class FakeComm:
         return self.calls
 
     def iallreduce(self, buf):
-        key, mine = self._key("iallreduce", buf.size), buf.copy()
+        key = self._key("iallreduce", buf.size)
+        self.group.put(key, self.rank, buf.copy())
 
-        def done():
-            parts = self.group.exchange(key, self.rank, mine)
+        def done(parts):
             total = parts[0].copy()
             for p in parts[1:]:
                 total += p
             buf[:] = total
-        return FakeRequest(done)
+        return FakeRequest(self.group, key, done)
 
     def iallgather(self, send, recv):
-        key, mine = self._key("iallgather", send.size), send.copy()
+        key = self._key("iallgather", send.size)
+        self.group.put(key, self.rank, send.copy())
 
-        def done():
-            recv[:] = np.stack(self.group.exchange(key, self.rank, mine))
-        return FakeRequest(done)
+        def done(parts):
+            recv[:] = np.stack(parts)
+        return FakeRequest(self.group, key, done)
 
     def bcast(self, obj, root=0):
         return self.group.exchange(self._key("bcast", 0), self.rank, obj)[root]
