@@ -16,6 +16,8 @@ from dlnet.errors import ConfigError, DlnetError
 # Open MPI frames its own messages (a rank that died, MPI_Abort) between lines of dashes: --procs keeps them out of
 # the terminal and says in one line what happened
 BANNER = re.compile(r"^-{20,}\s*$")
+# and its lines about itself, "[host:pid] ...", such as PMIx's when a job ends early
+OWN_LINE = re.compile(r"^\[[\w.-]+:\d+\] ")
 DIED = re.compile(r"rank (\d+)(?: with PID \d+)?(?: on node \S+)? (exited on signal \d+(?: \(\w+\))?|exited with "
                   r"status \d+|exited|called)")
 
@@ -64,6 +66,7 @@ def end_rank(comm, error):
     """A DlnetError or OSError on one rank of a job: every rank raised it alike (only rank 0 says it), or this
     rank alone did, and it says so with its rank and ends the job (the others wait in a collective otherwise)."""
     if getattr(error, "every_rank", False):
+        comm.finalize()  # every rank is here: none exits while another is still inside MPI
         if comm.rank == 0:
             return
         sys.exit(2)
@@ -116,6 +119,8 @@ def launch(procs, args, output):
                 banner.append(line)
                 found = DIED.search(line)
                 died = died or (found and f"rank {found.group(1)} {found.group(2)}")
+                continue
+            if OWN_LINE.match(line):
                 continue
             said = said or line.startswith("dlnet: error:")
             sys.stderr.write(line)

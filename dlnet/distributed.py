@@ -9,6 +9,7 @@ identity) share one small interface, which is all `dlnet.Trainer(net, ..., comm=
     bcast(obj), allgather(obj)      Python objects (numpy arrays pickle without copies)
     barrier()                       wait for every rank
     abort(code)                     end every rank of the job
+    finalize()                      end MPI in this process (every rank calls it)
 
 `GradientReducer` averages a training step's gradient buckets (reverse layer order: the last layer's gradients are
 ready first) each as soon as its bytes are on the host, with non-blocking collectives, so the reduction of one
@@ -63,6 +64,9 @@ class Single:
     def abort(self, code=1):
         raise SystemExit(code)
 
+    def finalize(self):
+        return None
+
 
 class MPI:
     """The processes of an MPI job (mpi4py's COMM_WORLD, or the communicator given). mpi4py is imported here, not
@@ -95,6 +99,12 @@ class MPI:
 
     def abort(self, code=1):
         self.comm.Abort(code)
+
+    def finalize(self):
+        """End MPI in this process (every rank calls it): a job whose ranks then exit with an error status ends
+        without mpirun killing ranks still inside MPI."""
+        if not self._mpi.Is_finalized():
+            self._mpi.Finalize()
 
 
 def launched_size():
