@@ -26,9 +26,9 @@ import numpy as np
 from .errors import ConfigError, DeviceError
 
 BUCKET_MB = 25  # PyTorch DDP's bucket_cap_mb: one bucket's gradients are reduced together
-# what mpirun (Open MPI, MPICH, Slurm's PMI) sets in each process it starts: the size of the job
-SIZE_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS")
-LOCAL_RANK_VARIABLES = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PMI_LOCAL_RANK")
+# what mpirun sets in each process it starts (Open MPI's, then MPICH's names): the size of the job, the local rank
+SIZE_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+LOCAL_RANK_VARIABLES = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
 
 
 class _Done:
@@ -108,7 +108,7 @@ class MPI:
 
 
 def launched_size():
-    """How many processes the launcher (mpirun, srun) started this one among; 1 outside a job."""
+    """How many processes the launcher (mpirun) started this one among; 1 outside a job."""
     for name in SIZE_VARIABLES:
         value = os.environ.get(name, "")
         if value.isdigit():
