@@ -161,5 +161,26 @@ def test_a_rank_that_dies_ends_the_job_in_one_line(tmp_path):
     assert state["epoch"] == 1 and len(tensors) > 0
 
 
+
+def test_each_rank_takes_its_device(monkeypatch):
+    """Rank r: the (local rank)-th device of the config's kind; an ocl:N as given; DLNET_DEVICE where the config
+    names none; one process: the config's spec untouched."""
+    from types import SimpleNamespace
+
+    import dlnet
+    found = [SimpleNamespace(index=i, type=t) for i, t in enumerate(["GPU", "GPU", "GPU", "CPU"])]
+    monkeypatch.setattr(dlnet, "devices", lambda: found)
+    monkeypatch.delenv("DLNET_DEVICE", raising=False)
+    two = SimpleNamespace(rank=1, size=2)
+    expected = {("1", "gpu"): "ocl:1", ("2", "gpu"): "ocl:2", ("4", "gpu"): "ocl:1", ("1", None): "ocl:1",
+                ("1", "cpu"): "ocl:3", ("1", "ocl:0"): "ocl:0"}
+    for (local, spec), device in expected.items():
+        monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_RANK", local)
+        assert train_mpi.rank_device(spec, two) == device, (local, spec)
+    monkeypatch.setenv("DLNET_DEVICE", "ocl:2")
+    assert train_mpi.rank_device(None, two) is None  # the Context reads DLNET_DEVICE
+    assert train_mpi.rank_device("gpu", SimpleNamespace(rank=0, size=1)) == "gpu"
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
