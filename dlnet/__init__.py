@@ -1,5 +1,5 @@
 """dlnet: a static-graph deep-learning microframework. ONNX in, OpenCL kernel launches out."""
-from . import distributed, optim
+from . import optim
 from .errors import ConfigError, DeviceError, DlnetError, InputError, ModelError
 from .kernels.options import Options
 from .kernels.runtime import Context, devices
@@ -8,8 +8,7 @@ from .session import InferenceSession, get_available_providers
 from .train import Trainer
 
 __all__ = ["ConfigError", "Context", "DeviceError", "DlnetError", "InferenceSession", "InputError", "ModelError", "Net",
-           "Options", "Trainer", "devices", "get_available_providers", "optim",
-           "distributed"]
+           "Options", "Trainer", "devices", "get_available_providers", "optim"]
 __version__ = "0.1.0"
 
 
