@@ -159,13 +159,34 @@ def test_tile_shrinks_to_local_memory():
     error naming the head dims where even the smallest tile does not fit."""
     gpu = ATTENTION_TILES["gpu"]
     assert attention_tile(_Dev("gpu", 48 << 10), 64, 64) == gpu
+    assert attention_tile(_Dev("gpu", 48 << 10), 64, 64, tq=1) == AttentionTile(1, 64, 1, 64)
+    assert attention_tile(_Dev("gpu", 48 << 10), 64, 64, tq=5) == AttentionTile(8, 64, 1, 64)
+    assert attention_tile(_Dev("gpu", 48 << 10), 64, 64, tq=9) == gpu
     big = attention_tile(_Dev("gpu", 48 << 10), 256, 256)
+    assert attention_tile(_Dev("gpu", 48 << 10), 256, 256, tq=1) == big  # (the decoding tile does not fit)
     assert big.local_bytes(256, 256) <= 48 << 10 and (big.bq, big.bk) != (gpu.bq, gpu.bk)
     assert (big.ntr, big.ntc) == (gpu.ntr, gpu.ntc) and big.bq % big.ntr == 0 and big.bk % big.ntc == 0
     tiles = {"gpu": replace(gpu, bq=64, bk=64)}
     assert attention_tile(_Dev("gpu", 48 << 10), 128, 128, tiles) == AttentionTile(32, 32, gpu.ntr, gpu.ntc)
     with pytest.raises(ModelError, match="head dims 4096 / 4096"):
         attention_tile(_Dev("gpu", 48 << 10), 4096, 4096)
+
+
+@pytest.mark.parametrize("case", ["one-key", "decode-one-query-gqa-mask", "decode-3-rows-causal-d128"])
+def test_decode_tile_matches_float64(case):
+    """attention.cl with the decoding tile (a few query rows: one row of 64 work-items over 64 keys), on the test
+    device (PoCL: the GPU kernel through the portable core)."""
+    qs, hk, tk, dv, mask_spec, attrs = DECODE_CASES.get(case) or CASES[case]
+    rng = np.random.default_rng(sum(map(ord, case)))
+    lead = qs[:-3] + (hk,)
+    q, k, v = _normal(rng, *qs), _normal(rng, *(lead + (tk, qs[-1]))), _normal(rng, *(lead + (tk, qs[-1])))
+    mask = rng.random(mask_spec[0]) > 0.4 if mask_spec else None
+    got, schedule = run_attention(q, k, v, mask, "flash", **attrs)
+    want = oracle(q, k, v, mask, None, attrs.get("causal", 0), attrs.get("causal_offset", 0), 0.0)
+    assert rel_l2(got, want) <= 2e-6 and schedule["tile"].endswith("x64/1x64")
+
+
+DECODE_CASES = {"decode-3-rows-causal-d128": ((1, 2, 3, 128), 2, 70, None, None, {"causal": 1, "causal_offset": 67})}
 
 
 def test_mask_strides_broadcast():
