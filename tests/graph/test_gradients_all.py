@@ -55,7 +55,8 @@ NOT_DIFFERENTIATED = {
     "Fused": "a chain of pointwise nodes, fused after the backward graph exists",
     # host ops run between device graphs, and a training graph is one device graph
     "NonZero": "host op, int64", "Unique": "host op", "NonMaxSuppression": "host op, int64",
-    "StringNormalizer": "host op, strings",
+    "StringNormalizer": "host op, strings", "StringConcat": "host op, strings", "StringSplit": "host op, strings",
+    "RegexFullMatch": "host op, strings in, bool out",
 }
 # differentiable ops still without a rule: each is a known gap, named in the error autodiff raises
 MISSING = {}
