@@ -204,7 +204,8 @@ def test_mask_strides_broadcast():
 # id: (q logical [B, Hq, Tq, D], k heads, Tk, the layouts of q, k, v, y, attrs)
 LAYOUT_CASES = {
     "bthd-t37-d32": ((2, 3, 37, 32), 3, 37, ("bthd",) * 4, {}),
-    "mixed-gqa-causal-d64": ((2, 4, 21, 64), 2, 30, ("tbhd", "bthd", "hbtd", "thbd"), {"causal": 1, "causal_offset": 9}),
+    "mixed-gqa-causal-d64": ((2, 4, 21, 64), 2, 30, ("tbhd", "bthd", "hbtd", "thbd"),
+                             {"causal": 1, "causal_offset": 9}),
     "bthd-decode-d80": ((3, 2, 2, 80), 2, 41, ("bthd", "bhtd", "bthd", "bthd"), {}),
 }
 

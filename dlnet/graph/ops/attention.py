@@ -99,7 +99,7 @@ class Attention(Op):
     def numpy(self, node, q, k, v, mask=None):
         a = node.attrs
         dt, out = np.float64, q.dtype
-        q, k, v = (np.transpose(x, to_logical(s)).astype(dt) for x, s in zip((q, k, v), a["layout"], strict=False))
+        q, k, v = (_np_permuted(x, to_logical(s)).astype(dt) for x, s in zip((q, k, v), a["layout"], strict=False))
         if q.ndim > 2 and q.shape[-3] != k.shape[-3]:
             group = q.shape[-3] // k.shape[-3]
             k, v = np.repeat(k, group, axis=-3), np.repeat(v, group, axis=-3)
@@ -114,13 +114,17 @@ class Attention(Op):
         e = np.exp(s - np.where(np.isneginf(top), 0.0, top))
         total = e.sum(axis=-1, keepdims=True)
         y = np.matmul(e / np.where(total == 0, 1.0, total), v).astype(out)
-        return [np.ascontiguousarray(np.transpose(y, to_stored(a["layout"][3])))]
+        return [np.ascontiguousarray(_np_permuted(y, to_stored(a["layout"][3])))]
 
     def lower(self, node, lw):
         lw.attention(node)
 
     def grad(self, b, node, dys):
         return attention_grad(b, node, dys[0])
+
+
+def _np_permuted(x, perm):
+    return x if perm == tuple(range(len(perm))) else np.transpose(x, perm)
 
 
 class _Logical:
