@@ -237,12 +237,14 @@ def test_head_transposes_go_into_the_layout(where):
 
 GOLDEN_HEADS = {
     "bthd": ["  %3: f32[2,5,3,4] = Reshape(%1) {shape=(2,5,3,4)}",
-             "  %6: f32[2,5,3,4] = Reshape(%0) {shape=(2,5,3,4)}", "  %10: f32[2,5,3,4] = Reshape(%2) {shape=(2,5,3,4)}",
+             "  %6: f32[2,5,3,4] = Reshape(%0) {shape=(2,5,3,4)}",
+             "  %10: f32[2,5,3,4] = Reshape(%2) {shape=(2,5,3,4)}",
              "  %13: f32[2,5,3,4] = Attention(%6, %3, %10) {scale=0.5, causal=0, causal_offset=0, softcap=0.0, "
              "layout=(bthd, bthd, bthd, bthd)}", "  %14: f32[2,5,12] = Reshape(%13) {shape=(2,5,12)}",
              "  return %14 \"y\""],
     "tbhd": ["  %20: f32[5,2,3,4] = Reshape(%0) {shape=(5,2,3,4)}",
-             "  %21: f32[5,2,3,4] = Reshape(%1) {shape=(5,2,3,4)}", "  %22: f32[5,2,3,4] = Reshape(%2) {shape=(5,2,3,4)}",
+             "  %21: f32[5,2,3,4] = Reshape(%1) {shape=(5,2,3,4)}",
+             "  %22: f32[5,2,3,4] = Reshape(%2) {shape=(5,2,3,4)}",
              "  %16: f32[5,2,3,4] = Attention(%20, %21, %22) {scale=0.5, causal=0, causal_offset=0, softcap=0.0, "
              "layout=(tbhd, tbhd, tbhd, tbhd)}", "  %17: f32[10,12] = Reshape(%16) {shape=(10,12)}",
              "  return %17 \"y\""],
