@@ -364,15 +364,8 @@ def _rewrite(graph, m):
     if kh.shape[:-2] == vh.shape[:-2]:  # (else one of them repeats its heads and the other not: both as they are)
         k, v = kh, vh
     values = [_mask_value(em, item) for item in m["masks"]]
-    y, q, layout, walked, tk = final.outputs[0], m["q"], DEFAULT_LAYOUT, [], k.shape[-2]
-    if len(lead) == MAX_RANK - 2:
-        (q, lq), (k, lk), (v, lv) = (_stored(em, x, walked) for x in (q, k, v))
-        out, ly = _stored_output(graph, y)
-        if out is not None:
-            graph.remove_node(out)
-            y = out.outputs[0]
-        layout = (lq, lk, lv, ly)
-    attrs = {"scale": float(m["scale"]), "causal": 0, "causal_offset": 0, "softcap": 0.0, "layout": layout}
+    y, q, tk = final.outputs[0], m["q"], k.shape[-2]
+    attrs = {"scale": float(m["scale"]), "causal": 0, "causal_offset": 0, "softcap": 0.0, "layout": DEFAULT_LAYOUT}
     inputs = [q, k, v]
     if values:
         mask = _one_mask(em, values)
@@ -385,11 +378,36 @@ def _rewrite(graph, m):
     for n in m["nodes"]:  # from the product back; a node whose output another node reads stays
         if n is final or not any(v.users or v in graph.outputs for v in n.outputs):
             graph.remove_node(n)
+    _drop_unread(graph, em.nodes)
+
+
+def _absorb_layouts(graph, node):
+    """A rank-4 Attention node in bhtd (fused here or imported) reads its operands where they were stored and writes
+    its output in the order of the Transpose that reads it; the Transposes and views nothing else reads go. True
+    where a layout changed."""
+    if node.attrs["layout"] != DEFAULT_LAYOUT or node.inputs[0].rank != MAX_RANK:
+        return False
+    em, walked = _Emitter(graph, node), []
+    stored = [_stored(em, x, walked) for x in node.inputs[:3]]
+    out, ly = _stored_output(graph, node.outputs[0])
+    layout = tuple(s for _, s in stored) + (ly,)
+    if layout == DEFAULT_LAYOUT:
+        _drop_unread(graph, em.nodes)
+        return False
+    for i, (x, _) in enumerate(stored):
+        graph.set_input(node, i, x)
+    if out is not None:
+        graph.remove_node(out)
+        node.outputs = [out.outputs[0]]
+        out.outputs[0].producer = node
+    node.attrs = dict(node.attrs, layout=layout)
     _drop_unread(graph, walked + em.nodes)
+    return True
 
 
 def fuse_attention(graph):
-    """Replace each recognised Q K^T -> [scale] -> [mask] -> Softmax -> V chain by one Attention node."""
+    """Replace each recognised Q K^T -> [scale] -> [mask] -> Softmax -> V chain by one Attention node; then every
+    Attention node takes its operands' layouts."""
     changed = False
     for node in list(graph.nodes):
         if node.op == "Softmax" and node in graph.nodes:
@@ -397,4 +415,7 @@ def fuse_attention(graph):
             if found is not None:
                 _rewrite(graph, found)
                 changed = True
+    for node in list(graph.nodes):
+        if node.op == "Attention":
+            changed = _absorb_layouts(graph, node) or changed
     return changed
