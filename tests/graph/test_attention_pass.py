@@ -97,18 +97,21 @@ def test_torchscript_bool_mask_with_its_nan_guard():
     assert err <= 1e-6
 
 
-def test_mha_bmm_transposes_k_once_and_reads_its_float_mask():
-    """nn.MultiheadAttention's bmm form: q [B*H, T, D] scaled, K^T = Transpose(k [T, B*H, D], (1, 2, 0)) (one
-    new Transpose makes K), a float mask added after a scale applied to the product."""
+def test_mha_bmm_reads_k_where_it_was_and_its_float_mask():
+    """nn.MultiheadAttention's bmm form: q [B*H, T, D] scaled, K^T = Transpose(k [T, B*H, D], (1, 2, 0)), a float
+    mask added after a scale applied to the product: the node goes to rank 4 (B 1) to read k as [1, T, B*H, D]
+    (layout bthd) with no Transpose, its output viewed back."""
     g, b, (q, k, v) = _graph((6, 5, 4), (5, 6, 4), (6, 5, 4))
     bias = g.add_input("bias", "float32", (6, 1, 5))
     s = b.op("Gemm", [b.op("Mul", [q, _c(b, 0.5)]), b.op("Transpose", [k], {"perm": (1, 2, 0)})])
     s = b.op("Add", [b.op("Div", [s, _c(b, 2.0)]), bias])
     g = _finish(g, b.op("Gemm", [b.op("Softmax", [s], {"axis": 2}), v]))
     text, err = _fused(g)
-    body = _body(text)
-    assert body[0] == "  %13: f32[6,5,4] = Transpose(%1) {perm=(1,0,2)}"
-    assert body[1].startswith("  %12: f32[6,5,4] = Attention(%0, %13, %2, %3) {scale=0.25, causal=0,")
+    assert _body(text) == [
+        "  %14: f32[1,6,5,4] = Reshape(%0) {shape=(1,6,5,4)}", "  %15: f32[1,5,6,4] = Reshape(%1) {shape=(1,5,6,4)}",
+        "  %16: f32[1,6,5,4] = Reshape(%2) {shape=(1,6,5,4)}",
+        "  %17: f32[1,6,5,4] = Attention(%14, %15, %16, %3) {scale=0.25, causal=0, causal_offset=0, softcap=0.0, "
+        "layout=(bhtd, bthd, bhtd, bhtd)}", "  %12: f32[6,5,4] = Reshape(%17) {shape=(6,5,4)}", "  return %12 \"y\""]
     assert err <= 1e-6
 
 

@@ -4,9 +4,9 @@ Each module is exported by the dynamo exporter at op-set 20 (MatMul, Mul by sqrt
 MatMul; masks as constants or Where(mask, 0, lowest)), by TorchScript at op-sets 14 and 17 (Transpose, Mul, Add,
 Softmax, MatMul; a bool mask with a NaN guard after the Softmax), and the mixed one by dynamo at op-set 23 (an
 Attention-23 node per scaled_dot_product_attention, the hand-written one decomposed). After the passes the graph
-has one Attention node per attention and no Softmax, and (but for nn.MultiheadAttention's rank-3 products) no head
-Transpose before or after it: the node reads the projections and writes its output in their [B, T, H, D] layout;
-dlnet matches torch within 1e-4.
+has one Attention node per attention and no Softmax, and no head Transpose before or after it: the node reads the
+projections and writes its output in their layout ([B, T, H, D]; nn.MultiheadAttention's [T, B * H, D] as rank 4
+with B 1); dlnet matches torch within 1e-4.
 """
 import numpy as np
 import onnx
@@ -132,8 +132,7 @@ def test_export_fuses_each_attention_and_matches_torch(ctx, exported, name, how)
     assert ops.count("Attention") == MODELS[name][1] and "Softmax" not in ops, ops
     assert rel_l2(got, want) <= 1e-4, rel_l2(got, want)
     assert "algo=flash" in str(net.graph)
-    if name != "mha":  # (nn.MultiheadAttention's rank-3 [B * H, T, D] products keep their Transposes)
-        assert not _transposes_around(net.graph), str(net.graph)
+    assert not _transposes_around(net.graph), str(net.graph)
     net.release()
 
 

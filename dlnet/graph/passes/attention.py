@@ -244,10 +244,10 @@ def _layout_of(strides, extents):
 
 
 def _stored(em, x, walked):
-    """(value, layout) of the operand x [B, H, T, D]: read where it was stored before the Reshape views and
-    Transposes that made it (a Reshape view of that value in the layout's shape), or x itself in bhtd. The nodes
-    passed go to `walked`."""
-    extents, cur = x.shape, x
+    """(value, layout) of the operand x [B, H, T, D] ([H, T, D]: B 1): read where it was stored before the Reshape
+    views and Transposes that made it (a Reshape view of that value in the layout's shape), or x itself in bhtd. The
+    nodes passed go to `walked`."""
+    extents, cur = (1,) * (MAX_RANK - x.rank) + x.shape, x
     strides = _contiguous(extents)
     best = (x, LOGICAL)
     while cur.producer is not None and cur.producer.op in ("Reshape", "Transpose"):
@@ -270,12 +270,15 @@ def _stored(em, x, walked):
 
 
 def _stored_output(graph, y):
-    """(Transpose node, layout) where y [B, H, T, DV]'s only reader is a Transpose that keeps DV last (the kernel
-    writes its output instead of y), else (None, bhtd)."""
-    if y.rank != MAX_RANK or y in graph.outputs or len(y.users) != 1 or y.users[0].op != "Transpose":
+    """(Transpose node, layout) where y [B, H, T, DV] ([H, T, DV]: B 1)'s only reader is a Transpose that keeps DV
+    last (the kernel writes its output instead of y), else (None, bhtd)."""
+    if y in graph.outputs or len(y.users) != 1 or y.users[0].op != "Transpose":
         return None, LOGICAL
     perm = tuple(y.users[0].attrs["perm"])
-    return (y.users[0], "".join(LOGICAL[p] for p in perm)) if perm[-1] == MAX_RANK - 1 else (None, LOGICAL)
+    if perm[-1] != y.rank - 1:
+        return None, LOGICAL
+    perm = (0,) * (MAX_RANK - y.rank) + tuple(p + MAX_RANK - y.rank for p in perm)
+    return y.users[0], "".join(LOGICAL[p] for p in perm)
 
 
 def _drop_unread(graph, nodes):
@@ -383,24 +386,34 @@ def _rewrite(graph, m):
 
 def _absorb_layouts(graph, node):
     """A rank-4 Attention node in bhtd (fused here or imported) reads its operands where they were stored and writes
-    its output in the order of the Transpose that reads it; the Transposes and views nothing else reads go. True
+    its output in the order of the Transpose that reads it; the Transposes and views nothing else reads go. A rank-3
+    one ([B * H, T, D], nn.MultiheadAttention's products) becomes rank 4 with B 1 where that removes a Transpose. True
     where a layout changed."""
-    if node.attrs["layout"] != DEFAULT_LAYOUT or node.inputs[0].rank != MAX_RANK:
+    y = node.outputs[0]
+    if node.attrs["layout"] != DEFAULT_LAYOUT or node.inputs[0].rank not in (MAX_RANK - 1, MAX_RANK):
         return False
     em, walked = _Emitter(graph, node), []
     stored = [_stored(em, x, walked) for x in node.inputs[:3]]
-    out, ly = _stored_output(graph, node.outputs[0])
+    out, ly = _stored_output(graph, y)
     layout = tuple(s for _, s in stored) + (ly,)
     if layout == DEFAULT_LAYOUT:
         _drop_unread(graph, em.nodes)
         return False
     for i, (x, _) in enumerate(stored):
         graph.set_input(node, i, x)
+    node.attrs = dict(node.attrs, layout=layout)
+    target = y if out is None else out.outputs[0]
     if out is not None:
         graph.remove_node(out)
-        node.outputs = [out.outputs[0]]
-        out.outputs[0].producer = node
-    node.attrs = dict(node.attrs, layout=layout)
+    shape = stored_shape((1,) * (MAX_RANK - y.rank) + y.shape, ly)
+    if target.shape == shape:
+        node.outputs = [target]
+        target.producer = node
+    else:  # (rank 3: the node writes [1, ...] and a view gives the value its shape)
+        node.outputs = [graph.new_value(y.dtype, shape)]
+        node.outputs[0].producer = node
+        graph.add_node(Node("Reshape", node.outputs, [target], {"shape": target.shape}, node.name),
+                       graph.nodes.index(node) + 1)
     _drop_unread(graph, walked + em.nodes)
     return True
 
