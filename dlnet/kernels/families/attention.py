@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...errors import ModelError
-from ...graph.ops.attention import MAX_RANK, lead4
+from ...graph.ops.attention import LOGICAL, MAX_RANK, lead4, logical_shape
 from ..emitter import defines
 from ..runtime import kernel_source
 
@@ -74,6 +74,16 @@ def mask_strides(mask, scores):
     return strides
 
 
+def operand_strides(shape, layout):
+    """Element strides of the b, h and t axes of an operand of this stored shape and layout (kernels/cl/attention.cl's
+    qsb, qsh, qst), its last axis contiguous."""
+    shape = (1,) * (MAX_RANK - len(shape)) + tuple(shape)
+    strides, step = [0] * MAX_RANK, 1
+    for a in reversed(range(MAX_RANK)):
+        strides[a], step = step, step * shape[a]
+    return [strides[layout.index(c)] for c in LOGICAL[:3]]
+
+
 class AttentionFamily:
     def attention(self, node):
         """Attention by its scheduled algorithm: flash_cpu (attention_cpu.cl) or flash (attention.cl)."""
@@ -82,8 +92,10 @@ class AttentionFamily:
         y, a = node.outputs[0], node.attrs
         if q.dtype != "float32":
             raise ModelError(f"node {node.name} (Attention): float32 only, got {q.dtype}")
-        (B, Hq), (_, Hk) = lead4(q.shape), lead4(k.shape)
-        Tq, D, Tk, DV = q.shape[-2], q.shape[-1], k.shape[-2], v.shape[-1]
+        layout = a["layout"]
+        qs, ks, vs = (logical_shape(x.shape, s) for x, s in zip((q, k, v), layout, strict=False))
+        (B, Hq), (_, Hk) = lead4(qs), lead4(ks)
+        Tq, D, Tk, DV = qs[-2], qs[-1], ks[-2], vs[-1]
         defs = {"D": D, "DV": DV, "CAUSAL": int(bool(a["causal"])), "SOFTCAP": int(a["softcap"] > 0)}
         strides = [0, 0, 0, 0]
         if mask is not None:
@@ -91,7 +103,8 @@ class AttentionFamily:
             strides = mask_strides(mask, (B, Hq, Tq, Tk))
         args = self.args(q) + self.args(k) + self.args(v) + (self.args(mask) if mask is not None else self.dummy()) \
             + self.args(y) + [np.int32(Tq), np.int32(Tk), np.int32(Hq), np.int32(Hk), np.float32(a["scale"]),
-                              np.float32(a["softcap"]), np.int32(a["causal_offset"])] + [np.int64(s) for s in strides]
+                              np.float32(a["softcap"]), np.int32(a["causal_offset"])] + [np.int64(s) for s in strides] \
+            + [np.int64(s) for x, lay in zip((q, k, v, y), layout, strict=True) for s in operand_strides(x.shape, lay)]
         label = f"{node.name} Attention"
         if node.schedule["algo"] == "flash_cpu":  # (schedule.py; Lowerer.lower makes sure there is one)
             rows = max(1, min(CPU_ROWS, Tq))
