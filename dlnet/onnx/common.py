@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 
 from ..errors import ModelError
-from ..graph.ir import NeedsValue
+from ..graph.ir import NeedsHost, NeedsValue
 
 HANDLERS = {}
 
@@ -60,7 +60,7 @@ ONNX_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: 
                16: "float32"}
 BFLOAT16 = 16
 HOST_DTYPES = {17: "float8_e4m3fn", 18: "float8_e4m3fnuz", 19: "float8_e5m2", 20: "float8_e5m2fnuz", 21: "uint4",
-               22: "int4", 23: "float4_e2m1fn"}
+               22: "int4", 23: "float4_e2m1fn", 24: "float8_e8m0fnu", 25: "uint2", 26: "int2"}
 HOST_DTYPE_OPS = ("Cast", "CastLike", "QuantizeLinear", "DequantizeLinear")  # what reads or makes HOST_DTYPES
 
 
@@ -110,6 +110,35 @@ def round_bfloat16_outputs(node, inputs_bf16, opset):
         bound = p is not None and any(q.type_str == p.type_str for q in schema.inputs)
         out.append(p is not None and (p.type_str in params or (by_attr and not bound)))
     return out
+
+
+def host_dtype_node(node, inputs, bfloat16, opset):
+    """Where ONNX `node` (Cast, CastLike, QuantizeLinear, DequantizeLinear) reads or makes a HOST_DTYPES value: its
+    outputs as arrays, computed on the host by onnx's reference implementation of the op (exact: these are
+    conversions with the spec's rounding and saturation), once every input is known; NeedsHost before (the node then
+    runs on the host at run time). None where it involves no such dtype. A node of any other op reading one: a
+    ModelError naming the dtype. bfloat16: the ONNX names of bfloat16 values (float32 in the IR)."""
+    exotic = [v.dtype for v in inputs if v is not None and v.dtype in HOST_DTYPES.values()]
+    if node.op_type not in HOST_DTYPE_OPS:
+        if exotic:
+            raise ModelError(f"dtype {exotic[0]} is not supported (only {', '.join(HOST_DTYPE_OPS)} take it)")
+        return None
+    made = [a.i for a in node.attribute if a.name in ("to", "output_dtype") and a.i in HOST_DTYPES]
+    if not exotic and not made:
+        return None
+    if any(v is not None and v.const is None for v in inputs):
+        raise NeedsHost(f"dtype {(exotic or [HOST_DTYPES[c] for c in made])[0]} is held on the host only: "
+                        "it runs on the host at run time")
+    from onnx.reference import ReferenceEvaluator  # (only for these nodes)
+    arrays = [None if v is None else v.const.astype(ml_dtypes.bfloat16) if name in bfloat16 else v.const
+              for name, v in zip(node.input, inputs)]
+    names = [n if n else "" for n in node.input]
+    graph = onnx.helper.make_graph([node], "host", [onnx.helper.make_tensor_value_info(n, 0, None) for n in names
+                                                    if n], [onnx.helper.make_tensor_value_info(n, 0, None)
+                                                            for n in node.output if n])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)])
+    outs = ReferenceEvaluator(model).run(None, {n: a for n, a in zip(names, arrays) if n})
+    return [host_array(np.asarray(y)) for y in outs]
 
 
 def widen_float16(fn):

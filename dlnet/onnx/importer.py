@@ -35,11 +35,11 @@ from . import (  # noqa: F401  (imported for their @handler registrations)
 from .common import (
     BFLOAT16,
     HANDLERS,
-    HOST_DTYPE_OPS,
     HOST_DTYPES,
     ONNX_DTYPES,
     Cut,
     host_array,
+    host_dtype_node,
     model_dtype,
     onnx_dtype,
     resolve_handler,
@@ -270,8 +270,9 @@ class Importer:
             inputs.append(self.values[n])
         self.b.node_name = label
         try:
-            _check_host_dtypes(node, inputs)
-            outs = fn(self, node, inputs, self.attrs(node))
+            at = self.attrs(node)
+            host = host_dtype_node(node, inputs, self.bfloat16, self.opset)
+            outs = fn(self, node, inputs, at) if host is None else [self.graph.constant(y) for y in host]
         except NeedsHost:
             raise
         except NeedsValue as e:
@@ -388,17 +389,6 @@ EXACT_ON_BFLOAT16 = frozenset(
     "Identity Reshape Flatten Squeeze Unsqueeze Transpose Concat Split Slice Gather GatherElements GatherND Expand "
     "Tile Where Max Min Relu Neg Abs MaxPool ReduceMax ReduceMin TopK Sort ScatterElements ScatterND SpaceToDepth "
     "DepthToSpace Compress ReverseSequence Trilu Shape Size Dropout".split())
-
-
-def _check_host_dtypes(node, inputs):
-    """A ModelError where a node other than Cast, CastLike, QuantizeLinear or DequantizeLinear reads a value of a
-    dtype only the host holds (float8, int4, float4)."""
-    if node.op_type in HOST_DTYPE_OPS:
-        return
-    for k, v in enumerate(inputs):
-        if v is not None and v.dtype in HOST_DTYPES.values():
-            raise ModelError(f"input #{k} of dtype {v.dtype} is not supported (only {', '.join(HOST_DTYPE_OPS)} "
-                             "take it, on values known at load)")
 
 
 @functools.cache
