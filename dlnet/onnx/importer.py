@@ -195,6 +195,7 @@ class Importer:
         self.bound = None
         self.state_updates = []
         self.dropout_seed = None
+        self.bfloat16 = self._bfloat16_before(start)  # (values from before the cut come as float32)
         for name, array in consts.items():
             self.values[name] = self.graph.constant(array, name)
         for name, (dtype, shape) in inputs.items():
@@ -313,6 +314,17 @@ class Importer:
             if v.dtype == "float32" and node.op_type not in EXACT_ON_BFLOAT16:
                 outs[k] = self.b.op("RoundBfloat16", [v])
         return outs
+
+    def _bfloat16_before(self, start):
+        """The ONNX names of bfloat16 values that ONNX nodes before `start` make or read, by the rule of
+        _round_bfloat16 (for a graph that starts after a host step)."""
+        g = self.model.graph
+        names = {i.name for i in g.initializer if i.data_type == BFLOAT16}
+        names |= {i.name for i in g.input if i.type.tensor_type.elem_type == BFLOAT16}
+        for node in g.node[:start]:
+            marks = round_bfloat16_outputs(node, [n in names for n in node.input], self.opset)
+            names |= {n for n, bf in zip(node.output, marks) if n and bf}
+        return names
 
     def _needed_inputs(self, node, value):
         """The names of `node`'s inputs (and the outer values its subgraphs read) that `value` (what its handler asked

@@ -123,3 +123,14 @@ def test_dtype_numpy_does_not_hold_names_input():
                      [("y", T.COMPLEX64, [2])])
     with pytest.raises(dlnet.ModelError, match="input 'x': dtype COMPLEX64 is not supported"):
         dlnet.Net(context()).load_onnx(model)
+
+
+def test_bfloat16_rounding_goes_on_after_a_host_step():
+    """NonZero runs on the host; the bfloat16 value `a` made before it is still rounded to after (bits agree)."""
+    x = rng.standard_normal(40).astype(BF16)
+    model = model_of([helper.make_node("Mul", ["x", "x"], ["a"]), helper.make_node("NonZero", ["x"], ["nz"]),
+                      helper.make_node("Add", ["a", "x"], ["s"]), helper.make_node("Mul", ["s", "x"], ["y"])],
+                     [("x", T.BFLOAT16, [40])], [("y", T.BFLOAT16, [40]), ("nz", T.INT64, None)])
+    got, want = run(model, {"x": x})
+    assert np.array_equal(got["nz"], want["nz"])
+    assert np.array_equal(bits(got["y"]), bits(want["y"]))
