@@ -134,3 +134,18 @@ def test_bfloat16_rounding_goes_on_after_a_host_step():
     got, want = run(model, {"x": x})
     assert np.array_equal(got["nz"], want["nz"])
     assert np.array_equal(bits(got["y"]), bits(want["y"]))
+
+
+def test_round_bfloat16_passes_the_gradient_straight_through():
+    """d/dx sum(RoundBfloat16(x) * w) = w: rounding's own derivative (0 almost everywhere) would stop bfloat16
+    training, so the rule is the straight-through estimator."""
+    from dlnet.graph.autodiff import gradients
+    from dlnet.graph.ir import Builder, Graph
+    g = Graph()
+    b = Builder(g)
+    x = g.add_input("x", "float32", (7,))
+    w = rng.standard_normal(7).astype(np.float32)
+    loss = b.op("Reduce", [b.op("Mul", [b.op("RoundBfloat16", [x]), g.constant(w)])],
+                {"mode": "sum", "axes": (0,), "keepdims": 0})
+    (dx,) = gradients(g, loss, [x])
+    assert dx.const is not None and rel_l2(dx.const, w) == 0
