@@ -149,3 +149,17 @@ def test_round_bfloat16_passes_the_gradient_straight_through():
                 {"mode": "sum", "axes": (0,), "keepdims": 0})
     (dx,) = gradients(g, loss, [x])
     assert dx.const is not None and rel_l2(dx.const, w) == 0
+
+
+def test_bfloat16_weights_in_an_external_data_file(tmp_path):
+    """A bfloat16 initializer in `.onnx.data` is 2 bytes an element (its length is checked against that)."""
+    w = rng.standard_normal((64, 32)).astype(BF16)
+    model = model_of([helper.make_node("MatMul", ["x", "w"], ["y"])], [("x", T.BFLOAT16, [2, 64])],
+                     [("y", T.BFLOAT16, [2, 32])], {"w": w})
+    x = rng.standard_normal((2, 64)).astype(BF16)
+    want = reference(model, {"x": x})[0]
+    onnx.save(model, str(tmp_path / "m.onnx"), save_as_external_data=True, location="m.onnx.data",
+              size_threshold=0)
+    assert (tmp_path / "m.onnx.data").stat().st_size == w.size * 2
+    got = dlnet.Net(context()).load_onnx(str(tmp_path / "m.onnx")).run({"x": x})["y"]
+    assert got.dtype == BF16 and rel_l2(got.astype(np.float64), want.astype(np.float64)) < 1e-2
