@@ -9,7 +9,7 @@ from .graph.printer import format_graph
 from .kernels.runtime import Context
 from .kernels.schedule import schedule
 from .kernels.tuner import tune_layers
-from .onnx.common import ONNX_DTYPES
+from .onnx.common import BFLOAT16, ONNX_DTYPES
 from .onnx.importer import BindInputs, check_supported, graph_io
 from .onnx.validate import read_model
 from .pipeline import inference_graph
@@ -149,7 +149,9 @@ class Net:
             a = feeds[info.name] if isinstance(feeds[info.name], Kept) else np.asarray(feeds[info.name])
             if info.dtype == "object" and a.dtype.kind == "U":  # a string input: numpy's str arrays are fine too
                 a = a.astype(object)
-            if a.dtype != np.dtype(info.dtype):
+            if info.dtype == "bfloat16" and a.dtype == np.float32 and isinstance(a, Kept):
+                pass  # (kept on the device, where bfloat16 is held as float32)
+            elif a.dtype != np.dtype(info.dtype):
                 if a.dtype.kind == np.dtype(info.dtype).kind == "f" or (a.dtype.kind in "iu" and
                                                                         np.dtype(info.dtype).kind in "iu"):
                     raise InputError(f"{self.path}: input {info.name!r} has dtype {a.dtype}, expected {info.dtype} "
@@ -168,6 +170,8 @@ class Net:
                 elif d != want:
                     raise InputError(f"{self.path}: input {info.name!r}{where} has shape {list(a.shape)}, expected "
                                      f"{list(info.shape)}")
+            if info.dtype == "bfloat16" and not isinstance(a, Kept):
+                a = a.astype(np.float32)  # (exact: the device holds bfloat16 as float32)
             # (ascontiguousarray makes a 0-d array 1-d)
             arrays.append(a if isinstance(a, Kept) or a.flags.c_contiguous else a.copy())
             shapes[info.name] = a.shape
@@ -227,7 +231,11 @@ class Net:
         self.drop_kept(used)
         for out_name, in_name in keep.items():
             self.kept[in_name] = outs[out_name]
-        return {n: outs[n].numpy() if isinstance(outs[n], Kept) else outs[n] for n in wanted_here}
+        result = {n: outs[n].numpy() if isinstance(outs[n], Kept) else outs[n] for n in wanted_here}
+        for o in self.outputs:  # bfloat16 comes back as numpy's (ml_dtypes'): exact, the device rounded it
+            if o.dtype == "bfloat16" and o.name in result:
+                result[o.name] = result[o.name].astype(o.dtype)
+        return result
 
     def _check_keep(self, keep, every):
         """run()'s `keep` checked: {output name: input name of the same dtype}, each input named once."""
@@ -418,7 +426,8 @@ def _bind_inputs(model, constants, path):
     inits = [i for i in bound.graph.initializer if i.name not in constants]
     del bound.graph.initializer[:]
     bound.graph.initializer.extend(inits)
-    declared = {i.name: ONNX_DTYPES.get(i.type.tensor_type.elem_type) for i in model.graph.input}
+    declared = {i.name: "bfloat16" if i.type.tensor_type.elem_type == BFLOAT16 else
+                ONNX_DTYPES.get(i.type.tensor_type.elem_type) for i in model.graph.input}
     for name, array in constants.items():
         a = np.asarray(array)
         if declared[name] not in (None, "object") and a.dtype != np.dtype(declared[name]):

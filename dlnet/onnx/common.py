@@ -9,10 +9,12 @@ Handlers only build IR; numbers are computed by folding.
 import functools
 from dataclasses import dataclass, field
 
+import ml_dtypes
+import numpy as np
 import onnx
 
 from ..errors import ModelError
-from ..graph.ir import NeedsValue
+from ..graph.ir import NeedsHost, NeedsValue
 
 HANDLERS = {}
 
@@ -50,17 +52,93 @@ def resolve_handler(op_type, opset, domain=""):
 
 
 # ---------------------------------------------------------------- dtypes ------------------------------------------
+# ONNX type code -> the dtype of its values in the IR (and on the device). 16, BFLOAT16, is held as float32 whose
+# values are bfloat16's (rounded after each node that makes one: Importer, RoundBfloat16); the ml_dtypes types
+# numpy holds but no kernel reads (HOST_DTYPES) live only as host constants.
 ONNX_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64", 9: "bool",
-               10: "float16", 11: "float64", 12: "uint32", 13: "uint64", 8: "object"}  # 8: STRING, host ops only
+               10: "float16", 11: "float64", 12: "uint32", 13: "uint64", 8: "object",  # 8: STRING, host ops only
+               16: "float32"}
+BFLOAT16 = 16
+HOST_DTYPES = {17: "float8_e4m3fn", 18: "float8_e4m3fnuz", 19: "float8_e5m2", 20: "float8_e5m2fnuz", 21: "uint4",
+               22: "int4", 23: "float4_e2m1fn", 24: "float8_e8m0fnu", 25: "uint2", 26: "int2"}
+HOST_DTYPE_OPS = ("Cast", "CastLike", "QuantizeLinear", "DequantizeLinear")  # what reads or makes HOST_DTYPES
 
 
 def onnx_dtype(code, where=""):
+    """The IR dtype of ONNX type `code` (bfloat16: float32); a ModelError for a type no kernel holds."""
     dt = ONNX_DTYPES.get(code)
     if dt is None:
         name = onnx.TensorProto.DataType.Name(code) if code in onnx.TensorProto.DataType.values() else code
-        supported = sorted(set(ONNX_DTYPES.values()) - {"object"}) + ["string"]
+        supported = sorted(set(ONNX_DTYPES.values()) - {"object"}) + ["bfloat16", "string"]
         raise ModelError(f"{where}dtype {name} is not supported (supported: {supported})")
     return dt
+
+
+def model_dtype(code, where=""):
+    """The dtype a user feeds or gets for ONNX type `code`: numpy's or ml_dtypes' name ("bfloat16", "int4", ...)."""
+    if code == BFLOAT16:
+        return "bfloat16"
+    return HOST_DTYPES.get(code) or onnx_dtype(code, where)
+
+
+def host_array(array):
+    """An array of a model's tensor as the IR holds it: bfloat16 widened to float32 (exactly)."""
+    return array.astype(np.float32) if array.dtype == ml_dtypes.bfloat16 else array
+
+
+def round_bfloat16_outputs(node, inputs_bf16, opset):
+    """[is bfloat16] for each output of ONNX `node`, from its schema: an output of the type parameter of a bfloat16
+    input (T of Add, Relu, MatMul...), or one whose type an attribute sets to BFLOAT16 (Cast's to, EyeLike's dtype,
+    Constant's value)."""
+    try:
+        schema = onnx.defs.get_schema(node.op_type, opset, "")
+    except Exception:
+        return [False] * len(node.output)
+    params = {p.type_str for p, bf in zip(schema.inputs, inputs_bf16) if bf}
+    if schema.inputs and schema.inputs[-1].option == onnx.defs.OpSchema.FormalParameterOption.Variadic and \
+            any(inputs_bf16[len(schema.inputs) - 1:]):
+        params.add(schema.inputs[-1].type_str)
+    by_attr = False
+    for a in node.attribute:
+        if a.name in ("to", "dtype", "output_dtype") and a.type == onnx.AttributeProto.INT:
+            by_attr = a.i == BFLOAT16
+        elif a.type == onnx.AttributeProto.TENSOR and a.t.data_type == BFLOAT16:
+            by_attr = True
+    out = []
+    for k in range(len(node.output)):
+        p = schema.outputs[min(k, len(schema.outputs) - 1)] if schema.outputs else None
+        bound = p is not None and any(q.type_str == p.type_str for q in schema.inputs)
+        out.append(p is not None and (p.type_str in params or (by_attr and not bound)))
+    return out
+
+
+def host_dtype_node(node, inputs, bfloat16, opset):
+    """Where ONNX `node` (Cast, CastLike, QuantizeLinear, DequantizeLinear) reads or makes a HOST_DTYPES value: its
+    outputs as arrays, computed on the host by onnx's reference implementation of the op (exact: these are
+    conversions with the spec's rounding and saturation), once every input is known; NeedsHost before (the node then
+    runs on the host at run time). None where it involves no such dtype. A node of any other op reading one: a
+    ModelError naming the dtype. bfloat16: the ONNX names of bfloat16 values (float32 in the IR)."""
+    exotic = [v.dtype for v in inputs if v is not None and v.dtype in HOST_DTYPES.values()]
+    if node.op_type not in HOST_DTYPE_OPS:
+        if exotic:
+            raise ModelError(f"dtype {exotic[0]} is not supported (only {', '.join(HOST_DTYPE_OPS)} take it)")
+        return None
+    made = [a.i for a in node.attribute if a.name in ("to", "output_dtype") and a.i in HOST_DTYPES]
+    if not exotic and not made:
+        return None
+    if any(v is not None and v.const is None for v in inputs):
+        raise NeedsHost(f"dtype {(exotic or [HOST_DTYPES[c] for c in made])[0]} is held on the host only: "
+                        "it runs on the host at run time")
+    from onnx.reference import ReferenceEvaluator  # (only for these nodes)
+    arrays = [None if v is None else v.const.astype(ml_dtypes.bfloat16) if name in bfloat16 else v.const
+              for name, v in zip(node.input, inputs)]
+    names = [n if n else "" for n in node.input]
+    graph = onnx.helper.make_graph([node], "host", [onnx.helper.make_tensor_value_info(n, 0, None) for n in names
+                                                    if n], [onnx.helper.make_tensor_value_info(n, 0, None)
+                                                            for n in node.output if n])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)])
+    outs = ReferenceEvaluator(model).run(None, {n: a for n, a in zip(names, arrays) if n})
+    return [host_array(np.asarray(y)) for y in outs]
 
 
 def widen_float16(fn):

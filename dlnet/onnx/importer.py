@@ -4,6 +4,7 @@ dynamic, text, spectral), registered in common.HANDLERS when imported here; they
 import functools
 import os
 
+import numpy as np
 import onnx
 from onnx import helper
 
@@ -31,7 +32,19 @@ from . import (  # noqa: F401  (imported for their @handler registrations)
     tensor,
     text,
 )
-from .common import HANDLERS, ONNX_DTYPES, Cut, onnx_dtype, resolve_handler
+from .common import (
+    BFLOAT16,
+    HANDLERS,
+    HOST_DTYPES,
+    ONNX_DTYPES,
+    Cut,
+    host_array,
+    host_dtype_node,
+    model_dtype,
+    onnx_dtype,
+    resolve_handler,
+    round_bfloat16_outputs,
+)
 from .validate import read_model, tensor_array
 
 __all__ = ["HANDLERS", "ONNX_DTYPES", "BindInputs", "Importer", "check_supported", "graph_io", "load_model",
@@ -94,7 +107,7 @@ def graph_io(model, path=""):
                 dims.append(int(d.dim_value))
             else:
                 dims.append(d.dim_param or f"d{k}")
-        return vi.name, dims, onnx_dtype(t.elem_type, f"{loc}{where} {vi.name!r}: ") if t.elem_type else "float32"
+        return vi.name, dims, model_dtype(t.elem_type, f"{loc}{where} {vi.name!r}: ") if t.elem_type else "float32"
 
     ins = [info(v, "input") for v in model.graph.input if v.name not in inits]
     outs = [info(v, "output") for v in model.graph.output]
@@ -111,6 +124,7 @@ class Importer:
         self.values = {}
         self.graph = Graph(model.graph.name or os.path.basename(str(path)))
         self.b = Builder(self.graph, path)
+        self.bfloat16 = set()  # ONNX names of the values that are bfloat16 (float32 in the IR, rounded)
 
     def attrs(self, node):
         """{name: value} of the node's attributes, the node checked against its op's schema first (every handler
@@ -131,7 +145,7 @@ class Importer:
             if isinstance(v, bytes):
                 v = v.decode()
             elif isinstance(v, onnx.TensorProto):
-                v = tensor_array(v, f"attribute {a.name!r}")
+                v = host_array(tensor_array(v, f"attribute {a.name!r}"))
             elif isinstance(v, list) and v and isinstance(v[0], bytes):
                 v = [s.decode() for s in v]
             out[a.name] = v
@@ -152,15 +166,22 @@ class Importer:
         for init in self.model.graph.initializer:
             where = f"{self.path}: initializer {init.name!r}"
             arr = tensor_array(init, where)  # (never reads a file: validate.read_model read external data at load)
+            if init.data_type == BFLOAT16:
+                self.bfloat16.add(init.name)
             # (no copy where the dtype is already right: the array is a read-only view of the protobuf's bytes)
-            v = self.graph.constant(arr.astype(onnx_dtype(init.data_type, f"{where}: "), copy=False), init.name)
+            dtype = HOST_DTYPES.get(init.data_type) or onnx_dtype(init.data_type, f"{where}: ")
+            v = self.graph.constant(host_array(arr).astype(dtype, copy=False), init.name)
             v.param = training and v.dtype in ("float32", "float64", "float16")  # trainable: never folded
             self.values[init.name] = v
         ins, _ = graph_io(self.model, self.path)
         for name, _, dtype in ins:
             if values is not None and name in values:
-                self.values[name] = self.graph.constant(values[name], name)
+                self.bfloat16.update([name] if dtype == "bfloat16" else [])
+                self.values[name] = self.graph.constant(host_array(np.asarray(values[name])), name)
                 continue
+            if dtype == "bfloat16":
+                self.bfloat16.add(name)
+                dtype = "float32"
             shape = input_shapes[name]
             if over_cap(shape):  # (a shape from the model was checked at load: this one came at run time)
                 raise InputError(f"{self.path}: input {name!r} of shape {list(shape)} {over_cap(shape)}")
@@ -174,6 +195,7 @@ class Importer:
         self.bound = None
         self.state_updates = []
         self.dropout_seed = None
+        self.bfloat16 = self._bfloat16_before(start)  # (values from before the cut come as float32)
         for name, array in consts.items():
             self.values[name] = self.graph.constant(array, name)
         for name, (dtype, shape) in inputs.items():
@@ -249,7 +271,9 @@ class Importer:
             inputs.append(self.values[n])
         self.b.node_name = label
         try:
-            outs = fn(self, node, inputs, self.attrs(node))
+            at = self.attrs(node)
+            host = host_dtype_node(node, inputs, self.bfloat16, self.opset)
+            outs = fn(self, node, inputs, at) if host is None else [self.graph.constant(y) for y in host]
         except NeedsHost:
             raise
         except NeedsValue as e:
@@ -266,6 +290,7 @@ class Importer:
             raise ModelError(f"{self.path}: node {label} ({node.op_type}): {type(e).__name__}: {e}") from None
         if not isinstance(outs, (list, tuple)):
             outs = [outs]
+        outs = self._round_bfloat16(node, outs)
         for name, v in zip(node.output, outs, strict=False):
             if name and v is not None:
                 self.values[name] = v
@@ -273,6 +298,33 @@ class Importer:
             if name:
                 raise ModelError(f"{self.path}: node {label} ({node.op_type}): output {name!r} "
                                  "(an optional output) is not supported")
+
+    def _round_bfloat16(self, node, outs):
+        """The handler's outputs, those ONNX types bfloat16 rounded to it (the kernels computed them in float32) and
+        their names noted, except where the op only moves or selects its bfloat16 inputs' values."""
+        is_bf16 = [n in self.bfloat16 for n in node.input]
+        if not any(is_bf16) and not any(a.name in ("to", "dtype", "output_dtype", "value") for a in node.attribute):
+            return outs
+        marks = round_bfloat16_outputs(node, is_bf16, self.opset)
+        outs = list(outs)
+        for k, (name, v) in enumerate(zip(node.output, outs, strict=False)):
+            if not (name and v is not None and k < len(marks) and marks[k]):
+                continue
+            self.bfloat16.add(name)
+            if v.dtype == "float32" and node.op_type not in EXACT_ON_BFLOAT16:
+                outs[k] = self.b.op("RoundBfloat16", [v])
+        return outs
+
+    def _bfloat16_before(self, start):
+        """The ONNX names of bfloat16 values that ONNX nodes before `start` make or read, by the rule of
+        _round_bfloat16 (for a graph that starts after a host step)."""
+        g = self.model.graph
+        names = {i.name for i in g.initializer if i.data_type == BFLOAT16}
+        names |= {i.name for i in g.input if i.type.tensor_type.elem_type == BFLOAT16}
+        for node in g.node[:start]:
+            marks = round_bfloat16_outputs(node, [n in names for n in node.input], self.opset)
+            names |= {n for n, bf in zip(node.output, marks) if n and bf}
+        return names
 
     def _needed_inputs(self, node, value):
         """The names of `node`'s inputs (and the outer values its subgraphs read) that `value` (what its handler asked
@@ -342,6 +394,13 @@ class Importer:
         if index is not None:
             g.notes.append(f"stops before ONNX node #{index}: {reason}")
         return g
+
+
+# ops whose outputs are values of their inputs (moved, selected, sign-flipped): a bfloat16 input gives bfloat16 ones
+EXACT_ON_BFLOAT16 = frozenset(
+    "Identity Reshape Flatten Squeeze Unsqueeze Transpose Concat Split Slice Gather GatherElements GatherND Expand "
+    "Tile Where Max Min Relu Neg Abs MaxPool ReduceMax ReduceMin TopK Sort ScatterElements ScatterND SpaceToDepth "
+    "DepthToSpace Compress ReverseSequence Trilu Shape Size Dropout".split())
 
 
 @functools.cache

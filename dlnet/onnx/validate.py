@@ -27,7 +27,7 @@ from onnx import external_data_helper, numpy_helper
 
 from ..errors import InputError, ModelError
 from ..limits import MAX_DEPTH, MAX_ELEMENTS, MAX_MODEL_BYTES, MAX_NODES, elements, over_cap
-from .common import ONNX_DTYPES, onnx_dtype
+from .common import BFLOAT16, HOST_DTYPES, ONNX_DTYPES, onnx_dtype
 
 NEWEST_OPSET = onnx.defs.onnx_opset_version()  # of the default domain, as the onnx package dlnet pins knows it
 NEWEST_IR = onnx.IR_VERSION
@@ -229,7 +229,7 @@ def _utf8(strings, where):
 
 def _check_tensor(t, where):
     """A dtype dlnet holds, dims >= 0 within the cap; True where the tensor keeps its data in an external file."""
-    if t.data_type not in ONNX_DTYPES:
+    if t.data_type not in ONNX_DTYPES and t.data_type not in HOST_DTYPES:
         onnx_dtype(t.data_type, f"{where}: ")  # (raises, naming the dtypes there are)
     dims = t.dims
     if dims and (min(dims) <= 0 or math.prod(dims) > MAX_ELEMENTS) and over_cap(dims):
@@ -271,7 +271,7 @@ def _read_one(t, base_dir, name, used):
     dtype = ONNX_DTYPES.get(t.data_type)
     if dtype is None or dtype == "object":
         raise ModelError(f"{where}: external data of data type {t.data_type} is not supported")
-    nbytes = elements(t.dims) * np.dtype(dtype).itemsize
+    nbytes = elements(t.dims) * (2 if t.data_type == BFLOAT16 else np.dtype(dtype).itemsize)
     try:
         info = external_data_helper.ExternalDataInfo(t)
     except ValueError as e:  # offset or length not a non-negative integer

@@ -76,13 +76,22 @@ def run_case(ctx, case):
 
 
 def _numpy_held(proto):
-    """Whether a TensorProto's dtype is a plain numpy one (float8, bfloat16, int4... come back as ml_dtypes)."""
+    """Whether a TensorProto's dtype is one numpy holds: its own, or ml_dtypes' (bfloat16, float8, int4, float4)."""
     import onnx
     try:
         dtype = onnx.helper.tensor_dtype_to_np_dtype(proto.data_type)
-        return dtype.isbuiltin == 1 and dtype.kind in "biufc"
     except (KeyError, ValueError):
         return False
+    return (dtype.isbuiltin == 1 and dtype.kind in "biufc") or proto.data_type in ML_DTYPES
+
+
+# BFLOAT16, FLOAT8E4M3FN/FNUZ, FLOAT8E5M2/FNUZ, UINT4, INT4, FLOAT4E2M1, FLOAT8E8M0, UINT2, INT2
+ML_DTYPES = (16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26)
+
+
+def _float_kind(dtype):
+    """Whether values of `dtype` compare as floats: numpy's, and ml_dtypes' bfloat16, float8 and float4."""
+    return dtype.kind in "fc" or (dtype.kind == "V" and "float" in dtype.name)
 
 
 def _run_data_set(ctx, model, inputs, expected, rtol, atol):
@@ -127,7 +136,8 @@ def _run_data_set(ctx, model, inputs, expected, rtol, atol):
                 return f"output {k}: dtype {y.dtype}, expected {ref.dtype}"
             if y.shape != ref.shape:
                 return f"output {k}: shape {list(y.shape)}, expected {list(ref.shape)}"
-            if ref.dtype.kind in "fc":
+            if _float_kind(ref.dtype):
+                y, ref = (y, ref) if ref.dtype.kind in "fc" else (y.astype(np.float64), ref.astype(np.float64))
                 if not np.allclose(y, ref, rtol=rtol, atol=atol, equal_nan=True):
                     err = np.max(np.abs(y.astype(np.float64) - ref))
                     return f"output {k}: max abs error {err:.3g} (rtol={rtol}, atol={atol})"

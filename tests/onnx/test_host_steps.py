@@ -177,4 +177,4 @@ def test_host_op_with_constant_input_folds_at_load(ctx):
 def test_onnx_string_dtype_is_listed_in_errors():
     from dlnet.onnx.importer import onnx_dtype
     with pytest.raises(dlnet.ModelError, match="string"):
-        onnx_dtype(onnx.TensorProto.BFLOAT16)
+        onnx_dtype(onnx.TensorProto.COMPLEX64)

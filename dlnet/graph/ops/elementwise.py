@@ -261,6 +261,19 @@ _pointwise("Ceil", 1, lambda at, a, T: f"ceil({a[0]})", lambda at, x: np.ceil(x)
            differentiable=False, doc="y = ceil x;  piecewise constant")
 _pointwise("Round", 1, lambda at, a, T: f"rint({a[0]})", lambda at, x: np.round(x),  # half to even, as ONNX
            differentiable=False, doc="y = round x;  piecewise constant")
+def _round_bfloat16_c(at, a, T):
+    """float32 -> the nearest bfloat16 (ties to even), still float32: the low 16 bits rounded off; NaN kept."""
+    x = f"((float)({a[0]}))"
+    return f"({x} != {x} ? {x} : as_float((as_uint({x}) + 0x7fffu + ((as_uint({x}) >> 16) & 1u)) & 0xffff0000u))"
+
+
+def _round_bfloat16_np(at, x):
+    import ml_dtypes  # (numpy's bfloat16: onnx's dependency)
+    return x.astype(ml_dtypes.bfloat16).astype(x.dtype)
+
+
+_pointwise("RoundBfloat16", 1, _round_bfloat16_c, _round_bfloat16_np, lambda b, n, dy, x, y: [dy],
+           doc="y = x rounded to bfloat16 (a float32 holding a bfloat16 value);  dx = dy (straight through)")
 for _name, _fn in [("Sin", "sin"), ("Cos", "cos"), ("Tan", "tan"), ("Asin", "asin"), ("Acos", "acos"),
                    ("Atan", "atan"), ("Sinh", "sinh"), ("Cosh", "cosh"), ("Asinh", "asinh"), ("Acosh", "acosh"),
                    ("Atanh", "atanh")]:
