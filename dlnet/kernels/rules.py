@@ -138,6 +138,20 @@ def plane_phases(geo):
         (geo["SWC"] if geo["KWC"] > 1 and geo["DWC"] % geo["SWC"] else 1)
 
 
+# dwconv.cl's dwconv2d_tiled (GPUs: stride 1, dilation 1, one output channel per input channel) up to 9 x 9 taps
+DW_TILED_MAX_TAPS = 81
+
+
+def dw_tile(OW, OH):
+    """(TX, TY, PX) of dwconv2d_tiled for an OH x OW output plane: TX work-items along a row (each PX outputs, TX
+    apart), TY rows, at most 256 work-items; the smallest block that still covers narrow planes (ConvNeXt's 7 x 7 and
+    14 x 14) in one or two groups."""
+    tx = 32 if OW > 16 else 16 if OW > 8 else 8
+    px = 2 if OW > 48 else 1
+    ty = min(256 // tx, 8 if OH > 16 else 1 << max(OH - 1, 0).bit_length())
+    return tx, ty, px
+
+
 def dw_rows(OH, OW, planes, options):
     """Rows per work-item of dwconv_cpu.cl for OH x OW outputs in each of `planes` (image, channel) planes."""
     rows = max(1, min(OH, -(-options.dw_min_outputs // OW)))

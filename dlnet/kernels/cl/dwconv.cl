@@ -32,3 +32,55 @@ __kernel void dwconv2d(__global const float* x, ulong x_off, __global const floa
 #endif
     y[y_off + n * y_nstride + (long)co * OH * OW + pix] = ACT(acc);
 }
+
+// Tiled (stride 1, dilation 1, one output channel per input channel; KHC x KWC taps compiled in): a work-group of
+// TX x TY work-items computes a (TX * PX) x TY block of one (image, channel) plane, work-item (lx, ly) the outputs
+// (ox0 + lx + TX * p, oy0 + ly), p < PX (strided, so that neighbouring work-items read neighbouring words). The input
+// block with its halo and the plane's taps sit in __local memory: each input word is read from global memory once
+// per block, not once per tap (ConvNeXt's 7 x 7 layers).
+#if defined(TX) && defined(TY) && defined(PX) && defined(KHC) && defined(KWC)
+#define BW (TX * PX)
+#define IW (BW + KWC - 1)
+#define IH (TY + KHC - 1)
+__kernel __attribute__((reqd_work_group_size(TX, TY, 1)))
+void dwconv2d_tiled(__global const float* x, ulong x_off, __global const float* w, ulong w_off,
+                    __global const float* bias, ulong bias_off, __global const float* res, ulong res_off,
+                    __global float* y, ulong y_off, int C, int H, int W, int OH, int OW, int PH, int PW,
+                    long y_nstride, long res_nstride) {
+    __local float tile[IH * IW];
+    __local float taps[KHC * KWC];
+    const int lx = get_local_id(0), ly = get_local_id(1), lid = ly * TX + lx;
+    const int ox0 = get_group_id(0) * BW, oy0 = get_group_id(1) * TY;
+    const int nc = get_group_id(2), n = nc / C, c = nc % C;
+    x += x_off + (long)nc * H * W;
+    for (int e = lid; e < IH * IW; e += TX * TY) {
+        const int r = e / IW, q = e % IW;
+        const int iy = oy0 - PH + r, ix = ox0 - PW + q;
+        tile[e] = iy >= 0 && iy < H && ix >= 0 && ix < W ? x[iy * W + ix] : 0.0f;
+    }
+    for (int e = lid; e < KHC * KWC; e += TX * TY) taps[e] = w[w_off + (long)c * KHC * KWC + e];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    float acc[PX];
+    for (int p = 0; p < PX; p++) acc[p] = 0.0f;
+    for (int ky = 0; ky < KHC; ky++)
+        for (int kx = 0; kx < KWC; kx++) {
+            const float t = taps[ky * KWC + kx];
+            for (int p = 0; p < PX; p++) acc[p] = fma(tile[(ly + ky) * IW + lx + TX * p + kx], t, acc[p]);
+        }
+    const int oy = oy0 + ly;
+    if (oy >= OH) return;
+    for (int p = 0; p < PX; p++) {
+        const int ox = ox0 + lx + TX * p;
+        if (ox >= OW) continue;
+        float v = acc[p];
+#if defined(HAS_BIAS)
+        v += bias[bias_off + c];
+#endif
+        const long pix = (long)oy * OW + ox;
+#if defined(HAS_RES)
+        v += res[res_off + n * res_nstride + (long)c * OH * OW + pix];
+#endif
+        y[y_off + n * y_nstride + (long)c * OH * OW + pix] = ACT(v);
+    }
+}
+#endif

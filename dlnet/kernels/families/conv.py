@@ -5,7 +5,7 @@ import numpy as np
 from ...errors import ModelError
 from ...graph.ops.nn import conv_geometry
 from ..emitter import act_macro, core_source, defines
-from ..rules import dw_rows, plane_phases, round_up
+from ..rules import DW_TILED_MAX_TAPS, dw_rows, dw_tile, plane_phases, round_up
 from ..runtime import kernel_source
 
 
@@ -78,6 +78,13 @@ class ConvFamily:
             self.record_tile(f"{rows}x{OW}")
             self.emit(defines({"SW": strides[1], "ROWS": rows, "KHC": KH, "KWC": KW}) + head +
                       kernel_source("dwconv_cpu"), "dwconv2d_cpu", args, (-(-OH // rows), N * Cout), (1, 1), label)
+        elif strides == [1, 1] and dil == [1, 1] and mult == 1 and KH * KW <= DW_TILED_MAX_TAPS:
+            tx, ty, px = dw_tile(OW, OH)
+            self.record_tile(f"tiled {ty}x{tx * px}")
+            args = args[:-11] + [np.int32(v) for v in pads] + args[-2:]  # (no KH..DW, strides, dilations, M)
+            self.emit(defines({"TX": tx, "TY": ty, "PX": px, "KHC": KH, "KWC": KW}) + head + kernel_source("dwconv"),
+                      "dwconv2d_tiled", args, (-(-OW // (tx * px)) * tx, -(-OH // ty) * ty, N * Cout), (tx, ty, 1),
+                      label)
         else:
             lx, ly = (16 if OW >= 16 else 8), 4
             self.record_tile(f"{ly}x{lx}")
