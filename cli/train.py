@@ -17,7 +17,7 @@ from dlnet.errors import ConfigError
 
 from . import checkpoint as ckpt
 from .checkpoint import write_atomic
-from .common import command_errors
+from .common import command_errors, threads_option
 from .train_config import MAY_CHANGE_ON_RESUME, config_changes, load_config, read_config, resolve_paths, show_config
 from .train_data import augment, check_dataset, load_dataset, normalise
 
@@ -99,7 +99,7 @@ class _Interrupts:
             self.defer = False
 
 
-def run_training(config_path, resume=False, echo=print, force=False):
+def run_training(config_path, resume=False, echo=print, force=False, threads=None):
     """Train as the config says; returns the per-epoch metric rows. A checkpoint is written after every epoch and on
     Ctrl-C or SIGTERM (mid-epoch: with the epoch's order and position), so --resume continues exactly: the same seed
     gives the same loss curve as an uninterrupted run. Nothing is created before the config, the data, the model and
@@ -111,16 +111,16 @@ def run_training(config_path, resume=False, echo=print, force=False):
     cfg = resolve_paths(written, config_path)
     with _Interrupts() as interrupts:
         try:
-            return _run(config_path, written, cfg, resume, force, echo, interrupts)
+            return _run(config_path, written, cfg, resume, force, echo, interrupts, threads)
         except KeyboardInterrupt as e:
             raise SystemExit(143 if isinstance(e, Terminated) else 130) from None
 
 
-def _run(config_path, written, cfg, resume, force, echo, interrupts):
+def _run(config_path, written, cfg, resume, force, echo, interrupts, threads=None):
     import dlnet
     output = cfg["output"]
     _check_run_folder(output, resume, force)
-    net = dlnet.Net(dlnet.Context(cfg["device"])).load_onnx(cfg["model"])
+    net = dlnet.Net(dlnet.Context(cfg["device"], threads=threads)).load_onnx(cfg["model"])
     run = _TrainingRun(config_path, written, cfg, net, echo)
     if resume:
         run.resume()
@@ -445,10 +445,11 @@ def write_plot(output, rows):
 @click.option("--resume", is_flag=True, help="Continue from the run folder's newest good checkpoint.")
 @click.option("--force", is_flag=True, help="Start over in a run folder that exists (dlnet's files in it go).")
 @click.option("--show-config", "show", is_flag=True, help="Print CONFIG with every default filled in, and exit.")
+@threads_option
 @command_errors
-def train(config, resume, force, show):
+def train(config, resume, force, show, threads):
     """Train an ONNX model as CONFIG (YAML; keys in docs/config.md) says."""
     if show:
         click.echo(show_config(load_config(config), config), nl=False)
         return
-    run_training(config, resume, echo=click.echo, force=force)
+    run_training(config, resume, echo=click.echo, force=force, threads=threads)
