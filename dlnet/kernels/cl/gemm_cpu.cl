@@ -34,7 +34,8 @@ void gemm_cpu(__global const float* a, ulong a_off, __global const float* bp, ul
     y += y_off;
     c += c_off;
     // whole float8s of columns: one vector store with ACT lane by lane (a short product, K = 64, spent as long in a
-    // scalar epilogue as in its products: 3136 x 64 x 256 1.4-2.3 -> 0.7-1.1 ms, noisy); the ragged last float8 element by element
+    // scalar epilogue as in its products: 3136 x 64 x 256 1.4-2.3 -> 0.7-1.1 ms, noisy); the ragged last float8
+    // element by element
     _Pragma("unroll") for (int i = 0; i < MR; i++) {
         const int m = m0 + i;
         if (m >= M) break;
