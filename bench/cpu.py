@@ -91,7 +91,8 @@ def paired_medians(fns, iters, rounds):
 def cnn(name, batch):
     """(model, feeds) of one of the onnx package's reference CNNs with random weights."""
     model = with_random_weights(onnx.load(os.path.join(LIGHT, f"light_{name}.onnx")), np.random.default_rng(1))
-    info = model.graph.input[0]
+    inits = {i.name for i in model.graph.initializer}
+    info = next(i for i in model.graph.input if i.name not in inits)  # (old models list their weights as inputs)
     shape = [batch] + [d.dim_value for d in info.type.tensor_type.shape.dim[1:]]
     return model, {info.name: np.random.default_rng(0).standard_normal(shape).astype(np.float32)}
 
@@ -123,6 +124,7 @@ def main():
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     opts.intra_op_num_threads = args.threads
+    opts.log_severity_level = 3  # (not a warning per unused initializer of the old models)
     print(f"device: {ctx.info}, {ctx.threads} threads; onnxruntime {ort.__version__} (CPUExecutionProvider, "
           f"ORT_ENABLE_ALL, intra_op_num_threads={args.threads or 'default'}){'; --quick' if args.quick else ''}")
     rows = []
