@@ -77,6 +77,8 @@ __kernel void attention_cpu(__global const float* q, ulong q_off, __global const
     for (int j0 = 0; j0 < kv_end; j0 += BK) {
         const int nk = min(BK, kv_end - j0);
         float s[RQ][BK];
+        for (int r = 0; r < RQ; r++)  // (keys past the block's end: e^-inf = 0 in the whole-block exp below)
+            for (int jj = nk; jj < BK; jj++) s[r][jj] = -INFINITY;
         for (int jj = 0; jj < nk; jj++) {
             const int j = j0 + jj;
             float8 kv[D8];
@@ -105,11 +107,11 @@ __kernel void attention_cpu(__global const float* q, ulong q_off, __global const
             const float mu = top == -INFINITY ? 0.0f : top;  // nothing visible yet: exp(-inf - 0) = 0
             const float alpha = dl_exp_neg(m[r] - mu);
             m[r] = top;
+            // the exps over the whole block, apart from the sum: a fixed trip count and no float reduction, so the
+            // compiler vectorises dl_exp_neg across keys (12 heads of 128 x 64: 2.37 -> 1.4-1.8 ms, A/B interleaved)
+            for (int jj = 0; jj < BK; jj++) s[r][jj] = dl_exp_neg(s[r][jj] - mu);
             float sum = 0.0f;
-            for (int jj = 0; jj < nk; jj++) {
-                s[r][jj] = dl_exp_neg(s[r][jj] - mu);
-                sum += s[r][jj];
-            }
+            for (int jj = 0; jj < nk; jj++) sum += s[r][jj];
             l[r] = l[r] * alpha + sum;
             for (int c = 0; c < DV8; c++) acc[r][c] *= alpha;
         }
