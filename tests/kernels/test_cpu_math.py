@@ -92,3 +92,23 @@ def test_exp_of_non_positive_floats_within_two_ulp(ctx):
     normal = x >= np.float32(-87.3)  # (e^-87.3 is just above float's smallest normal)
     assert (np.abs(got[normal] - want[normal]) <= 2 * np.spacing(want[normal].astype(np.float32))).all()
     assert (got[(x < np.float32(-87.3)) & ~np.isnan(x)] == 0).all() and np.isnan(got[np.isnan(x)]).all()
+
+
+def test_pointwise_chains_written_in_place_over_their_input(ctx):
+    """A transformer's MLP: MatMul, bias + GELU written in place over the product (the vectorised loop assumes each
+    element is read before it is written), MatMul, bias + residual Add in place too; against numpy."""
+    rng = np.random.default_rng()
+    x = rng.standard_normal((1, 37, 48)).astype(np.float32)
+    w1 = (rng.standard_normal((48, 200)) / 7).astype(np.float32)
+    w2 = (rng.standard_normal((200, 48)) / 14).astype(np.float32)
+    b1, b2 = rng.standard_normal(200).astype(np.float32), rng.standard_normal(48).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["m1"]), helper.make_node("Add", ["m1", "b1"], ["s1"]),
+             helper.make_node("Gelu", ["s1"], ["g"]), helper.make_node("MatMul", ["g", "w2"], ["m2"]),
+             helper.make_node("Add", ["m2", "b2"], ["s2"]), helper.make_node("Add", ["x", "s2"], ["y"])]
+    net = dlnet.Net(ctx).load_onnx(make_model(nodes, {"x": x}, ["y"], {"w1": w1, "w2": w2, "b1": b1, "b2": b2},
+                                              opset=20))
+    got = net.run({"x": x})["y"]
+    net.release()
+    s1 = x.astype(np.float64) @ w1 + b1
+    want = x + (ORACLES["Gelu"](s1) @ w2 + b2)
+    assert rel_l2(got, want) < 1e-5
