@@ -91,17 +91,17 @@ def convs(ctx, rng, iters):
 
 
 def attention(ctx, rng, iters):
-    for causal in (0, 1):
-        q, k, v = (rng.standard_normal((1, 12, 128, 64)).astype(np.float32) for _ in range(3))
+    for t, causal in [(128, 0), (128, 1), (197, 0)]:  # BERT's and GPT-2's 128 tokens, ViT-B/16's 197
+        q, k, v = (rng.standard_normal((1, 12, t, 64)).astype(np.float32) for _ in range(3))
         model = make_model([helper.make_node("Attention", ["q", "k", "v"], ["y"], is_causal=causal)],
                            {"q": q, "k": k, "v": v}, ["y"], opset=23)
         times, out, tiles = profile(ctx, model, {"q": q, "k": k, "v": v}, iters)
         s = q.astype(np.float64) @ k.transpose(0, 1, 3, 2) / 8.0
         if causal:
-            s = s + np.triu(np.full((128, 128), -np.inf), 1)
+            s = s + np.triu(np.full((t, t), -np.inf), 1)
         p = np.exp(s - s.max(-1, keepdims=True))
         want = (p / p.sum(-1, keepdims=True)) @ v
-        row(f"attention 12x128x64{' causal' if causal else ''}", times, 4 * 12 * 128 * 128 * 64,
+        row(f"attention 12x{t}x64{' causal' if causal else ''}", times, 4 * 12 * t * t * 64,
             rel_l2(out, want), tiles)
 
 
