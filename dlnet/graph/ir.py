@@ -13,6 +13,17 @@ class NeedsHost(ModelError):
     """
 
 
+class NeedsValue(ModelError):
+    """A handler needs the data of `value` (a Reshape's shape, a Slice's starts, TopK's k, ...) and it is not known
+    at import. The importer binds the small graph inputs it comes from, one plan per value they take (dlnet/net.py),
+    or ends the device graph before the node and imports the rest once the value is known at run time
+    (dlnet/plan.py); in a training graph it reaches the user as the ModelError it is."""
+
+    def __init__(self, message, value):
+        super().__init__(message)
+        self.value = value
+
+
 class Value:
     """An SSA value: dtype (numpy name) and static shape; `const` holds the data of a constant."""
     __slots__ = ("id", "name", "dtype", "shape", "const", "producer", "users", "param")

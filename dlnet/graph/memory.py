@@ -109,8 +109,10 @@ class _Arena:
         self.free = merged
 
 
-def plan_memory(graph, inplace=True, keep=(), together=None, workspace=None):
+def plan_memory(graph, inplace=True, keep=(), together=None, workspace=None, tie=()):
     """Assign every runtime value a byte offset. `keep`: value ids that must live to the end (training).
+    `tie`: (output value id, input value id) pairs: the output takes the graph input's place where the node making it
+    may write over that input and is its last reader (a kept KV cache then needs no copy to the next run's input).
     `together`: (start, stop, images), nodes[start:stop] run slice after slice of the batch, of at most `images`
     images each (lowering.chunked_prefix): every value they read or write then lives from the first to the last of
     them, and their outputs are placed before any of them runs, so that no workspace, split-K block or later output
@@ -120,7 +122,7 @@ def plan_memory(graph, inplace=True, keep=(), together=None, workspace=None):
     # workspaces may take as much as the plan without `together` would have had (its arena, which the values of one
     # slice no longer fill: resnet50 b16's first layer, 51 MB, left its Winograd layers short, in 47 more launches)
     room = plan_memory(graph, inplace, keep, workspace=workspace).act_bytes if together else 0
-    return _Planner(graph, inplace, keep, together, room, workspace).run()
+    return _Planner(graph, inplace, keep, together, room, workspace, tie).run()
 
 
 def _concat_slices(graph):
@@ -154,7 +156,7 @@ def _concat_slices(graph):
 class _Planner:
     """One run of plan_memory, in phases that share the values' roots, their lifetimes and the activation arena."""
 
-    def __init__(self, graph, inplace, keep, together, room, workspace=None):
+    def __init__(self, graph, inplace, keep, together, room, workspace=None, tie=()):
         self.graph, self.nodes = graph, graph.nodes
         self.workspace = workspace or (lambda node: None)
         self.inplace, self.keep, self.room = inplace, keep, room
@@ -164,6 +166,7 @@ class _Planner:
         self.root = {}  # value id -> (root value id, element offset)
         self.last, self.size = {}, {}  # root id -> index of the last node that reads it, bytes
         self.pinned = set()  # roots that live to the end
+        self.tie, self.tied = tuple(tie), {}  # tied output id -> the input root it is written over
         self.offsets = {}  # root id -> byte offset in the activation arena
         self.arena = _Arena()
 
@@ -214,7 +217,8 @@ class _Planner:
     def find_lifetimes(self):
         """Size and last reader of each root; the graph's inputs, outputs and `keep` live to the end."""
         graph, find, last, size = self.graph, self.find, self.last, self.size
-        self.pinned = {find(v)[0] for v in graph.inputs}
+        tied_inputs = {x for _, x in self.tie}
+        self.pinned = {find(v)[0] for v in graph.inputs if v.id not in tied_inputs}
         self.pinned |= {find(v)[0] for v in graph.outputs if v.const is None and v.id not in self.weight_views}
         self.pinned |= set(self.keep)
         for v in graph.inputs:
@@ -230,8 +234,25 @@ class _Planner:
                 if self.in_arena(v):
                     rid = find(v)[0]
                     last[rid] = max(last.get(rid, i), i)
+        self.tie_outputs()
         for rid in self.pinned:
             last[rid] = len(self.nodes)
+
+    def tie_outputs(self):
+        """Each tied output whose node may write over its input, and reads it last, takes it over; other tied
+        inputs stay pinned."""
+        made_at = {y.id: (i, node) for i, node in enumerate(self.nodes) for y in node.outputs}
+        inputs = {v.id: v for v in self.graph.inputs}
+        for y_id, x_id in self.tie:
+            i, node = made_at.get(y_id, (None, None))
+            x = inputs.get(x_id)
+            y = next((o for o in node.outputs if o.id == y_id), None) if node is not None else None
+            if (y is not None and x is not None and self.find(x) == (x_id, 0) and self.find(y) == (y_id, 0)
+                    and self.last.get(x_id) == i and node.inputs.count(x) == 1 and x_id not in self.tied.values()
+                    and _inplace_candidate(node, node.inputs.index(x), y)):
+                self.tied[y_id] = x_id
+            elif x is not None:
+                self.pinned.add(x_id)
 
     def slice_together(self):
         """The nodes run slice after slice: the values only they read take one slice's bytes, and every value they
@@ -287,6 +308,11 @@ class _Planner:
             if rid != y.id and rid not in self.offsets and rid in self.size:  # the first slice of a Concat's output
                 self.offsets[rid] = self.arena.alloc(_align(self.size[rid]))
             if y.id in self.root or y.id in self.offsets or y.id in self.weight_views:
+                continue
+            x_id = self.tied.get(y.id)
+            if x_id is not None and self.last.get(x_id) == i:  # (not where slice_together made it live longer)
+                self.offsets[y.id] = self.offsets[x_id]
+                self.last[x_id] = -2
                 continue
             donor = self.inplace_donor(i, node, y) if self.inplace and y.id not in self.pinned else None
             if donor is not None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..graph.passes.fuse import fold_channel_shuffles, fuse_conv_prologues
-from ..graph.passes.layout import pretranspose_weights, tap_major_weights
+from ..graph.passes.layout import flatten_gemm_rows, pretranspose_weights, tap_major_weights, transposes_as_views
 from ..graph.passes.winograd import winograd_on_device, winograd_weights
 from .families.conv import is_depthwise
 from .families.conv_cpu import conv_cpu_algo
@@ -185,6 +185,8 @@ def device_passes(graph, ctx, training=False):
         fuse_conv_prologues(graph, dev.local_mem // (4 * 16))
         if o.conv_cpu_direct and o.dw_cpu_planes:
             fold_channel_shuffles(graph)
+    flatten_gemm_rows(graph)
+    transposes_as_views(graph)
     pretranspose_weights(graph, o.gemv_max_rows if dev.tiled else 0)
     if core == "gemm_core":
         winograd_weights(graph, min_channels, o.winograd_min_layer_tiles, wino_m, o.winograd_f4_min_tiles)

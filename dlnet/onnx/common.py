@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import onnx
 
 from ..errors import ModelError
+from ..graph.ir import NeedsValue
 
 HANDLERS = {}
 
@@ -78,8 +79,12 @@ def widen_float16(fn):
 
 # ---------------------------------------------------------------- values, shapes and axes -------------------------
 def const(v, what):
-    if v is None or v.const is None:
-        raise ModelError(f"{what} must be a constant (computed at load time); dynamic values are not supported")
+    """The data of `v`, a value that decides a shape or a choice: a NeedsValue where it is known only at run time
+    (the importer then plans per value, dlnet/onnx/importer.py)."""
+    if v is None:
+        raise ModelError(f"{what} must be given")
+    if v.const is None:
+        raise NeedsValue(f"{what} must be a constant (computed at load time)", v)
     return v.const
 
 
@@ -161,8 +166,11 @@ def auto_pads(at, pads, in_spatial, kernel, strides, dilations):
 @dataclass
 class Cut:
     """Where a graph stops: ONNX node `index` runs on the host; why; what the rest reads that is known already
-    (`consts`, by ONNX name) or that is one of this graph's inputs under another name (`aliases`)."""
+    (`consts`, by ONNX name) or that is one of this graph's inputs under another name (`aliases`). Where `needs`
+    names values (a shape the node's handler must know), the node does not run on the host: the rest is imported
+    from it with those values as constants, once per value."""
     index: int
     reason: str
     consts: dict = field(default_factory=dict)
     aliases: dict = field(default_factory=dict)
+    needs: tuple = ()

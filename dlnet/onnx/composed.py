@@ -1,7 +1,8 @@
 """ONNX ops written as compositions of existing IR ops (no kernels of their own).
 
-CumSum, OneHot, EyeLike, LpNormalization, InstanceNormalization, LpPool/GlobalLpPool, DepthToSpace/SpaceToDepth,
-ReverseSequence, TopK, Einsum, MaxUnpool, quantisation, the window functions (Hann, Hamming, Blackman: constants).
+CumSum, CumProd, OneHot, EyeLike, LpNormalization, InstanceNormalization, LpPool/GlobalLpPool,
+DepthToSpace/SpaceToDepth, ReverseSequence, TopK, Einsum, MaxUnpool, quantisation, the window functions (Hann,
+Hamming, Blackman: constants).
 """
 import numpy as np
 
@@ -46,6 +47,23 @@ def _cumsum(imp, node, xs, at):
     else:
         prod = b.op("Mul", [reshape(b, x3, (pre, 1, n, post)), b.const(tri.astype(x.dtype).reshape(1, n, n, 1))])
         y = _sum(b, prod, (2,), 0)
+    return [reshape(b, y, x.shape)]
+
+
+@handler("CumProd", 26)
+def _cumprod(imp, node, xs, at):
+    """y[i] = prod_j (T[i, j] ? x[j] : 1) along axis, T the (exclusive, reverse) triangle: Where, then Reduce prod."""
+    b, x = imp.b, xs[0]
+    axis = norm_axis(int(np.asarray(const(xs[1], "CumProd's axis")).reshape(-1)[0]), x.rank)
+    n = x.shape[axis]
+    i, j = np.arange(n)[:, None], np.arange(n)[None, :]
+    rev, excl = at.get("reverse", 0), at.get("exclusive", 0)
+    tri = (j > i if excl else j >= i) if rev else (j < i if excl else j <= i)
+    pre = int(np.prod(x.shape[:axis], dtype=np.int64))
+    post = int(np.prod(x.shape[axis + 1:], dtype=np.int64))
+    x4 = reshape(b, x, (pre, 1, n, post))
+    picked = b.op("Where", [b.const(tri.reshape(1, n, n, 1)), x4, _c(b, 1, x.dtype)])
+    y = b.op("Reduce", [picked], {"mode": "prod", "axes": (2,), "keepdims": 0})
     return [reshape(b, y, x.shape)]
 
 

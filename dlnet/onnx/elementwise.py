@@ -155,6 +155,15 @@ def _gelu(imp, node, xs, at):  # approximate="none": x Phi(x) by erf; "tanh": by
     return [imp.b.op("Gelu" if approximate == "none" else "GeluTanh", [x])]
 
 
+@handler("SwiGLU", 28)
+def _swiglu(imp, node, xs, at):  # y = Swish_alpha(A) * B, A and B of one shape (no broadcasting)
+    a, gate_b = xs
+    if a.shape != gate_b.shape or a.dtype != gate_b.dtype:
+        raise ModelError(f"A and B must have one shape and dtype (no broadcasting), got {a.dtype}{list(a.shape)} and "
+                         f"{gate_b.dtype}{list(gate_b.shape)}")
+    return [imp.b.op("Mul", [imp.b.op("Swish", [a], {"alpha": float(at.get("alpha", 1.0))}), gate_b])]
+
+
 @handler("Identity", 1, 13, 14, 16, 19, 21, 23, 24, 25)
 def _identity(imp, node, xs, at):
     return [xs[0]]

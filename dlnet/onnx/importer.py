@@ -1,6 +1,6 @@
 """ModelProto -> Graph. Handlers per (op_type, since_version) live in one module per op family (elementwise, tensor,
 indexing, linalg, nn, normalization, reduce, softmax, attention, composed, resize, sampling, recurrent, control,
-dynamic, text), registered in common.HANDLERS when imported here; they only build IR."""
+dynamic, text, spectral), registered in common.HANDLERS when imported here; they only build IR."""
 import functools
 import os
 
@@ -8,7 +8,7 @@ import onnx
 from onnx import helper
 
 from ..errors import InputError, ModelError
-from ..graph.ir import Builder, Graph, NeedsHost
+from ..graph.ir import Builder, Graph, NeedsHost, NeedsValue
 from ..limits import over_cap
 from . import (  # noqa: F401  (imported for their @handler registrations)
     attention,
@@ -27,14 +27,27 @@ from . import (  # noqa: F401  (imported for their @handler registrations)
     sampling,
     sequence,
     softmax,
+    spectral,
     tensor,
     text,
 )
 from .common import HANDLERS, ONNX_DTYPES, Cut, onnx_dtype, resolve_handler
 from .validate import read_model, tensor_array
 
-__all__ = ["HANDLERS", "ONNX_DTYPES", "Importer", "check_supported", "graph_io", "load_model", "model_opset",
-           "onnx_dtype", "resolve_handler"]
+__all__ = ["HANDLERS", "ONNX_DTYPES", "BindInputs", "Importer", "check_supported", "graph_io", "load_model",
+           "model_opset", "onnx_dtype", "resolve_handler"]
+
+
+BIND_MAX_ELEMENTS = 4096  # a graph input this small that decides a shape is bound per value; a larger one is not
+
+
+class BindInputs(Exception):  # noqa: N818  (a signal to Net._plan, never a user's error)
+    """Importer.build(values=...) found a shape decided by small graph inputs not yet bound: `names`. The net plans
+    once per value they take (Net._plan), so the whole model stays one device plan."""
+
+    def __init__(self, names):
+        super().__init__(", ".join(sorted(names)))
+        self.names = frozenset(names)
 
 
 def load_model(source, base_dir=None):
@@ -69,8 +82,11 @@ def graph_io(model, path=""):
     inits = {i.name for i in model.graph.initializer}
 
     def info(vi, where):
-        t = vi.type.tensor_type
-        if not vi.type.HasField("tensor_type"):
+        kind = vi.type
+        if kind.HasField("optional_type") and kind.optional_type.elem_type.HasField("tensor_type"):
+            kind = kind.optional_type.elem_type  # an optional tensor: fed (and given back) as the tensor it holds
+        t = kind.tensor_type
+        if not kind.HasField("tensor_type"):
             raise ModelError(f"{loc}{where} {vi.name!r}: only tensor inputs/outputs are supported")
         dims = []
         for k, d in enumerate(t.shape.dim):
@@ -121,13 +137,16 @@ class Importer:
             out[a.name] = v
         return out
 
-    def build(self, input_shapes, training=False):
+    def build(self, input_shapes, training=False, values=None):
         """input_shapes: {name: tuple}. Returns the Graph with inputs, outputs and output names set.
 
         Where an ONNX node must run on the host (NeedsHost), the graph stops before it and `graph.cut` says how
-        to go on (dlnet/stages.py); a training graph cannot stop, and says so.
+        to go on (dlnet/plan.py); a training graph cannot stop, and says so. values: {input name: array} of inputs
+        bound as constants for this plan; where it is given (not None), a shape decided by small inputs not in it
+        raises BindInputs (the caller binds them and builds again) instead of stopping the graph there.
         """
         self.training = training
+        self.bound = values
         self.state_updates = []  # training: (running-statistic value, its new value), e.g. BatchNormalization
         self.dropout_seed = None  # training: the uint32[1] graph input Dropout nodes read
         for init in self.model.graph.initializer:
@@ -139,6 +158,9 @@ class Importer:
             self.values[init.name] = v
         ins, _ = graph_io(self.model, self.path)
         for name, _, dtype in ins:
+            if values is not None and name in values:
+                self.values[name] = self.graph.constant(values[name], name)
+                continue
             shape = input_shapes[name]
             if over_cap(shape):  # (a shape from the model was checked at load: this one came at run time)
                 raise InputError(f"{self.path}: input {name!r} of shape {list(shape)} {over_cap(shape)}")
@@ -149,6 +171,7 @@ class Importer:
         """The graph of ONNX nodes `start`... after a host step: `inputs` {name: (dtype, shape)} arrive at run time,
         `consts` {name: array} are known (initializers and values folded before the cut)."""
         self.training = False
+        self.bound = None
         self.state_updates = []
         self.dropout_seed = None
         for name, array in consts.items():
@@ -192,6 +215,17 @@ class Importer:
                 for n in reversed(self.graph.nodes[mark:]):  # what the handler built before it found out
                     self.graph.remove_node(n)
                 return self._cut(i, str(e))
+            except NeedsValue as e:
+                if self.training:
+                    raise ModelError(f"{e}; a training graph is planned for one shape (bind it at load: "
+                                     "constants=)") from None
+                needs = self._needed_inputs(nodes[i], e.value)
+                for n in reversed(self.graph.nodes[mark:]):
+                    self.graph.remove_node(n)
+                if not needs or (i == start and all(self.values[n].const is not None for n in needs)):
+                    raise ModelError(str(e)) from None  # (known, and still not a constant: no way on)
+                self._bind_signal(needs)
+                return self._cut(i, str(e), needs)
         g = self.graph
         for o in self.model.graph.output:
             if o.name not in self.values:
@@ -218,6 +252,10 @@ class Importer:
             outs = fn(self, node, inputs, self.attrs(node))
         except NeedsHost:
             raise
+        except NeedsValue as e:
+            if str(e).startswith(f"{self.path}:"):
+                raise
+            raise NeedsValue(f"{self.path}: node {label} ({node.op_type}): {e}", e.value) from None
         except ModelError as e:
             msg = str(e)
             if msg.startswith(f"{self.path}:"):
@@ -236,9 +274,51 @@ class Importer:
                 raise ModelError(f"{self.path}: node {label} ({node.op_type}): output {name!r} "
                                  "(an optional output) is not supported")
 
-    def _cut(self, index, reason):
+    def _needed_inputs(self, node, value):
+        """The names of `node`'s inputs (and the outer values its subgraphs read) that `value` (what its handler asked
+        to be constant) is computed from."""
+        given = {self.values[n].id: n for n in sorted(_names_read([node])) if n in self.values}
+        found, seen, stack = set(), set(), [value]
+        while stack:
+            v = stack.pop()
+            if v.id in seen:
+                continue
+            seen.add(v.id)
+            if v.id in given:
+                found.add(given[v.id])
+            elif v.producer is not None:
+                stack.extend(u for u in v.producer.inputs if u is not None)
+        if not found:  # (a value made inside a subgraph: every input the node reads that is not known)
+            found = {n for n in given.values() if self.values[n].const is None}
+        return sorted(found)
+
+    def _bind_signal(self, needs):
+        """BindInputs where build(values=...) may bind the small graph inputs the needed values come from, and some
+        of them are not bound yet; otherwise nothing (the graph stops before the node)."""
+        if self.bound is None:
+            return
+        inputs = {v.id: v for v in self.graph.inputs}
+        reached, seen, stack = {}, set(), [self.values[n] for n in needs]
+        while stack:
+            v = stack.pop()
+            if v.id in seen:
+                continue
+            seen.add(v.id)
+            if v.id in inputs:
+                reached[v.name] = v
+            elif v.producer is not None:
+                stack.extend(u for u in v.producer.inputs if u is not None)
+        direct = set(needs)
+        small = all(v.size <= BIND_MAX_ELEMENTS and (v.dtype in ("bool", "int8", "int16", "int32", "int64", "uint8",
+                                                                   "uint16", "uint32", "uint64") or n in direct)
+                    for n, v in reached.items())
+        if reached and small:
+            raise BindInputs(reached)
+
+    def _cut(self, index, reason, needs=()):
         """End the graph before ONNX node `index` (None: the model's end): its outputs are the values computed here
-        that later nodes or the model's outputs read."""
+        that later nodes or the model's outputs read. needs: names whose values the node's handler must know (the
+        rest is then imported from the node itself, once they are; otherwise the node runs on the host)."""
         g = self.graph
         later = {o.name for o in self.model.graph.output}
         if index is not None:
@@ -258,7 +338,7 @@ class Importer:
                 g.output_names.append(name)
         read = {v.id for n in g.nodes for v in n.inputs if v is not None}
         g.inputs = [v for v in g.inputs if v.id in read]  # the rest stay on the host (strings, values read later)
-        g.cut = Cut(index, reason, consts, aliases)
+        g.cut = Cut(index, reason, consts, aliases, tuple(needs))
         if index is not None:
             g.notes.append(f"stops before ONNX node #{index}: {reason}")
         return g

@@ -1,6 +1,7 @@
-"""Indexing ops: Gather, GatherElements, Scatter/ScatterElements, GatherND, ScatterND."""
+"""Indexing ops: Gather, GatherElements, Scatter/ScatterElements, GatherND, ScatterND, TensorScatter."""
 import numpy as np
 
+from ..errors import ModelError
 from .common import handler, norm_axis, reshape
 
 
@@ -71,3 +72,35 @@ def _scatter_nd(imp, node, xs, at):  # 16 adds reduction add/mul, 18 max/min: a 
     y = b.op("ScatterElements", [reshape(b, flat, (flat.shape[0], width)), rows, reshape(b, upd, (n, width))],
              {"axis": 0, "reduction": at.get("reduction", "none")})
     return [reshape(b, y, x.shape)]
+
+
+@handler("TensorScatter", 24)
+def _tensor_scatter(imp, node, xs, at):
+    """present[..., c, ...] = update[..., s, ...] where s = c - write_indices[batch] (mod max_len in circular mode) and
+    0 <= s < seq_len, else past[..., c, ...]: a GatherElements of the update, then Where."""
+    b, past, update = imp.b, xs[0], xs[1]
+    axis = norm_axis(at.get("axis", -2), past.rank)
+    mode = at.get("mode", "linear")
+    if mode not in ("linear", "circular"):
+        raise ModelError(f"mode {mode!r}: expected 'linear' or 'circular'")
+    if axis == 0 or update.rank != past.rank or update.dtype != past.dtype or update.shape[axis] > past.shape[axis] \
+            or any(u != p for k, (u, p) in enumerate(zip(update.shape, past.shape)) if k != axis):
+        raise ModelError(f"update {update.dtype}{list(update.shape)} does not fit past_cache {past.dtype}"
+                         f"{list(past.shape)} along axis {axis} (the batch axis 0 cannot be the sequence axis)")
+    max_len, seq_len = past.shape[axis], update.shape[axis]
+    at_axis = [1] * past.rank
+    at_axis[axis] = max_len
+    rel = b.const(np.arange(max_len, dtype=np.int64).reshape(at_axis))
+    if len(xs) > 2 and xs[2] is not None:
+        w = xs[2] if xs[2].dtype == "int64" else b.op("Cast", [xs[2]], {"to": "int64"})
+        rel = b.op("Sub", [rel, reshape(b, w, (past.shape[0],) + (1,) * (past.rank - 1))])
+    if mode == "circular":
+        rel = b.op("Mod", [rel, b.const(np.asarray(max_len, np.int64))], {"fmod": 0})
+    valid = b.op("And", [b.op("GreaterOrEqual", [rel, b.const(np.asarray(0, np.int64))]),
+                         b.op("Less", [rel, b.const(np.asarray(seq_len, np.int64))])])
+    index = b.op("Where", [valid, rel, b.const(np.asarray(0, np.int64))])
+    shape = list(past.shape)
+    shape[axis] = max_len
+    index = b.op("Expand", [index], {"shape": tuple(shape)})
+    gathered = b.op("GatherElements", [update, index], {"axis": axis})
+    return [b.op("Where", [b.op("Expand", [valid], {"shape": tuple(shape)}), gathered, past])]

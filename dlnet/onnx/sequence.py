@@ -62,3 +62,15 @@ def _concat_from_sequence(imp, node, xs, at):
         axis = norm_axis(axis, first.rank + 1)
         seq = [reshape(imp.b, v, v.shape[:axis] + (1,) + v.shape[axis:]) for v in seq]
     return imp.b.op("Concat", list(seq), {"axis": norm_axis(axis, seq[0].rank)})
+
+
+@handler("OptionalHasElement", 15, 18, 28)  # 18: a tensor or sequence input too, or none; 28 adds types
+def _optional_has_element(imp, node, xs, at):  # an optional known at load: whether it holds a value
+    return [imp.b.const(np.asarray(bool(xs) and xs[0] is not None))]
+
+
+@handler("OptionalGetElement", 15, 18, 28)  # 18: a tensor or sequence input is passed on; 28 adds types
+def _optional_get_element(imp, node, xs, at):
+    if not xs or xs[0] is None:
+        raise ModelError("the optional holds no value")
+    return [xs[0]]

@@ -1,4 +1,5 @@
-"""Text ops: StringNormalizer (a host op on strings) and TfIdfVectorizer (n-gram counts composed of device ops)."""
+"""Text ops: StringNormalizer, StringConcat, StringSplit, RegexFullMatch (host ops on strings) and TfIdfVectorizer
+(n-gram counts composed of device ops)."""
 import numpy as np
 
 from ..errors import ModelError
@@ -9,6 +10,22 @@ from .common import handler, reshape
 def _string_normalizer(imp, node, xs, at):
     keep = ("case_change_action", "is_case_sensitive", "stopwords", "locale")
     return [imp.b.op("StringNormalizer", [xs[0]], {k: v for k, v in at.items() if k in keep})]
+
+
+@handler("StringConcat", 20)
+def _string_concat(imp, node, xs, at):
+    return [imp.b.op("StringConcat", list(xs))]
+
+
+@handler("StringSplit", 20)
+def _string_split(imp, node, xs, at):
+    keep = {k: v for k, v in at.items() if k in ("delimiter", "maxsplit")}
+    return imp.b.op("StringSplit", [xs[0]], keep, n_out=2)
+
+
+@handler("RegexFullMatch", 20)
+def _regex_full_match(imp, node, xs, at):
+    return [imp.b.op("RegexFullMatch", [xs[0]], {"pattern": at.get("pattern", "")})]
 
 
 def _grams(at):

@@ -69,14 +69,14 @@ def dynamo_sdpa(causal):
 def test_dynamo_sdpa_is_one_node_reading_k_as_it_came():
     text, err = _fused(dynamo_sdpa(causal=False))
     assert _body(text) == ["  %12: f32[2,3,5,4] = Attention(%0, %1, %2) {scale=0.25, causal=0, causal_offset=0, "
-                           "softcap=0.0}", "  return %12 \"y\""]
+                           "softcap=0.0, layout=(bhtd, bhtd, bhtd, bhtd)}", "  return %12 \"y\""]
     assert err <= 1e-6
 
 
 def test_a_constant_causal_triangle_becomes_the_causal_flag_with_its_offset():
     text, err = _fused(dynamo_sdpa(causal=True))
     assert _body(text)[0] == "  %14: f32[2,3,5,4] = Attention(%0, %1, %2) {scale=0.25, causal=1, causal_offset=1, " \
-                             "softcap=0.0}"
+                             "softcap=0.0, layout=(bhtd, bhtd, bhtd, bhtd)}"
     assert err <= 1e-6
 
 
@@ -93,22 +93,25 @@ def test_torchscript_bool_mask_with_its_nan_guard():
     g = _finish(g, b.op("Gemm", [p, v]))
     text, err = _fused(g)
     assert _body(text) == ["  %18: f32[2,3,5,4] = Attention(%0, %1, %2, %3) {scale=0.25, causal=0, causal_offset=0, "
-                           "softcap=0.0}", "  return %18 \"y\""]
+                           "softcap=0.0, layout=(bhtd, bhtd, bhtd, bhtd)}", "  return %18 \"y\""]
     assert err <= 1e-6
 
 
-def test_mha_bmm_transposes_k_once_and_reads_its_float_mask():
-    """nn.MultiheadAttention's bmm form: q [B*H, T, D] scaled, K^T = Transpose(k [T, B*H, D], (1, 2, 0)) (one
-    new Transpose makes K), a float mask added after a scale applied to the product."""
+def test_mha_bmm_reads_k_where_it_was_and_its_float_mask():
+    """nn.MultiheadAttention's bmm form: q [B*H, T, D] scaled, K^T = Transpose(k [T, B*H, D], (1, 2, 0)), a float
+    mask added after a scale applied to the product: the node goes to rank 4 (B 1) to read k as [1, T, B*H, D]
+    (layout bthd) with no Transpose, its output viewed back."""
     g, b, (q, k, v) = _graph((6, 5, 4), (5, 6, 4), (6, 5, 4))
     bias = g.add_input("bias", "float32", (6, 1, 5))
     s = b.op("Gemm", [b.op("Mul", [q, _c(b, 0.5)]), b.op("Transpose", [k], {"perm": (1, 2, 0)})])
     s = b.op("Add", [b.op("Div", [s, _c(b, 2.0)]), bias])
     g = _finish(g, b.op("Gemm", [b.op("Softmax", [s], {"axis": 2}), v]))
     text, err = _fused(g)
-    body = _body(text)
-    assert body[0] == "  %13: f32[6,5,4] = Transpose(%1) {perm=(1,0,2)}"
-    assert body[1].startswith("  %12: f32[6,5,4] = Attention(%0, %13, %2, %3) {scale=0.25, causal=0,")
+    assert _body(text) == [
+        "  %14: f32[1,6,5,4] = Reshape(%0) {shape=(1,6,5,4)}", "  %15: f32[1,5,6,4] = Reshape(%1) {shape=(1,5,6,4)}",
+        "  %16: f32[1,6,5,4] = Reshape(%2) {shape=(1,6,5,4)}",
+        "  %17: f32[1,6,5,4] = Attention(%14, %15, %16, %3) {scale=0.25, causal=0, causal_offset=0, softcap=0.0, "
+        "layout=(bhtd, bthd, bhtd, bhtd)}", "  %12: f32[6,5,4] = Reshape(%17) {shape=(6,5,4)}", "  return %12 \"y\""]
     assert err <= 1e-6
 
 
@@ -201,3 +204,51 @@ def test_v_given_transposed_and_q_scaled_by_division():
     att = next(n for n in g.nodes if n.op == "Attention")
     assert att.inputs[2].producer.op == "Transpose" and att.inputs[2].shape == (2, 7, 3), text
     assert att.attrs["scale"] == 0.5 and err <= 1e-6
+
+
+def heads_graph(where):
+    """Projections [B, T, H * D] (torch SDPA, Hugging Face: "bthd") or [T, B, H * D] (nn.MultiheadAttention's
+    view(T, B * H, D).transpose(0, 1): "tbhd") made [B, H, T, D] by Reshape and Transpose (K^T by a second
+    Transpose), the output transposed back and viewed as the projections were: B 2, H 3, T 5, D 4."""
+    shape = (2, 5, 12) if where == "bthd" else (5, 2, 12)
+    g, b, (q, k, v) = _graph(shape, shape, shape)
+
+    def heads(x):
+        if where == "bthd":
+            return b.op("Transpose", [b.op("Reshape", [x], {"shape": (2, 5, 3, 4)})], {"perm": (0, 2, 1, 3)})
+        bh = b.op("Transpose", [b.op("Reshape", [x], {"shape": (5, 6, 4)})], {"perm": (1, 0, 2)})
+        return b.op("Reshape", [bh], {"shape": (2, 3, 5, 4)})
+    kt = b.op("Transpose", [heads(k)], {"perm": (0, 1, 3, 2)})
+    y = b.op("Gemm", [b.op("Softmax", [b.op("Gemm", [heads(q), kt], {"alpha": 0.5})], {"axis": 3}), heads(v)])
+    if where == "bthd":
+        return _finish(g, b.op("Reshape", [b.op("Transpose", [y], {"perm": (0, 2, 1, 3)})], {"shape": (2, 5, 12)}))
+    return _finish(g, b.op("Reshape", [b.op("Transpose", [y], {"perm": (2, 0, 1, 3)})], {"shape": (10, 12)}))
+
+
+@pytest.mark.parametrize("where", ["bthd", "tbhd"])
+def test_head_transposes_go_into_the_layout(where):
+    """The Attention node reads the projections through Reshape views and writes the transposed output itself (its
+    layout attribute): no Transpose is left; the fused graph computes what the chain did, and its print reads back."""
+    from dlnet.graph.parser import constants_of, graphs_equal, parse_graph
+    g = heads_graph(where)
+    text, err = _fused(g)
+    assert _body(text) == GOLDEN_HEADS[where], text
+    assert [n.op for n in g.nodes] == ["Reshape"] * 3 + ["Attention", "Reshape"] and err <= 1e-6, text
+    same, why = graphs_equal(parse_graph(text, constants_of(g)), g)
+    assert same, why
+
+
+GOLDEN_HEADS = {
+    "bthd": ["  %3: f32[2,5,3,4] = Reshape(%1) {shape=(2,5,3,4)}",
+             "  %6: f32[2,5,3,4] = Reshape(%0) {shape=(2,5,3,4)}",
+             "  %10: f32[2,5,3,4] = Reshape(%2) {shape=(2,5,3,4)}",
+             "  %13: f32[2,5,3,4] = Attention(%6, %3, %10) {scale=0.5, causal=0, causal_offset=0, softcap=0.0, "
+             "layout=(bthd, bthd, bthd, bthd)}", "  %14: f32[2,5,12] = Reshape(%13) {shape=(2,5,12)}",
+             "  return %14 \"y\""],
+    "tbhd": ["  %20: f32[5,2,3,4] = Reshape(%0) {shape=(5,2,3,4)}",
+             "  %21: f32[5,2,3,4] = Reshape(%1) {shape=(5,2,3,4)}",
+             "  %22: f32[5,2,3,4] = Reshape(%2) {shape=(5,2,3,4)}",
+             "  %16: f32[5,2,3,4] = Attention(%20, %21, %22) {scale=0.5, causal=0, causal_offset=0, softcap=0.0, "
+             "layout=(tbhd, tbhd, tbhd, tbhd)}", "  %17: f32[10,12] = Reshape(%16) {shape=(10,12)}",
+             "  return %17 \"y\""],
+}

@@ -55,7 +55,8 @@ NOT_DIFFERENTIATED = {
     "Fused": "a chain of pointwise nodes, fused after the backward graph exists",
     # host ops run between device graphs, and a training graph is one device graph
     "NonZero": "host op, int64", "Unique": "host op", "NonMaxSuppression": "host op, int64",
-    "StringNormalizer": "host op, strings",
+    "StringNormalizer": "host op, strings", "StringConcat": "host op, strings", "StringSplit": "host op, strings",
+    "RegexFullMatch": "host op, strings in, bool out",
 }
 # differentiable ops still without a rule: each is a known gap, named in the error autodiff raises
 MISSING = {}
@@ -183,6 +184,8 @@ CASES = [
     ("Attention-bool-mask-softcap-rank3", "Attention",
      [normal(2, 5, 4), normal(2, 6, 4), normal(2, 6, 4), const(np.arange(30).reshape(5, 6) % 4 != 1)],
      {"scale": 0.8, "softcap": 1.2}),
+    ("Attention-layouts-gqa", "Attention", [normal(2, 5, 4, 4), normal(2, 2, 6, 4), normal(6, 2, 2, 3)],
+     {"scale": 0.5, "causal": 1, "causal_offset": 1, "layout": ("bthd", "bhtd", "tbhd", "thbd")}),
     ("Attention-hidden-rows", "Attention", [normal(1, 2, 5, 4), normal(1, 2, 5, 4), normal(1, 2, 5, 4)],
      {"scale": 0.7, "causal": 1, "causal_offset": -2}),
     # indexing (repeated and negative indices; indices shorter than x off the axis)

@@ -308,3 +308,54 @@ def test_pointwise_read_only_by_a_reduce_runs_inside_it(ctx):
     assert len(plan.launches) == 2
     assert rel_l2(plan.run([x, m])[0], ((x - m) ** 2 * m).mean(axis=(0, 2), keepdims=True)) < 1e-6
     plan.release()
+
+
+def test_linear_on_a_sequence_is_one_product_with_bias_gelu_and_residual_epilogues(ctx):
+    """MatMul [B, T, K] x [K, N] + bias, Gelu, MatMul + residual (an exported transformer MLP): two Gemms of B*T
+    rows (not B products of T rows), bias and residual as their C, Gelu as the first one's epilogue."""
+    K = 24
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["m1"]), helper.make_node("Add", ["b1", "m1"], ["h"]),
+             helper.make_node("Gelu", ["h"], ["g"]), helper.make_node("MatMul", ["g", "w2"], ["m2"]),
+             helper.make_node("Add", ["m2", "x"], ["y"])]
+    inits = {"w1": R.standard_normal((K, 40)).astype(np.float32), "b1": R.standard_normal((1, 1, 40)).astype(np.float32),
+             "w2": R.standard_normal((40, K)).astype(np.float32)}
+    for batch in (3, 5):
+        net, g = build(ctx, nodes, {"x": ("float32", [batch, 7, K])}, inits, opset=20)
+        gemms = [n for n in g.nodes if n.op == "Gemm"]
+        assert [n.outputs[0].shape for n in gemms] == [(batch * 7, 40), (batch * 7, K)]
+        assert [len(n.inputs) for n in gemms] == [3, 3] and gemms[0].attrs["act"][0] == "Gelu"
+        assert not [n for n in g.nodes if n.op in ("Add", "Gelu", "Fused")]
+        x = R.standard_normal((batch, 7, K)).astype(np.float32)
+        h = x.astype(np.float64) @ inits["w1"] + inits["b1"]
+        gelu = 0.5 * h * (1 + np.vectorize(__import__("math").erf)(h / np.sqrt(2)))
+        assert rel_l2(net.run({"x": x})["y"], gelu @ inits["w2"] + x) < 1e-5
+
+
+def test_transpose_of_single_axes_is_a_view(ctx):
+    """[1, T, H, D] -> [1, H, T, D] at T = 1 (a decode step's heads) moves nothing: a Reshape, no launch; at T = 2 it
+    stays a Transpose."""
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=[0, 2, 1, 3]), helper.make_node("Relu", ["t"], ["y"])]
+    for t, transposes in ((1, 0), (2, 1)):
+        net, g = build(ctx, nodes, {"x": ("float32", [1, t, 3, 4])}, {})
+        assert [n.op for n in g.nodes].count("Transpose") == transposes
+        x = R.standard_normal((1, t, 3, 4)).astype(np.float32)
+        assert rel_l2(net.run({"x": x})["y"], np.maximum(x.transpose(0, 2, 1, 3), 0)) < 1e-7
+
+
+def test_weights_of_few_row_products_stored_for_gemv():
+    """pretranspose_weights: a constant B [K, N] of a product of at most keep_rows rows is stored [N, K] (transB=1,
+    gemv.cl streams it along k); of more rows, [K, N] (the GEMM cores)."""
+    from dlnet.graph.passes.layout import pretranspose_weights
+    w = R.standard_normal((6, 5)).astype(np.float32)
+    for rows, trans in ((1, 1), (9, 0)):
+        for start in (w, w.T.copy()):
+            g = Graph()
+            a = g.new_value("float32", (rows, 6))
+            g.inputs.append(a)
+            y = g.new_value("float32", (rows, 5))
+            g.add_node(Node("Gemm", [a, g.constant(start)], [y], {"transB": int(start is not w)}))
+            g.outputs.append(y)
+            pretranspose_weights(g, keep_rows=8)
+            node = g.nodes[0]
+            assert node.attrs["transB"] == trans
+            assert np.array_equal(node.inputs[1].const, w.T if trans else w)

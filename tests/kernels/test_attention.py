@@ -3,7 +3,8 @@ matrix_core="portable") and attention_cpu.cl ("flash_cpu", CPUs), against attent
 from its definition (a loop over heads, the visible keys of each query listed): sequence lengths that are no
 multiple of the tile, head dims 16 to 128 (and v's apart from q's), causal with and without a cache offset, float
 and bool masks that broadcast, grouped-query heads, several batches and heads, Tq != Tk (a KV cache, decoding);
-and the tile rule against __local memory."""
+operands stored in other layouts than [B, H, T, D] (read and written through strides); and the tile rule against
+__local memory."""
 from dataclasses import replace
 
 import numpy as np
@@ -11,6 +12,7 @@ import pytest
 
 from dlnet.errors import ModelError
 from dlnet.graph.ir import Builder, Graph
+from dlnet.graph.ops.attention import to_logical, to_stored
 from dlnet.kernels.families.attention import ATTENTION_TILES, AttentionTile, attention_tile, mask_strides
 from dlnet.plan import Plan
 
@@ -99,7 +101,8 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("algo", ALGOS)
+# (attention.cl, the GPU kernel, on PoCL: seconds a case on 2 cores; CI runs it once, with the slow cases)
+@pytest.mark.parametrize("algo", [pytest.param("flash", marks=pytest.mark.slow), "flash_cpu"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_kernel_matches_float64(case, algo):
     qs, hk, tk, dv, mask_spec, attrs = CASES[case]
@@ -158,13 +161,34 @@ def test_tile_shrinks_to_local_memory():
     error naming the head dims where even the smallest tile does not fit."""
     gpu = ATTENTION_TILES["gpu"]
     assert attention_tile(_Dev("gpu", 48 << 10), 64, 64) == gpu
+    assert attention_tile(_Dev("gpu", 48 << 10), 64, 64, tq=1) == AttentionTile(1, 64, 1, 64)
+    assert attention_tile(_Dev("gpu", 48 << 10), 64, 64, tq=5) == AttentionTile(8, 64, 1, 64)
+    assert attention_tile(_Dev("gpu", 48 << 10), 64, 64, tq=9) == gpu
     big = attention_tile(_Dev("gpu", 48 << 10), 256, 256)
+    assert attention_tile(_Dev("gpu", 48 << 10), 256, 256, tq=1) == big  # (the decoding tile does not fit)
     assert big.local_bytes(256, 256) <= 48 << 10 and (big.bq, big.bk) != (gpu.bq, gpu.bk)
     assert (big.ntr, big.ntc) == (gpu.ntr, gpu.ntc) and big.bq % big.ntr == 0 and big.bk % big.ntc == 0
     tiles = {"gpu": replace(gpu, bq=64, bk=64)}
     assert attention_tile(_Dev("gpu", 48 << 10), 128, 128, tiles) == AttentionTile(32, 32, gpu.ntr, gpu.ntc)
     with pytest.raises(ModelError, match="head dims 4096 / 4096"):
         attention_tile(_Dev("gpu", 48 << 10), 4096, 4096)
+
+
+@pytest.mark.parametrize("case", ["one-key", "decode-one-query-gqa-mask", "decode-3-rows-causal-d128"])
+def test_decode_tile_matches_float64(case):
+    """attention.cl with the decoding tile (a few query rows: one row of 64 work-items over 64 keys), on the test
+    device (PoCL: the GPU kernel through the portable core)."""
+    qs, hk, tk, dv, mask_spec, attrs = DECODE_CASES.get(case) or CASES[case]
+    rng = np.random.default_rng(sum(map(ord, case)))
+    lead = qs[:-3] + (hk,)
+    q, k, v = _normal(rng, *qs), _normal(rng, *(lead + (tk, qs[-1]))), _normal(rng, *(lead + (tk, qs[-1])))
+    mask = rng.random(mask_spec[0]) > 0.4 if mask_spec else None
+    got, schedule = run_attention(q, k, v, mask, "flash", **attrs)
+    want = oracle(q, k, v, mask, None, attrs.get("causal", 0), attrs.get("causal_offset", 0), 0.0)
+    assert rel_l2(got, want) <= 2e-6 and schedule["tile"].endswith("x64/1x64")
+
+
+DECODE_CASES = {"decode-3-rows-causal-d128": ((1, 2, 3, 128), 2, 70, None, None, {"causal": 1, "causal_offset": 67})}
 
 
 def test_mask_strides_broadcast():
@@ -175,3 +199,29 @@ def test_mask_strides_broadcast():
     assert mask_strides(V((5, 7)), (2, 3, 5, 7)) == [0, 0, 7, 1]
     assert mask_strides(V((2, 1, 1, 7)), (2, 3, 5, 7)) == [7, 0, 0, 1]
     assert mask_strides(V((3, 5, 1)), (2, 3, 5, 7)) == [0, 5, 1, 0]
+
+
+# id: (q logical [B, Hq, Tq, D], k heads, Tk, the layouts of q, k, v, y, attrs)
+LAYOUT_CASES = {
+    "bthd-t37-d32": ((2, 3, 37, 32), 3, 37, ("bthd",) * 4, {}),
+    "mixed-gqa-causal-d64": ((2, 4, 21, 64), 2, 30, ("tbhd", "bthd", "hbtd", "thbd"),
+                             {"causal": 1, "causal_offset": 9}),
+    "bthd-decode-d80": ((3, 2, 2, 80), 2, 41, ("bthd", "bhtd", "bthd", "bthd"), {}),
+}
+
+
+@pytest.mark.parametrize("case,algo", [(c, "flash_cpu") for c in LAYOUT_CASES] + [("bthd-t37-d32", "flash")] + [
+    pytest.param(c, "flash", marks=pytest.mark.slow) for c in list(LAYOUT_CASES)[1:]])
+def test_layouts_match_float64(case, algo):
+    """q, k, v read and y written through the strides of their layouts (a [B, T, H, D] operand in place): the
+    logical result equals the oracle's, on both kernels. (The GPU kernel's first case runs in the quick suite.)"""
+    qs, hk, tk, layout, attrs = LAYOUT_CASES[case]
+    rng = np.random.default_rng(sum(map(ord, case)))
+    b, hq, tq, d = qs
+    logical = [_normal(rng, *qs), _normal(rng, b, hk, tk, d), _normal(rng, b, hk, tk, d)]
+    stored = [np.ascontiguousarray(x.transpose(to_stored(s))) for x, s in zip(logical, layout)]
+    got, schedule = run_attention(*stored, None, algo, layout=layout, **attrs)
+    want = oracle(*logical, None, None, attrs.get("causal", 0), attrs.get("causal_offset", 0))
+    assert got.shape == want.transpose(to_stored(layout[3])).shape
+    assert rel_l2(got.transpose(to_logical(layout[3])), want) <= 2e-6
+    assert schedule["algo"] == algo

@@ -146,6 +146,7 @@ def float64_ref(model, feeds):
     return onnx.reference.ReferenceEvaluator(model).run(None, feeds)
 
 
+@pytest.mark.slow  # (GPU kernels emulated on PoCL: minutes on 2 cores; CI runs them once)
 def test_layers_over_slices_of_an_input_uploaded_in_chunks(core):
     """The chain after a large input (conv + relu, max pool, conv, sigmoid) runs slice after slice of the batch (6
     images in 4 uneven slices), each slice's launches awaiting its upload; it stops at the convolution past the
@@ -299,6 +300,7 @@ def check_gradients_against_torch(ctx, tol, model, x, y):
     return [launch.label for launch in tr._active.plan.launches]
 
 
+@pytest.mark.slow
 def test_conv_gradients(core):
     """dW and dX of a convolution (the conv_grad_gemm kernels on this core) against torch autograd."""
     torch = pytest.importorskip("torch")
@@ -366,6 +368,7 @@ def test_split_k_partials_in_the_arena(core):
     assert "splitk" in net._last.lowerer.scratch
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", sorted(rules.GPU_TILE_MODEL))
 def test_each_gpu_tile(shape, monkeypatch):
     """Every tile of the fp32 GPU table on this device (the portable core forced onto CPUs): a convolution with
@@ -428,6 +431,7 @@ def test_winograd_conv(core, xs, k, p, m):
     assert rel_l2(net.run({"x": x, "r": r})["y"], np.maximum(ref + r, 0)) < tol
 
 
+@pytest.mark.slow
 def test_winograd_only_where_it_applies():
     """Strided, grouped or narrow convolutions keep the implicit GEMM; so does a layer of fewer tiles than
     winograd_min_layer_tiles."""
@@ -459,6 +463,7 @@ def test_winograd_f4_on_large_layers():
         assert rel_l2(net.run({"x": x})["y"], conv_ref(x, w, np.zeros(8, np.float32), attrs)) < 1e-5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pad,chunk", [(1, None), (0, None), (2, None), (1, 24)])
 def test_winograd_training(core, pad, chunk, monkeypatch):
     """Training: the convolutions (weights that change every step) and their input gradients run as Winograd with

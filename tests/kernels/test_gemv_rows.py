@@ -40,7 +40,7 @@ CASES = [(9, 300, 1300, (300,), True), (16, 129, 1028, None, False), (32, 77, 10
          (12, 65, 2052, (12, 1), False)]
 
 
-@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("splits", [1, pytest.param(3, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("m,n,k,c_shape,relu", CASES)
 def test_gemv_rows(gpu_ctx, m, n, k, c_shape, relu, splits):
     """Bias (beta) in three broadcast shapes, alpha, a fused Relu; K in one slice (gemv_rows_splits=1) or split

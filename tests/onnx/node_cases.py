@@ -106,27 +106,6 @@ def _run_data_set(ctx, model, inputs, expected, rtol, atol):
         feeds[n] = a
     try:
         net = dlnet.Net(ctx).load_onnx(model)
-    except dlnet.ModelError as e:
-        if "must be a constant" not in str(e):
-            return "load: " + str(e).replace("\n", " ")[:300]
-        # the case feeds shapes/axes/pads as inputs: bind the integer inputs at load, as a user would
-        bind = {n: a for n, a in feeds.items() if a.dtype.kind in "iub" or a.ndim == 0}
-        feeds = {n: a for n, a in feeds.items() if n not in bind}
-        try:
-            net = dlnet.Net(ctx).load_onnx(model, constants=bind)
-        except dlnet.DlnetError as e2:
-            if "must be a constant" not in str(e2):
-                return "load: " + str(e2).replace("\n", " ")[:300]
-            # float parameters that decide output shapes (Resize's roi and scales): bind the 1-D tensors a node
-            # takes as a parameter (input slot >= 1), never a node's data input
-            params = {name for n in model.graph.node for name in n.input[1:]}
-            more = {n: a for n, a in feeds.items() if n in params and a.ndim == 1}
-            bind.update(more)
-            feeds = {n: a for n, a in feeds.items() if n not in more}
-            try:
-                net = dlnet.Net(ctx).load_onnx(model, constants=bind)
-            except dlnet.DlnetError as e3:
-                return "load: " + str(e3).replace("\n", " ")[:300]
     except dlnet.DlnetError as e:
         return "load: " + str(e).replace("\n", " ")[:300]
     try:

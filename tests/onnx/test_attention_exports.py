@@ -4,13 +4,16 @@ Each module is exported by the dynamo exporter at op-set 20 (MatMul, Mul by sqrt
 MatMul; masks as constants or Where(mask, 0, lowest)), by TorchScript at op-sets 14 and 17 (Transpose, Mul, Add,
 Softmax, MatMul; a bool mask with a NaN guard after the Softmax), and the mixed one by dynamo at op-set 23 (an
 Attention-23 node per scaled_dot_product_attention, the hand-written one decomposed). After the passes the graph
-has one Attention node per attention and no Softmax; dlnet matches torch within 1e-4.
+has one Attention node per attention and no Softmax, and no head Transpose before or after it: the node reads the
+projections and writes its output in their layout ([B, T, H, D]; nn.MultiheadAttention's [T, B * H, D] as rank 4
+with B 1); dlnet matches torch within 1e-4.
 """
 import numpy as np
 import onnx
 import pytest
 
 import dlnet
+from dlnet.graph.ops.attention import logical_shape
 from tests.conftest import rel_l2
 
 torch = pytest.importorskip("torch")
@@ -129,7 +132,19 @@ def test_export_fuses_each_attention_and_matches_torch(ctx, exported, name, how)
     assert ops.count("Attention") == MODELS[name][1] and "Softmax" not in ops, ops
     assert rel_l2(got, want) <= 1e-4, rel_l2(got, want)
     assert "algo=flash" in str(net.graph)
+    assert not _transposes_around(net.graph), str(net.graph)
     net.release()
+
+
+def _transposes_around(graph):
+    """The Transposes that make an Attention node's q, k, v or read its output (the head splits and merges the
+    node's layout attribute takes in their place)."""
+    found = []
+    for n in graph.nodes:
+        if n.op == "Attention":
+            found += [x.producer for x in n.inputs[:3] if x.producer is not None and x.producer.op == "Transpose"]
+            found += [u for u in n.outputs[0].users if u.op == "Transpose"]
+    return found
 
 
 @pytest.mark.slow
@@ -141,7 +156,8 @@ def test_grouped_query_heads_are_read_unrepeated(ctx, exported):
     line = next(s for s in str(net.graph).splitlines() if "= Attention(" in s)
     assert "causal=1" in line and "Expand" not in _ops(net)
     node = next(n for n in net.graph.nodes if n.op == "Attention")
-    assert node.inputs[0].shape[1] == HEADS and node.inputs[1].shape[1] == node.inputs[2].shape[1] == 2
+    q, k, v = (logical_shape(x.shape, s) for x, s in zip(node.inputs, node.attrs["layout"]))
+    assert node.attrs["layout"] == ("bthd",) * 4 and q[1] == HEADS and k[1] == v[1] == 2
     net.release()
 
 
@@ -170,6 +186,8 @@ def test_training_step_through_the_fused_forward_matches_torch(ctx, tmp_path):
     loss = trainer.step(dict(feeds, target=target))
     after = trainer.step(dict(feeds, target=target))
     assert sum(n.op == "Attention" for n in trainer._active.graph.nodes) == 5  # (tests/optim reads it so too)
+    # the forward reads the projections as [B, T, H, D], the backward's decomposition transposes to [B, H, T, D]
+    assert all(n.attrs["layout"] == ("bthd",) * 4 for n in trainer._active.graph.nodes if n.op == "Attention")
     assert abs(loss - ref_loss.item()) <= 1e-4 * abs(ref_loss.item()), (loss, ref_loss.item())
     drop, ref_drop = loss - after, ref_loss.item() - ref_after
     assert ref_drop > 1e-3, ref_drop

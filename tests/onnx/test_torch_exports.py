@@ -179,8 +179,10 @@ def exported(tmp_path_factory):
 
 
 def _ops(net):
-    """Op names of the net's graph after passes, members of fused chains included."""
-    return [line.split("= ", 1)[1].split("(")[0] for line in str(net.graph).splitlines() if " = " in line]
+    """Op names of the net's graph after passes, members of fused chains and epilogues (act=(Gelu, ...)) included."""
+    lines = [line for line in str(net.graph).splitlines() if " = " in line]
+    return [line.split("= ", 1)[1].split("(")[0] for line in lines] + \
+        [line.split("act=(", 1)[1].split(",")[0] for line in lines if "act=(" in line]
 
 
 @pytest.mark.slow

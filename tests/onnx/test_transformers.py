@@ -144,6 +144,11 @@ def test_transformer_export_matches_onnxruntime(ctx, name):
         assert got.shape == want.shape
         assert rel_l2(got, want) <= 1e-4
     assert len(net.plans) == 2
+    attention = [n for n in net.graph.nodes if n.op == "Attention"]
+    assert len(attention) == 2 and all(n.attrs["layout"] == ("bthd",) * 4 for n in attention)
+    around = [x.producer.op for n in attention for x in n.inputs[:3] if x.producer is not None] + \
+        [u.op for n in attention for u in n.outputs[0].users]
+    assert "Transpose" not in around, around  # (the head splits and merges are the node's layout)
     net.release()
 
 

@@ -5,6 +5,40 @@ import numpy as np
 from .base import REQUIRED, Op, register
 
 MAX_RANK = 4  # q, k, v: [T, D], [H, T, D] or [B, H, T, D]; the mask broadcasts to [B, Hq, Tq, Tk]
+# The axes of q, k, v and y in memory (the `layout` attribute, one per operand): "bhtd" [B, H, T, D] is the default;
+# any order of b, h and t with d last names a rank-4 operand stored so ("bthd": [B, T, H, D], a Reshape view of the
+# projections' [B, T, H * D], no head Transpose).
+LOGICAL = "bhtd"
+DEFAULT_LAYOUT = (LOGICAL,) * 4
+
+
+def check_layout(layout, shapes):
+    """ValueError unless `layout` is four permutations of bhtd with d last, the non-default ones of rank-4 operands."""
+    if not isinstance(layout, tuple) or len(layout) != 4:
+        raise ValueError(f"Attention: layout must be 4 strings (q, k, v, y), got {layout!r}")
+    for name, s, shape in zip("qkvy", layout, shapes, strict=True):
+        if not isinstance(s, str) or sorted(s) != sorted(LOGICAL) or s[-1] != "d":
+            raise ValueError(f"Attention: layout of {name} must be an order of b, h, t then d, got {s!r}")
+        if s != LOGICAL and len(shape) != MAX_RANK:
+            raise ValueError(f"Attention: layout {s} of {name} needs a rank-4 {name}, got {list(shape)}")
+
+
+def to_logical(layout):
+    """The perm with logical [B, H, T, D] = stored.transpose(perm)."""
+    return tuple(layout.index(c) for c in LOGICAL)
+
+
+def to_stored(layout):
+    """The perm with stored = logical [B, H, T, D].transpose(perm)."""
+    return tuple(LOGICAL.index(c) for c in layout)
+
+
+def logical_shape(shape, layout):
+    return tuple(shape) if layout == LOGICAL else tuple(shape[i] for i in to_logical(layout))
+
+
+def stored_shape(shape, layout):
+    return tuple(shape) if layout == LOGICAL else tuple(shape[i] for i in to_stored(layout))
 
 
 def lead4(shape):
@@ -34,13 +68,16 @@ class Attention(Op):
     dq = scale cap'(s) ds k, dk = scale cap'(s) ds^T q (k / v gradients summed over each kv head's q heads).
 
     Inputs q [..., Tq, D], k [..., Tk, D], v [..., Tk, Dv], optional mask (float: added; bool: True attends) that
-    broadcasts to [..., Hq, Tq, Tk]; ranks 2 to 4, leading dims of q and k equal but for the heads axis (-3)."""
+    broadcasts to [..., Hq, Tq, Tk]; ranks 2 to 4, leading dims of q and k equal but for the heads axis (-3). Each of
+    q, k, v and y is stored in the order its `layout` names (rank 4; the shapes above are the logical bhtd ones)."""
     name = "Attention"
     dtypes = ("float32",)
-    attrs = {"scale": REQUIRED, "causal": 0, "causal_offset": 0, "softcap": 0.0}
+    attrs = {"scale": REQUIRED, "causal": 0, "causal_offset": 0, "softcap": 0.0, "layout": DEFAULT_LAYOUT}
 
     def infer(self, node):
-        q, k, v = node.inputs[:3]
+        layout = node.attrs["layout"]
+        check_layout(layout, [x.shape for x in node.inputs[:3]] + [node.inputs[0].shape])
+        q, k, v = (_Logical(x, s) for x, s in zip(node.inputs[:3], layout, strict=False))
         mask = node.inputs[3] if len(node.inputs) > 3 else None
         if not 2 <= q.rank <= MAX_RANK or k.rank != q.rank or v.rank != q.rank:
             raise ValueError(f"Attention takes q, k, v of one rank in 2..{MAX_RANK}, got {list(q.shape)}, "
@@ -57,12 +94,12 @@ class Attention(Op):
                     np.broadcast_shapes(mask.shape, scores) != scores:
                 raise ValueError(f"Attention: mask {mask.type_str()} must be bool or {q.dtype} and broadcast to "
                                  f"the scores {list(scores)}")
-        return [(q.dtype, q.shape[:-1] + (v.shape[-1],))]
+        return [(q.dtype, stored_shape(q.shape[:-1] + (v.shape[-1],), layout[3]))]
 
     def numpy(self, node, q, k, v, mask=None):
         a = node.attrs
         dt, out = np.float64, q.dtype
-        q, k, v = q.astype(dt), k.astype(dt), v.astype(dt)
+        q, k, v = (_np_permuted(x, to_logical(s)).astype(dt) for x, s in zip((q, k, v), a["layout"], strict=False))
         if q.ndim > 2 and q.shape[-3] != k.shape[-3]:
             group = q.shape[-3] // k.shape[-3]
             k, v = np.repeat(k, group, axis=-3), np.repeat(v, group, axis=-3)
@@ -76,13 +113,25 @@ class Attention(Op):
         top = s.max(axis=-1, keepdims=True)
         e = np.exp(s - np.where(np.isneginf(top), 0.0, top))
         total = e.sum(axis=-1, keepdims=True)
-        return [np.matmul(e / np.where(total == 0, 1.0, total), v).astype(out)]
+        y = np.matmul(e / np.where(total == 0, 1.0, total), v).astype(out)
+        return [np.ascontiguousarray(_np_permuted(y, to_stored(a["layout"][3])))]
 
     def lower(self, node, lw):
         lw.attention(node)
 
     def grad(self, b, node, dys):
         return attention_grad(b, node, dys[0])
+
+
+def _np_permuted(x, perm):
+    return x if perm == tuple(range(len(perm))) else np.transpose(x, perm)
+
+
+class _Logical:
+    """The dtype, logical shape and rank of an operand stored in `layout`."""
+
+    def __init__(self, x, layout):
+        self.dtype, self.shape, self.rank = x.dtype, logical_shape(x.shape, layout), x.rank
 
 
 def repeat_heads(b, x, group):
@@ -132,10 +181,13 @@ def masked_softmax(b, z, empty):
 
 
 def attention_grad(b, node, dy):
-    """[dq, dk, dv, dmask] of Attention by its decomposition: the scores and their softmax recomputed."""
-    q, k, v = node.inputs[:3]
-    mask = node.inputs[3] if len(node.inputs) > 3 else None
+    """[dq, dk, dv, dmask] of Attention by its decomposition: the scores and their softmax recomputed (operands
+    stored in another layout than bhtd transposed to it, and their gradients back)."""
     a = node.attrs
+    layout = a["layout"]
+    q, k, v = (_permuted(b, x, to_logical(s)) for x, s in zip(node.inputs[:3], layout, strict=False))
+    dy = _permuted(b, dy, to_logical(layout[3]))
+    mask = node.inputs[3] if len(node.inputs) > 3 else None
     group = q.shape[-3] // k.shape[-3] if q.rank > 2 else 1
     ke, ve = repeat_heads(b, k, group), repeat_heads(b, v, group)
     s = b.op("Gemm", [q, ke], {"transB": 1, "alpha": float(a["scale"])})
@@ -155,4 +207,9 @@ def attention_grad(b, node, dy):
         ds = b.op("Mul", [ds, b.op("Sub", [b.const(np.ones((), s.dtype)), b.op("Mul", [t, t])])])
     dq = b.op("Gemm", [ds, ke], {"alpha": float(a["scale"])})
     dk = b.op("Gemm", [ds, q], {"transA": 1, "alpha": float(a["scale"])})
-    return [dq, _sum_heads(b, dk, group), _sum_heads(b, dv, group), dmask]
+    grads = (dq, _sum_heads(b, dk, group), _sum_heads(b, dv, group))
+    return [_permuted(b, g, to_stored(s)) for g, s in zip(grads, layout, strict=False)] + [dmask]
+
+
+def _permuted(b, x, perm):
+    return x if perm == tuple(range(len(perm))) else b.op("Transpose", [x], {"perm": perm})

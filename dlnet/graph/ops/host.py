@@ -135,3 +135,59 @@ class StringNormalizer(HostOp):
         y = np.empty(len(words), object)
         y[:] = words
         return [y.reshape((1, -1) if x.ndim == 2 else (-1,))]
+
+
+def _strings(x):
+    return [w.decode() if isinstance(w, bytes) else str(w) for w in x.reshape(-1)]
+
+
+@register
+class StringConcat(HostOp):
+    """y = x + z, elementwise on strings, broadcasting as numpy does"""
+    name = "StringConcat"
+    out_dtypes = ("object",)
+
+    def numpy(self, node, x, z):
+        shape = np.broadcast_shapes(x.shape, z.shape)
+        a, b = np.broadcast_to(x, shape), np.broadcast_to(z, shape)
+        y = np.empty(shape, object)
+        y.reshape(-1)[:] = [p + q for p, q in zip(_strings(a), _strings(b))] if y.size else []
+        return [y]
+
+
+@register
+class StringSplit(HostOp):
+    """substrings [..., most] (padded with ""), counts [...] of each string split at `delimiter` at most `maxsplit`
+    times; no delimiter (or ""): runs of whitespace, leading and trailing whitespace dropped (Python's str.split)"""
+    name = "StringSplit"
+    out_dtypes = ("object", "int64")
+    attrs = {"delimiter": "", "maxsplit": None}
+
+    def numpy(self, node, x):
+        sep = node.attrs["delimiter"] or None
+        most = node.attrs["maxsplit"]
+        parts = [w.split(sep, -1 if most is None else int(most)) for w in _strings(x)]
+        width = max((len(p) for p in parts), default=0)
+        y = np.empty((len(parts), width), object)
+        for i, p in enumerate(parts):
+            y[i] = p + [""] * (width - len(p))
+        counts = np.asarray([len(p) for p in parts], np.int64).reshape(x.shape)
+        return [y.reshape(x.shape + (width,)), counts]
+
+
+@register
+class RegexFullMatch(HostOp):
+    """y = whether each string matches `pattern` in full (Python's re, which reads the RE2 syntax ONNX names, and
+    more: lookarounds and backreferences are not refused)"""
+    name = "RegexFullMatch"
+    out_dtypes = ("bool",)
+    attrs = {"pattern": ""}
+
+    def numpy(self, node, x):
+        import re
+        try:
+            regex = re.compile(node.attrs["pattern"])
+        except re.error as e:
+            raise ModelError(f"RegexFullMatch: pattern {node.attrs['pattern']!r} is not a regular expression ({e})") \
+                from None
+        return [np.asarray([regex.fullmatch(w) is not None for w in _strings(x)], bool).reshape(x.shape)]

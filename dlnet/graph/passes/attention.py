@@ -13,12 +13,18 @@ the Reshape(Expand(Reshape(k))) that repeats grouped-query heads. A constant mas
 becomes the kernel's causal flag, one that hides nothing goes. A row with every key hidden gives 0 (ONNX Attention's
 rule, and PyTorch's eager scaled_dot_product_attention's) where the decomposition gives NaN (0 after PyTorch's
 guard) or, with float32's lowest in place of -inf, the mean of v.
+
+Rank-4 q, k, v are read where they were stored before the head Transposes and Reshape views that made them (the
+node's `layout`: "bthd" for the Reshape of a [B, T, H * D] projection), and y is written in the order of the
+Transpose that was its only reader: the kernel reads and writes through strides, the Transposes (copies) go.
 """
+from itertools import permutations
+
 import numpy as np
 
 from ..ir import Node
 from ..ops import get_op
-from ..ops.attention import MAX_RANK
+from ..ops.attention import DEFAULT_LAYOUT, LOGICAL, MAX_RANK, stored_shape
 
 # a bias this low hides a key as -inf does: PyTorch writes float32's lowest (-3.4e38) for causal and bool masks, and
 # s + lowest rounds to lowest (or -inf) for any score |s| < 1e31
@@ -130,6 +136,7 @@ class _Emitter:
 
     def __init__(self, graph, before):
         self.graph, self.before = graph, before
+        self.nodes = []  # (those left unread at the end go)
 
     def op(self, op, inputs, attrs=None):
         spec = get_op(op)
@@ -140,6 +147,7 @@ class _Emitter:
             return self.graph.constant(np.asarray(out, types[0][0]).reshape(types[0][1]))
         node.outputs = [self.graph.new_value(dt, shape) for dt, shape in types]
         self.graph.add_node(node, self.graph.nodes.index(self.before))
+        self.nodes.append(node)
         return node.outputs[0]
 
 
@@ -190,6 +198,95 @@ def _kv_heads(em, x):
     if one.shape != lead + (hk, 1, t, d) or expand.outputs[0].shape != lead + (hk, h // hk, t, d) or h % hk:
         return x
     return em.op("Reshape", [one], {"shape": lead + (hk, t, d)})
+
+
+def _contiguous(shape):
+    strides, step = [0] * len(shape), 1
+    for a in reversed(range(len(shape))):
+        strides[a], step = step, step * shape[a]
+    return strides
+
+
+def _axis_of(shape, stride):
+    """(axis, multiple): the axis of contiguous `shape` along which a step of `stride` elements goes, else None."""
+    step = 1
+    for j in reversed(range(len(shape))):
+        if shape[j] > 1 and step <= stride < step * shape[j]:
+            return (j, stride // step) if stride % step == 0 else None
+        step *= shape[j]
+    return None
+
+
+def _through_transpose(node, strides, extents):
+    """The element strides in the Transpose's input of the axes (of these extents) that step `strides` through its
+    output; None where an axis does not stay within one axis of the output."""
+    out, perm = node.outputs[0].shape, tuple(node.attrs["perm"])
+    src = _contiguous(node.inputs[0].shape)
+    reach, new = [0] * len(out), []
+    for s, n in zip(strides, extents, strict=True):
+        found = _axis_of(out, s) if n > 1 else (0, 0)
+        if found is None:
+            return None
+        j, c = found
+        reach[j] += (n - 1) * c
+        new.append(c * src[perm[j]])
+    return None if any(r >= d for r, d in zip(reach, out, strict=True)) else new
+
+
+def _layout_of(strides, extents):
+    """The layout (an order of b, h and t, then d) whose contiguous stored shape has these strides, else None."""
+    for order in permutations(LOGICAL[:3]):
+        layout = "".join(order) + LOGICAL[3]
+        want = dict(zip(layout, _contiguous(stored_shape(extents, layout)), strict=True))
+        if all(n == 1 or s == want[c] for c, s, n in zip(LOGICAL, strides, extents, strict=True)):
+            return layout
+    return None
+
+
+def _stored(em, x, walked):
+    """(value, layout) of the operand x [B, H, T, D] ([H, T, D]: B 1): read where it was stored before the Reshape
+    views and Transposes that made it (a Reshape view of that value in the layout's shape), or x itself in bhtd. The
+    nodes passed go to `walked`."""
+    extents, cur = (1,) * (MAX_RANK - x.rank) + x.shape, x
+    strides = _contiguous(extents)
+    best = (x, LOGICAL)
+    while cur.producer is not None and cur.producer.op in ("Reshape", "Transpose"):
+        n = cur.producer
+        if n.op == "Transpose":
+            strides = _through_transpose(n, strides, extents)
+            if strides is None:
+                break
+        walked.append(n)
+        cur = n.inputs[0]
+        layout = _layout_of(strides, extents)
+        if layout is not None:
+            best = (cur, layout)
+    src, layout = best
+    shape = stored_shape(extents, layout)
+    if src.shape == shape:
+        return src, layout
+    view = next((u.outputs[0] for u in src.users if u.op == "Reshape" and u.outputs[0].shape == shape), None)
+    return (view if view is not None else em.op("Reshape", [src], {"shape": shape})), layout
+
+
+def _stored_output(graph, y):
+    """(Transpose node, layout) where y [B, H, T, DV] ([H, T, DV]: B 1)'s only reader is a Transpose that keeps DV
+    last (the kernel writes its output instead of y), else (None, bhtd)."""
+    if y in graph.outputs or len(y.users) != 1 or y.users[0].op != "Transpose":
+        return None, LOGICAL
+    perm = tuple(y.users[0].attrs["perm"])
+    if perm[-1] != y.rank - 1:
+        return None, LOGICAL
+    perm = (0,) * (MAX_RANK - y.rank) + tuple(p + MAX_RANK - y.rank for p in perm)
+    return y.users[0], "".join(LOGICAL[p] for p in perm)
+
+
+def _drop_unread(graph, nodes):
+    """Remove those of `nodes` whose outputs nobody reads (the later first, so that chains go whole)."""
+    order = {id(n): i for i, n in enumerate(graph.nodes)}
+    for n in sorted({id(n): n for n in nodes if id(n) in order}.values(), key=lambda n: -order[id(n)]):
+        if not any(v.users or v in graph.outputs for v in n.outputs):
+            graph.remove_node(n)
 
 
 def _mask_value(em, item):
@@ -270,24 +367,60 @@ def _rewrite(graph, m):
     if kh.shape[:-2] == vh.shape[:-2]:  # (else one of them repeats its heads and the other not: both as they are)
         k, v = kh, vh
     values = [_mask_value(em, item) for item in m["masks"]]
-    attrs = {"scale": float(m["scale"]), "causal": 0, "causal_offset": 0, "softcap": 0.0}
-    inputs = [m["q"], k, v]
+    y, q, tk = final.outputs[0], m["q"], k.shape[-2]
+    attrs = {"scale": float(m["scale"]), "causal": 0, "causal_offset": 0, "softcap": 0.0, "layout": DEFAULT_LAYOUT}
+    inputs = [q, k, v]
     if values:
         mask = _one_mask(em, values)
-        known, offset = _causal_offset(mask, m["q"].shape[-2], k.shape[-2])
+        known, offset = _causal_offset(mask, m["q"].shape[-2], tk)
         if known and offset is not None:
             attrs.update(causal=1, causal_offset=offset)
         elif not known:
             inputs.append(mask)
-    y = final.outputs[0]
     graph.add_node(Node("Attention", inputs, [y], attrs, final.name), graph.nodes.index(final))
     for n in m["nodes"]:  # from the product back; a node whose output another node reads stays
         if n is final or not any(v.users or v in graph.outputs for v in n.outputs):
             graph.remove_node(n)
+    _drop_unread(graph, em.nodes)
+
+
+def _absorb_layouts(graph, node):
+    """A rank-4 Attention node in bhtd (fused here or imported) reads its operands where they were stored and writes
+    its output in the order of the Transpose that reads it; the Transposes and views nothing else reads go. A rank-3
+    one ([B * H, T, D], nn.MultiheadAttention's products) becomes rank 4 with B 1 where that removes a Transpose. True
+    where a layout changed."""
+    y = node.outputs[0]
+    if node.attrs["layout"] != DEFAULT_LAYOUT or node.inputs[0].rank not in (MAX_RANK - 1, MAX_RANK):
+        return False
+    em, walked = _Emitter(graph, node), []
+    stored = [_stored(em, x, walked) for x in node.inputs[:3]]
+    out, ly = _stored_output(graph, y)
+    layout = tuple(s for _, s in stored) + (ly,)
+    if layout == DEFAULT_LAYOUT:
+        _drop_unread(graph, em.nodes)
+        return False
+    for i, (x, _) in enumerate(stored):
+        graph.set_input(node, i, x)
+    node.attrs = dict(node.attrs, layout=layout)
+    target = y if out is None else out.outputs[0]
+    if out is not None:
+        graph.remove_node(out)
+    shape = stored_shape((1,) * (MAX_RANK - y.rank) + y.shape, ly)
+    if target.shape == shape:
+        node.outputs = [target]
+        target.producer = node
+    else:  # (rank 3: the node writes [1, ...] and a view gives the value its shape)
+        node.outputs = [graph.new_value(y.dtype, shape)]
+        node.outputs[0].producer = node
+        graph.add_node(Node("Reshape", node.outputs, [target], {"shape": target.shape}, node.name),
+                       graph.nodes.index(node) + 1)
+    _drop_unread(graph, walked + em.nodes)
+    return True
 
 
 def fuse_attention(graph):
-    """Replace each recognised Q K^T -> [scale] -> [mask] -> Softmax -> V chain by one Attention node."""
+    """Replace each recognised Q K^T -> [scale] -> [mask] -> Softmax -> V chain by one Attention node; then every
+    Attention node takes its operands' layouts."""
     changed = False
     for node in list(graph.nodes):
         if node.op == "Softmax" and node in graph.nodes:
@@ -295,4 +428,7 @@ def fuse_attention(graph):
             if found is not None:
                 _rewrite(graph, found)
                 changed = True
+    for node in list(graph.nodes):
+        if node.op == "Attention":
+            changed = _absorb_layouts(graph, node) or changed
     return changed

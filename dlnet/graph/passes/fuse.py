@@ -5,7 +5,7 @@ from ..ir import Node
 
 # unary pointwise ops a Conv/Gemm epilogue can apply (ACT(v) in the kernels)
 EPILOGUE_ACTS = {"Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "Elu", "Selu",
-                 "Softplus", "Celu"}
+                 "Softplus", "Celu", "Gelu", "GeluTanh"}
 
 
 def _single_user(graph, v):
@@ -31,6 +31,28 @@ def _per_channel(v, y, y_shape=None):
         return False
     shape = (1,) * (len(y_shape) - v.rank) + tuple(v.shape)
     return shape[1] == y_shape[1] and all(d == 1 for i, d in enumerate(shape) if i != 1)
+
+
+def _gemm_add(graph, node, add):
+    """A Gemm without C absorbs the Add after it (MatMul + bias, as exporters write nn.Linear on more than 2 axes, or
+    a residual Add) as its C: a constant broadcasting along the rows, or a value of the product's shape."""
+    y = node.outputs[0]
+    other = add.inputs[1] if add.inputs[0] is y else add.inputs[0]
+    if len(node.inputs) != 2 or add.inputs.count(y) != 1 or other.dtype != y.dtype or add.outputs[0].shape != y.shape:
+        return False
+    row = other.const is not None and not other.param and other.rank <= y.rank and other.rank and \
+        other.shape[-1] == y.shape[-1] and all(d == 1 for d in other.shape[:-1])
+    if row:
+        c = graph.constant(other.const.reshape(-1))
+    elif other.shape == y.shape and other.const is None:
+        c = other
+    else:
+        return False
+    node.inputs.append(c)
+    c.users.append(node)
+    node.attrs["beta"] = 1.0
+    _absorb(graph, node, add)
+    return True
 
 
 def fuse_epilogues(graph):
@@ -62,6 +84,11 @@ def fuse_epilogues(graph):
                     other.users.append(node)
                     other.users.remove(nxt)
                     _absorb(graph, node, nxt)
+                    changed = True
+                    continue
+                break
+            if nxt.op == "Add" and node.op == "Gemm":
+                if _gemm_add(graph, node, nxt):
                     changed = True
                     continue
                 break

@@ -4,20 +4,49 @@ most `keep_rows` rows, which a GPU runs as gemv.cl: that reads B best as it come
 
 Constant convolution weights of KH x KW > 1 taps and a multiple of `multiple` channels go tap-major, [K, KH, KW, C]:
 the GPU cores' depth (c, ky, kx) becomes (ky, kx, c), so a slice of depth is channels of one tap, whose window
-position and padding test hold for the whole slice (gemm_fetch.cl's BC_STEP)."""
+position and padding test hold for the whole slice (gemm_fetch.cl's BC_STEP).
+
+A product of a batch of row blocks by one matrix, [..., M, K] x [K, N] (every nn.Linear on a sequence or a
+channels-last image), is one product of prod(...) * M rows: the batch of small products it was (M = 197 tokens, or
+14 pixels of a row) wasted most of each tile."""
 import numpy as np
+
+from ..ir import Node
 
 
 def pretranspose_weights(graph, keep_rows=0):
+    """Constant B of a Gemm stored as its kernel reads it best: [K, N] (transB=0) for the GEMM cores; [N, K]
+    (transB=1) for products of at most keep_rows rows of a 2-D output (gemv.cl streams B along k)."""
     changed = False
     for node in graph.nodes:
-        if node.op != "Gemm" or not node.attrs["transB"]:
+        if node.op != "Gemm":
             continue
-        w = node.inputs[1]
-        if w.const is None or w.param or w.rank != 2 or node.outputs[0].shape[-2] <= keep_rows:
+        w, y = node.inputs[1], node.outputs[0]
+        if w.const is None or w.param or w.rank != 2:
+            continue
+        gemv = y.rank == 2 and y.shape[0] <= keep_rows
+        if bool(node.attrs["transB"]) == gemv:
             continue
         graph.set_input(node, 1, graph.constant(np.ascontiguousarray(w.const.T)))
-        node.attrs["transB"] = 0
+        node.attrs["transB"] = int(gemv)
+        changed = True
+    return changed
+
+
+def transposes_as_views(graph):
+    """A Transpose that keeps the order of the axes longer than 1 ([1, T, H, D] -> [1, H, T, D] at T = 1: a decode
+    step's heads) moves no element: a Reshape (a view) instead."""
+    changed = False
+    for i, node in enumerate(graph.nodes):
+        if node.op != "Transpose":
+            continue
+        x, y = node.inputs[0], node.outputs[0]
+        perm = node.attrs["perm"] or tuple(reversed(range(x.rank)))
+        if [a for a in perm if x.shape[a] != 1] != [a for a in range(x.rank) if x.shape[a] != 1]:
+            continue
+        graph.remove_node(node)
+        y.producer = None
+        graph.add_node(Node("Reshape", [x], [y], {"shape": y.shape}, node.name), i)
         changed = True
     return changed
 
@@ -33,5 +62,40 @@ def tap_major_weights(graph, multiple):
             continue
         graph.set_input(node, 1, graph.constant(np.ascontiguousarray(w.const.transpose(0, 2, 3, 1))))
         node.attrs["tap_major"] = 1
+        changed = True
+    return changed
+
+
+def flatten_gemm_rows(graph):
+    """Gemm [..., M, K] x [K, N] (+ C broadcasting along the rows, or C of y's shape) -> Reshape to [R, K], one Gemm
+    of R = prod(...) * M rows, Reshape back. Reshapes of contiguous values are views: nothing is copied."""
+    changed = False
+    for node in list(graph.nodes):
+        if node.op != "Gemm" or node.attrs.get("transA"):
+            continue
+        a, b, y = node.inputs[0], node.inputs[1], node.outputs[0]
+        c = node.inputs[2] if len(node.inputs) > 2 else None
+        if y.rank <= 2 or b.rank != 2 or a.shape[:-1] != y.shape[:-1]:
+            continue
+        row_c = c is not None and c.rank <= y.rank and all(d == 1 for d in c.shape[:-1])
+        if c is not None and not row_c and c.shape != y.shape:
+            continue
+        rows = int(np.prod(y.shape[:-1], dtype=np.int64))
+        at = graph.nodes.index(node)
+        graph.remove_node(node)
+        flat_a = graph.new_value(a.dtype, (rows, a.shape[-1]))
+        new = [Node("Reshape", [a], [flat_a], {"shape": flat_a.shape}, node.name)]
+        inputs = [flat_a, b]
+        if c is not None:
+            flat_c = c if c.rank <= 1 else graph.new_value(c.dtype, (1 if row_c else rows, c.shape[-1]))
+            if flat_c is not c:
+                new.append(Node("Reshape", [c], [flat_c], {"shape": flat_c.shape}, node.name))
+            inputs.append(flat_c)
+        flat_y = graph.new_value(y.dtype, (rows, y.shape[-1]))
+        y.producer = None
+        new.append(Node("Gemm", inputs, [flat_y], node.attrs, node.name, node.schedule))
+        new.append(Node("Reshape", [flat_y], [y], {"shape": y.shape}, node.name))
+        for i, n in enumerate(new):
+            graph.add_node(n, at + i)
         changed = True
     return changed

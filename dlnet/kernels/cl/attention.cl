@@ -6,8 +6,10 @@
 // tc + NTC * c of each key tile (c < CK) and output columns tc + NTC * c (c < CV): strided, so that the work-items
 // of a row read consecutive words of a tile (no bank conflicts), and the tiles' rows are padded by one word for
 // the same reason across rows. Portable OpenCL C: no subgroups, no half, float accumulation.
-//   q [B * Hq, Tq, D], k [B * Hk, Tk, D], v [B * Hk, Tk, DV], y [B * Hq, Tq, DV], contiguous; q head h reads kv head
-//   h / (Hq / Hk) (grouped-query attention). mask: element (b, h, i, j) at b * msb + h * msh + i * msq + j * msk
+//   q [B, Hq, Tq, D], k [B, Hk, Tk, D], v [B, Hk, Tk, DV], y [B, Hq, Tq, DV] through element strides: row t of
+//   head h of batch b of q at b * qsb + h * qsh + t * qst (k, v, y alike), its D (DV) floats contiguous; so a
+//   [B, T, H, D] operand is read or written in place, no head Transpose. q head h reads kv head h / (Hq / Hk)
+//   (grouped-query attention). mask: element (b, h, i, j) at b * msb + h * msh + i * msq + j * msk
 //   (strides 0 where it broadcasts); MASK 1 adds it (float), MASK 2 lets key j through where it is nonzero (bool).
 //   CAUSAL: key j is visible to query i iff j <= i + causal_offset. SOFTCAP: s = softcap * tanh(s / softcap)
 //   before the mask. A row with no visible key writes 0.
@@ -45,7 +47,8 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1)))
 void attention(__global const float* q, ulong q_off, __global const float* k, ulong k_off,
                __global const float* v, ulong v_off, __global const MASK_T* mask, ulong mask_off,
                __global float* y, ulong y_off, int Tq, int Tk, int Hq, int Hk, float scale, float softcap,
-               int causal_offset, long msb, long msh, long msq, long msk) {
+               int causal_offset, long msb, long msh, long msq, long msk, long qsb, long qsh, long qst, long ksb, long ksh,
+               long kst, long vsb, long vsh, long vst, long ysb, long ysh, long yst) {
     __local float qs[BQ * DP];
     __local float kvs[BK * KV_ROW];
     __local float ps[BQ * BKP];  // the scores of a tile, then their exponentials; at the end the partial sums
@@ -55,18 +58,18 @@ void attention(__global const float* q, ulong q_off, __global const float* k, ul
     const long bh = get_group_id(1);
     const long b = bh / Hq;
     const int h = bh % Hq;
-    const long kvh = b * Hk + h / (Hq / Hk);
+    const long kvh = h / (Hq / Hk);
     const int nq = min(BQ, Tq - q0);
-    q += q_off + (bh * Tq + q0) * D;
-    k += k_off + kvh * Tk * D;
-    v += v_off + kvh * Tk * DV;
-    y += y_off + (bh * Tq + q0) * DV;
+    q += q_off + b * qsb + h * qsh + q0 * qst;
+    k += k_off + b * ksb + kvh * ksh;
+    v += v_off + b * vsb + kvh * vsh;
+    y += y_off + b * ysb + h * ysh + q0 * yst;
 #if MASK
     mask += mask_off + b * msb + h * msh + q0 * msq;
 #endif
     for (int e = lid; e < BQ * D; e += NT) {
         const int r = e / D, d = e % D;
-        qs[r * DP + d] = r < nq ? q[(long)r * D + d] : 0.0f;
+        qs[r * DP + d] = r < nq ? q[r * qst + d] : 0.0f;
     }
     float acc[RQ][CV], m[RQ], l[RQ];
     for (int i = 0; i < RQ; i++) {
@@ -84,7 +87,7 @@ void attention(__global const float* q, ulong q_off, __global const float* k, ul
         barrier(CLK_LOCAL_MEM_FENCE);  // the last tile's readers of kvs and ps are done (the first time: qs written)
         for (int e = lid; e < BK * D; e += NT) {
             const int r = e / D, d = e % D;
-            kvs[r * DP + d] = r < nk ? k[(long)(k0 + r) * D + d] : 0.0f;
+            kvs[r * DP + d] = r < nk ? k[(k0 + r) * kst + d] : 0.0f;
         }
         barrier(CLK_LOCAL_MEM_FENCE);
         float s[RQ][CK];
@@ -134,7 +137,7 @@ void attention(__global const float* q, ulong q_off, __global const float* k, ul
         }
         for (int e = lid; e < BK * DV; e += NT) {
             const int r = e / DV, d = e % DV;
-            kvs[r * DVP + d] = r < nk ? v[(long)(k0 + r) * DV + d] : 0.0f;
+            kvs[r * DVP + d] = r < nk ? v[(k0 + r) * vst + d] : 0.0f;
         }
         barrier(CLK_LOCAL_MEM_FENCE);
         for (int i = 0; i < RQ; i++) {
@@ -169,7 +172,7 @@ void attention(__global const float* q, ulong q_off, __global const float* k, ul
         const float inv = total > 0.0f ? 1.0f / total : 0.0f;
         for (int c = 0; c < CV; c++) {
             const int col = tc + NTC * c;
-            if (col < DV) y[(long)r * DV + col] = acc[i][c] * inv;
+            if (col < DV) y[r * yst + col] = acc[i][c] * inv;
         }
     }
 }

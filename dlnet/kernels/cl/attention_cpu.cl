@@ -6,7 +6,7 @@
 // dot product and one horizontal sum per row. No built-ins inside the loops (PoCL calls fma, fmax, exp and vload8
 // out of line: 12 heads of 128 x 64, 7.6 -> 1.5 ms): multiply-adds that the compiler contracts, ternaries, cpu_math.cl's
 // dl_exp_neg, unaligned float8 loads through a pointer.
-//   Layouts, mask, CAUSAL and SOFTCAP as in attention.cl. Needs cpu_math.cl before it.
+//   Layouts (element strides of b, h and t), mask, CAUSAL and SOFTCAP as in attention.cl. Needs cpu_math.cl before it.
 #if !defined(D) || !defined(DV) || !defined(RQ) || !defined(BK)
 #error "attention_cpu.cl needs D, DV, RQ and BK"
 #endif
@@ -46,25 +46,26 @@ inline float hsum8(float8 a) {
 __kernel void attention_cpu(__global const float* q, ulong q_off, __global const float* k, ulong k_off,
                             __global const float* v, ulong v_off, __global const MASK_T* mask, ulong mask_off,
                             __global float* y, ulong y_off, int Tq, int Tk, int Hq, int Hk, float scale,
-                            float softcap, int causal_offset, long msb, long msh, long msq, long msk) {
+                            float softcap, int causal_offset, long msb, long msh, long msq, long msk, long qsb, long qsh, long qst, long ksb, long ksh,
+               long kst, long vsb, long vsh, long vst, long ysb, long ysh, long yst) {
     const int q0 = get_global_id(0) * RQ;
     const long bh = get_global_id(1);
     if (q0 >= Tq) return;
     const int nq = min(RQ, Tq - q0);
     const long b = bh / Hq;
     const int h = bh % Hq;
-    const long kvh = b * Hk + h / (Hq / Hk);
-    q += q_off + (bh * Tq + q0) * D;
-    k += k_off + kvh * Tk * D;
-    v += v_off + kvh * Tk * DV;
-    y += y_off + (bh * Tq + q0) * DV;
+    const long kvh = h / (Hq / Hk);
+    q += q_off + b * qsb + h * qsh + q0 * qst;
+    k += k_off + b * ksb + kvh * ksh;
+    v += v_off + b * vsb + kvh * vsh;
+    y += y_off + b * ysb + h * ysh + q0 * yst;
 #if MASK
     mask += mask_off + b * msb + h * msh + q0 * msq;
 #endif
     float8 qv[RQ][D8], acc[RQ][DV8];
     float m[RQ], l[RQ];
     for (int r = 0; r < RQ; r++) {
-        for (int c = 0; c < D8; c++) qv[r][c] = r < nq ? chunk8(q + (long)r * D, c, D) : (float8)(0.0f);
+        for (int c = 0; c < D8; c++) qv[r][c] = r < nq ? chunk8(q + r * qst, c, D) : (float8)(0.0f);
         for (int c = 0; c < DV8; c++) acc[r][c] = (float8)(0.0f);
         m[r] = -INFINITY;
         l[r] = 0.0f;
@@ -82,7 +83,7 @@ __kernel void attention_cpu(__global const float* q, ulong q_off, __global const
         for (int jj = 0; jj < nk; jj++) {
             const int j = j0 + jj;
             float8 kv[D8];
-            for (int c = 0; c < D8; c++) kv[c] = chunk8(k + (long)j * D, c, D);
+            for (int c = 0; c < D8; c++) kv[c] = chunk8(k + j * kst, c, D);
             for (int r = 0; r < RQ; r++) {
                 float8 a = qv[r][0] * kv[0];
                 for (int c = 1; c < D8; c++) a = qv[r][c] * kv[c] + a;
@@ -117,7 +118,7 @@ __kernel void attention_cpu(__global const float* q, ulong q_off, __global const
         }
         for (int jj = 0; jj < nk; jj++) {
             float8 vv[DV8];
-            for (int c = 0; c < DV8; c++) vv[c] = chunk8(v + (long)(j0 + jj) * DV, c, DV);
+            for (int c = 0; c < DV8; c++) vv[c] = chunk8(v + (j0 + jj) * vst, c, DV);
             for (int r = 0; r < RQ; r++)
                 for (int c = 0; c < DV8; c++) acc[r][c] = (float8)(s[r][jj]) * vv[c] + acc[r][c];
         }
@@ -127,11 +128,11 @@ __kernel void attention_cpu(__global const float* q, ulong q_off, __global const
         for (int c = 0; c < DV8; c++) {
             const float8 o = acc[r][c] * inv;
             if ((c + 1) * 8 <= DV) {
-                *(__global float8u*)(y + (long)r * DV + 8 * c) = o;
+                *(__global float8u*)(y + r * yst + 8 * c) = o;
             } else {
                 union { float8 v; float s[8]; } t;
                 t.v = o;
-                for (int i = 0; c * 8 + i < DV; i++) y[(long)r * DV + c * 8 + i] = t.s[i];
+                for (int i = 0; c * 8 + i < DV; i++) y[r * yst + c * 8 + i] = t.s[i];
             }
         }
     }

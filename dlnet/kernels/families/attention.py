@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...errors import ModelError
-from ...graph.ops.attention import MAX_RANK, lead4
+from ...graph.ops.attention import LOGICAL, MAX_RANK, lead4, logical_shape
 from ..emitter import defines
 from ..runtime import kernel_source
 
@@ -37,11 +37,20 @@ CPU_ROWS, CPU_KEYS = 4, 16
 # larger of BQ and BK while the tiles overflow __local memory (head dims past 128 on a 48 KiB GPU).
 ATTENTION_TILES = {"gpu": AttentionTile(32, 32, 8, 8), "cpu": AttentionTile(32, 32, 8, 8)}
 MIN_TILE = 8
+# Decoding (at most DECODE_ROWS query rows, the power of two at least Tq): one row of 64 work-items over 64 keys,
+# each scoring its key for every row and owning an output column; the 8 x 8 grid left 7 of its 8 rows idle. H100, a
+# GPT-2-small step (12 heads, 136 keys, d 64): 0.049 ms a layer with the 32-row tile.
+DECODE_ROWS, DECODE_KEYS = 8, 64
 
 
-def attention_tile(dev, d, dv, tiles=ATTENTION_TILES):
-    """The tile of a head dim d (q, k) and dv (v) on `dev` (kernels/device.Device), shrunk to its __local memory."""
+def attention_tile(dev, d, dv, tiles=ATTENTION_TILES, tq=None):
+    """The tile of a head dim d (q, k) and dv (v) on `dev` (kernels/device.Device) for tq query rows (None: many),
+    shrunk to its __local memory."""
     t = tiles[dev.kind]
+    if tq is not None and tq <= DECODE_ROWS:
+        decode = AttentionTile(1 << max(tq - 1, 0).bit_length(), DECODE_KEYS, 1, DECODE_KEYS)
+        if decode.local_bytes(d, dv) <= dev.local_mem:
+            return decode
     bq, bk = t.bq, t.bk
     while AttentionTile(bq, bk, t.ntr, t.ntc).local_bytes(d, dv) > dev.local_mem:
         if bk >= bq and bk > max(MIN_TILE, t.ntc):
@@ -65,6 +74,16 @@ def mask_strides(mask, scores):
     return strides
 
 
+def operand_strides(shape, layout):
+    """Element strides of the b, h and t axes of an operand of this stored shape and layout (kernels/cl/attention.cl's
+    qsb, qsh, qst), its last axis contiguous."""
+    shape = (1,) * (MAX_RANK - len(shape)) + tuple(shape)
+    strides, step = [0] * MAX_RANK, 1
+    for a in reversed(range(MAX_RANK)):
+        strides[a], step = step, step * shape[a]
+    return [strides[layout.index(c)] for c in LOGICAL[:3]]
+
+
 class AttentionFamily:
     def attention(self, node):
         """Attention by its scheduled algorithm: flash_cpu (attention_cpu.cl) or flash (attention.cl)."""
@@ -73,8 +92,10 @@ class AttentionFamily:
         y, a = node.outputs[0], node.attrs
         if q.dtype != "float32":
             raise ModelError(f"node {node.name} (Attention): float32 only, got {q.dtype}")
-        (B, Hq), (_, Hk) = lead4(q.shape), lead4(k.shape)
-        Tq, D, Tk, DV = q.shape[-2], q.shape[-1], k.shape[-2], v.shape[-1]
+        layout = a["layout"]
+        qs, ks, vs = (logical_shape(x.shape, s) for x, s in zip((q, k, v), layout, strict=False))
+        (B, Hq), (_, Hk) = lead4(qs), lead4(ks)
+        Tq, D, Tk, DV = qs[-2], qs[-1], ks[-2], vs[-1]
         defs = {"D": D, "DV": DV, "CAUSAL": int(bool(a["causal"])), "SOFTCAP": int(a["softcap"] > 0)}
         strides = [0, 0, 0, 0]
         if mask is not None:
@@ -82,7 +103,8 @@ class AttentionFamily:
             strides = mask_strides(mask, (B, Hq, Tq, Tk))
         args = self.args(q) + self.args(k) + self.args(v) + (self.args(mask) if mask is not None else self.dummy()) \
             + self.args(y) + [np.int32(Tq), np.int32(Tk), np.int32(Hq), np.int32(Hk), np.float32(a["scale"]),
-                              np.float32(a["softcap"]), np.int32(a["causal_offset"])] + [np.int64(s) for s in strides]
+                              np.float32(a["softcap"]), np.int32(a["causal_offset"])] + [np.int64(s) for s in strides] \
+            + [np.int64(s) for x, lay in zip((q, k, v, y), layout, strict=True) for s in operand_strides(x.shape, lay)]
         label = f"{node.name} Attention"
         if node.schedule["algo"] == "flash_cpu":  # (schedule.py; Lowerer.lower makes sure there is one)
             rows = max(1, min(CPU_ROWS, Tq))
@@ -91,7 +113,7 @@ class AttentionFamily:
             self.emit(defines(defs) + kernel_source("cpu_math") + kernel_source("attention_cpu"), "attention_cpu", args,
                       (max(-(-Tq // rows), 1), B * Hq), (1, 1), label)
             return
-        tile = attention_tile(self.dev, D, DV)
+        tile = attention_tile(self.dev, D, DV, tq=Tq)
         defs.update(BQ=tile.bq, BK=tile.bk, NTR=tile.ntr, NTC=tile.ntc)
         nt = tile.ntr * tile.ntc
         self.record_tile(tile.label)

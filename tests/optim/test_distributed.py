@@ -1,0 +1,244 @@
+"""Data-parallel training without MPI: the buckets, the reduction and Trainer(comm=...) on ranks that are threads of
+this process, talking through a fake communicator (the 2-process MPI job: tests/cli/test_train_mpi.py)."""
+import threading
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import dlnet
+from dlnet import distributed
+from tests.conftest import rel_l2
+
+
+class ThreadGroup:
+    """Ranks as threads: each collective is numbered in the order a rank calls it (every rank calls them in the
+    same order, as MPI requires) and sums in rank order. `log` has rank 0's collectives: (kind, elements)."""
+
+    def __init__(self, size):
+        self.size, self.slots, self.log = size, {}, []
+        self.cond = threading.Condition()
+
+    def comms(self):
+        return [FakeComm(self, r) for r in range(self.size)]
+
+    def put(self, key, rank, obj):
+        with self.cond:
+            self.slots.setdefault(key, {})[rank] = obj
+            self.cond.notify_all()
+
+    def ready(self, key):
+        with self.cond:
+            return len(self.slots[key]) == self.size
+
+    def gather(self, key):
+        with self.cond:
+            assert self.cond.wait_for(lambda: len(self.slots[key]) == self.size, timeout=60), f"collective {key}"
+            return [self.slots[key][r] for r in range(self.size)]
+
+    def exchange(self, key, rank, obj):
+        self.put(key, rank, obj)
+        return self.gather(key)
+
+    def run(self, fn):
+        """fn(comm) on every rank in its thread; their results in rank order (a rank's exception is raised)."""
+        dlnet.devices()  # the OpenCL platforms listed once first: two threads' first listing at once can find none
+        results, errors = [None] * self.size, [None] * self.size
+
+        def body(comm):
+            try:
+                results[comm.rank] = fn(comm)
+            except BaseException as e:  # noqa: BLE001 (handed to the test's thread)
+                errors[comm.rank] = e
+
+        threads = [threading.Thread(target=body, args=(c,)) for c in self.comms()]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        for e in errors:
+            if e is not None:
+                raise e
+        return results
+
+
+class FakeRequest:
+    """Complete once every rank has contributed (Test: without waiting; Wait: waiting)."""
+
+    def __init__(self, group, key, done):
+        self.group, self.key, self.done, self.finished = group, key, done, False
+
+    def Test(self):  # noqa: N802
+        if not self.finished and self.group.ready(self.key):
+            self.Wait()
+        return self.finished
+
+    def Wait(self):  # noqa: N802
+        if not self.finished:
+            self.done(self.group.gather(self.key))
+            self.finished = True
+
+
+class FakeComm:
+    def __init__(self, group, rank):
+        self.group, self.rank, self.size, self.calls = group, rank, group.size, 0
+
+    def _key(self, kind, n):
+        self.calls += 1
+        if self.rank == 0:
+            self.group.log.append((kind, n))
+        return self.calls
+
+    def iallreduce(self, buf):
+        key = self._key("iallreduce", buf.size)
+        self.group.put(key, self.rank, buf.copy())
+
+        def done(parts):
+            total = parts[0].copy()
+            for p in parts[1:]:
+                total += p
+            buf[:] = total
+        return FakeRequest(self.group, key, done)
+
+    def iallgather(self, send, recv):
+        key = self._key("iallgather", send.size)
+        self.group.put(key, self.rank, send.copy())
+
+        def done(parts):
+            recv[:] = np.stack(parts)
+        return FakeRequest(self.group, key, done)
+
+    def bcast(self, obj, root=0):
+        return self.group.exchange(self._key("bcast", 0), self.rank, obj)[root]
+
+    def allgather(self, obj):
+        return self.group.exchange(self._key("allgather", 0), self.rank, obj)
+
+
+def test_buckets_follow_readiness_and_the_cap():
+    grads = [("a", 400, 9), ("b", 40, 2), ("c", 400, 5), ("d", 4000, 7), ("e", 40, 2)]
+    assert distributed.make_buckets(grads, 500) == [[1, 4, 2], [3], [0]]
+    assert distributed.make_buckets(grads, 10 ** 6) == [[1, 4, 2, 3, 0]]
+    assert distributed.make_buckets(grads, 1) == [[1], [4], [2], [3], [0]]
+
+
+@pytest.mark.parametrize("fp16", [False, True])
+def test_reducer_averages_alike_on_every_rank(fp16):
+    rng = np.random.default_rng(3)
+    grads = [[rng.standard_normal(n).astype(np.float32) for n in (7, 300)] for _ in range(3)]
+
+    def rank(comm):
+        reducer = distributed.GradientReducer(comm, [7, 300], fp16=fp16)
+        for k in (0, 1):
+            reducer.host[k][:] = grads[comm.rank][k]
+            reducer.start(k)
+        reducer.poll()
+        for k in (0, 1):
+            reducer.finish(k)
+        return reducer.host
+
+    out = ThreadGroup(3).run(rank)
+    for k in (0, 1):
+        assert np.array_equal(out[0][k], out[1][k]) and np.array_equal(out[0][k], out[2][k])
+        parts = [g[k].astype(np.float16).astype(np.float32) if fp16 else g[k] for g in grads]
+        expected = (parts[0] + parts[1] + parts[2]) * np.float32(1 / 3)  # fp32, in rank order
+        assert np.array_equal(out[0][k], expected)
+        exact = np.mean([g[k].astype(np.float64) for g in grads], axis=0)
+        assert rel_l2(out[0][k], exact) <= (1e-3 if fp16 else 1e-6)
+
+
+def test_check_same_names_the_rank_that_differs():
+    w = {"w": np.linspace(0, 1, 10, dtype=np.float32)}
+    assert ThreadGroup(3).run(lambda comm: distributed.check_same(comm, w, "here")) == [None] * 3
+    nudged = {"w": w["w"].copy()}
+    nudged["w"][4] = np.nextafter(nudged["w"][4], np.float32(2))
+
+    def rank(comm):
+        with pytest.raises(distributed.RanksDiverged, match="here: the weights of rank 2 differ from rank 0's"):
+            distributed.check_same(comm, nudged if comm.rank == 2 else w, "here")
+        return True
+    assert ThreadGroup(3).run(rank) == [True] * 3
+
+
+def mlp(path, seed, batchnorm=False):
+    """x [n, 12] -> Gemm 12x16 -> (BatchNormalization) -> Tanh -> Gemm 16x5."""
+    rng = np.random.default_rng(seed)
+    init = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32) * 0.3, n)
+            for n, s in (("w1", (12, 16)), ("b1", (16,)), ("w2", (16, 5)), ("b2", (5,)))]
+    nodes = [helper.make_node("Gemm", ["x", "w1", "b1"], ["h"])]
+    act = "h"
+    if batchnorm:
+        init += [numpy_helper.from_array(a, n) for n, a in (
+            ("g", np.ones(16, np.float32)), ("beta", np.zeros(16, np.float32)), ("mean", np.zeros(16, np.float32)),
+            ("var", np.ones(16, np.float32)))]
+        nodes += [helper.make_node("Unsqueeze", ["h", "axes"], ["h4"]),
+                  helper.make_node("BatchNormalization", ["h4", "g", "beta", "mean", "var"], ["n4"]),
+                  helper.make_node("Squeeze", ["n4", "axes"], ["n"])]
+        init.append(numpy_helper.from_array(np.array([2, 3], np.int64), "axes"))
+        act = "n"
+    nodes += [helper.make_node("Tanh", [act], ["t"]), helper.make_node("Gemm", ["t", "w2", "b2"], ["y"])]
+    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 12])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 5])], init)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)], ir_version=8), str(path))
+    return str(path)
+
+
+def batches(steps, batch=16, seed=7):
+    rng = np.random.default_rng(seed)
+    return [(rng.standard_normal((batch, 12)).astype(np.float32), rng.integers(0, 5, batch)) for _ in range(steps)]
+
+
+def train(path, comm, data, **kw):
+    """Steps on this rank's half of each batch (the whole batch on one process): (losses, weights, trainer's plan)."""
+    rank, size = (comm.rank, comm.size) if comm is not None else (0, 1)
+    with dlnet.Net(dlnet.Context("cpu")).load_onnx(path) as net:
+        trainer = dlnet.Trainer(net, optimizer=dlnet.optim.Adam(lr=1e-2), comm=comm, **kw)
+        losses = []
+        for x, y in data:
+            n = len(x) // size
+            losses.append(trainer.step({"x": x[rank * n:(rank + 1) * n], "target": y[rank * n:(rank + 1) * n]}))
+        trainer.check_weights()
+        return losses, net.state_dict(), trainer._active
+
+
+@pytest.mark.parametrize("fp16", [False, True])
+def test_two_thread_ranks_train_as_one_process(tmp_path, fp16):
+    """Rank 1 starts from other weights and gets rank 0's; every step's loss and the final weights are those of one
+    process on the whole batch; one bucket per gradient (bucket_mb tiny) in reverse layer order."""
+    data = batches(6)
+    path0, path1 = mlp(tmp_path / "m0.onnx", 0), mlp(tmp_path / "m1.onnx", 1)
+    one_losses, one_weights, _ = train(path0, None, data)
+    group = ThreadGroup(2)
+    out = group.run(lambda comm: train(path0 if comm.rank == 0 else path1, comm, data, bucket_mb=1e-6,
+                                       fp16_gradients=fp16))
+    (l0, w0, plan), (l1, w1, _) = out
+    assert l0 == l1
+    for name in one_weights:
+        assert np.array_equal(w0[name], w1[name]), name
+        assert rel_l2(w0[name], one_weights[name]) <= (2e-3 if fp16 else 1e-5), name
+    assert rel_l2(np.array(l0), np.array(one_losses)) <= (1e-3 if fp16 else 1e-6)
+    names = [plan.params[rows_at][0] for rows_at in range(len(plan.params))]
+    order = [[names[i] for i in b] for b in distributed.make_buckets(
+        [(n, gv.nbytes, plan.plan.node_launches[plan.graph.nodes.index(gv.producer)][1])
+         for n, _, gv in plan.params], 1)]
+    assert order[0][0] in ("b2", "w2") and order[-1][0] in ("w1", "b1")  # the last layer's gradients first
+    kind = "iallgather" if fp16 else "iallreduce"
+    step = [n for k, n in group.log if k == kind][:4]
+    sizes = {"w1": 192, "b1": 16, "w2": 80, "b2": 5}
+    assert step == [sizes[b[0]] for b in order]
+
+
+def test_sync_bn_averages_the_running_statistics(tmp_path):
+    path = mlp(tmp_path / "bn.onnx", 0, batchnorm=True)
+    data = batches(3)
+
+    def stats(sync):
+        out = ThreadGroup(2).run(lambda comm: train(path, comm, data, sync_bn=sync))
+        return [(w["mean"], w["var"]) for _, w, _ in out]
+
+    local, synced = stats(False), stats(True)
+    assert rel_l2(local[0][0], local[1][0]) > 1e-2  # each rank's own batches
+    for k in (0, 1):
+        assert np.array_equal(synced[0][k], synced[1][k])
+        assert rel_l2(synced[0][k], (local[0][k] + local[1][k]) / 2) <= 1e-5  # linear in the batches
