@@ -11,6 +11,11 @@ from ..runtime import kernel_source
 CPU_MATH = "\n#undef erf\n#undef tanh\n#define erf(x) dl_erf(x)\n#define tanh(x) dl_tanh(x)\n"
 
 
+def cpu_math(code):
+    """The prefix that gives float32 CPU kernel source `code` cpu_math.cl's erf and tanh ("" where it calls neither)."""
+    return kernel_source("cpu_math") + CPU_MATH if "erf(" in code or "tanh(" in code else ""
+
+
 class ElementwiseFamily:
     def _elementwise(self, y, y_off, y_strides, operands, body, label):
         """operands: [(value, element offset, strides over y's loop)]; body assigns r0 from x0v.."""
@@ -31,9 +36,8 @@ class ElementwiseFamily:
         total = int(np.prod(dims))
         if self.dev.is_cpu:
             src = codegen.elementwise_rows_source(len(dims), in_dtypes, out_dtype, body, I, [st[-1] for st in sets])
-            if ("erf(" in body or "tanh(" in body) and all(np.dtype(d).name not in ("float64", "float16")
-                                                          for d in [*in_dtypes, out_dtype]):
-                src = kernel_source("cpu_math") + CPU_MATH + src
+            if all(np.dtype(d).name not in ("float64", "float16") for d in [*in_dtypes, out_dtype]):
+                src = cpu_math(body) + src
             rows = total // dims[-1] if dims[-1] else 0
             self.emit(src, "ew_rows", args, (max(-(-dims[-1] // codegen.ROW_CHUNK), 1), max(rows, 1)), None, label)
             return

@@ -20,6 +20,7 @@ from ..rules import (
     round_up,
 )
 from ..runtime import kernel_source
+from .elementwise import cpu_math
 
 
 def gemm_cpu_rows(node):
@@ -194,7 +195,8 @@ class MatmulFamily:
         self.record_tile(f"{MR}x{NR}")
         if c is not None:
             defs["HAS_C"] = 1
-        src = defines(defs) + act_macro(at.get("act")) + kernel_source("gemm_cpu")
+        act = act_macro(at.get("act"))  # (a GELU epilogue: cpu_math.cl's erf, not PoCL's out-of-line one)
+        src = defines(defs) + cpu_math(act) + act + kernel_source("gemm_cpu")
         args = self.args(a) + [self.meta(packed.ravel(), np.float32), np.uint64(0)] + \
             (self.args(c) if c is not None else self.dummy()) + self.args(y) + [
             np.int32(M), np.int32(N), np.int32(K), np.int64(sam), np.int64(sak), np.int64(cs[-2]), np.int64(cs[-1]),
