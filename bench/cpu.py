@@ -1,18 +1,27 @@
 """dlnet on the CPU (PoCL) against onnxruntime on the same machine, in one process and one run.
 
-    python bench/cpu.py [--models resnet50,squeezenet,...] [--iters 5] [--rounds 3] [--batch 1]
+    python bench/cpu.py [--models resnet50,bert,...] [--iters 5] [--rounds 3] [--batch 1] [--threads N] [--quick]
 
 Models: the reference CNNs the onnx package ships (real architectures). They build each weight with ConstantOfShape
 (one value repeated, which makes every channel alike and the error column trivially 0): those are replaced by
-random initializers of the same shapes, the same model for both engines. Time of one inference includes the copies
-in and out; per engine, --rounds alternating blocks, each a 0.3 s pause (each engine's threads go idle), 0.25 s of
-warm-up calls and --iters timed calls; the median of all. Prints a table.
+random initializers of the same shapes, the same model for both engines. Then three transformers built in plain
+torch with random weights and exported by torch 2.13's default exporter (dynamo=True), at batch 1: "bert" (a
+BERT-base-shaped post-norm encoder, 12 layers of d 768, 12 heads, FF 3072, exact GELU, over 128 tokens), "gpt2"
+(the GPT-2-small-shaped pre-norm decoder, causal, tanh GELU, next-token logits over a 128-token prompt through the
+tied 50257-word embedding) and "vit" (ViT-B/16 at 224x224: 197 tokens, 12 layers of d 768). --quick keeps 2 of the
+12 layers (the same layer shapes). onnxruntime runs with ORT_ENABLE_ALL (its transformer fusions: Attention,
+LayerNorm, Gelu) and --threads as intra_op_num_threads; dlnet with Context(threads=--threads).
+
+Time of one inference includes the copies in and out; per engine, --rounds alternating blocks, each a 0.3 s pause
+(each engine's threads go idle), 0.25 s of warm-up calls and --iters timed calls; the median of all. Prints a table.
 """
 import argparse
 import itertools
 import os
 import statistics
+import tempfile
 import time
+import warnings
 
 import numpy as np
 import onnx
@@ -21,7 +30,9 @@ from onnx import numpy_helper
 import dlnet
 
 LIGHT = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
-MODELS = ["squeezenet", "shufflenet", "resnet50", "inception_v1", "bvlc_alexnet", "densenet121"]
+CNNS = ["squeezenet", "shufflenet", "resnet50", "inception_v1", "bvlc_alexnet", "densenet121"]
+TRANSFORMERS = ["bert", "gpt2", "vit"]
+MODELS = CNNS + TRANSFORMERS
 
 
 def with_random_weights(model, rng):
@@ -77,33 +88,65 @@ def paired_medians(fns, iters, rounds):
     return [statistics.median(t) for t in times]
 
 
+def cnn(name, batch):
+    """(model, feeds) of one of the onnx package's reference CNNs with random weights."""
+    model = with_random_weights(onnx.load(os.path.join(LIGHT, f"light_{name}.onnx")), np.random.default_rng(1))
+    inits = {i.name for i in model.graph.initializer}
+    info = next(i for i in model.graph.input if i.name not in inits)  # (old models list their weights as inputs)
+    shape = [batch] + [d.dim_value for d in info.type.tensor_type.shape.dim[1:]]
+    return model, {info.name: np.random.default_rng(0).standard_normal(shape).astype(np.float32)}
+
+
+def transformer(name, layers, folder):
+    """(path, feeds) of a transformer exported by torch's default exporter into `folder`."""
+    import torch
+    from cpu_transformers import build
+    torch.manual_seed(0)
+    model, x = build(name, layers)
+    path = os.path.join(folder, f"{name}.onnx")
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model.eval(), (x,), path, dynamo=True, input_names=["x"], output_names=["y"])
+    return path, {"x": x.numpy()}
+
+
 def main():
     import onnxruntime as ort
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=3, help="alternating blocks of --iters calls per engine")
-    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--batch", type=int, default=1, help="the CNNs' batch (transformers run batch 1)")
+    ap.add_argument("--threads", type=int, default=0, help="both engines' threads (0: each one's default)")
+    ap.add_argument("--quick", action="store_true", help="transformers with 2 of their 12 layers")
     args = ap.parse_args()
-    ctx = dlnet.Context("cpu")
-    print(f"device: {ctx.info}; onnxruntime {ort.__version__} (CPUExecutionProvider, default threads)")
+    ctx = dlnet.Context("cpu", threads=args.threads)
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.intra_op_num_threads = args.threads
+    opts.log_severity_level = 3  # (not a warning per unused initializer of the old models)
+    print(f"device: {ctx.info}, {ctx.threads} threads; onnxruntime {ort.__version__} (CPUExecutionProvider, "
+          f"ORT_ENABLE_ALL, intra_op_num_threads={args.threads or 'default'}){'; --quick' if args.quick else ''}")
     rows = []
-    for name in args.models.split(","):
-        model = with_random_weights(onnx.load(os.path.join(LIGHT, f"light_{name}.onnx")), np.random.default_rng(1))
-        net = dlnet.Net(ctx).load_onnx(model, batch=args.batch)
-        info = net.inputs[0]
-        shape = (args.batch,) + tuple(info.shape[1:])
-        x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
-        sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-        t_ort, t_dl = paired_medians([lambda: sess.run(None, {info.name: x}), lambda: net.run({info.name: x})],
-                                     args.iters, args.rounds)
-        ref = sess.run(None, {info.name: x})[0]
-        got = list(net.run({info.name: x}).values())[0]
-        err = np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30)
-        rows.append((name, t_ort, t_dl, t_ort / t_dl, err))
-        print(f"{name:14s} onnxruntime {t_ort:9.2f} ms  dlnet {t_dl:9.2f} ms  ratio {t_ort / t_dl:5.2f}  err {err:.1e}",
-              flush=True)
-        net.release()
+    with tempfile.TemporaryDirectory(prefix="dlnet-bench-") as folder:
+        for name in args.models.split(","):
+            if name in TRANSFORMERS:
+                model, feeds = transformer(name, 2 if args.quick else 12, folder)
+                net = dlnet.Net(ctx).load_onnx(model)
+                sess = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
+            else:
+                model, feeds = cnn(name, args.batch)
+                net = dlnet.Net(ctx).load_onnx(model, batch=args.batch)
+                sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+            t_ort, t_dl = paired_medians([lambda: sess.run(None, feeds), lambda: net.run(feeds)],
+                                         args.iters, args.rounds)
+            ref = sess.run(None, feeds)[0]
+            got = list(net.run(feeds).values())[0]
+            err = np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30)
+            rows.append((name, t_ort, t_dl, t_ort / t_dl, err))
+            print(f"{name:14s} onnxruntime {t_ort:9.2f} ms  dlnet {t_dl:9.2f} ms  ratio {t_ort / t_dl:5.2f}  "
+                  f"err {err:.1e}", flush=True)
+            net.release()
     print(f"\n{'model':14s} {'ort ms':>9} {'dlnet ms':>9} {'ratio':>6} {'rel err':>8}")
     for r in rows:
         print(f"{r[0]:14s} {r[1]:9.2f} {r[2]:9.2f} {r[3]:6.2f} {r[4]:8.1e}")

@@ -1,18 +1,14 @@
 """Where the time goes on the CPU device: per-op-kind kernel time of one inference, from OpenCL profiling events.
 
-    python bench/cpu_profile.py [--model resnet50] [--batch 1] [--iters 5]
+    python bench/cpu_profile.py [--model resnet50|bert|gpt2|vit] [--batch 1] [--iters 5] [--layers 12] [--threads N]
 
-Models are the onnx package's reference CNNs with random weights, as in bench/cpu.py. Prints one table; asserts nothing.
+Models are the onnx package's reference CNNs with random weights and the transformers (--layers of their 12), as in
+bench/cpu.py. Prints one table; asserts nothing.
 """
 import argparse
-import os
-
-import numpy as np
-import onnx
+import tempfile
 
 import dlnet
-
-LIGHT = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
 
 
 def main():
@@ -22,14 +18,18 @@ def main():
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--top", type=int, default=20)
     ap.add_argument("--by", choices=["kind", "launch"], default="kind")
+    ap.add_argument("--layers", type=int, default=12, help="transformers: blocks of their 12")
+    ap.add_argument("--threads", type=int, default=0)
     args = ap.parse_args()
-    ctx = dlnet.Context("cpu", profile=True)
-    from cpu import with_random_weights
-    model = with_random_weights(onnx.load(os.path.join(LIGHT, f"light_{args.model}.onnx")), np.random.default_rng(1))
-    net = dlnet.Net(ctx).load_onnx(model, batch=args.batch)
-    info = net.inputs[0]
-    x = np.random.default_rng(0).standard_normal((args.batch,) + tuple(info.shape[1:])).astype(np.float32)
-    net.run({info.name: x})
+    ctx = dlnet.Context("cpu", profile=True, threads=args.threads)
+    from cpu import TRANSFORMERS, cnn, transformer
+    with tempfile.TemporaryDirectory(prefix="dlnet-profile-") as folder:
+        if args.model in TRANSFORMERS:
+            model, feeds = transformer(args.model, args.layers, folder)
+        else:
+            model, feeds = cnn(args.model, args.batch)
+        net = dlnet.Net(ctx).load_onnx(model, batch=None if args.model in TRANSFORMERS else args.batch)
+    net.run(feeds)
     totals, counts = {}, {}
     for _ in range(args.iters):
         events = [(launch, launch.enqueue(ctx.queue)) for launch in net.launches]

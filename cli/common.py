@@ -35,6 +35,8 @@ def command_errors(f):
 
 device_option = click.option("--device", metavar="DEVICE", default=None,
                              help="ocl:N (see `dlnet devices`), gpu or cpu; default DLNET_DEVICE, else first GPU.")
+threads_option = click.option("--threads", type=click.IntRange(min=1), default=None, metavar="N",
+                               help="Worker threads of the CPU device (PoCL); default one per core.")
 precision_option = click.option("--precision", type=click.Choice(["fp32", "tf32"]), default="fp32", show_default=True,
                                 help="tf32: tensor cores for matrix layers on NVIDIA (about 1e-3 from fp32).")
 
@@ -53,8 +55,8 @@ def write_atomic(path, text):
         raise
 
 
-def load_net(model, device=None, batch=None, profile=False, precision="fp32", tune=None):
+def load_net(model, device=None, batch=None, profile=False, precision="fp32", tune=None, threads=None):
     import dlnet
 
-    ctx = dlnet.Context(device, precision=precision, profile=profile)
+    ctx = dlnet.Context(device, precision=precision, profile=profile, threads=threads)
     return dlnet.Net(ctx).load_onnx(model, batch=batch, tune=tune)

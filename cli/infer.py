@@ -16,7 +16,16 @@ import numpy as np
 from dlnet.errors import InputError, ModelError
 from dlnet.images import find_images, preprocess, read_image
 
-from .common import EXIT_FAILED_ITEMS, command_errors, device_option, fail, load_net, precision_option, write_atomic
+from .common import (
+    EXIT_FAILED_ITEMS,
+    command_errors,
+    device_option,
+    fail,
+    load_net,
+    precision_option,
+    threads_option,
+    write_atomic,
+)
 from .progress import Progress, isatty
 
 
@@ -205,6 +214,7 @@ class Classifier:
 @click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True,
               help="Images per run (a model with a fixed batch runs in chunks of its own size).")
 @device_option
+@threads_option
 @precision_option
 @click.option("--top-k", "top_k", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--labels", type=click.Path(exists=True, dir_okay=False), default=None, help="One label per line.")
@@ -213,8 +223,8 @@ class Classifier:
               help="Write results here (atomically; never over an input) instead of stdout.")
 @click.option("--strict", is_flag=True, help="Stop at the first image that cannot be read.")
 @command_errors
-def infer(model, images, size, resize, mean, std, scale, bgr, layout, gray, batch, device, precision, top_k, labels,
-          fmt, output, strict):
+def infer(model, images, size, resize, mean, std, scale, bgr, layout, gray, batch, device, threads, precision, top_k,
+          labels, fmt, output, strict):
     """Classify IMAGES (files, or directories walked for every format Pillow reads) with the ONNX classifier MODEL.
 
     Preprocessing is torchvision's Resize -> CenterCrop -> ToTensor -> Normalize (ImageNet mean/std by default).
@@ -233,7 +243,7 @@ def infer(model, images, size, resize, mean, std, scale, bgr, layout, gray, batc
     _refuse_output_over_inputs(output, [model, labels, *images, *files])
     if isatty(sys.stderr):  # the build is the silent part of a first run
         click.echo("dlnet: building the model's kernels for the device...", err=True)
-    net = load_net(model, device, batch=min(batch, len(files)), precision=precision)
+    net = load_net(model, device, batch=min(batch, len(files)), precision=precision, threads=threads)
     spec = InputSpec(net, crop, gray, layout, min(batch, len(files)))
     _check_mean_std(spec, mean_v, std_v)
     top_k = min(top_k, _check_labels(net, model, labels, label_names) or top_k)

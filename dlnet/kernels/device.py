@@ -1,6 +1,11 @@
 """Device facts, resolved once per Context: the only place that reads an OpenCL device's vendor and type and the
-precision asked for. Everything else reads a finished `Device`."""
+precision asked for. Everything else reads a finished `Device`. Also the one place that sets the CPU device's
+worker-thread count (PoCL's)."""
+import os
+import threading
 from dataclasses import dataclass
+
+from ..errors import ConfigError
 
 # the matrix cores: gemm_vec.cl (CPUs: register-blocked, no barriers), gemm_core.cl (GPUs: __local tiles) and
 # gemm_mma.cl (NVIDIA tensor cores in tf32, inline PTX mma.sync); the last two are "tiled"
@@ -48,3 +53,51 @@ class Device:
         local = info.device.local_mem_size if info.device is not None else 48 << 10
         core = "gemm_core" if not cpu or options.matrix_core == "portable" else "gemm_vec"
         return Device(info.name, cpu, nv, precision, info.compute_units, local, core)
+
+
+# PoCL's CPU device runs kernels on this many worker threads, read once, when the OpenCL platform starts in the
+# process (the first clGetPlatformIDs). PoCL 3.0 (the pyopencl wheel's) reads POCL_MAX_PTHREAD_COUNT and reports
+# the count as the device's compute units; POCL_CPU_MAX_CU_NUM is PoCL 4's name for it, which 3.0 ignores.
+THREADS_VARIABLES = ("POCL_MAX_PTHREAD_COUNT", "POCL_CPU_MAX_CU_NUM")
+_THREADS = {"fixed": None}
+_THREADS_LOCK = threading.Lock()
+
+
+def _platform_started():
+    """Whether PoCL is loaded in this process already (then it has read its thread count)."""
+    try:
+        with open("/proc/self/maps") as f:
+            return any("libpocl" in line for line in f)
+    except OSError:
+        return False
+
+
+def _threads_from_env():
+    """The count the environment sets (the first of THREADS_VARIABLES that holds a positive integer), else 0."""
+    for name in THREADS_VARIABLES:
+        text = os.environ.get(name, "").strip()
+        if text.isdigit() and int(text) > 0:
+            return int(text)
+    return 0
+
+
+def fix_threads(threads=0):
+    """The CPU device's worker-thread count for this process, set here before the OpenCL platform first starts:
+    `threads` (0: whatever the environment's POCL_MAX_PTHREAD_COUNT says, else one per core). Called by every
+    Context before it looks for a device, and by `devices()`. The count cannot change once PoCL has started: asking
+    for another one then is a ConfigError."""
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:
+        raise ConfigError(f"threads={threads!r}: expected a positive integer (the CPU device's worker threads) "
+                          "or 0 for one per core")
+    with _THREADS_LOCK:
+        if _THREADS["fixed"] is None:
+            if threads and not _platform_started():
+                for name in THREADS_VARIABLES:
+                    os.environ[name] = str(threads)
+            _THREADS["fixed"] = _threads_from_env() or os.cpu_count() or 1
+        fixed = _THREADS["fixed"]
+    if threads and threads != fixed:
+        raise ConfigError(f"threads={threads}: the CPU device's worker threads were fixed at {fixed} when OpenCL "
+                          "started in this process (the first Context or devices() call); a process runs one count, "
+                          "so ask for it before anything opens a device, or start a new process")
+    return fixed

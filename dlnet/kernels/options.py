@@ -23,6 +23,9 @@ class Options:
     build_options: tuple = ()  # DLNET_BUILD_OPTIONS: extra OpenCL build flags, e.g. -cl-nv-verbose
     binary_cache: bool = False  # DLNET_BINARY_CACHE=1: keep program binaries on disk (PoCL caches its own)
     debug_bounds: bool = False  # DLNET_DEBUG_BOUNDS=1: guard bytes after every arena, checked after each run
+    # the CPU device's worker threads (PoCL's), fixed for the process by its first Context (0: one per core);
+    # Context(threads=N) sets it, as onnxruntime's intra_op_num_threads does
+    threads: int = 0
 
     # --- matrix cores ---------------------------------------------------------------------------------------------
     # "portable" runs the GPU's tiled core (gemm_core.cl) on any device: tests keep that fallback covered on PoCL

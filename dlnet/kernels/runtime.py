@@ -21,14 +21,13 @@ import numpy as np
 from ..errors import DeviceError
 from . import compile_worker
 from .compile_worker import claim, device_identity, finished, trace, write_binary
-from .device import Device, is_nvidia
+from .device import Device, fix_threads, is_nvidia
 from .options import Options
 
 try:
     import pyopencl as cl
 except ImportError as e:  # pragma: no cover - pyopencl is a hard dependency
     raise DeviceError(f"pyopencl is not installed ({e}); install dlnet with: pip install 'pyopencl[pocl]'") from e
-
 
 
 def _remember_invokers():
@@ -102,6 +101,7 @@ def _type_name(t):
 
 def devices():
     """Every OpenCL device on every platform, GPUs first; the list index is what `ocl:N` names."""
+    fix_threads()  # (the platform starts here where no Context started it: PoCL's thread count is then fixed)
     found = []
     try:
         platforms = cl.get_platforms()
@@ -285,13 +285,16 @@ class Context:
 
     precision: "fp32" (exact float32 FMA, the default) or "tf32" (tensor cores where the device has them).
     options: an Options (kernels/options.py); None reads the environment's documented knobs.
+    threads: the CPU device's worker threads (options.threads; fixed for the process by its first Context).
     """
 
-    def __init__(self, device=None, precision="fp32", profile=False, options=None):
+    def __init__(self, device=None, precision="fp32", profile=False, options=None, threads=None):
         if precision not in ("fp32", "tf32"):
             raise DeviceError(f"precision {precision!r}: expected 'fp32' or 'tf32'")
         self.precision = precision
-        self.options = options if options is not None else Options.from_env()
+        options = options if options is not None else Options.from_env()
+        self.options = options if threads is None else options.replace(threads=threads)
+        self.threads = fix_threads(self.options.threads)  # (before anything starts the platform: PoCL reads it then)
         self.profile = profile
         self._programs = {}
         self.allocated_bytes = 0  # live arena bytes of this context (plans release theirs)
@@ -331,6 +334,7 @@ class Context:
         other = object.__new__(Context)
         other.__dict__.update(self.__dict__)
         other.options = (options if options is not None else self.options).replace(**changes)
+        fix_threads(other.options.threads)  # (the same device and workers: another count is an error)
         return other
 
     def __getattr__(self, name):

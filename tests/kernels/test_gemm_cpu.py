@@ -45,3 +45,43 @@ def test_gemm_matches_numpy(ctx, shape, b_as_input):
         assert got.shape == want.shape
         assert rel_l2(got, want) < 1e-5, (trans_a, trans_b, c_shape)
         net.release()
+
+
+@pytest.mark.parametrize("a_shape", [(2, 5, 33), (2, 3, 7, 20), (1, 128, 96)], ids=["3d", "4d", "tokens"])
+def test_matmul_of_many_rows_takes_the_packed_path(ctx, a_shape):
+    """A MatMul of an A of rank > 2 by a constant 2-D B (a transformer's linear layer) is one packed product of all
+    of A's rows on CPU devices (gemm_cpu, rows of several batches in one tile), with a fused Relu."""
+    K, N = a_shape[-1], 37
+    a = R.standard_normal(a_shape).astype(np.float32)
+    b = R.standard_normal((K, N)).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["a", "b"], ["m"]), helper.make_node("Relu", ["m"], ["y"])]
+    net = dlnet.Net(ctx).load_onnx(make_model(nodes, {"a": a}, ["y"], {"b": b}))
+    got = net.run({"a": a})["y"]
+    gemm = [n for n in net.graph.nodes if n.op == "Gemm"]
+    if ctx.dev.is_cpu and not ctx.dev.tiled:
+        assert [n.schedule["algo"] for n in gemm] == ["gemm_cpu"]
+    assert rel_l2(got, np.maximum(a.astype(np.float64) @ b, 0)) < 1e-5
+    net.release()
+
+
+def test_gemm_cpu_rows_flattens_only_where_c_does():
+    """gemm_cpu_rows: C broadcast along all rows or laid out like y flattens; C varying per batch but repeated
+    along rows does not, nor a transposed A of rank > 2."""
+    from dlnet.graph.ir import Builder, Graph
+    from dlnet.kernels.families.matmul import gemm_cpu_rows
+
+    def node(a_shape, c_shape, trans_a=0):
+        g = Graph("t")
+        a = g.add_input("a", "float32", a_shape)
+        ins = [a, Builder(g).const(np.ones((a_shape[-2] if trans_a else a_shape[-1], 4), np.float32))]
+        if c_shape is not None:
+            ins.append(g.add_input("c", "float32", c_shape))
+        return Builder(g).op("Gemm", ins, {"transA": trans_a}).producer
+
+    assert gemm_cpu_rows(node((2, 3, 5), None)) == (6, 0, 0)
+    assert gemm_cpu_rows(node((2, 3, 5), (4,))) == (6, 0, 1)
+    assert gemm_cpu_rows(node((2, 3, 5), (2, 3, 4))) == (6, 4, 1)
+    assert gemm_cpu_rows(node((2, 3, 5), (3, 4))) is None  # per row, repeated for each batch
+    assert gemm_cpu_rows(node((2, 3, 5), (2, 1, 4))) is None  # per batch, repeated along rows
+    assert gemm_cpu_rows(node((1, 3, 5), (3, 4))) == (3, 4, 1)  # (a batch of one)
+    assert gemm_cpu_rows(node((2, 5, 3), None, trans_a=1)) is None

@@ -110,7 +110,7 @@ class AttentionFamily:
             rows = max(1, min(CPU_ROWS, Tq))
             defs.update(RQ=rows, BK=CPU_KEYS)
             self.record_tile(f"{rows}x{CPU_KEYS}")
-            self.emit(defines(defs) + kernel_source("attention_cpu"), "attention_cpu", args,
+            self.emit(defines(defs) + kernel_source("cpu_math") + kernel_source("attention_cpu"), "attention_cpu", args,
                       (max(-(-Tq // rows), 1), B * Hq), (1, 1), label)
             return
         tile = attention_tile(self.dev, D, DV, tq=Tq)
