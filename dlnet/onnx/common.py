@@ -118,7 +118,7 @@ def host_dtype_node(node, inputs, bfloat16, opset):
     conversions with the spec's rounding and saturation), once every input is known; NeedsHost before (the node then
     runs on the host at run time). None where it involves no such dtype. A node of any other op reading one: a
     ModelError naming the dtype. bfloat16: the ONNX names of bfloat16 values (float32 in the IR)."""
-    exotic = [v.dtype for v in inputs if v is not None and v.dtype in HOST_DTYPES.values()]
+    exotic = [v.dtype for v in inputs if getattr(v, "dtype", None) in HOST_DTYPES.values()]  # (a Sequence has none)
     if node.op_type not in HOST_DTYPE_OPS:
         if exotic:
             raise ModelError(f"dtype {exotic[0]} is not supported (only {', '.join(HOST_DTYPE_OPS)} take it)")
