@@ -80,7 +80,7 @@ class ConvFamily:
                       kernel_source("dwconv_cpu"), "dwconv2d_cpu", args, (-(-OH // rows), N * Cout), (1, 1), label)
         elif strides == [1, 1] and dil == [1, 1] and mult == 1 and KH * KW <= DW_TILED_MAX_TAPS:
             tx, ty, px = dw_tile(OW, OH)
-            self.record_tile(f"tiled {ty}x{tx * px}")
+            self.record_tile(f"tiled-{ty}x{tx * px}")
             args = args[:-11] + [np.int32(v) for v in pads] + args[-2:]  # (no KH..DW, strides, dilations, M)
             self.emit(defines({"TX": tx, "TY": ty, "PX": px, "KHC": KH, "KWC": KW}) + head + kernel_source("dwconv"),
                       "dwconv2d_tiled", args, (-(-OW // (tx * px)) * tx, -(-OH // ty) * ty, N * Cout), (tx, ty, 1),
