@@ -314,6 +314,7 @@ def test_conv_gradients(core):
     check_gradients_against_torch(ctx, tol, model, x, y)
 
 
+@pytest.mark.slow
 def test_conv_weight_gradient_split_k(core):
     """dW with its pixel axis split across slices (split-K) and ragged at the end: 2 * 23 * 23 = 1058 pixels, so
     the window fetches run past the last pixel and past the last (c, ky, kx) column into the table's padding."""

@@ -64,6 +64,7 @@ def check_fc(ctx, kernel, tol, m, n, k, c_shape, relu, splits):
     assert rel_l2(net.run({"a": a2})["y"], fc_model(a2, w, c, 0.7, 1.3, relu)[1]) < tol
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tiles", [dict(LK=8, LN=8, NC=4, KC=32, per_cu=1), dict(LK=16, LN=4, NC=1, KC=128, per_cu=4),
                                    dict(LK=8, LN=8, NC=4, KC=64, per_cu=1, pf=1)])
 def test_gemv_rows_configs(gpu_ctx, tiles):

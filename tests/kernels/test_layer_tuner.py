@@ -63,6 +63,7 @@ def tiles_of(net):
     return {launch.tile[0]: launch.tile[1] for launch in net.launches if launch.tile}
 
 
+@pytest.mark.slow  # (every GPU tile, emulated on PoCL; CI runs it once)
 def test_every_tile_a_layer_may_take_computes_it(tunable):
     """Each tile name the layers may take, forced on every product that may take it (as a trial plan is built),
     gives the model's outputs."""
