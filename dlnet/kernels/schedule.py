@@ -15,7 +15,6 @@ from ..graph.passes.layout import flatten_gemm_rows, pretranspose_weights, tap_m
 from ..graph.passes.winograd import winograd_on_device, winograd_weights
 from .families.conv import is_depthwise
 from .families.conv_cpu import conv_cpu_algo
-from .families.matmul import gemm_cpu_rows
 from .rules import GEMV_REG_ROWS, TAP_MAJOR_MULTIPLE
 
 
@@ -76,16 +75,14 @@ class ImplicitGemm(Algo):
 
 
 class GemmCpu(Algo):
-    """gemm_cpu.cl: a product with a constant 2-D B, packed once (CPUs); an A of more dimensions (a transformer's
-    [batch, tokens, d] MatMul) is one product of all its rows where C's rows flatten along (gemm_cpu_rows)."""
+    """gemm_cpu.cl: a 2-D product with a constant B, packed once (CPUs). A transformer's [batch, tokens, d] MatMul is
+    one by then: device_passes flattens its rows (graph/passes/layout.py flatten_gemm_rows)."""
     name = "gemm_cpu"
 
     @staticmethod
     def applies(node, dev, options):
         a, b, y = node.inputs[0], node.inputs[1], node.outputs[0]
-        if dev.tiled or b.rank != 2 or b.const is None or b.param or a.rank != y.rank or y.rank < 2:
-            return False
-        return y.rank == 2 or gemm_cpu_rows(node) is not None
+        return not dev.tiled and y.rank == 2 and a.rank == b.rank == 2 and b.const is not None and not b.param
 
 
 class Gemv(Algo):

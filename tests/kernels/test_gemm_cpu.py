@@ -64,11 +64,11 @@ def test_matmul_of_many_rows_takes_the_packed_path(ctx, a_shape):
     net.release()
 
 
-def test_gemm_cpu_rows_flattens_only_where_c_does():
-    """gemm_cpu_rows: C broadcast along all rows or laid out like y flattens; C varying per batch but repeated
+def test_gemm_rows_flattens_only_where_c_does():
+    """gemm_rows (the rows flatten_gemm_rows makes one product of): C broadcast along all rows or laid out like y flattens; C varying per batch but repeated
     along rows does not, nor a transposed A of rank > 2."""
     from dlnet.graph.ir import Builder, Graph
-    from dlnet.kernels.families.matmul import gemm_cpu_rows
+    from dlnet.graph.passes.layout import gemm_rows
 
     def node(a_shape, c_shape, trans_a=0):
         g = Graph("t")
@@ -78,10 +78,10 @@ def test_gemm_cpu_rows_flattens_only_where_c_does():
             ins.append(g.add_input("c", "float32", c_shape))
         return Builder(g).op("Gemm", ins, {"transA": trans_a}).producer
 
-    assert gemm_cpu_rows(node((2, 3, 5), None)) == (6, 0, 0)
-    assert gemm_cpu_rows(node((2, 3, 5), (4,))) == (6, 0, 1)
-    assert gemm_cpu_rows(node((2, 3, 5), (2, 3, 4))) == (6, 4, 1)
-    assert gemm_cpu_rows(node((2, 3, 5), (3, 4))) is None  # per row, repeated for each batch
-    assert gemm_cpu_rows(node((2, 3, 5), (2, 1, 4))) is None  # per batch, repeated along rows
-    assert gemm_cpu_rows(node((1, 3, 5), (3, 4))) == (3, 4, 1)  # (a batch of one)
-    assert gemm_cpu_rows(node((2, 5, 3), None, trans_a=1)) is None
+    assert gemm_rows(node((2, 3, 5), None)) == (6, 0, 0)
+    assert gemm_rows(node((2, 3, 5), (4,))) == (6, 0, 1)
+    assert gemm_rows(node((2, 3, 5), (2, 3, 4))) == (6, 4, 1)
+    assert gemm_rows(node((2, 3, 5), (3, 4))) is None  # per row, repeated for each batch
+    assert gemm_rows(node((2, 3, 5), (2, 1, 4))) is None  # per batch, repeated along rows
+    assert gemm_rows(node((1, 3, 5), (3, 4))) == (3, 4, 1)  # (a batch of one)
+    assert gemm_rows(node((2, 5, 3), None, trans_a=1)) is None

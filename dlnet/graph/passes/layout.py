@@ -66,28 +66,47 @@ def tap_major_weights(graph, multiple):
     return changed
 
 
+def gemm_rows(node):
+    """(rows, C's row stride, C's column stride) of a Gemm whose output's leading axes flatten into one matrix of
+    rows: A not transposed, C (if any) broadcast alike along all those rows or laid out along them as y is; None
+    where they do not."""
+    y = node.outputs[0]
+    c = node.inputs[2] if len(node.inputs) > 2 else None
+    if y.rank > 2 and node.attrs.get("transA", 0):
+        return None
+    rows = int(np.prod(y.shape[:-1], dtype=np.int64))
+    if c is None:
+        return rows, 0, 0
+    shape = (1,) * (y.rank - c.rank) + tuple(c.shape)  # C's element strides as it is read at y's indices
+    cs = [0 if d == 1 and o != 1 else int(np.prod(shape[i + 1:], dtype=np.int64))
+          for i, (d, o) in enumerate(zip(shape, y.shape))]
+    for i in range(y.rank - 2):  # each outer dim of C steps by the rows inside it (0 where C repeats along them)
+        if y.shape[i] != 1 and cs[i] != cs[i + 1] * y.shape[i + 1]:
+            return None
+    return rows, cs[-2], cs[-1]
+
+
 def flatten_gemm_rows(graph):
-    """Gemm [..., M, K] x [K, N] (+ C broadcasting along the rows, or C of y's shape) -> Reshape to [R, K], one Gemm
-    of R = prod(...) * M rows, Reshape back. Reshapes of contiguous values are views: nothing is copied."""
+    """Gemm [..., M, K] x [K, N] (C flattening alike: gemm_rows) -> Reshape to [R, K], one Gemm of R = prod(...) * M
+    rows, Reshape back. Reshapes of contiguous values are views: nothing is copied."""
     changed = False
     for node in list(graph.nodes):
-        if node.op != "Gemm" or node.attrs.get("transA"):
+        if node.op != "Gemm":
             continue
         a, b, y = node.inputs[0], node.inputs[1], node.outputs[0]
         c = node.inputs[2] if len(node.inputs) > 2 else None
-        if y.rank <= 2 or b.rank != 2 or a.shape[:-1] != y.shape[:-1]:
+        flat = gemm_rows(node) if y.rank > 2 and b.rank == 2 and a.shape[:-1] == y.shape[:-1] else None
+        if flat is None:
             continue
-        row_c = c is not None and c.rank <= y.rank and all(d == 1 for d in c.shape[:-1])
-        if c is not None and not row_c and c.shape != y.shape:
-            continue
-        rows = int(np.prod(y.shape[:-1], dtype=np.int64))
+        rows, scm, scn = flat
         at = graph.nodes.index(node)
         graph.remove_node(node)
         flat_a = graph.new_value(a.dtype, (rows, a.shape[-1]))
         new = [Node("Reshape", [a], [flat_a], {"shape": flat_a.shape}, node.name)]
         inputs = [flat_a, b]
         if c is not None:
-            flat_c = c if c.rank <= 1 else graph.new_value(c.dtype, (1 if row_c else rows, c.shape[-1]))
+            c_shape = (rows if scm else 1, y.shape[-1] if scn else 1)
+            flat_c = c if c.rank <= 1 and not scm else graph.new_value(c.dtype, c_shape)
             if flat_c is not c:
                 new.append(Node("Reshape", [c], [flat_c], {"shape": flat_c.shape}, node.name))
             inputs.append(flat_c)

@@ -23,23 +23,6 @@ from ..runtime import kernel_source
 from .elementwise import cpu_math
 
 
-def gemm_cpu_rows(node):
-    """(rows, C's row stride, C's column stride) of a Gemm with a 2-D B whose A of rank > 2 flattens to one matrix
-    of rows (A not transposed, C broadcast alike along those rows, or contiguous like y); None where it does not."""
-    y = node.outputs[0]
-    c = node.inputs[2] if len(node.inputs) > 2 else None
-    if y.rank > 2 and node.attrs.get("transA", 0):
-        return None
-    rows = int(np.prod(y.shape[:-1], dtype=np.int64))
-    if c is None:
-        return rows, 0, 0
-    cs = codegen.broadcast_strides(c.shape, y.shape)
-    for i in range(y.rank - 2):  # each outer dim of C steps by the rows inside it (0 where C repeats along them)
-        if y.shape[i] != 1 and cs[i] != cs[i + 1] * y.shape[i + 1]:
-            return None
-    return rows, cs[-2], cs[-1]
-
-
 class MatmulFamily:
     def gemm(self, node):
         a, b = node.inputs[0], node.inputs[1]
@@ -65,8 +48,7 @@ class MatmulFamily:
         cs = codegen.broadcast_strides(c.shape, y.shape) if c is not None else [0] * y.rank
         algo = node.schedule["algo"]  # (schedule.py; Lowerer.lower makes sure there is one)
         if algo == "gemm_cpu":
-            rows, scm, scn = gemm_cpu_rows(node)  # (all of A's rows in one product: the schedule checked they flatten)
-            self.gemm_cpu(node, a, b, c, y, rows, N, K, sam, sak, sbk, sbn, (scm, scn))
+            self.gemm_cpu(node, a, b, c, y, M, N, K, sam, sak, sbk, sbn, cs)
             return
         sc_b, scm, scn = cs[:-2], cs[-2], cs[-1]
         if algo.startswith("gemv") and self.gemv(a, b, c, y, M, N, K, sam, sak, sbk, sbn, scm, scn, at, node.name):
