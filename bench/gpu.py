@@ -24,15 +24,30 @@ import torchvision
 import dlnet
 
 NETS = ["alexnet", "resnet18", "resnet50", "vgg16", "mobilenet_v2"]
+# the transformers of bench/cpu_transformers.py, in plain torch: name -> (vocabulary, tokens). gpt2 is the
+# GPT-2-small-shaped decoder over 256 tokens, giving the next token's logits; bert the BERT-base-shaped encoder.
+TOKEN_NETS = {"gpt2": (50257, 256), "bert": (30522, 128)}
 
 
 def rel_l2(a, b):
     return float(np.linalg.norm(a.astype(np.float64) - b) / max(np.linalg.norm(b.astype(np.float64)), 1e-30))
 
 
-def export(model, batch):
+def make_model(name):
+    """(eval-mode torch module, inputs(batch) -> numpy array) of a torchvision name or a TOKEN_NETS transformer."""
+    if name in TOKEN_NETS:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import cpu_transformers
+        vocab, tokens = TOKEN_NETS[name]
+        return cpu_transformers.build(name)[0].eval(), \
+            lambda b: np.random.default_rng(b).integers(0, vocab, (b, tokens)).astype(np.int64)
+    return getattr(torchvision.models, name)(weights=None).eval(), \
+        lambda b: np.random.default_rng(b).standard_normal((b, 3, 224, 224)).astype(np.float32)
+
+
+def export(model, batch, inputs=None):
     buf = io.BytesIO()
-    x = torch.randn(batch, 3, 224, 224)
+    x = torch.from_numpy(inputs(batch)) if inputs else torch.randn(batch, 3, 224, 224)
     torch.onnx.export(model, (x,), buf, opset_version=17, dynamo=False, input_names=["x"], output_names=["y"],
                       dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}})
     return onnx.load_from_string(buf.getvalue())
@@ -61,12 +76,12 @@ def bench_nets(ctx, nets, batches, iters, rows, tune=False):
     tf32 = ctx.precision == "tf32"
     for name in nets:
         torch.manual_seed(0)
-        model = getattr(torchvision.models, name)(weights=None).eval()
-        proto = export(model, 1)
+        model, inputs = make_model(name)
+        proto = export(model, 1, inputs)
         net = dlnet.Net(ctx).load_onnx(proto, tune=tune)
         cuda_model = model.cuda()
         for batch in batches:
-            x = np.random.default_rng(batch).standard_normal((batch, 3, 224, 224)).astype(np.float32)
+            x = inputs(batch)
             xt = torch.from_numpy(x)
 
             xt_pinned = xt.pin_memory()

@@ -1,0 +1,128 @@
+"""The fp16 tensor-core GEMM core (dlnet/kernels/cl/gemm_mma_f16.cl) alone, against cuBLAS fp16 (torch.matmul on
+half CUDA tensors) in the same process: correctness (relative L2 against torch's fp32 product of the same halves)
+and TFLOP/s for a sweep of tile shapes. Run on the GPU machine:
+
+    python3 bench/probes/f16_gemm.py [--sizes 4096,8192,3152x3072x768] [--iters 20]
+
+A size is n (an n x n x n product) or MxNxK. Prints a table; asserts nothing.
+"""
+import argparse
+import statistics
+
+import numpy as np
+import pyopencl as cl
+
+from dlnet.kernels.runtime import kernel_source
+
+ARGS = """#define KERNEL_NAME gemm_f16
+#define KERNEL_ARGS __global const ushort* a, __global const ushort* b, __global float* y, int M, int NN, int KK
+#define PROLOGUE
+#define PTR_A(m, k) (a + (long)(m) * KK + (k))
+#ifdef B_NK
+#define PTR_B(k, n) (b + (long)(n) * KK + (k))
+#else
+#define PTR_B(k, n) (b + (long)(k) * NN + (n))
+#endif
+#define STORE2(m, n, v0, v1) { __global float* p_ = y + (long)(m) * NN + (n); p_[0] = v0; if ((n) + 1 < NN) p_[1] = v1; }
+"""
+CONFIGS = [  # TM TN TK WARPS_M WARPS_N STAGES GROUP_M (0: none)
+    (128, 128, 64, 2, 2, 3, 0), (128, 128, 64, 2, 2, 3, 8), (128, 128, 64, 2, 2, 4, 8), (128, 256, 64, 2, 4, 3, 8),
+    (256, 128, 64, 4, 2, 3, 8), (128, 128, 32, 4, 2, 4, 8), (128, 256, 32, 2, 4, 4, 8), (64, 128, 64, 2, 2, 4, 8),
+]
+
+
+def parse(s):
+    if "x" in s:
+        m, n, k = (int(v) for v in s.split("x"))
+        return m, n, k
+    return int(s), int(s), int(s)
+
+
+def main():
+    import torch
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", default="4096,8192,3152x3072x768,3152x768x3072,1000x1000x1000")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--nk", action="store_true", help="B stored [N][K] (a transposed weight)")
+    args = ap.parse_args()
+    plat = next(p for p in cl.get_platforms() if "NVIDIA" in p.name)
+    dev = plat.get_devices()[0]
+    ctx = cl.Context([dev])
+    q = cl.CommandQueue(ctx, properties=cl.command_queue_properties.PROFILING_ENABLE)
+    progs = {}
+    for cfg in CONFIGS:
+        d = dict(zip(("TM", "TN", "TK", "WARPS_M", "WARPS_N", "STAGES", "GROUP_M"), cfg))
+        if not d["GROUP_M"]:
+            del d["GROUP_M"]
+        if args.nk:
+            d["B_NK"] = 1
+        src = "".join(f"#define {k} {v}\n" for k, v in d.items()) + ARGS + kernel_source("gemm_mma_f16")
+        try:
+            progs[cfg] = cl.Program(ctx, src).build(options="-cl-nv-verbose")
+            log = progs[cfg].get_build_info(dev, cl.program_build_info.LOG)
+            print(cfg, " ".join(ln.strip() for ln in log.splitlines() if "registers" in ln or "spill" in ln))
+        except cl.RuntimeError as e:
+            print("build failed", cfg, str(e)[:2000])
+    rows = []
+    for size in args.sizes.split(","):
+        M, N, K = parse(size)
+        g = torch.Generator().manual_seed(0)
+        at = torch.randn(M, K, generator=g).half()
+        bt = torch.randn(K, N, generator=g).half()
+        a_np = at.numpy().view(np.uint16)
+        b_np = (bt.t().contiguous() if args.nk else bt).numpy().view(np.uint16)
+        mf = cl.mem_flags
+        a_buf = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(a_np))
+        b_buf = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(b_np))
+        y_buf = cl.Buffer(ctx, mf.READ_WRITE, M * N * 4)
+        ac, bc = at.cuda(), bt.cuda()
+        ref = (ac.float() @ bc.float()).cpu().numpy()
+        # cuBLAS fp16
+        for _ in range(3):
+            ac @ bc
+        torch.cuda.synchronize()
+        ts = []
+        for _ in range(args.iters):
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            ac @ bc
+            e.record()
+            torch.cuda.synchronize()
+            ts.append(s.elapsed_time(e))
+        t_cublas = statistics.median(ts)
+        flop = 2.0 * M * N * K
+        best = None
+        for cfg, prg in progs.items():
+            TM, TN = cfg[0], cfg[1]
+            args_ = (a_buf, b_buf, y_buf, np.int32(M), np.int32(N), np.int32(K))
+            gsz = (-(-N // TN) * 32 * cfg[3] * cfg[4], -(-M // TM))
+            knl = cl.Kernel(prg, "gemm_f16")
+            lsz = (32 * cfg[3] * cfg[4], 1)
+            try:
+                for _ in range(3):
+                    knl(q, gsz, lsz, *args_)
+                q.finish()
+            except cl.Error as e:
+                print("launch failed", cfg, e)
+                continue
+            y = np.empty((M, N), np.float32)
+            cl.enqueue_copy(q, y, y_buf)
+            err = float(np.linalg.norm(y - ref) / np.linalg.norm(ref))
+            ts = []
+            for _ in range(args.iters):
+                ev = knl(q, gsz, lsz, *args_)
+                ev.wait()
+                ts.append((ev.profile.end - ev.profile.start) * 1e-6)
+            t = statistics.median(ts)
+            rows.append((f"{M}x{N}x{K}", cfg, t, flop / t * 1e-9, flop / t_cublas * 1e-9, t_cublas / t, err))
+            if best is None or t < best[0]:
+                best = (t, cfg)
+        print(f"{M}x{N}x{K}: best {best}", flush=True)
+    print(f"\n| product | tile (TM TN TK WM WN ST GM) | dlnet ms | dlnet TFLOP/s | cuBLAS fp16 TFLOP/s | ratio | rel err |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r[0]} | {' '.join(map(str, r[1]))} | {r[2]:.3f} | {r[3]:.0f} | {r[4]:.0f} | {r[5]:.2f} | {r[6]:.1e} |")
+
+
+if __name__ == "__main__":
+    main()
