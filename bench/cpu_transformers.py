@@ -53,7 +53,7 @@ class Bert(nn.Module):
         self.blocks = nn.Sequential(*[Block(pre=False) for _ in range(layers)])
 
     def forward(self, ids):
-        pos = torch.arange(ids.shape[1]).unsqueeze(0)
+        pos = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0)
         x = self.words(ids) + self.positions(pos) + self.types(torch.zeros_like(ids))
         return self.blocks(self.ln(x))
 
@@ -67,7 +67,7 @@ class Gpt2(nn.Module):
         self.ln = nn.LayerNorm(D)
 
     def forward(self, ids):
-        pos = torch.arange(ids.shape[1]).unsqueeze(0)
+        pos = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0)
         h = self.ln(self.blocks(self.words(ids) + self.positions(pos)))
         return h[:, -1] @ self.words.weight.t()
 

@@ -33,6 +33,10 @@ GEMM_TILES = {
              # the huge tile's place where 96 rows pad M less than 128 do: alexnet features.3 (192 output channels,
              # two tiles of 128 rows = 256) 0.134 -> 0.112 ms
              "huge96": dict(TM=96, TN=128, TK=16, WARPS_M=2, WARPS_N=2, STAGES=4)},
+    # gemm_ldsm.cl, the ldmatrix-fed tensor-core core: A k-contiguous, B [N, K] (a weight stored so at load); one
+    # tile (bench/probes/ldsm_gemm.py, H100: 4096^3 157 TFLOP/s, ViT's 3152 x 3072 x 768 104, against cuBLAS 344 / 160)
+    "ldsm_tf32": {"core": "gemm_ldsm", "huge": dict(TM=128, TN=128, TK=32, WARPS_M=2, WARPS_N=2, STAGES=3, GROUP_M=8,
+                                                    TF32=1, B_NK=1)},
     "cpu": {"core": "gemm_vec", "huge": dict(RM=8), "big": dict(RM=8), "narrow_m": dict(RM=1), "narrow_n": dict(RM=8)},
 }
 # How the fp32 GPU tiles run, for picking one per layer: work-groups resident per compute unit, the device's rate in
@@ -188,6 +192,13 @@ def tf32_core(dev, options, M, N, K):
     return dev.tensor_cores and min(M, N) >= 32 and not lo <= K < hi
 
 
+def ldsm_product(dev, options, M, N, K):
+    """Does an M x N x K product with a constant B run on gemm_ldsm.cl (B then stored [N, K])?"""
+    rows = options.ldsm_min_rows
+    return bool(rows) and dev.tensor_cores and M >= rows and N >= rows and K >= 64 and K % 4 == 0 and N % 4 == 0 \
+        and not options.tf32_fp32_k[0] <= K < options.tf32_fp32_k[1]
+
+
 def rule_shape(dev, options, M, N, K, batches, deep, tile_model=GPU_TILE_MODEL):
     """(tf32 core or not, tile shape) by rule for an M x N x K product (`batches` of them)."""
     tf32 = tf32_core(dev, options, M, N, K)
@@ -257,7 +268,7 @@ def launch_geometry(core, tiles, M, N):
     """(local size, global size) of gemm.cl-shaped kernels for M x N outputs on a core with these tiles."""
     if core == "gemm_vec":  # 8 columns per work-item as float8
         return None, (-(-N // 8), -(-M // tiles["RM"]))
-    nthreads = 32 * tiles["WARPS_M"] * tiles["WARPS_N"] if core == "gemm_mma" else core_threads(tiles)
+    nthreads = 32 * tiles["WARPS_M"] * tiles["WARPS_N"] if core in ("gemm_mma", "gemm_ldsm") else core_threads(tiles)
     return (nthreads, 1, 1), (-(-N // tiles["TN"]) * nthreads, -(-M // tiles["TM"]))
 
 

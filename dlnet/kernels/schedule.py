@@ -15,7 +15,7 @@ from ..graph.passes.layout import flatten_gemm_rows, pretranspose_weights, tap_m
 from ..graph.passes.winograd import winograd_on_device, winograd_weights
 from .families.conv import is_depthwise
 from .families.conv_cpu import conv_cpu_algo
-from .rules import GEMV_REG_ROWS, TAP_MAJOR_MULTIPLE
+from .rules import GEMV_REG_ROWS, TAP_MAJOR_MULTIPLE, ldsm_product
 
 
 class Algo:
@@ -184,7 +184,8 @@ def device_passes(graph, ctx, training=False):
             fold_channel_shuffles(graph)
     flatten_gemm_rows(graph)
     transposes_as_views(graph)
-    pretranspose_weights(graph, o.gemv_max_rows if dev.tiled else 0)
+    pretranspose_weights(graph, o.gemv_max_rows if dev.tiled else 0,
+                         (lambda M, N, K: ldsm_product(dev, o, M, N, K)) if dev.tensor_cores else None)
     if core == "gemm_core":
         winograd_weights(graph, min_channels, o.winograd_min_layer_tiles, wino_m, o.winograd_f4_min_tiles)
         if o.tap_major:

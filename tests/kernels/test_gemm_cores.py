@@ -524,3 +524,40 @@ def test_winograd_workspace_in_the_arena():
 def onnx_reference(model, feeds):
     from tests.conftest import reference
     return reference(model, feeds)[0]
+
+
+@pytest.mark.parametrize("M,N,K,act", [(300, 260, 200, None), (1000, 1028, 768, "Relu"), (257, 384, 64, None)])
+def test_tf32_ldsm_core(M, N, K, act):
+    """gemm_ldsm.cl (tf32, ldmatrix fragments, B stored [N, K] at load) on a Linear layer: ragged M and N, a bias
+    as C and an activation epilogue, against float64."""
+    ctx = context()
+    if not ctx.is_nvidia:
+        pytest.skip("the tf32 cores need an NVIDIA device (inline PTX mma.sync)")
+    ctx = dlnet.Context(ctx.info, precision="tf32")
+    a, w, bias = f32(M, K), f32(K, N), f32(N)
+    nodes = [helper.make_node("MatMul", ["a", "w"], ["p"]), helper.make_node("Add", ["p", "bias"], ["q" if act else "y"])]
+    if act:
+        nodes.append(helper.make_node(act, ["q"], ["y"]))
+    net = dlnet.Net(ctx).load_onnx(make_model(nodes, {"a": a}, ["y"], {"w": w, "bias": bias}))
+    y = net.run({"a": a})["y"]
+    ref = a.astype(np.float64) @ w.astype(np.float64) + bias
+    ref = np.maximum(ref, 0) if act else ref
+    assert "ldsm" in str(net.graph)
+    assert rel_l2(y, ref) < 5e-3
+
+
+def test_ldsm_weights_stored_along_k():
+    """On an NVIDIA device in tf32 mode, a Linear layer of at least Options.ldsm_min_rows rows keeps its weight as
+    [N, K] (transB=1) for gemm_ldsm.cl; a smaller one, or with the core off, as [K, N] (the rule, on any machine)."""
+    from dlnet.graph.ir import Builder, Graph
+    from dlnet.graph.passes.layout import pretranspose_weights
+
+    def weight_layout(M, options):
+        g = Graph()
+        y = Builder(g).op("Gemm", [g.add_input("a", "float32", (M, 256)), g.constant(f32(256, 384))], {"transB": 0})
+        pretranspose_weights(g, 32, lambda m, n, k: rules.ldsm_product(FAKE_NVIDIA, options, m, n, k))
+        return y.producer.attrs["transB"], y.producer.inputs[1].shape
+
+    assert weight_layout(512, Options()) == (1, (384, 256))
+    assert weight_layout(200, Options()) == (0, (256, 384))
+    assert weight_layout(512, Options(ldsm_min_rows=0)) == (0, (256, 384))

@@ -14,9 +14,10 @@ import numpy as np
 from ..ir import Node
 
 
-def pretranspose_weights(graph, keep_rows=0):
+def pretranspose_weights(graph, keep_rows=0, along_k=None):
     """Constant B of a Gemm stored as its kernel reads it best: [K, N] (transB=0) for the GEMM cores; [N, K]
-    (transB=1) for products of at most keep_rows rows of a 2-D output (gemv.cl streams B along k)."""
+    (transB=1) for products of at most keep_rows rows of a 2-D output (gemv.cl streams B along k), and for those
+    where along_k(M, N, K) says so (the device's ldmatrix core reads B's rows along k)."""
     changed = False
     for node in graph.nodes:
         if node.op != "Gemm":
@@ -24,11 +25,13 @@ def pretranspose_weights(graph, keep_rows=0):
         w, y = node.inputs[1], node.outputs[0]
         if w.const is None or w.param or w.rank != 2:
             continue
-        gemv = y.rank == 2 and y.shape[0] <= keep_rows
-        if bool(node.attrs["transB"]) == gemv:
+        nk = y.rank == 2 and y.shape[0] <= keep_rows
+        if along_k is not None and y.rank == 2 and not node.attrs.get("transA", 0):
+            nk = nk or along_k(y.shape[0], y.shape[1], w.shape[1] if node.attrs["transB"] else w.shape[0])
+        if bool(node.attrs["transB"]) == nk:
             continue
         graph.set_input(node, 1, graph.constant(np.ascontiguousarray(w.const.T)))
-        node.attrs["transB"] = int(gemv)
+        node.attrs["transB"] = int(nk)
         changed = True
     return changed
 

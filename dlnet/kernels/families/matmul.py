@@ -9,11 +9,15 @@ from ..device import TILED_CORES
 from ..emitter import act_macro, defines, gemm_args, gemm_source
 from ..rules import (
     GEMM_CPU_TILES,
+    GEMM_TILES,
     GEMV_REG_ROWS,
     GEMV_ROWS_TILES,
     GEMV_TILES,
     GPU_TILE_MODEL,
     SPLITK_SCRATCH_MAX,
+    Pick,
+    launch_geometry,
+    ldsm_product,
     pick_splits,
     pick_tiles,
     resident_groups,
@@ -70,15 +74,27 @@ class MatmulFamily:
         (sam, sak, sbk, sbn, scm, scn); y is row-major with N columns. where: the kind of product, for the tuner
         (with the operands' layout: A's rows and B's columns contiguous or not)."""
         nb = len(table)
-        layout = f"{'r' if strides[1] == 1 else 'c'}{'r' if strides[3] == 1 else 'c'}"
-        pick = self.pick(M, N, K, nb, True, f"{where} {layout}")
-        core, tiles, lsize, (g0, g1) = pick
         offs = np.asarray(table).reshape(nb, 4)
         aligned = (aa[1] % 4 == 0 and not (offs[:, 0] % 4).any(), ba[1] % 4 == 0 and not (offs[:, 1] % 4).any())
+        sam, sak, sbk, sbn = strides[:4]
+        if where == "gemm" and ldsm_product(self.dev, self.options, M, N, K) and sak == 1 and sbk == 1 and \
+                sam % 4 == 0 and sbn % 4 == 0 and all(aligned):
+            pick = self._pick_ldsm(M, N)
+        else:
+            layout = f"{'r' if sak == 1 else 'c'}{'r' if sbn == 1 else 'c'}"
+            pick = self.pick(M, N, K, nb, True, f"{where} {layout}")
+        core, tiles, lsize, (g0, g1) = pick
         src = gemm_source(core, tiles, strides, idx, act, ca is not None, aligned)
         args = gemm_args(aa, ba, ca if ca is not None else self.dummy(), ya, self.meta(np.asarray(table).ravel()), M,
                          N, K, strides, idx, alpha, beta)
         self._matrix(src, "gemm", args, pick, tiles, (g0, g1, nb), M, N, K, label)
+
+    def _pick_ldsm(self, M, N):
+        """gemm_ldsm.cl's one tile (rules.GEMM_TILES["ldsm_tf32"]): whole K, no split, not tuned per layer."""
+        table = GEMM_TILES["ldsm_tf32"]
+        lsize, grid = launch_geometry(table["core"], table["huge"], M, N)
+        self.record_tile("ldsm")
+        return Pick(table["core"], table["huge"], lsize, grid, "ldsm:huge")
 
     def gemv(self, a, b, c, y, M, N, K, sam, sak, sbk, sbn, scm, scn, at, name):
         """A product of at most GEMV_MAX_ROWS rows on a GPU, with B's columns contiguous along k (Gemm transB=1

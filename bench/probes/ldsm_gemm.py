@@ -1,8 +1,8 @@
-"""The fp16 tensor-core GEMM core (dlnet/kernels/cl/gemm_mma_f16.cl) alone, against cuBLAS fp16 (torch.matmul on
-half CUDA tensors) in the same process: correctness (relative L2 against torch's fp32 product of the same halves)
-and TFLOP/s for a sweep of tile shapes. Run on the GPU machine:
+"""The ldmatrix-fed tensor-core GEMM core (dlnet/kernels/cl/gemm_ldsm.cl) alone, against cuBLAS (torch.matmul on
+CUDA tensors: half for --mode f16, float with TF32 on for --mode tf32) in the same process: correctness (relative L2
+against torch's fp32 product of the same inputs, TF32 off) and TFLOP/s for a sweep of tile shapes. On the GPU machine:
 
-    python3 bench/probes/f16_gemm.py [--sizes 4096,8192,3152x3072x768] [--iters 20]
+    python3 bench/probes/ldsm_gemm.py [--mode f16|tf32] [--nk] [--sizes 4096,8192,3152x3072x768] [--iters 20]
 
 A size is n (an n x n x n product) or MxNxK. Prints a table; asserts nothing.
 """
@@ -15,7 +15,7 @@ import pyopencl as cl
 from dlnet.kernels.runtime import kernel_source
 
 ARGS = """#define KERNEL_NAME gemm_f16
-#define KERNEL_ARGS __global const ushort* a, __global const ushort* b, __global float* y, int M, int NN, int KK
+#define KERNEL_ARGS __global const ELEM* a, __global const ELEM* b, __global float* y, int M, int NN, int KK
 #define PROLOGUE
 #define PTR_A(m, k) (a + (long)(m) * KK + (k))
 #ifdef B_NK
@@ -43,20 +43,27 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="4096,8192,3152x3072x768,3152x768x3072,1000x1000x1000")
     ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--nk", action="store_true", help="B stored [N][K] (a transposed weight)")
+    ap.add_argument("--nk", action="store_true", help="B stored [N][K] (a transposed weight; always so in tf32)")
+    ap.add_argument("--mode", default="f16", choices=("f16", "tf32"))
+    ap.add_argument("--configs", default="", help="TM,TN,TK,WM,WN,ST,GM;... (default: a sweep)")
     args = ap.parse_args()
+    f16 = args.mode == "f16"
+    args.nk = args.nk or not f16
+    configs = [tuple(int(v) for v in c.split(",")) for c in args.configs.split(";")] if args.configs else CONFIGS
     plat = next(p for p in cl.get_platforms() if "NVIDIA" in p.name)
     dev = plat.get_devices()[0]
     ctx = cl.Context([dev])
     q = cl.CommandQueue(ctx, properties=cl.command_queue_properties.PROFILING_ENABLE)
     progs = {}
-    for cfg in CONFIGS:
+    for cfg in configs:
         d = dict(zip(("TM", "TN", "TK", "WARPS_M", "WARPS_N", "STAGES", "GROUP_M"), cfg))
         if not d["GROUP_M"]:
             del d["GROUP_M"]
         if args.nk:
             d["B_NK"] = 1
-        src = "".join(f"#define {k} {v}\n" for k, v in d.items()) + ARGS + kernel_source("gemm_mma_f16")
+        d["F16" if f16 else "TF32"] = 1
+        d["ELEM"] = "ushort" if f16 else "float"
+        src = "".join(f"#define {k} {v}\n" for k, v in d.items()) + ARGS + kernel_source("gemm_ldsm")
         try:
             progs[cfg] = cl.Program(ctx, src).build(options="-cl-nv-verbose")
             log = progs[cfg].get_build_info(dev, cl.program_build_info.LOG)
@@ -67,17 +74,21 @@ def main():
     for size in args.sizes.split(","):
         M, N, K = parse(size)
         g = torch.Generator().manual_seed(0)
-        at = torch.randn(M, K, generator=g).half()
-        bt = torch.randn(K, N, generator=g).half()
-        a_np = at.numpy().view(np.uint16)
-        b_np = (bt.t().contiguous() if args.nk else bt).numpy().view(np.uint16)
+        at = torch.randn(M, K, generator=g)
+        bt = torch.randn(K, N, generator=g)
+        if f16:
+            at, bt = at.half(), bt.half()
+        a_np = at.numpy().view(np.uint16 if f16 else np.float32)
+        b_np = (bt.t().contiguous() if args.nk else bt).numpy().view(np.uint16 if f16 else np.float32)
         mf = cl.mem_flags
         a_buf = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(a_np))
         b_buf = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(b_np))
         y_buf = cl.Buffer(ctx, mf.READ_WRITE, M * N * 4)
         ac, bc = at.cuda(), bt.cuda()
+        torch.backends.cuda.matmul.allow_tf32 = False
         ref = (ac.float() @ bc.float()).cpu().numpy()
-        # cuBLAS fp16
+        torch.backends.cuda.matmul.allow_tf32 = not f16
+        # cuBLAS fp16 / tf32
         for _ in range(3):
             ac @ bc
         torch.cuda.synchronize()
@@ -118,7 +129,7 @@ def main():
             if best is None or t < best[0]:
                 best = (t, cfg)
         print(f"{M}x{N}x{K}: best {best}", flush=True)
-    print(f"\n| product | tile (TM TN TK WM WN ST GM) | dlnet ms | dlnet TFLOP/s | cuBLAS fp16 TFLOP/s | ratio | rel err |")
+    print(f"\n| product | tile (TM TN TK WM WN ST GM) | dlnet ms | dlnet TFLOP/s | cuBLAS {args.mode} TFLOP/s | ratio | rel err |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r[0]} | {' '.join(map(str, r[1]))} | {r[2]:.3f} | {r[3]:.0f} | {r[4]:.0f} | {r[5]:.2f} | {r[6]:.1e} |")
