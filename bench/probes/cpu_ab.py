@@ -1,17 +1,17 @@
-"""Probe: one CPU model under two settings of a boolean Options field, both plans in one process, timed interleaved (15 rounds
+"""Probe: one CPU model under two settings of an Options field, both plans in one process, timed interleaved (15 rounds
 of 3 warm-up and 5 timed runs each); prints their outputs' relative difference, launch counts, best and median ms.
 Asserts nothing.
 
-    python bench/probes/cpu_ab.py [--model shufflenet] [--flag DW_CPU_PAD_IN]
+    python bench/probes/cpu_ab.py [--model shufflenet] [--flag DW_CPU_PAD_IN] [--values False,True]
 """
 import argparse
+import ast
 import os
 import statistics
 import sys
 import time
 
 import numpy as np
-import onnx
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import cpu
@@ -22,28 +22,27 @@ import dlnet
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="shufflenet")
-    ap.add_argument("--flag", default="dw_cpu_pad_in", help="a boolean field of dlnet.Options")
+    ap.add_argument("--flag", default="dw_cpu_pad_in", help="a field of dlnet.Options")
+    ap.add_argument("--values", default="False,True", help="its two settings, A then B (Python literals)")
     args = ap.parse_args()
-    m = cpu.with_random_weights(onnx.load(os.path.join(cpu.LIGHT, f"light_{args.model}.onnx")),
-                                np.random.default_rng(0))
-    ctx = dlnet.Context()
+    args.flag = args.flag.lower()
+    a, b = (ast.literal_eval(v) for v in args.values.split(","))
+    m, feeds = cpu.cnn(args.model, 1)  # (the old models list their weights as inputs too)
+    ctx = dlnet.Context("cpu")
     nets = {}
-    for v in (False, True):
-        nets[v] = dlnet.Net(ctx.with_options(**{args.flag: v})).load_onnx(m)
-    inp = m.graph.input[0]
-    x = np.random.default_rng(1).standard_normal([d.dim_value for d in inp.type.tensor_type.shape.dim]) \
-        .astype(np.float32)
-    outs = {v: next(iter(net.run({inp.name: x}).values())) for v, net in nets.items()}
-    print(f"rel diff {np.linalg.norm(outs[True] - outs[False]) / np.linalg.norm(outs[False]):.1e}, launches "
-          f"{len(nets[False].launches)} -> {len(nets[True].launches)}")
-    times = {False: [], True: []}
+    for v in (a, b):
+        nets[v] = dlnet.Net(ctx.with_options(**{args.flag: v})).load_onnx(m, batch=1)
+    outs = {v: next(iter(net.run(feeds).values())) for v, net in nets.items()}
+    print(f"rel diff {np.linalg.norm(outs[b] - outs[a]) / np.linalg.norm(outs[a]):.1e}, launches "
+          f"{len(nets[a].launches)} -> {len(nets[b].launches)}")
+    times = {a: [], b: []}
     for _ in range(15):
         for v, net in nets.items():
             for _ in range(3):
-                net.run({inp.name: x})
+                net.run(feeds)
             t0 = time.perf_counter()
             for _ in range(5):
-                net.run({inp.name: x})
+                net.run(feeds)
             times[v].append((time.perf_counter() - t0) / 5 * 1e3)
     for v, t in times.items():
         print(f"{args.flag}={v}: best {min(t):.2f} ms, median {statistics.median(t):.2f} ms")
