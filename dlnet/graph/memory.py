@@ -197,11 +197,12 @@ class _Planner:
         for node in self.nodes:
             if node.spec.kind == "alias":
                 src = node.inputs[0]
-                if src.const is not None or src.id in weight_views:
+                if src.const is not None or src.id in weight_views:  # (views of weights start where they do)
+                    assert not node.spec.view_offset(node), f"{node.name}: a view inside a weight"
                     weight_views[node.outputs[0].id] = weight_views.get(src.id, src.id)
                 else:
                     rid, off = self.find(src)
-                    self.root[node.outputs[0].id] = (rid, off)
+                    self.root[node.outputs[0].id] = (rid, off + node.spec.view_offset(node))
         self.plan.alias_of = dict(self.root)
 
     def place_constants(self):
@@ -329,7 +330,9 @@ class _Planner:
             rid = self.find(x)[0]
             if (self.last.get(rid) == i and rid not in self.pinned and rid in self.offsets and self.find(x)[1] == 0
                     and _align(self.size[rid]) == _align(y.nbytes) and _inplace_candidate(node, index, y)
-                    and rid not in [self.find(o)[0] for o in node.outputs]):
+                    and rid not in [self.find(o)[0] for o in node.outputs]
+                    and all(self.find(v)[0] != rid for j, v in enumerate(node.inputs) if j != index and v is not None
+                            and v.id != x.id)):  # (another view into the same buffer, at another place)
                 return rid
         return None
 

@@ -46,8 +46,9 @@ class Options:
     tf32_resident: int = 2
     tf32_tall_resident: int = 1
     # tf32: products of at least this many rows and columns with a constant B run on gemm_ldsm.cl (B stored [N, K] at
-    # load, ldmatrix fragments): H100 4096^3 157 TFLOP/s against the gemm_mma core's 117-150 (0: never)
-    ldsm_min_rows: int = 256
+    # load, ldmatrix fragments; 0: never). Off: alone it ran 4096^3 at 157 TFLOP/s against the gemm_mma core's
+    # 117-150, but ViT-B/16 b16's products took 6.59 ms against 6.23 on gemm_mma (H100, bench/gpu_profile.py)
+    ldsm_min_rows: int = 0
 
     # --- fully connected layers of few rows -----------------------------------------------------------------------
     # at most this many rows run as gemv (B streamed once): 16 x 4096 x 25088 0.179 ms against cuBLAS 0.231

@@ -11,7 +11,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..graph.passes.fuse import fold_channel_shuffles, fuse_conv_prologues
-from ..graph.passes.layout import flatten_gemm_rows, pretranspose_weights, tap_major_weights, transposes_as_views
+from ..graph.passes.layout import (
+    flatten_gemm_rows,
+    pretranspose_weights,
+    slices_as_views,
+    tap_major_weights,
+    transposes_as_views,
+)
 from ..graph.passes.winograd import winograd_on_device, winograd_weights
 from .families.conv import is_depthwise
 from .families.conv_cpu import conv_cpu_algo
@@ -184,6 +190,7 @@ def device_passes(graph, ctx, training=False):
             fold_channel_shuffles(graph)
     flatten_gemm_rows(graph)
     transposes_as_views(graph)
+    slices_as_views(graph)
     pretranspose_weights(graph, o.gemv_max_rows if dev.tiled else 0,
                          (lambda M, N, K: ldsm_product(dev, o, M, N, K)) if dev.tensor_cores else None)
     if core == "gemm_core":

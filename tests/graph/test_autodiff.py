@@ -107,6 +107,7 @@ CASES = [
     ("Transpose", "Transpose", [normal(2, 3, 4)], {"perm": (2, 0, 1)}),
     ("Slice", "Slice", [normal(4, 6)], {"starts": (1, 0), "steps": (1, 2), "counts": (2, 3)}),
     ("Slice-reverse", "Slice", [normal(4, 6)], {"starts": (3, 5), "steps": (-1, -2), "counts": (3, 3)}),
+    ("SliceView", "SliceView", [normal(4, 6)], {"offset": 6, "shape": (2, 2, 3)}),
     ("Expand", "Expand", [normal(3, 1)], {"shape": (2, 3, 4)}),
     ("Concat", "Concat", [normal(2, 3, 4), normal(2, 2, 4)], {"axis": 1}),
     ("Gather", "Gather", [normal(5, 3), ("int", np.array([0, 4, 4, -1, 2]))], {"axis": 0}),

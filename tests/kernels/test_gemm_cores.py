@@ -526,14 +526,14 @@ def onnx_reference(model, feeds):
     return reference(model, feeds)[0]
 
 
-@pytest.mark.parametrize("M,N,K,act", [(300, 260, 200, None), (1000, 1028, 768, "Relu"), (257, 384, 64, None)])
+@pytest.mark.parametrize("M,N,K,act", [(300, 260, 200, None), (1000, 1028, 768, "Relu"), (257, 384, 256, None)])
 def test_tf32_ldsm_core(M, N, K, act):
     """gemm_ldsm.cl (tf32, ldmatrix fragments, B stored [N, K] at load) on a Linear layer: ragged M and N, a bias
     as C and an activation epilogue, against float64."""
     ctx = context()
     if not ctx.is_nvidia:
         pytest.skip("the tf32 cores need an NVIDIA device (inline PTX mma.sync)")
-    ctx = dlnet.Context(ctx.info, precision="tf32")
+    ctx = dlnet.Context(ctx.info, precision="tf32", options=ctx.options.replace(ldsm_min_rows=256))
     a, w, bias = f32(M, K), f32(K, N), f32(N)
     nodes = [helper.make_node("MatMul", ["a", "w"], ["p"]), helper.make_node("Add", ["p", "bias"], ["q" if act else "y"])]
     if act:
@@ -547,8 +547,9 @@ def test_tf32_ldsm_core(M, N, K, act):
 
 
 def test_ldsm_weights_stored_along_k():
-    """On an NVIDIA device in tf32 mode, a Linear layer of at least Options.ldsm_min_rows rows keeps its weight as
-    [N, K] (transB=1) for gemm_ldsm.cl; a smaller one, or with the core off, as [K, N] (the rule, on any machine)."""
+    """On an NVIDIA device in tf32 mode with gemm_ldsm.cl on, a Linear layer of at least Options.ldsm_min_rows rows
+    keeps its weight as [N, K] (transB=1) for it; a smaller one, or with the core off, as [K, N] (the rule, on any
+    machine)."""
     from dlnet.graph.ir import Builder, Graph
     from dlnet.graph.passes.layout import pretranspose_weights
 
@@ -558,6 +559,6 @@ def test_ldsm_weights_stored_along_k():
         pretranspose_weights(g, 32, lambda m, n, k: rules.ldsm_product(FAKE_NVIDIA, options, m, n, k))
         return y.producer.attrs["transB"], y.producer.inputs[1].shape
 
-    assert weight_layout(512, Options()) == (1, (384, 256))
-    assert weight_layout(200, Options()) == (0, (256, 384))
+    assert weight_layout(512, Options(ldsm_min_rows=256)) == (1, (384, 256))
+    assert weight_layout(200, Options(ldsm_min_rows=256)) == (0, (256, 384))
     assert weight_layout(512, Options(ldsm_min_rows=0)) == (0, (256, 384))

@@ -61,6 +61,10 @@ class Op:
         """May the output be written over input `index` (same shape; the planner checks that)?"""
         return self.inplace
 
+    def view_offset(self, node):
+        """An "alias" op's output starts this many elements into its input's buffer."""
+        return 0
+
     def lower(self, node, lw):
         raise ModelError(f"node {node.name} ({node.op}): no kernel lowering")
 

@@ -28,6 +28,38 @@ class Reshape(Op):
 
 
 @register
+class SliceView(Op):
+    """y = x's elements [offset, offset + y.size) with `shape` (no copy: a Slice or Gather whose result is contiguous
+    in x, made a view by layout.slices_as_views);  dx = zeros with that range = dy"""
+    name = "SliceView"
+    kind = "alias"
+    attrs = {"offset": REQUIRED, "shape": REQUIRED}
+
+    def infer(self, node):
+        x, shape, offset = node.inputs[0], tuple(node.attrs["shape"]), node.attrs["offset"]
+        if offset < 0 or offset + int(np.prod(shape, dtype=np.int64)) > x.size:
+            raise ValueError(f"a view of {list(shape)} at {offset} lies outside {list(x.shape)}")
+        return [(x.dtype, shape)]
+
+    def numpy(self, node, x):
+        shape = node.attrs["shape"]
+        return [x.reshape(-1)[node.attrs["offset"]:][:int(np.prod(shape, dtype=np.int64))].reshape(shape)]
+
+    def lower(self, node, lw):
+        lw.alias(node.outputs[0], node.inputs[0])
+
+    def view_offset(self, node):
+        return node.attrs["offset"]
+
+    def grad(self, b, node, dys):
+        x, n = node.inputs[0], node.outputs[0].size
+        flat = b.op("Reshape", [dys[0]], {"shape": (n,)})
+        dx = b.op("SliceGrad", [flat], {"starts": (node.attrs["offset"],), "counts": (n,), "steps": (1,),
+                                         "in_shape": (x.size,)})
+        return [b.op("Reshape", [dx], {"shape": x.shape})]
+
+
+@register
 class Transpose(Op):
     """y = x.transpose(perm);  dx = dy.transpose(argsort(perm))"""
     name = "Transpose"

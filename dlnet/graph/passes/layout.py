@@ -89,6 +89,46 @@ def gemm_rows(node):
     return rows, cs[-2], cs[-1]
 
 
+def slice_view_offset(node):
+    """The element offset in its input at which a Slice's or Gather's output lies whole and contiguous (every axis
+    before the one it cuts of size 1, every axis after it whole, steps of 1), or None."""
+    x = node.inputs[0]
+    if node.op == "Gather":
+        idx, axis = node.inputs[1], node.attrs["axis"] % x.rank
+        if idx.const is None or idx.size != 1:
+            return None
+        starts = [0] * x.rank
+        starts[axis] = int(idx.const.reshape(-1)[0]) % x.shape[axis]
+        counts, steps = [1 if d == axis else x.shape[d] for d in range(x.rank)], [1] * x.rank
+    else:
+        starts, counts, steps = node.attrs["starts"], node.attrs["counts"], node.attrs["steps"]
+    cut = [d for d in range(x.rank) if counts[d] != x.shape[d]]
+    if any(st != 1 for c, st in zip(counts, steps) if c > 1) or len(cut) > 1 or \
+            (cut and any(x.shape[d] != 1 for d in range(cut[0]))):
+        return None
+    return int(starts[cut[0]]) * int(np.prod(x.shape[cut[0] + 1:], dtype=np.int64)) if cut else 0
+
+
+def slices_as_views(graph, align=256):
+    """A Slice or Gather of an activation whose result is one contiguous range of its input (ViT's q, k, v taken from
+    the packed projection by index) moves no element: a SliceView at that offset instead, where the offset keeps
+    the arena's alignment (`align` bytes) that kernels' vector loads rely on. Inference only (views of weights being
+    trained are not views: their updates would need a scatter)."""
+    changed = False
+    for i, node in enumerate(graph.nodes):
+        if node.op not in ("Slice", "Gather") or node.inputs[0].const is not None or node.inputs[0].param:
+            continue
+        offset = slice_view_offset(node)
+        if offset is None or offset * np.dtype(node.inputs[0].dtype).itemsize % align:
+            continue
+        x, y = node.inputs[0], node.outputs[0]
+        graph.remove_node(node)
+        y.producer = None
+        graph.add_node(Node("SliceView", [x], [y], {"offset": offset, "shape": y.shape}, node.name), i)
+        changed = True
+    return changed
+
+
 def flatten_gemm_rows(graph):
     """Gemm [..., M, K] x [K, N] (C flattening alike: gemm_rows) -> Reshape to [R, K], one Gemm of R = prod(...) * M
     rows, Reshape back. Reshapes of contiguous values are views: nothing is copied."""
