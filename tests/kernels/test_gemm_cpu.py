@@ -84,4 +84,7 @@ def test_gemm_rows_flattens_only_where_c_does():
     assert gemm_rows(node((2, 3, 5), (3, 4))) is None  # per row, repeated for each batch
     assert gemm_rows(node((2, 3, 5), (2, 1, 4))) is None  # per batch, repeated along rows
     assert gemm_rows(node((1, 3, 5), (3, 4))) == (3, 4, 1)  # (a batch of one)
+    assert gemm_rows(node((7, 1, 5), (4,))) == (7, 0, 1)  # rows of one (torch's sequence-first MHA at batch 1)
+    assert gemm_rows(node((7, 1, 5), (7, 1, 4))) == (7, 4, 1)
+    assert gemm_rows(node((7, 2, 1, 5), (7, 1, 1, 4))) is None
     assert gemm_rows(node((2, 5, 3), None, trans_a=1)) is None

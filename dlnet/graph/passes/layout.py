@@ -83,10 +83,12 @@ def gemm_rows(node):
     shape = (1,) * (y.rank - c.rank) + tuple(c.shape)  # C's element strides as it is read at y's indices
     cs = [0 if d == 1 and o != 1 else int(np.prod(shape[i + 1:], dtype=np.int64))
           for i, (d, o) in enumerate(zip(shape, y.shape))]
-    for i in range(y.rank - 2):  # each outer dim of C steps by the rows inside it (0 where C repeats along them)
-        if y.shape[i] != 1 and cs[i] != cs[i + 1] * y.shape[i + 1]:
-            return None
-    return rows, cs[-2], cs[-1]
+    # each row axis of C steps by the rows inside it (0 where C repeats along them); axes of one row do not count
+    # (ViT at batch 1: y [197, 1, 2304], C [2304]; C's stride along the 1 is no step)
+    axes = [(o, s) for o, s in zip(y.shape[:-1], cs[:-1]) if o != 1]
+    if any(s != s_in * o_in for (_, s), (o_in, s_in) in zip(axes, axes[1:])):
+        return None
+    return rows, axes[-1][1] if axes else 0, cs[-1]
 
 
 def slice_view_offset(node):
