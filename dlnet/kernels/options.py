@@ -49,6 +49,11 @@ class Options:
     # load, ldmatrix fragments; 0: never). Off: alone it ran 4096^3 at 157 TFLOP/s against the gemm_mma core's
     # 117-150, but ViT-B/16 b16's products took 6.59 ms against 6.23 on gemm_mma (H100, bench/gpu_profile.py)
     ldsm_min_rows: int = 0
+    # tf32: attention's two products on the tensor cores (attention_mma.cl) for head dims that are multiples of 8
+    attention_mma: bool = True
+    # its work-groups' warps, 16 query rows each: each K/V tile loaded once for more rows. H100, ViT-B/16 b16 (197
+    # tokens, d 64), the 12 layers' attention: 1 warp 3.09 ms, 2 1.49, 4 1.07, 8 0.79 (the fp32 kernel 2.40)
+    attention_mma_warps: int = 8
 
     # --- fully connected layers of few rows -----------------------------------------------------------------------
     # at most this many rows run as gemv (B streamed once): 16 x 4096 x 25088 0.179 ms against cuBLAS 0.231

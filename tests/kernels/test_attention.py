@@ -61,8 +61,8 @@ def algo_context(algo):
     return ctx.with_options(matrix_core="portable") if algo == "flash" and not ctx.dev.tiled else ctx
 
 
-def run_attention(q, k, v, mask=None, algo="flash_cpu", **attrs):
-    ctx = algo_context(algo)
+def run_attention(q, k, v, mask=None, algo="flash_cpu", ctx=None, **attrs):
+    ctx = ctx or algo_context(algo)
     g = Graph("attention")
     b = Builder(g)
     arrays = [q, k, v] + ([mask] if mask is not None else [])
@@ -127,6 +127,45 @@ def test_kernel_matches_float64(case, algo):
     assert np.isfinite(got).all()
     assert rel_l2(got, want) <= 2e-6, rel_l2(got, want)
     assert schedule["algo"] == algo and schedule["tile"]
+
+
+def make_case(case):
+    """(q, k, v, mask, attrs) of CASES[case], random."""
+    qs, hk, tk, dv, mask_spec, attrs = CASES[case]
+    rng = np.random.default_rng(sum(map(ord, case)))
+    lead = qs[:-3] + ((hk,) if hk is not None else ()) if len(qs) > 2 else ()
+    q = _normal(rng, *qs)
+    k = _normal(rng, *(lead + (tk, qs[-1])), sd=2.0 if case == "long-sharp-online" else 1.0)
+    v = _normal(rng, *(lead + (tk, dv or qs[-1])))
+    mask = None
+    if mask_spec is not None:
+        shape, kind = mask_spec
+        if kind == "bool":
+            mask = rng.random(shape) > 0.4
+            mask.reshape(-1, shape[-1])[0] = False  # a row (or a batch's keys) hidden whole: 0 there
+        else:
+            mask = _normal(rng, *shape, sd=3.0)
+            mask.reshape(-1, shape[-1])[0, ::3] = -np.inf
+    return q, k, v, mask, attrs
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_tensor_core_kernel_matches_float64(case):
+    """attention_mma.cl (NVIDIA, tf32 mode: both products on mma.sync) against the float64 oracle, at tf32's
+    precision; the cases it does not take (head dims not multiples of 8, decoding's few rows) keep attention.cl."""
+    ctx = context()
+    if not ctx.is_nvidia:
+        pytest.skip("attention_mma.cl needs an NVIDIA device (inline PTX mma.sync)")
+    import dlnet
+    ctx = dlnet.Context(ctx.info, precision="tf32")
+    q, k, v, mask, attrs = make_case(case)
+    got, schedule = run_attention(q, k, v, mask, "flash", ctx=ctx, **attrs)
+    want = oracle(q, k, v, mask, attrs.get("scale"), attrs.get("causal", 0), attrs.get("causal_offset", 0),
+                  attrs.get("softcap", 0.0))
+    assert np.isfinite(got).all()
+    assert rel_l2(got, want) <= 5e-3, rel_l2(got, want)
+    d, dv, tq = q.shape[-1], v.shape[-1], q.shape[-2]
+    assert schedule["tile"].startswith("mma") == (d % 8 == 0 and dv % 8 == 0 and tq > 8), schedule["tile"]
 
 
 @pytest.mark.parametrize("algo", ALGOS)
@@ -225,3 +264,22 @@ def test_layouts_match_float64(case, algo):
     assert got.shape == want.transpose(to_stored(layout[3])).shape
     assert rel_l2(got.transpose(to_logical(layout[3])), want) <= 2e-6
     assert schedule["algo"] == algo
+
+
+@pytest.mark.parametrize("case", list(LAYOUT_CASES))
+def test_tensor_core_kernel_layouts(case):
+    """attention_mma.cl reads q, k, v and writes y through their layouts' strides, as attention.cl does."""
+    ctx = context()
+    if not ctx.is_nvidia:
+        pytest.skip("attention_mma.cl needs an NVIDIA device (inline PTX mma.sync)")
+    import dlnet
+    qs, hk, tk, layout, attrs = LAYOUT_CASES[case]
+    rng = np.random.default_rng(sum(map(ord, case)))
+    b, hq, tq, d = qs
+    logical = [_normal(rng, *qs), _normal(rng, b, hk, tk, d), _normal(rng, b, hk, tk, d)]
+    stored = [np.ascontiguousarray(x.transpose(to_stored(s))) for x, s in zip(logical, layout)]
+    got, schedule = run_attention(*stored, None, "flash", ctx=dlnet.Context(ctx.info, precision="tf32"),
+                                  layout=layout, **attrs)
+    want = oracle(*logical, None, None, attrs.get("causal", 0), attrs.get("causal_offset", 0))
+    assert rel_l2(got.transpose(to_logical(layout[3])), want) <= 5e-3
+    assert schedule["tile"].startswith("mma") == (tq > 8)

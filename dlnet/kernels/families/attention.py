@@ -1,6 +1,7 @@
 """The fused attention kernels: softmax(q k^T * scale + mask) v with an online softmax, never the Tq x Tk scores.
 attention.cl (algo "flash"): K/V tiles through __local memory, a work-group per (block of query rows, batch * head);
-attention_cpu.cl (algo "flash_cpu", CPUs): a work-item per few query rows, keys from global memory, no barriers."""
+attention_cpu.cl (algo "flash_cpu", CPUs): a work-item per few query rows, keys from global memory, no barriers;
+attention_mma.cl (the "flash" algo's tensor-core form, NVIDIA in tf32 mode): both products on mma.sync."""
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,6 +42,18 @@ MIN_TILE = 8
 # each scoring its key for every row and owning an output column; the 8 x 8 grid left 7 of its 8 rows idle. H100, a
 # GPT-2-small step (12 heads, 136 keys, d 64): 0.049 ms a layer with the 32-row tile.
 DECODE_ROWS, DECODE_KEYS = 8, 64
+# NVIDIA in tf32 mode (attention_mma.cl): up to Options.attention_mma_warps warps of 16 query rows each per
+# work-group (no more than the rows need), BK keys a tile (32 for head
+# dims past 64, which keeps K and V^T in 48 KiB), for head dims that are multiples of 8 up to MMA_MAX_D
+MMA_KEYS, MMA_MAX_D = 64, 128
+
+
+def mma_tile(dev, options, d, dv, tq):
+    """(warps, keys a tile) of attention_mma.cl for these head dims and query rows, or None where it does not run."""
+    if not (dev.tensor_cores and options.attention_mma and d % 8 == 0 and dv % 8 == 0 and max(d, dv) <= MMA_MAX_D
+            and tq > DECODE_ROWS):
+        return None
+    return min(options.attention_mma_warps, -(-tq // 16)), MMA_KEYS if max(d, dv) <= 64 else MMA_KEYS // 2
 
 
 def attention_tile(dev, d, dv, tiles=ATTENTION_TILES, tq=None):
@@ -112,6 +125,14 @@ class AttentionFamily:
             self.record_tile(f"{rows}x{CPU_KEYS}")
             self.emit(defines(defs) + kernel_source("cpu_math") + kernel_source("attention_cpu"), "attention_cpu", args,
                       (max(-(-Tq // rows), 1), B * Hq), (1, 1), label)
+            return
+        mma = mma_tile(self.dev, self.options, D, DV, Tq)
+        if mma is not None:
+            warps, bk = mma
+            defs.update(WARPS=warps, BK=bk)
+            self.record_tile(f"mma{16 * warps}x{bk}")
+            self.emit(defines(defs) + kernel_source("mma_tf32") + kernel_source("attention_mma"), "attention_mma", args,
+                      (max(-(-Tq // (16 * warps)), 1) * 32 * warps, B * Hq), (32 * warps, 1), label)
             return
         tile = attention_tile(self.dev, D, DV, tq=Tq)
         defs.update(BQ=tile.bq, BK=tile.bk, NTR=tile.ntr, NTC=tile.ntc)

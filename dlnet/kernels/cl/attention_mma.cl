@@ -1,0 +1,166 @@
+// Attention on NVIDIA tensor cores (precision="tf32"): attention.cl's maths, arguments and operand layouts, with
+// both products (S = q k^T and O = P v) as inline PTX mma.sync m16n8k8 on tf32 and fp32 accumulation (mma_tf32.cl
+// comes first: MMA_TF32, TF32_BITS). FlashAttention-2's shape: a work-group of WARPS warps takes BQ = 16 WARPS query
+// rows of one (batch, head), each warp 16 rows whose q fragments stay in registers for the whole pass; K and V come
+// through __local memory BK keys at a time (V stored transposed); the online softmax runs on the score fragments
+// themselves, a row's maximum and sum reduced over the 4 lanes that hold it (shfl.sync).
+// The order of k inside an mma is free as long as A and B agree. Both products take it so that lane (g, t)'s pair of
+// adjacent columns 2t, 2t + 1 of an 8-wide block are its k = t and t + 4: q and K are read as float2 (d = 2t, 2t + 1),
+// and the score fragment c0..c3 of S (keys 2t, 2t + 1 of rows g, g + 8) is already P's A fragment for O = P v, whose
+// B fragment is then V^T's float2 at keys 2t, 2t + 1. Rows of the tiles are padded to 8 mod 32 floats: the float2
+// reads of a half-warp (rows g < 4, columns 2t) hit 32 distinct banks.
+#if !defined(D) || !defined(DV) || !defined(WARPS) || !defined(BK)
+#error "attention_mma.cl needs D, DV, WARPS and BK"
+#endif
+#if D % 8 || DV % 8 || BK % 8
+#error "attention_mma.cl: D, DV and BK must be multiples of 8"
+#endif
+#ifndef MASK
+#define MASK 0
+#endif
+#ifndef CAUSAL
+#define CAUSAL 0
+#endif
+#ifndef SOFTCAP
+#define SOFTCAP 0
+#endif
+#define BQ (16 * WARPS)
+#define NT (32 * WARPS)
+#define KS (D + (40 - D % 32) % 32)
+#define VS (BK + (40 - BK % 32) % 32)
+#if MASK == 2
+#define MASK_T uchar
+#else
+#define MASK_T float
+#endif
+
+inline float shfl_xor(float v, int lanes) {
+    float r;
+    asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=f"(r) : "f"(v), "r"(lanes));
+    return r;
+}
+
+__kernel __attribute__((reqd_work_group_size(NT, 1, 1)))
+void attention_mma(__global const float* q, ulong q_off, __global const float* k, ulong k_off,
+                   __global const float* v, ulong v_off, __global const MASK_T* mask, ulong mask_off,
+                   __global float* y, ulong y_off, int Tq, int Tk, int Hq, int Hk, float scale, float softcap,
+                   int causal_offset, long msb, long msh, long msq, long msk, long qsb, long qsh, long qst, long ksb,
+                   long ksh, long kst, long vsb, long vsh, long vst, long ysb, long ysh, long yst) {
+    __local float ks[BK * KS] __attribute__((aligned(16)));
+    __local float vt[DV * VS] __attribute__((aligned(16)));
+    const int lid = get_local_id(0), lane = lid % 32, g = lane / 4, t = lane % 4;
+    const int q0 = get_group_id(0) * BQ;
+    const long bh = get_group_id(1);
+    const long b = bh / Hq;
+    const int h = bh % Hq;
+    const long kvh = h / (Hq / Hk);
+    const int nq = min(BQ, Tq - q0);
+    q += q_off + b * qsb + h * qsh + q0 * qst;
+    k += k_off + b * ksb + kvh * ksh;
+    v += v_off + b * vsb + kvh * vsh;
+    y += y_off + b * ysb + h * ysh + q0 * yst;
+#if MASK
+    mask += mask_off + b * msb + h * msh + q0 * msq;
+#endif
+    const int r0 = (lid / 32) * 16 + g, r1 = r0 + 8;  // this lane's two rows of the block
+    uint qa[D / 8][4];
+    #pragma unroll
+    for (int c = 0; c < D / 8; c++) {
+        const float2 x0 = r0 < nq ? vload2(0, q + r0 * qst + 8 * c + 2 * t) : (float2)(0.0f);
+        const float2 x1 = r1 < nq ? vload2(0, q + r1 * qst + 8 * c + 2 * t) : (float2)(0.0f);
+        qa[c][0] = TF32_BITS(x0.x); qa[c][1] = TF32_BITS(x1.x); qa[c][2] = TF32_BITS(x0.y); qa[c][3] = TF32_BITS(x1.y);
+    }
+    float o[DV / 8][4];
+    #pragma unroll
+    for (int n = 0; n < DV / 8; n++)
+        o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+#if CAUSAL
+    const int kv_end = min(Tk, q0 + nq + causal_offset);  // past the last key the block's last row sees
+#else
+    const int kv_end = Tk;
+#endif
+    for (int k0 = 0; k0 < kv_end; k0 += BK) {
+        const int nk = min(BK, Tk - k0);
+        barrier(CLK_LOCAL_MEM_FENCE);  // every warp is done with the last tile
+        for (int e = lid; e < BK * D / 4; e += NT) {
+            const int r = e / (D / 4), d = e % (D / 4) * 4;
+            vstore4(r < nk ? vload4(0, k + (k0 + r) * kst + d) : (float4)(0.0f), 0, ks + r * KS + d);
+        }
+        for (int e = lid; e < BK * DV / 4; e += NT) {  // (zeros past nk: P is 0 there, and 0 * garbage may be NaN)
+            const int r = e / (DV / 4), d = e % (DV / 4) * 4;
+            const float4 x = r < nk ? vload4(0, v + (k0 + r) * vst + d) : (float4)(0.0f);
+            vt[d * VS + r] = x.x; vt[(d + 1) * VS + r] = x.y; vt[(d + 2) * VS + r] = x.z; vt[(d + 3) * VS + r] = x.w;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        float s[BK / 8][4];
+        #pragma unroll
+        for (int j = 0; j < BK / 8; j++) {
+            s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+            #pragma unroll
+            for (int c = 0; c < D / 8; c++) {
+                const float2 kb = *(__local const float2*)&ks[(8 * j + g) * KS + 8 * c + 2 * t];
+                const uint bb[2] = {TF32_BITS(kb.x), TF32_BITS(kb.y)};
+                MMA_TF32(s[j], qa[c], bb);
+            }
+        }
+        float top0 = m0, top1 = m1;
+        #pragma unroll
+        for (int j = 0; j < BK / 8; j++)
+            #pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int r = e < 2 ? r0 : r1, key = 8 * j + 2 * t + (e & 1);
+                float z = -INFINITY;
+                if (r < nq && key < nk) {
+                    z = s[j][e] * scale;
+#if SOFTCAP
+                    z = softcap * tanh(z / softcap);
+#endif
+#if MASK == 1
+                    z += mask[r * msq + (k0 + key) * msk];
+#elif MASK == 2
+                    if (!mask[r * msq + (k0 + key) * msk]) z = -INFINITY;
+#endif
+#if CAUSAL
+                    if (k0 + key > q0 + r + causal_offset) z = -INFINITY;
+#endif
+                }
+                s[j][e] = z;
+                if (e < 2) top0 = fmax(top0, z); else top1 = fmax(top1, z);
+            }
+        top0 = fmax(top0, shfl_xor(top0, 1)); top0 = fmax(top0, shfl_xor(top0, 2));
+        top1 = fmax(top1, shfl_xor(top1, 1)); top1 = fmax(top1, shfl_xor(top1, 2));
+        const float mu0 = top0 == -INFINITY ? 0.0f : top0, mu1 = top1 == -INFINITY ? 0.0f : top1;  // (never inf - inf)
+        const float alpha0 = exp(m0 - mu0), alpha1 = exp(m1 - mu1);
+        m0 = top0; m1 = top1;
+        uint pa[BK / 8][4];
+        float sum0 = 0.0f, sum1 = 0.0f;
+        #pragma unroll
+        for (int j = 0; j < BK / 8; j++) {
+            const float p0 = exp(s[j][0] - mu0), p1 = exp(s[j][1] - mu0);
+            const float p2 = exp(s[j][2] - mu1), p3 = exp(s[j][3] - mu1);
+            sum0 += p0 + p1; sum1 += p2 + p3;
+            pa[j][0] = TF32_BITS(p0); pa[j][1] = TF32_BITS(p2); pa[j][2] = TF32_BITS(p1); pa[j][3] = TF32_BITS(p3);
+        }
+        l0 = l0 * alpha0 + sum0;  // this lane's columns only: summed over the row's 4 lanes at the end
+        l1 = l1 * alpha1 + sum1;
+        #pragma unroll
+        for (int n = 0; n < DV / 8; n++) {
+            o[n][0] *= alpha0; o[n][1] *= alpha0; o[n][2] *= alpha1; o[n][3] *= alpha1;
+            #pragma unroll
+            for (int j = 0; j < BK / 8; j++) {
+                const float2 vb = *(__local const float2*)&vt[(8 * n + g) * VS + 8 * j + 2 * t];
+                const uint bb[2] = {TF32_BITS(vb.x), TF32_BITS(vb.y)};
+                MMA_TF32(o[n], pa[j], bb);
+            }
+        }
+    }
+    l0 += shfl_xor(l0, 1); l0 += shfl_xor(l0, 2);
+    l1 += shfl_xor(l1, 1); l1 += shfl_xor(l1, 2);
+    const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;  // (no visible key: 0)
+    #pragma unroll
+    for (int n = 0; n < DV / 8; n++) {
+        if (r0 < nq) { y[r0 * yst + 8 * n + 2 * t] = o[n][0] * inv0; y[r0 * yst + 8 * n + 2 * t + 1] = o[n][1] * inv0; }
+        if (r1 < nq) { y[r1 * yst + 8 * n + 2 * t] = o[n][2] * inv1; y[r1 * yst + 8 * n + 2 * t + 1] = o[n][3] * inv1; }
+    }
+}
