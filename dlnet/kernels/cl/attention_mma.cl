@@ -9,11 +9,36 @@
 // and the score fragment c0..c3 of S (keys 2t, 2t + 1 of rows g, g + 8) is already P's A fragment for O = P v, whose
 // B fragment is then V^T's float2 at keys 2t, 2t + 1. Rows of the tiles are padded to 8 mod 32 floats: the float2
 // reads of a half-warp (rows g < 4, columns 2t) hit 32 distinct banks.
+//   F16 (precision="fp16": q, k and v stored in half): mma.sync m16n8k16 on f16 with fp32 accumulation. Its A and B
+//   registers hold two halves adjacent along k, and its k steps of 16 are two 8-wide blocks: so the natural order
+//   serves (FlashAttention-2's): S's fragments of key blocks 2J and 2J + 1, packed to half pairs, are P's A fragment
+//   for keys 16J..16J + 15, and V^T's 32-bit words give B. Y_HALF: y stored in half too.
 #if !defined(D) || !defined(DV) || !defined(WARPS) || !defined(BK)
 #error "attention_mma.cl needs D, DV, WARPS and BK"
 #endif
+#if defined(F16)
+#if D % 16 || DV % 8 || BK % 16
+#error "attention_mma.cl F16: D and BK must be multiples of 16, DV of 8"
+#endif
+#define ET ushort  // q, k, v elements (half bits)
+#define ET4 ushort4
+#define KS (D + (72 - D % 64) % 64)  // rows of 32-bit words 4 mod 32 apart
+#define VS (BK + (72 - BK % 64) % 64)
+#else
 #if D % 8 || DV % 8 || BK % 8
 #error "attention_mma.cl: D, DV and BK must be multiples of 8"
+#endif
+#define ET float
+#define ET4 float4
+#define KS (D + (40 - D % 32) % 32)
+#define VS (BK + (40 - BK % 32) % 32)
+#endif
+#if defined(Y_HALF)
+#define YT half
+#define Y_STORE(val, i) vstore_half((val), (i), y)
+#else
+#define YT float
+#define Y_STORE(val, i) (y[i] = (val))
 #endif
 #ifndef MASK
 #define MASK 0
@@ -26,13 +51,23 @@
 #endif
 #define BQ (16 * WARPS)
 #define NT (32 * WARPS)
-#define KS (D + (40 - D % 32) % 32)
-#define VS (BK + (40 - BK % 32) % 32)
 #if MASK == 2
 #define MASK_T uchar
 #else
 #define MASK_T float
 #endif
+
+// two floats as a register of two halves (lo in the low 16 bits), rounded to nearest
+inline uint pack_half2(float lo, float hi) {
+    uint r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+inline uint half_pair(__global const ushort* p) {  // two adjacent halves of global memory, any 2-byte alignment
+    const ushort2 x = vload2(0, p);
+    return (uint)x.s0 | ((uint)x.s1 << 16);
+}
 
 inline float shfl_xor(float v, int lanes) {
     float r;
@@ -41,13 +76,13 @@ inline float shfl_xor(float v, int lanes) {
 }
 
 __kernel __attribute__((reqd_work_group_size(NT, 1, 1)))
-void attention_mma(__global const float* q, ulong q_off, __global const float* k, ulong k_off,
-                   __global const float* v, ulong v_off, __global const MASK_T* mask, ulong mask_off,
-                   __global float* y, ulong y_off, int Tq, int Tk, int Hq, int Hk, float scale, float softcap,
+void attention_mma(__global const ET* q, ulong q_off, __global const ET* k, ulong k_off,
+                   __global const ET* v, ulong v_off, __global const MASK_T* mask, ulong mask_off,
+                   __global YT* y, ulong y_off, int Tq, int Tk, int Hq, int Hk, float scale, float softcap,
                    int causal_offset, long msb, long msh, long msq, long msk, long qsb, long qsh, long qst, long ksb,
                    long ksh, long kst, long vsb, long vsh, long vst, long ysb, long ysh, long yst) {
-    __local float ks[BK * KS] __attribute__((aligned(16)));
-    __local float vt[DV * VS] __attribute__((aligned(16)));
+    __local ET ks[BK * KS] __attribute__((aligned(16)));
+    __local ET vt[DV * VS] __attribute__((aligned(16)));
     const int lid = get_local_id(0), lane = lid % 32, g = lane / 4, t = lane % 4;
     const int q0 = get_group_id(0) * BQ;
     const long bh = get_group_id(1);
@@ -63,6 +98,16 @@ void attention_mma(__global const float* q, ulong q_off, __global const float* k
     mask += mask_off + b * msb + h * msh + q0 * msq;
 #endif
     const int r0 = (lid / 32) * 16 + g, r1 = r0 + 8;  // this lane's two rows of the block
+#if defined(F16)
+    uint qa[D / 16][4];
+    #pragma unroll
+    for (int c = 0; c < D / 16; c++) {
+        __global const ushort* p0 = q + r0 * qst + 16 * c + 2 * t;
+        __global const ushort* p1 = q + r1 * qst + 16 * c + 2 * t;
+        qa[c][0] = r0 < nq ? half_pair(p0) : 0u; qa[c][1] = r1 < nq ? half_pair(p1) : 0u;
+        qa[c][2] = r0 < nq ? half_pair(p0 + 8) : 0u; qa[c][3] = r1 < nq ? half_pair(p1 + 8) : 0u;
+    }
+#else
     uint qa[D / 8][4];
     #pragma unroll
     for (int c = 0; c < D / 8; c++) {
@@ -70,6 +115,7 @@ void attention_mma(__global const float* q, ulong q_off, __global const float* k
         const float2 x1 = r1 < nq ? vload2(0, q + r1 * qst + 8 * c + 2 * t) : (float2)(0.0f);
         qa[c][0] = TF32_BITS(x0.x); qa[c][1] = TF32_BITS(x1.x); qa[c][2] = TF32_BITS(x0.y); qa[c][3] = TF32_BITS(x1.y);
     }
+#endif
     float o[DV / 8][4];
     #pragma unroll
     for (int n = 0; n < DV / 8; n++)
@@ -85,11 +131,11 @@ void attention_mma(__global const float* q, ulong q_off, __global const float* k
         barrier(CLK_LOCAL_MEM_FENCE);  // every warp is done with the last tile
         for (int e = lid; e < BK * D / 4; e += NT) {
             const int r = e / (D / 4), d = e % (D / 4) * 4;
-            vstore4(r < nk ? vload4(0, k + (k0 + r) * kst + d) : (float4)(0.0f), 0, ks + r * KS + d);
+            vstore4(r < nk ? vload4(0, k + (k0 + r) * kst + d) : (ET4)(0), 0, ks + r * KS + d);
         }
         for (int e = lid; e < BK * DV / 4; e += NT) {  // (zeros past nk: P is 0 there, and 0 * garbage may be NaN)
             const int r = e / (DV / 4), d = e % (DV / 4) * 4;
-            const float4 x = r < nk ? vload4(0, v + (k0 + r) * vst + d) : (float4)(0.0f);
+            const ET4 x = r < nk ? vload4(0, v + (k0 + r) * vst + d) : (ET4)(0);
             vt[d * VS + r] = x.x; vt[(d + 1) * VS + r] = x.y; vt[(d + 2) * VS + r] = x.z; vt[(d + 3) * VS + r] = x.w;
         }
         barrier(CLK_LOCAL_MEM_FENCE);
@@ -97,12 +143,20 @@ void attention_mma(__global const float* q, ulong q_off, __global const float* k
         #pragma unroll
         for (int j = 0; j < BK / 8; j++) {
             s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#if defined(F16)
+            #pragma unroll
+            for (int c = 0; c < D / 16; c++) {
+                __local const uint* kw = (__local const uint*)&ks[(8 * j + g) * KS + 16 * c + 2 * t];
+                MMA_F16(s[j], qa[c], kw[0], kw[4]);
+            }
+#else
             #pragma unroll
             for (int c = 0; c < D / 8; c++) {
                 const float2 kb = *(__local const float2*)&ks[(8 * j + g) * KS + 8 * c + 2 * t];
                 const uint bb[2] = {TF32_BITS(kb.x), TF32_BITS(kb.y)};
                 MMA_TF32(s[j], qa[c], bb);
             }
+#endif
         }
         float top0 = m0, top1 = m1;
         #pragma unroll
@@ -133,8 +187,18 @@ void attention_mma(__global const float* q, ulong q_off, __global const float* k
         const float mu0 = top0 == -INFINITY ? 0.0f : top0, mu1 = top1 == -INFINITY ? 0.0f : top1;  // (never inf - inf)
         const float alpha0 = exp(m0 - mu0), alpha1 = exp(m1 - mu1);
         m0 = top0; m1 = top1;
-        uint pa[BK / 8][4];
         float sum0 = 0.0f, sum1 = 0.0f;
+#if defined(F16)
+        uint pa[BK / 16][4];
+        #pragma unroll
+        for (int j = 0; j < BK / 8; j++) {
+            const float p0 = exp(s[j][0] - mu0), p1 = exp(s[j][1] - mu0);
+            const float p2 = exp(s[j][2] - mu1), p3 = exp(s[j][3] - mu1);
+            sum0 += p0 + p1; sum1 += p2 + p3;
+            pa[j / 2][2 * (j % 2)] = pack_half2(p0, p1); pa[j / 2][2 * (j % 2) + 1] = pack_half2(p2, p3);
+        }
+#else
+        uint pa[BK / 8][4];
         #pragma unroll
         for (int j = 0; j < BK / 8; j++) {
             const float p0 = exp(s[j][0] - mu0), p1 = exp(s[j][1] - mu0);
@@ -142,17 +206,26 @@ void attention_mma(__global const float* q, ulong q_off, __global const float* k
             sum0 += p0 + p1; sum1 += p2 + p3;
             pa[j][0] = TF32_BITS(p0); pa[j][1] = TF32_BITS(p2); pa[j][2] = TF32_BITS(p1); pa[j][3] = TF32_BITS(p3);
         }
+#endif
         l0 = l0 * alpha0 + sum0;  // this lane's columns only: summed over the row's 4 lanes at the end
         l1 = l1 * alpha1 + sum1;
         #pragma unroll
         for (int n = 0; n < DV / 8; n++) {
             o[n][0] *= alpha0; o[n][1] *= alpha0; o[n][2] *= alpha1; o[n][3] *= alpha1;
+#if defined(F16)
+            #pragma unroll
+            for (int j = 0; j < BK / 16; j++) {
+                __local const uint* vw = (__local const uint*)&vt[(8 * n + g) * VS + 16 * j + 2 * t];
+                MMA_F16(o[n], pa[j], vw[0], vw[4]);
+            }
+#else
             #pragma unroll
             for (int j = 0; j < BK / 8; j++) {
                 const float2 vb = *(__local const float2*)&vt[(8 * n + g) * VS + 8 * j + 2 * t];
                 const uint bb[2] = {TF32_BITS(vb.x), TF32_BITS(vb.y)};
                 MMA_TF32(o[n], pa[j], bb);
             }
+#endif
         }
     }
     l0 += shfl_xor(l0, 1); l0 += shfl_xor(l0, 2);
@@ -160,7 +233,7 @@ void attention_mma(__global const float* q, ulong q_off, __global const float* k
     const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;  // (no visible key: 0)
     #pragma unroll
     for (int n = 0; n < DV / 8; n++) {
-        if (r0 < nq) { y[r0 * yst + 8 * n + 2 * t] = o[n][0] * inv0; y[r0 * yst + 8 * n + 2 * t + 1] = o[n][1] * inv0; }
-        if (r1 < nq) { y[r1 * yst + 8 * n + 2 * t] = o[n][2] * inv1; y[r1 * yst + 8 * n + 2 * t + 1] = o[n][3] * inv1; }
+        if (r0 < nq) { Y_STORE(o[n][0] * inv0, r0 * yst + 8 * n + 2 * t); Y_STORE(o[n][1] * inv0, r0 * yst + 8 * n + 2 * t + 1); }
+        if (r1 < nq) { Y_STORE(o[n][2] * inv1, r1 * yst + 8 * n + 2 * t); Y_STORE(o[n][3] * inv1, r1 * yst + 8 * n + 2 * t + 1); }
     }
 }

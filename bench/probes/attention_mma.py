@@ -1,0 +1,98 @@
+"""attention_mma.cl alone on the GPU machine, in tf32 (float q, k, v) and F16 (half q, k, v, fp32 accumulation):
+relative L2 error against float64 attention of the same inputs, and kernel time against PyTorch's
+scaled_dot_product_attention (float with TF32 on / half) in the same process. [B, H, T, D] contiguous operands.
+
+    python3 bench/probes/attention_mma.py [--shapes 16x12x197x64,8x12x256x64c] [--warps 8] [--iters 20]
+
+A shape ending in c is causal. Prints a table; asserts nothing.
+"""
+import argparse
+import statistics
+
+import numpy as np
+import pyopencl as cl
+
+from dlnet.kernels.runtime import kernel_source
+
+
+def oracle(q, k, v, causal):
+    s = np.einsum("bhqd,bhkd->bhqk", q, k) / np.sqrt(q.shape[-1])
+    if causal:
+        s = np.where(np.tril(np.ones(s.shape[-2:], bool)), s, -np.inf)
+    e = np.exp(s - s.max(-1, keepdims=True))
+    return np.einsum("bhqk,bhkd->bhqd", e / e.sum(-1, keepdims=True), v)
+
+
+def main():
+    import torch
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default="16x12x197x64,8x12x256x64c,1x12x1024x64c,4x16x512x128")
+    ap.add_argument("--warps", type=int, default=8)
+    ap.add_argument("--iters", type=int, default=20)
+    args = ap.parse_args()
+    plat = next(p for p in cl.get_platforms() if "NVIDIA" in p.name)
+    dev = plat.get_devices()[0]
+    ctx = cl.Context([dev])
+    queue = cl.CommandQueue(ctx, properties=cl.command_queue_properties.PROFILING_ENABLE)
+    mf = cl.mem_flags
+    rows = []
+    for spec in args.shapes.split(","):
+        causal = spec.endswith("c")
+        B, H, T, D = (int(x) for x in spec.rstrip("c").split("x"))
+        rng = np.random.default_rng(0)
+        q, k, v = (rng.standard_normal((B, H, T, D)).astype(np.float32) for _ in range(3))
+        for mode in ("tf32", "f16"):
+            f16 = mode == "f16"
+            xs = [a.astype(np.float16) for a in (q, k, v)] if f16 else [q, k, v]
+            want = oracle(*(a.astype(np.float64) for a in xs), causal)
+            bk = 64 if D <= 64 else 32
+            warps = min(args.warps, -(-T // 16))
+            defs = {"D": D, "DV": D, "WARPS": warps, "BK": bk, "CAUSAL": int(causal)}
+            if f16:
+                defs.update(F16=1, Y_HALF=1)
+            src = "".join(f"#define {a} {b}\n" for a, b in defs.items()) + kernel_source("mma_tf32") + \
+                kernel_source("attention_mma")
+            knl = cl.Kernel(cl.Program(ctx, src).build(), "attention_mma")
+            bufs = [cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(a)) for a in xs]
+            ybuf = cl.Buffer(ctx, mf.READ_WRITE, B * H * T * D * (2 if f16 else 4))
+            dummy = cl.Buffer(ctx, mf.READ_ONLY, 16)
+            st = [np.int64(s) for s in (H * T * D, T * D, D)]
+            kargs = [bufs[0], np.uint64(0), bufs[1], np.uint64(0), bufs[2], np.uint64(0), dummy, np.uint64(0), ybuf,
+                     np.uint64(0), np.int32(T), np.int32(T), np.int32(H), np.int32(H), np.float32(1 / np.sqrt(D)),
+                     np.float32(0), np.int32(0)] + [np.int64(0)] * 4 + st * 4
+            knl.set_args(*kargs)
+            gsize, lsize = (-(-T // (16 * warps)) * 32 * warps, B * H), (32 * warps, 1)
+            for _ in range(3):
+                cl.enqueue_nd_range_kernel(queue, knl, gsize, lsize)
+            y = np.empty((B, H, T, D), np.float16 if f16 else np.float32)
+            cl.enqueue_copy(queue, y, ybuf, is_blocking=True)
+            err = float(np.linalg.norm(y.astype(np.float64) - want) / np.linalg.norm(want))
+            ts = []
+            for _ in range(args.iters):
+                ev = cl.enqueue_nd_range_kernel(queue, knl, gsize, lsize)
+                ev.wait()
+                ts.append((ev.profile.end - ev.profile.start) * 1e-6)
+            t = statistics.median(ts)
+            torch.backends.cuda.matmul.allow_tf32 = not f16
+            tq, tk, tv = (torch.from_numpy(a).cuda() for a in xs)
+            for _ in range(3):
+                torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)
+            tts = []
+            for _ in range(args.iters):
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)
+                e.record()
+                torch.cuda.synchronize()
+                tts.append(s.elapsed_time(e))
+            tt = statistics.median(tts)
+            flop = 4.0 * B * H * T * T * D / (2 if causal else 1)
+            rows.append((spec, mode, t, flop / t * 1e-9, tt, tt / t, err))
+    print("\n| shape (BxHxTxD, c causal) | mode | dlnet ms | TFLOP/s | torch SDPA ms | ratio | rel err |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r[0]} | {r[1]} | {r[2]:.3f} | {r[3]:.0f} | {r[4]:.3f} | {r[5]:.2f} | {r[6]:.1e} |")
+
+
+if __name__ == "__main__":
+    main()
