@@ -91,7 +91,7 @@ class BatchNormSync:
             by_launch.setdefault(at, []).append(_Layer(plan.lowerer, node))
         self.points = [_Point(at, layers, comm.size) for at, layers in sorted(by_launch.items())]
         self.totals = {}  # forward layer key -> the global count of the last forward exchange
-        self.seconds = 0.0
+        self.seconds = 0.0  # the time spent exchanging at the points (the device idle), summed until reset
 
     def between(self, start, end):
         """The points at launch indices in [start, end), in order."""
@@ -100,7 +100,6 @@ class BatchNormSync:
     def run(self, point, queue, wait):
         """At `point` (the launches before it enqueued on `queue`): read, exchange, combine, write back. wait(event)
         waits for the device (letting MPI move other collectives on meanwhile)."""
-        t0 = time.perf_counter()
         event = None
         for layer, host in zip(point.layers, point.host):
             c = layer.channels
@@ -109,6 +108,7 @@ class BatchNormSync:
                                         is_blocking=False)
         queue.flush()
         wait(event)
+        t0 = time.perf_counter()  # from here to the writes the device's queue is empty: the cost of the point
         at = 0
         for layer, host in zip(point.layers, point.host):
             if layer.forward:
