@@ -280,7 +280,7 @@ class _TrainPlan:
         if self.partial is not None:
             ctx.free(self.partial)
             self.partial = None
-        self.reducer = self.bn_sync = None  # (its pinned buffers unmap as their arrays go)
+        self.reducer = None  # (its pinned buffers unmap as their arrays go)
 
 
 def _wait_polling(event, reducer):
