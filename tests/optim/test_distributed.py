@@ -275,3 +275,32 @@ def test_sync_bn_trains_two_ranks_as_one_process_on_the_global_batch(tmp_path):
     (local, lw, _), _ = ranks(False)
     assert rel_l2(np.array(local), np.array(one_losses)) > 1e-3
     assert rel_l2(lw["w1"], one_weights["w1"]) > 1e-3 and rel_l2(lw["var"], one_weights["var"]) > 1e-3
+
+
+def test_buckets_are_staged_in_pinned_host_memory(tmp_path):
+    """Each bucket's host buffer is a mapped ALLOC_HOST_PTR buffer (Context.pinned), the average lands in it, and
+    every rank's average is the mean of the ranks' gradients."""
+    from dlnet.kernels.runtime import cl
+    path = mlp(tmp_path / "m.onnx", 0)
+    x, y = batches(1)[0]
+
+    def rank(comm):
+        with dlnet.Net(dlnet.Context("cpu")).load_onnx(path) as net:
+            trainer = dlnet.Trainer(net, optimizer=dlnet.optim.SGD(lr=0.0), comm=comm, bucket_mb=1e-6)
+            trainer.step({"x": x[comm.rank * 8:(comm.rank + 1) * 8], "target": y[comm.rank * 8:(comm.rank + 1) * 8]})
+            plan = trainer._active
+            return [h.copy() for h in plan.reducer.host], [isinstance(h.base, cl.MemoryMap) for h in plan.reducer.host]
+
+    (h0, pinned0), (h1, _) = ThreadGroup(2).run(rank)
+    assert pinned0 == [True] * 4
+    with dlnet.Net(dlnet.Context("cpu")).load_onnx(path) as net:  # the whole batch's gradients on one process
+        trainer = dlnet.Trainer(net, optimizer=dlnet.optim.SGD(lr=0.0))
+        trainer.step({"x": x, "target": y})
+        plan = trainer._active
+        whole = {n: plan.download(trainer.ctx, gv).reshape(-1) for n, _, gv in plan.params}
+        order = [[plan.params[i][0] for i in b] for b in distributed.make_buckets(
+            [(n, gv.nbytes, plan.plan.node_launches[plan.graph.nodes.index(gv.producer)][1])
+             for n, _, gv in plan.params], 1)]
+    for k, names in enumerate(order):
+        assert np.array_equal(h0[k], h1[k])
+        assert rel_l2(h0[k], whole[names[0]]) <= 1e-5, names
