@@ -1,17 +1,21 @@
 """Data-parallel training throughput: dlnet over MPI against PyTorch DDP (NCCL), on 1 and 2 ranks, one table.
 
     mpirun -np 2 python bench/gpu_ddp.py                   # the 2-GPU machine: resnet50 and vgg16, 64 images per GPU
+    mpirun -np 2 python bench/gpu_ddp.py --sync-bn         # the same with synchronised BatchNorm on both sides
     mpirun -np 2 --oversubscribe python bench/gpu_ddp.py --tiny    # any machine: a small CNN on the CPU, gloo
 
 (as root: add --allow-run-as-root, or export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1.)
 
 Protocol: each model is a torchvision definition with its random initialisation (seed 0; --tiny: a small
 conv-BatchNorm-ReLU net defined here), exported to ONNX op-set 13 as bench/gpu_train.py does (BatchNormalization
-stays a node and trains on each rank's batch statistics; Dropout at p=0 on both sides). Every rank trains on its own
+stays a node and trains on each rank's batch statistics; with --sync-bn on the global batch's: dlnet's sync_bn, torch's
+SyncBatchNorm on GPUs; Dropout at p=0 on both sides). Every rank trains on its own
 random batch of --batch images (the global batch is ranks x --batch), cross-entropy, Adam. Rank r uses GPU r
 (dlnet: the r-th OpenCL GPU; torch: cuda:r). "1 rank" is rank 0 alone (dlnet without a communicator, torch without
 DDP) while rank 1 waits; "2 ranks" is both, dlnet with `Trainer(comm=dlnet.distributed.MPI())` (25 MiB buckets),
-torch with DistributedDataParallel (NCCL on GPUs, gloo on the CPU; its default 25 MiB buckets). A step includes the
+torch with DistributedDataParallel (NCCL on GPUs, gloo on the CPU; its default 25 MiB buckets). Before the models,
+rank 0 times one bucket's device-host copies into pageable (numpy) and pinned (Context.pinned, what the trainer
+uses) host memory, and the ranks time a bucket's host average on pinned buffers. A step includes the
 batch's copy to the device and the loss back on the host; warm-up steps, then the median of --iters steps on rank 0.
 Throughput = ranks x batch / median step; scaling efficiency = throughput on 2 / (2 x throughput on 1). dlnet's
 row also gives its last step's forward+backward time and its buckets' reduction times (start to done, overlapped
