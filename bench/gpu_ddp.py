@@ -149,7 +149,8 @@ def allreduce_ms(comm, mib, fp16=False, iters=10, ctx=None):
     buffers where ctx is given."""
     from dlnet.distributed import GradientReducer
     n = int(mib * 2 ** 20) // 4
-    reducer = GradientReducer(comm, [n], fp16=fp16, alloc=ctx and (lambda k: ctx.pinned((k,), np.float32)))
+    pinned = None if ctx is None else (lambda k: ctx.pinned((k,), np.float32))
+    reducer = GradientReducer(comm, [n], fp16=fp16, alloc=pinned)
     reducer.host[0][:] = np.random.default_rng(comm.rank).standard_normal(n, dtype=np.float32)
     times = []
     for _ in range(iters + 1):
