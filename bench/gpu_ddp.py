@@ -1,17 +1,21 @@
 """Data-parallel training throughput: dlnet over MPI against PyTorch DDP (NCCL), on 1 and 2 ranks, one table.
 
     mpirun -np 2 python bench/gpu_ddp.py                   # the 2-GPU machine: resnet50 and vgg16, 64 images per GPU
+    mpirun -np 2 python bench/gpu_ddp.py --sync-bn         # the same with synchronised BatchNorm on both sides
     mpirun -np 2 --oversubscribe python bench/gpu_ddp.py --tiny    # any machine: a small CNN on the CPU, gloo
 
 (as root: add --allow-run-as-root, or export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1.)
 
 Protocol: each model is a torchvision definition with its random initialisation (seed 0; --tiny: a small
 conv-BatchNorm-ReLU net defined here), exported to ONNX op-set 13 as bench/gpu_train.py does (BatchNormalization
-stays a node and trains on each rank's batch statistics; Dropout at p=0 on both sides). Every rank trains on its own
+stays a node and trains on each rank's batch statistics; with --sync-bn on the global batch's: dlnet's sync_bn, torch's
+SyncBatchNorm on GPUs; Dropout at p=0 on both sides). Every rank trains on its own
 random batch of --batch images (the global batch is ranks x --batch), cross-entropy, Adam. Rank r uses GPU r
 (dlnet: the r-th OpenCL GPU; torch: cuda:r). "1 rank" is rank 0 alone (dlnet without a communicator, torch without
 DDP) while rank 1 waits; "2 ranks" is both, dlnet with `Trainer(comm=dlnet.distributed.MPI())` (25 MiB buckets),
-torch with DistributedDataParallel (NCCL on GPUs, gloo on the CPU; its default 25 MiB buckets). A step includes the
+torch with DistributedDataParallel (NCCL on GPUs, gloo on the CPU; its default 25 MiB buckets). Before the models,
+rank 0 times one bucket's device-host copies into pageable (numpy) and pinned (Context.pinned, what the trainer
+uses) host memory, and the ranks time a bucket's host average on pinned buffers. A step includes the
 batch's copy to the device and the loss back on the host; warm-up steps, then the median of --iters steps on rank 0.
 Throughput = ranks x batch / median step; scaling efficiency = throughput on 2 / (2 x throughput on 1). dlnet's
 row also gives its last step's forward+backward time and its buckets' reduction times (start to done, overlapped
@@ -66,7 +70,8 @@ def bench_dlnet(proto, x, y, args, comm):
     from dlnet.distributed import local_rank
     device = "cpu" if args.tiny else f"ocl:{local_rank()}" if args.device == "gpu" else args.device
     with dlnet.Net(dlnet.Context(device)).load_onnx(proto) as net:
-        trainer = dlnet.Trainer(net, loss="cross_entropy", optimizer=dlnet.optim.Adam(lr=args.lr), comm=comm)
+        trainer = dlnet.Trainer(net, loss="cross_entropy", optimizer=dlnet.optim.Adam(lr=args.lr), comm=comm,
+                                sync_bn=args.sync_bn)
         feeds = {"input": x, "target": y}
         trainer.step(feeds)  # builds and plans the training graph
         seconds = median_s(lambda: trainer.step(feeds), args.iters, args.warmup, comm)
@@ -80,6 +85,8 @@ def bench_torch(model, x, y, args, rank, world):
     import torch
     device = torch.device("cpu" if args.tiny else f"cuda:{rank}")
     model = model.to(device).train()
+    if world > 1 and args.sync_bn and not args.tiny:  # (torch's SyncBatchNorm runs on GPUs only)
+        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     if world > 1:
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=None if args.tiny else [rank])
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
@@ -136,12 +143,14 @@ def run_model(name, args, comm):
     return out
 
 
-def allreduce_ms(comm, mib, fp16=False, iters=10):
+def allreduce_ms(comm, mib, fp16=False, iters=10, ctx=None):
     """(median, fastest) ms of one bucket's average over the ranks (GradientReducer: start, then finish), the ranks
-    aligned by a barrier first: the host side of a bucket, without the device copies."""
+    aligned by a barrier first: the host side of a bucket, without the device copies; on the trainer's pinned host
+    buffers where ctx is given."""
     from dlnet.distributed import GradientReducer
     n = int(mib * 2 ** 20) // 4
-    reducer = GradientReducer(comm, [n], fp16=fp16)
+    pinned = None if ctx is None else (lambda k: ctx.pinned((k,), np.float32))
+    reducer = GradientReducer(comm, [n], fp16=fp16, alloc=pinned)
     reducer.host[0][:] = np.random.default_rng(comm.rank).standard_normal(n, dtype=np.float32)
     times = []
     for _ in range(iters + 1):
@@ -153,6 +162,44 @@ def allreduce_ms(comm, mib, fp16=False, iters=10):
     return statistics.median(times[1:]) * 1e3, min(times[1:]) * 1e3
 
 
+def copy_ms(ctx, mib, pinned, iters=10):
+    """Median ms of one bucket's round trip as the trainer makes it: device -> host on the copy queue, then host ->
+    device, into and out of the Context's pinned memory (what Trainer uses) or an ordinary numpy array."""
+    from dlnet.kernels.runtime import cl
+    n = int(mib * 2 ** 20) // 4
+    buf = ctx.alloc(4 * n)
+    host = ctx.pinned((n,), np.float32) if pinned else np.zeros(n, np.float32)
+    down, up = [], []
+    for _ in range(iters + 1):
+        t = time.perf_counter()
+        cl.enqueue_copy(ctx.copy_queue, host, buf, is_blocking=True)
+        down.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        cl.enqueue_copy(ctx.queue, buf, host, is_blocking=True)
+        up.append(time.perf_counter() - t)
+    ctx.free(buf)
+    return statistics.median(down[1:]) * 1e3, statistics.median(up[1:]) * 1e3
+
+
+def print_copies(args, comm, sizes):
+    """Rank 0's device-host copies of one bucket, pageable against pinned host memory (the others wait)."""
+    import dlnet
+    from dlnet.distributed import local_rank
+    device = "cpu" if args.tiny else f"ocl:{local_rank()}" if args.device == "gpu" else args.device
+    ctx = dlnet.Context(device)
+    if comm.rank == 0:
+        print("one bucket's device -> host (copy queue) and host -> device copies, median ms (GB/s):")
+        for mib in sizes:
+            row = []
+            for pinned in (False, True):
+                d, u = copy_ms(ctx, mib, pinned)
+                gb = mib * 2 ** 20 / 1e6
+                row.append(f"{'pinned' if pinned else 'numpy '} {d:7.2f} ({gb / d:5.2f}) / {u:7.2f} ({gb / u:5.2f})")
+            print(f"  {mib:>6} MiB: " + "   ".join(row), flush=True)
+    comm.barrier()
+    return ctx
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--nets", default=",".join(NETS), help="comma-separated torchvision model names")
@@ -161,6 +208,8 @@ def main(argv=None):
     ap.add_argument("--iters", type=int, default=None, help="timed steps (default 10; --tiny 5)")
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps after the first")
     ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--sync-bn", action="store_true", help="synchronised BatchNorm on 2 ranks (dlnet sync_bn; "
+                    "torch SyncBatchNorm on GPUs)")
     ap.add_argument("--device", default="gpu", help="dlnet device: gpu (rank r: the r-th GPU), cpu or ocl:N")
     args = ap.parse_args(argv)
     args.batch = args.batch or (16 if args.tiny else 64)
@@ -177,9 +226,11 @@ def main(argv=None):
         print(f"{comm.size} ranks; {args.batch} images per rank; Adam lr {args.lr}; median of {args.iters} steps; "
               f"{'CPU (PoCL; torch gloo)' if args.tiny else 'GPUs (dlnet OpenCL; torch NCCL)'}", flush=True)
     sizes = (0.25, 1, 4, 25) if args.tiny else (1, 4, 25, 100)
-    cost = [(mib, allreduce_ms(comm, mib), allreduce_ms(comm, mib, fp16=True)) for mib in sizes]
+    ctx = print_copies(args, comm, sizes)
+    cost = [(mib, allreduce_ms(comm, mib, ctx=ctx), allreduce_ms(comm, mib, fp16=True, ctx=ctx)) for mib in sizes]
     if comm.rank == 0:
-        print("one bucket's average over the ranks on the host (MPI, no device copies), median (fastest) ms:")
+        print("one bucket's average over the ranks on the host (MPI on pinned buffers, no device copies), median "
+              "(fastest) ms:")
         for mib, (a, a_min), (h, h_min) in cost:
             print(f"  {mib:>6} MiB: fp32 {a:8.2f} ({a_min:.2f}, {mib * 2 ** 20 / a_min / 1e6:.2f} GB/s)   "
                   f"fp16 {h:8.2f} ({h_min:.2f})", flush=True)
@@ -207,10 +258,11 @@ def print_table(rows, batch):
         t = r.get("timing", {})
         buckets = ", ".join(f"{s * 1e3:.1f}" for s in t.get("bucket_s", []))
         mib = sum(t.get("bucket_bytes", [])) / 2 ** 20
+        sync = f"; sync_bn {t['sync_bn_s'] * 1e3:.1f} ms at {t['sync_bn_points']} points" if "sync_bn_s" in t else ""
         print(f"{name:<10} {ips['dlnet 1']:>9.1f} {ips['dlnet 2']:>9.1f} {ips['dlnet 2'] / 2 / ips['dlnet 1']:>6.1%} "
               f"{ips['torch 1']:>9.1f} {ips['torch 2']:>9.1f} {ips['torch 2'] / 2 / ips['torch 1']:>6.1%} "
               f"{ips['dlnet 2'] / ips['torch 2']:>11.3f}  {t.get('forward_backward_s', nan) * 1e3:.1f}, "
-              f"{len(t.get('bucket_s', []))} ({mib:.1f} MiB), {buckets}  {note}")
+              f"{len(t.get('bucket_s', []))} ({mib:.1f} MiB), {buckets}{sync}  {note}")
 
 
 if __name__ == "__main__":

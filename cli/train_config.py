@@ -92,9 +92,9 @@ class TrainConfig:
                               "(may change on --resume)")
     seed: int = spec("seeds the validation split, the epochs' orders, augmentation and dropout", 0, ge=0,
                      lt=2 ** 32)
-    sync_bn: bool = spec("several processes (mpirun, --procs): average BatchNormalization's running statistics over "
-                         "them after every step; false: each normalises and keeps its own, and rank 0's are saved",
-                         False)
+    sync_bn: bool = spec("several processes (mpirun, --procs): BatchNormalization normalises by the global batch's "
+                         "statistics, forward and backward, as PyTorch's SyncBatchNorm (N ranks train as one process); "
+                         "false: each rank by its own shard's, and rank 0's running statistics are saved", False)
 
 
 # keys whose value may differ between a checkpoint's config and the config given with --resume, and why

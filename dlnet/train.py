@@ -13,11 +13,13 @@ from . import distributed, losses
 from .errors import InputError, ModelError
 from .graph.autodiff import gradients
 from .graph.ir import Builder
+from .graph.ops.grad_nn import batchnorm_global_count
 from .kernels.launch import Launch
 from .kernels.runtime import cl, kernel_source
 from .optim import SGD
 from .pipeline import training_import, training_passes
 from .plan import Plan
+from .sync_bn import BatchNormSync
 
 TARGET = "__target"
 LOCAL = 256  # work-group size of the update kernels
@@ -33,6 +35,8 @@ class _TrainPlan:
     def __init__(self, trainer, shapes):
         net = trainer.net
         g, imp = training_import(net.model, net.path, shapes)
+        if trainer.sync_bn and trainer.comm.size > 1:
+            batchnorm_global_count(g, trainer.comm.size)
         if trainer.output not in g.output_names:
             raise ModelError(f"{net.path}: output {trainer.output!r} does not exist; outputs are {g.output_names}")
         out = g.outputs[g.output_names.index(trainer.output)]
@@ -58,7 +62,7 @@ class _TrainPlan:
         self.input_names = [v.name for v in g.inputs]
         self.out = out
         self._bind_updates(trainer)
-        self.reducer = None
+        self.reducer = self.bn_sync = None
         if trainer.comm.size > 1:
             self._bind_buckets(trainer)
 
@@ -137,7 +141,12 @@ class _TrainPlan:
             early = all(not self.params[i][2].users for i in members)
             self.buckets.append((max(grads[i][2] for i in members), rows, early))
         sizes = [sum(r[3] for r in rows) for _, rows, _ in self.buckets]
-        self.reducer = distributed.GradientReducer(trainer.comm, sizes, trainer.fp16_gradients)
+        # the buckets' host buffers are page-locked (Context.pinned): the copy queue reads into them, MPI reduces
+        # them in place, and the averages go up from them
+        self.reducer = distributed.GradientReducer(trainer.comm, sizes, trainer.fp16_gradients,
+                                                   alloc=lambda n: trainer.ctx.pinned((n,), np.float32))
+        if trainer.sync_bn:
+            self.bn_sync = BatchNormSync(trainer.comm, self.graph, self.plan)
         self.timing = {}
 
     def _start(self, trainer, arrays, hp):
@@ -182,14 +191,16 @@ class _TrainPlan:
         """A step of one rank: forward and backward on its shard; each bucket's gradients go to the host on the
         copy queue as soon as the launch that finishes them has run, and its average over the ranks starts while
         the device goes on with the layers before; the averages go back up, then the update launches. Returns the
-        loss averaged over the ranks."""
+        loss averaged over the ranks. With sync_bn the launches stop at each BatchNorm point (_advance)."""
         ctx, reducer = trainer.ctx, self.reducer
         q, copy_q = ctx.queue, ctx.copy_queue
         t0 = time.perf_counter()
         self._start(trainer, arrays, hp)
-        reads, done = [], 0
+        self.reads, self.started, done = [], 0, 0
+        if self.bn_sync is not None:
+            self.bn_sync.seconds = 0.0
         for k, (ready, rows, _) in enumerate(self.buckets):
-            self._enqueue(q, self.plan.launches[done:ready])
+            self._advance(q, done, ready)
             done = ready
             marker = cl.enqueue_marker(q)
             q.flush()
@@ -197,13 +208,13 @@ class _TrainPlan:
                 event = cl.enqueue_copy(copy_q, reducer.host[k][at:at + n], buf, src_offset=4 * off,
                                         wait_for=[marker], is_blocking=False)
             copy_q.flush()
-            reads.append(event)
-        self._enqueue(q, self.plan.launches[done:])
+            self.reads.append(event)
+        self._advance(q, done, len(self.plan.launches))
         loss = np.empty(1, np.float32)
         buf, off = self.plan.output_locs[0]
         loss_event = cl.enqueue_copy(q, loss, buf, src_offset=off * 4, is_blocking=False)
         q.flush()
-        finished, early = [False] * len(reads), []
+        finished, early = [False] * len(self.reads), []
 
         def upload(k, queue):
             reducer.finish(k)
@@ -213,27 +224,42 @@ class _TrainPlan:
             queue.flush()
             return event
 
-        for k, event in enumerate(reads):
-            _wait_polling(event, reducer if k else None)
-            reducer.start(k)
+        for k, event in enumerate(self.reads):
+            if k >= self.started:
+                _wait_polling(event, reducer if k else None)
+                reducer.start(k)
             for j in range(k):  # averages already done go up on the copy queue while the backward runs on
                 if not finished[j] and self.buckets[j][2] and reducer.done(j):
                     early.append(upload(j, copy_q))
         loss_event.wait()
         backward = time.perf_counter() - t0
-        for k in range(len(reads)):
+        for k in range(len(self.reads)):
             if not finished[k]:
                 upload(k, q)
         if early:  # the update launches wait for the copy queue's uploads
             cl.enqueue_barrier(q, wait_for=early[-1:])
         self._update(trainer, loss_read=loss[0])
-        if trainer.sync_bn:
-            for old, _ in self.updates:
-                self.upload(ctx, old, distributed.average(trainer.comm, self.download(ctx, old)))
         self.timing = {"forward_backward_s": backward, "step_s": time.perf_counter() - t0,
                        "bucket_s": list(reducer.seconds), "bucket_bytes": [4 * h.size for h in reducer.host],
                        "uploaded_early": len(early)}
+        if self.bn_sync is not None:
+            self.timing.update(sync_bn_s=self.bn_sync.seconds, sync_bn_points=len(self.bn_sync.points))
         return float(distributed.average(trainer.comm, loss)[0])
+
+    def _advance(self, q, start, end):
+        """Enqueue the launches [start, end). With sync_bn, stop at each BatchNorm point on the way: first start
+        the reductions of the buckets whose reads are enqueued (in bucket order, so every rank starts its
+        collectives in the same order, a function of the plan), then exchange the layer's statistics."""
+        points = self.bn_sync.between(start, end) if self.bn_sync is not None else []
+        for point in points:
+            self._enqueue(q, self.plan.launches[start:point.at])
+            start = point.at
+            for k in range(self.started, len(self.reads)):
+                _wait_polling(self.reads[k], self.reducer if k else None)
+                self.reducer.start(k)
+            self.started = len(self.reads)
+            self.bn_sync.run(point, q, lambda event: _wait_polling(event, self.reducer if self.started else None))
+        self._enqueue(q, self.plan.launches[start:end])
 
     def download(self, ctx, v):
         a = np.empty(v.shape, v.dtype)
@@ -254,6 +280,7 @@ class _TrainPlan:
         if self.partial is not None:
             ctx.free(self.partial)
             self.partial = None
+        self.reducer = None  # (its pinned buffers unmap as their arrays go)
 
 
 def _wait_polling(event, reducer):
@@ -335,8 +362,10 @@ class Trainer:
     job. Rank 0's weights go to every rank here; each step() takes the rank's shard of the global batch, averages
     the gradients over the ranks in buckets of `bucket_mb` MiB (fp16 on the wire with `fp16_gradients`), applies
     the same update on every rank and returns the loss averaged over the ranks. BatchNormalization normalises by
-    each rank's own batch statistics; `sync_bn=True` averages the running statistics over the ranks after every
-    step. check_weights() compares every rank's weights with rank 0's.
+    each rank's own batch statistics; with `sync_bn=True` by the global batch's, as torch.nn.SyncBatchNorm does
+    (its forward statistics and its backward's two per-channel sums exchanged over the ranks: dlnet/sync_bn.py),
+    so N ranks on equal shards train as one process on the global batch. check_weights() compares every rank's
+    weights with rank 0's.
     """
 
     def __init__(self, net, loss="cross_entropy", optimizer=None, label_smoothing=0.0, frozen=(), output=None,

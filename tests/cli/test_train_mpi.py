@@ -8,6 +8,7 @@ import pytest
 
 from .conftest import MODELS
 from .train_util import dlnet_train
+from tests.conftest import rel_l2
 
 pytest.importorskip("mpi4py")
 from dlnet.cli import train_mpi  # noqa: E402
@@ -160,6 +161,82 @@ def test_a_rank_that_dies_ends_the_job_in_one_line(tmp_path):
     tensors, state = checkpoint.read_checkpoint(path)
     assert state["epoch"] == 1 and len(tensors) > 0
 
+
+
+# each rank of `mpirun -np 2` (and one process alone) trains the small CNN below with and without sync_bn on its half
+# of each global batch and writes its losses and weights to OUT/<mode>-rank<r>.npz
+SYNC_BN_JOB = """
+import sys, numpy as np, dlnet
+model, out = sys.argv[1], sys.argv[2]
+comm = dlnet.distributed.from_environment()
+rng = np.random.default_rng(5)
+data = []
+for _ in range(6):
+    x = rng.standard_normal((16, 2, 6, 6)).astype(np.float32)
+    x[:8] = x[:8] * 0.5 + 1.5  # rank 0's half: narrow, centred at 1.5; rank 1's: wide, centred at -1
+    x[8:] = x[8:] * 2.0 - 1.0
+    data.append((x, rng.integers(0, 4, 16)))
+for sync in (True, False):
+    with dlnet.Net(dlnet.Context("cpu")).load_onnx(model) as net:
+        trainer = dlnet.Trainer(net, optimizer=dlnet.optim.Adam(lr=1e-2), comm=comm, sync_bn=sync)
+        part = slice(comm.rank * 16 // comm.size, (comm.rank + 1) * 16 // comm.size)
+        losses = [trainer.step({"x": x[part], "target": y[part]}) for x, y in data]
+        trainer.check_weights()
+        np.savez(f"{out}/{'sync' if sync else 'local'}-{comm.size}-rank{comm.rank}.npz", losses=np.array(losses),
+                 **net.state_dict())
+comm.finalize()
+"""
+
+
+def small_cnn(path):
+    """[n, 2, 6, 6] -> Conv 3x3 (no bias) -> BatchNorm -> Relu -> Conv 3x3 (no bias) -> BatchNorm -> Relu ->
+    GlobalAveragePool -> Flatten -> Gemm -> [n, 4]."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(0)
+    init = [numpy_helper.from_array((rng.standard_normal(s) * 0.4).astype(np.float32), n)
+            for n, s in (("c1", (6, 2, 3, 3)), ("c2", (5, 6, 3, 3)), ("fc", (5, 4)), ("fcb", (4,)))]
+    nodes = []
+    for i, (x, c) in enumerate((("x", 6), ("r1", 5)), 1):
+        init += [numpy_helper.from_array(a, f"{n}{i}") for n, a in (
+            ("g", rng.uniform(0.5, 1.5, c).astype(np.float32)), ("beta", rng.standard_normal(c).astype(np.float32)),
+            ("mean", np.zeros(c, np.float32)), ("var", np.ones(c, np.float32)))]
+        nodes += [helper.make_node("Conv", [x, f"c{i}"], [f"h{i}"], pads=[1, 1, 1, 1]),
+                  helper.make_node("BatchNormalization", [f"h{i}", f"g{i}", f"beta{i}", f"mean{i}", f"var{i}"],
+                                   [f"n{i}"]),
+                  helper.make_node("Relu", [f"n{i}"], [f"r{i}"])]
+    nodes += [helper.make_node("GlobalAveragePool", ["r2"], ["p"]), helper.make_node("Flatten", ["p"], ["f"]),
+              helper.make_node("Gemm", ["f", "fc", "fcb"], ["y"])]
+    graph = helper.make_graph(nodes, "cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 2, 6, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])], init)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)], ir_version=8), str(path))
+    return str(path)
+
+
+def test_sync_bn_two_ranks_train_as_one_process_on_the_global_batch(tmp_path):
+    """mpirun -np 2, each rank's half of every batch with other statistics: with sync_bn every step's loss and the
+    final weights (running statistics too) are one process's on the global batch; without it they differ."""
+    import subprocess
+    model, script = small_cnn(tmp_path / "cnn.onnx"), tmp_path / "job.py"
+    script.write_text(SYNC_BN_JOB)
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", DLNET_DEVICE="cpu")
+    for prefix in (mpirun(2), ()):
+        r = subprocess.run([*prefix, sys.executable, str(script), model, str(tmp_path)], capture_output=True,
+                           text=True, timeout=300, env=env)
+        assert r.returncode == 0, r.stderr
+    one = np.load(tmp_path / "sync-1-rank0.npz")  # (sync_bn changes nothing on one process)
+    assert np.array_equal(one["losses"], np.load(tmp_path / "local-1-rank0.npz")["losses"])
+    sync0, sync1 = np.load(tmp_path / "sync-2-rank0.npz"), np.load(tmp_path / "sync-2-rank1.npz")
+    local = np.load(tmp_path / "local-2-rank0.npz")
+    rel = np.abs(sync0["losses"] - one["losses"]) / np.abs(one["losses"])
+    assert rel.max() <= 1e-5, rel
+    assert len(one.files) == 13
+    for k in one.files:
+        assert np.array_equal(sync0[k], sync1[k]), k
+        if k != "losses":
+            assert rel_l2(sync0[k], one[k]) <= 1e-5, k
+    assert (np.abs(local["losses"] - one["losses"]) / np.abs(one["losses"])).max() > 1e-3
+    assert rel_l2(local["c1"], one["c1"]) > 1e-3 and rel_l2(local["var1"], one["var1"]) > 1e-3
 
 
 def test_each_rank_takes_its_device(monkeypatch):

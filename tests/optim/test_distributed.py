@@ -8,7 +8,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import dlnet
-from dlnet import distributed
+from dlnet import distributed, sync_bn
 from tests.conftest import rel_l2
 
 
@@ -229,16 +229,78 @@ def test_two_thread_ranks_train_as_one_process(tmp_path, fp16):
     assert step == [sizes[b[0]] for b in order]
 
 
-def test_sync_bn_averages_the_running_statistics(tmp_path):
+def test_combined_statistics_are_the_global_batch_s():
+    rng = np.random.default_rng(11)
+    parts = [rng.standard_normal((n, 3)) * s + m for n, s, m in ((5, 0.5, 2.0), (9, 2.0, -1.0), (4, 1.0, 0.0))]
+    whole = np.concatenate(parts)
+    total, mean, var = sync_bn.combine_statistics([len(p) for p in parts], [p.mean(0) for p in parts],
+                                                  [p.var(0) for p in parts])
+    assert total == 18
+    assert rel_l2(mean, whole.mean(0)) <= 1e-12 and rel_l2(var, whole.var(0)) <= 1e-12
+    sums = rng.standard_normal((3, 4))
+    assert rel_l2(sync_bn.combine_gradient_sums(sums, 5, 18), sums.sum(0) * 5 / 18) <= 1e-15
+
+
+def shifted_batches(steps, batch=16, seed=7):
+    """batches() whose two halves differ: the first half's features centred at +1.5 and narrow, the second's at -1
+    and wide, so each half's BatchNorm statistics are far from the whole batch's."""
+    out = []
+    for x, y in batches(steps, batch, seed):
+        x = x.copy()
+        x[:batch // 2] = x[:batch // 2] * 0.5 + 1.5
+        x[batch // 2:] = x[batch // 2:] * 2.0 - 1.0
+        out.append((x, y))
+    return out
+
+
+def test_sync_bn_trains_two_ranks_as_one_process_on_the_global_batch(tmp_path):
+    """Ranks as threads whose halves of each batch have different statistics: with sync_bn the losses, the trained
+    weights and the running statistics are one process's on the whole batch, identical on both ranks; without it
+    they are not. (The 2-process MPI job: tests/cli/test_train_mpi.py.)"""
     path = mlp(tmp_path / "bn.onnx", 0, batchnorm=True)
-    data = batches(3)
+    data = shifted_batches(5)
+    # b1, added just before the BatchNorm, has a gradient of rounding noise only, which Adam would scale up to lr
+    one_losses, one_weights, _ = train(path, None, data, frozen=["b1"])
 
-    def stats(sync):
-        out = ThreadGroup(2).run(lambda comm: train(path, comm, data, sync_bn=sync))
-        return [(w["mean"], w["var"]) for _, w, _ in out]
+    def ranks(sync):
+        return ThreadGroup(2).run(lambda comm: train(path, comm, data, sync_bn=sync, bucket_mb=1e-6, frozen=["b1"]))
 
-    local, synced = stats(False), stats(True)
-    assert rel_l2(local[0][0], local[1][0]) > 1e-2  # each rank's own batches
-    for k in (0, 1):
-        assert np.array_equal(synced[0][k], synced[1][k])
-        assert rel_l2(synced[0][k], (local[0][k] + local[1][k]) / 2) <= 1e-5  # linear in the batches
+    (l0, w0, plan), (l1, w1, _) = ranks(True)
+    assert l0 == l1
+    assert [len(p.layers) for p in plan.bn_sync.points] == [1, 1]  # the forward's and the backward's
+    assert rel_l2(np.array(l0), np.array(one_losses)) <= 1e-5
+    for name in one_weights:
+        assert np.array_equal(w0[name], w1[name]), name
+        assert rel_l2(w0[name], one_weights[name]) <= 1e-5, name
+    (local, lw, _), _ = ranks(False)
+    assert rel_l2(np.array(local), np.array(one_losses)) > 1e-3
+    assert rel_l2(lw["w1"], one_weights["w1"]) > 1e-3 and rel_l2(lw["var"], one_weights["var"]) > 1e-3
+
+
+def test_buckets_are_staged_in_pinned_host_memory(tmp_path):
+    """Each bucket's host buffer is a mapped ALLOC_HOST_PTR buffer (Context.pinned), the average lands in it, and
+    every rank's average is the mean of the ranks' gradients."""
+    from dlnet.kernels.runtime import cl
+    path = mlp(tmp_path / "m.onnx", 0)
+    x, y = batches(1)[0]
+
+    def rank(comm):
+        with dlnet.Net(dlnet.Context("cpu")).load_onnx(path) as net:
+            trainer = dlnet.Trainer(net, optimizer=dlnet.optim.SGD(lr=0.0), comm=comm, bucket_mb=1e-6)
+            trainer.step({"x": x[comm.rank * 8:(comm.rank + 1) * 8], "target": y[comm.rank * 8:(comm.rank + 1) * 8]})
+            plan = trainer._active
+            return [h.copy() for h in plan.reducer.host], [isinstance(h.base, cl.MemoryMap) for h in plan.reducer.host]
+
+    (h0, pinned0), (h1, _) = ThreadGroup(2).run(rank)
+    assert pinned0 == [True] * 4
+    with dlnet.Net(dlnet.Context("cpu")).load_onnx(path) as net:  # the whole batch's gradients on one process
+        trainer = dlnet.Trainer(net, optimizer=dlnet.optim.SGD(lr=0.0))
+        trainer.step({"x": x, "target": y})
+        plan = trainer._active
+        whole = {n: plan.download(trainer.ctx, gv).reshape(-1) for n, _, gv in plan.params}
+        order = [[plan.params[i][0] for i in b] for b in distributed.make_buckets(
+            [(n, gv.nbytes, plan.plan.node_launches[plan.graph.nodes.index(gv.producer)][1])
+             for n, _, gv in plan.params], 1)]
+    for k, names in enumerate(order):
+        assert np.array_equal(h0[k], h1[k])
+        assert rel_l2(h0[k], whole[names[0]]) <= 1e-5, names

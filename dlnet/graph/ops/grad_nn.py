@@ -82,6 +82,26 @@ def batchnorm_training(b, x, scale, bias, mean, var, epsilon, momentum, updates)
     return y
 
 
+def batchnorm_global_count(graph, ranks):
+    """Synchronised BatchNorm over `ranks` equal shards (dlnet/sync_bn.py): the running variance's unbiasing
+    factor of each BatchNormTrain that batchnorm_training made counts the global batch (ranks x the shard's
+    elements per channel), as torch's SyncBatchNorm does. Returns how many factors changed."""
+    changed = 0
+    for node in graph.nodes:
+        if node.op != "BatchNormTrain":
+            continue
+        x = node.inputs[0]
+        count = x.size // x.shape[1]
+        total = count * ranks
+        for reshape in [u for u in node.outputs[2].users if u.op == "Reshape"]:
+            for mul in [u for u in reshape.outputs[0].users if u.op == "Mul" and u.inputs[1].const is not None]:
+                factor = np.asarray(mul.inputs[1].const, np.float64) / (count / max(count - 1, 1))
+                new = factor * (total / max(total - 1, 1))
+                graph.set_input(mul, 1, graph.constant(new.astype(mul.inputs[1].dtype)))
+                changed += 1
+    return changed
+
+
 @register
 class BatchNormTrain(Op):
     """y = (x - m) / sqrt(v + eps) * scale + bias with m, v the mean and (biased) variance over all axes but 1;
