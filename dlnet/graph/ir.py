@@ -109,6 +109,7 @@ class Graph:
         self._next_id = 0
         self.notes = []  # header lines for the printer
         self.cut = None  # a stages.Cut when the graph stops before an ONNX node that runs on the host
+        self.stored_half = False  # precision "fp16" stored float32 values in half (passes/half.py)
 
     # values -------------------------------------------------------------
     def new_value(self, dtype, shape, name="", const=None):
@@ -194,9 +195,12 @@ class Graph:
             spec = get_op(n.op)
             types = spec.infer(n)
             for v, (dt, shape) in zip(n.outputs, types):
-                if np.dtype(dt).name != v.dtype or tuple(shape) != v.shape:
+                dt = np.dtype(dt).name
+                if dt != v.dtype and getattr(self, "stored_half", False) and {dt, v.dtype} <= {"float32", "float16"}:
+                    dt = v.dtype  # (half storage of a float32 value: passes/half.py)
+                if dt != v.dtype or tuple(shape) != v.shape:
                     raise ModelError(f"verify: node {n.name} ({n.op}) output %{v.id} is {v.type_str()}, "
-                                     f"inference says {np.dtype(dt).name}{list(shape)}")
+                                     f"inference says {dt}{list(shape)}")
         for v in self.outputs:
             if v.const is None and v.id not in defined:
                 raise ModelError(f"verify: graph output %{v.id} is never defined")

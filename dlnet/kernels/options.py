@@ -88,8 +88,8 @@ class Options:
     input_chunk_min_bytes: int = 1 << 20
     # the chain continues while earlier convolutions did fewer flops per input byte than this (alexnet b16 fp32
     # 1.44 -> 1.31 ms) and a slice keeps this many output pixels
-    chunk_flops_per_byte: dict = field(default_factory=lambda: {"fp32": 1000, "tf32": 2000})
-    chunk_min_pixels: dict = field(default_factory=lambda: {"fp32": 2048, "tf32": 8192})
+    chunk_flops_per_byte: dict = field(default_factory=lambda: {"fp32": 1000, "tf32": 2000, "fp16": 2000})
+    chunk_min_pixels: dict = field(default_factory=lambda: {"fp32": 2048, "tf32": 8192, "fp16": 8192})
 
     # --- CPU convolutions (conv_cpu.cl, dwconv_cpu.cl) -----------------------------------------------------------
     # im2col panels packed per panel in __local memory above this im2col size (densenet 56x56 128->32: 9.3 -> 4.1 ms)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..graph.passes.fuse import fold_channel_shuffles, fuse_conv_prologues
+from ..graph.passes.half import store_half
 from ..graph.passes.layout import (
     flatten_gemm_rows,
     pretranspose_weights,
@@ -19,18 +20,27 @@ from ..graph.passes.layout import (
     transposes_as_views,
 )
 from ..graph.passes.winograd import winograd_on_device, winograd_weights
+from . import half
 from .families.conv import is_depthwise
 from .families.conv_cpu import conv_cpu_algo
+from .families.elementwise import ElementwiseFamily
+from .families.norm_pool import NormPoolFamily
+from .families.reduce import ReduceFamily
 from .rules import GEMV_REG_ROWS, TAP_MAJOR_MULTIPLE, ldsm_product
 
 
 class Algo:
-    """One way to run an op: `applies(node, dev, options)`; `name` is what the IR prints."""
+    """One way to run an op: `applies(node, dev, options)`; `name` is what the IR prints; `half_io(node, dev)` what
+    its kernels read and write in half (precision "fp16": kernels/half.py)."""
     name = None
 
     @staticmethod
     def applies(node, dev, options):
         return True
+
+    @staticmethod
+    def half_io(node, dev):
+        return half.NONE
 
 
 class Winograd(Algo):
@@ -113,6 +123,10 @@ class GemmCore(Algo):
     """gemm.cl on the device's core: gemm_core.cl's tiles, gemm_mma.cl's in tf32 mode, gemm_vec.cl on CPUs."""
     name = "gemm"
 
+    @staticmethod
+    def half_io(node, dev):  # A and B through registers only (cp.async pipelines copy floats: C and y there)
+        return half.HalfIO((2,) if dev.cp_async and dev.tiled else half.ALL, True)
+
 
 class FlashCpu(Algo):
     """attention_cpu.cl: a work-item per few query rows, keys from global memory, no barriers (CPUs)."""
@@ -160,13 +174,34 @@ def algorithm(node, dev, options):
 
 
 def schedule(graph, ctx):
-    """Write each node's algorithm on it (node.schedule["algo"]) for ctx's device and options."""
+    """Write each node's algorithm on it (node.schedule["algo"]) for ctx's device and options; in precision "fp16"
+    (inference graphs) then store in half what the chosen kernels read and write in half (graph/passes/half.py)."""
     dev, options = ctx.dev, ctx.options
     for node in graph.nodes:
         algo = choose(node, dev, options)
         if algo is not None:
             node.schedule["algo"] = algo
+    if dev.half_storage and not graph.stored_half and not any(v.param for v in graph.values()):
+        half.check_half_io(ctx)
+        store_half(graph, lambda node: half_io(node, dev, options))
     return graph
+
+
+# {op: HalfIO} that the kernel families of ops without an algorithm table declare (their HALF_IO)
+FAMILY_HALF_IO = {**ElementwiseFamily.HALF_IO, **ReduceFamily.HALF_IO, **NormPoolFamily.HALF_IO}
+
+
+def half_io(node, dev, options):
+    """What node's kernels read and write in half: its algorithm's (ALGOS), else its family's HALF_IO; pointwise
+    chains and copies (codegen.py) take half everywhere."""
+    for algo in ALGOS.get(node.op, ()):
+        if algo.applies(node, dev, options):
+            return algo.half_io(node, dev)
+    if node.op in ALGOS:
+        return half.NONE
+    if node.op == "Fused" or node.spec.kind == "pointwise":
+        return half.EVERY
+    return FAMILY_HALF_IO.get(node.op, half.NONE)
 
 
 def device_passes(graph, ctx, training=False):

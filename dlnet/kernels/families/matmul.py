@@ -7,6 +7,7 @@ from ...errors import ModelError
 from .. import codegen
 from ..device import TILED_CORES
 from ..emitter import act_macro, defines, gemm_args, gemm_source
+from ..half import half_defines
 from ..rules import (
     GEMM_CPU_TILES,
     GEMM_TILES,
@@ -26,13 +27,15 @@ from ..rules import (
 from ..runtime import kernel_source
 from .elementwise import cpu_math
 
+FLOATS = ("float32", "float16")
+
 
 class MatmulFamily:
     def gemm(self, node):
         a, b = node.inputs[0], node.inputs[1]
         c = node.inputs[2] if len(node.inputs) > 2 else None
         y = node.outputs[0]
-        if a.dtype != "float32" or b.dtype != "float32":
+        if a.dtype not in FLOATS or b.dtype not in FLOATS:  # (float16: half storage, precision "fp16")
             raise ModelError(f"node {node.name} ({node.op}): float32 only, got {a.dtype} x {b.dtype}")
         at = node.attrs
         ta, tb = at.get("transA", 0), at.get("transB", 0)
@@ -66,9 +69,10 @@ class MatmulFamily:
         idx = self.index_type(a.size, b.size, y.size, c.size if c is not None else 0)
         self._gemm_launch(self.args(a), self.args(b), self.args(c) if c is not None else None, self.args(y), table,
                           M, N, K, (sam, sak, sbk, sbn, scm, scn), idx, at.get("act"), at.get("alpha", 1.0),
-                          at.get("beta", 1.0), f"{node.name} Gemm")
+                          at.get("beta", 1.0), f"{node.name} Gemm", halves=half_defines(A=a, B=b, C=c, Y=y))
 
-    def _gemm_launch(self, aa, ba, ca, ya, table, M, N, K, strides, idx, act, alpha, beta, label, where="gemm"):
+    def _gemm_launch(self, aa, ba, ca, ya, table, M, N, K, strides, idx, act, alpha, beta, label, where="gemm",
+                     halves=None):
         """gemm.cl on the device's core: len(table) products y = act(alpha A B + beta C), M x N x K, addressed by
         (buffer, offset) arguments aa..ya (ca None: no C), per-batch offsets `table` and element strides
         (sam, sak, sbk, sbn, scm, scn); y is row-major with N columns. where: the kind of product, for the tuner
@@ -84,7 +88,7 @@ class MatmulFamily:
             layout = f"{'r' if sak == 1 else 'c'}{'r' if sbn == 1 else 'c'}"
             pick = self.pick(M, N, K, nb, True, f"{where} {layout}")
         core, tiles, lsize, (g0, g1) = pick
-        src = gemm_source(core, tiles, strides, idx, act, ca is not None, aligned)
+        src = gemm_source(core, tiles, strides, idx, act, ca is not None, aligned, halves)
         args = gemm_args(aa, ba, ca if ca is not None else self.dummy(), ya, self.meta(np.asarray(table).ravel()), M,
                          N, K, strides, idx, alpha, beta)
         self._matrix(src, "gemm", args, pick, tiles, (g0, g1, nb), M, N, K, label)

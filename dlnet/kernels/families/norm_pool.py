@@ -19,6 +19,8 @@ def layernorm_group(D):
 
 
 class NormPoolFamily:
+    HALF_IO = {}  # precision "fp16" (kernels/half.py): what these kernels read and write in half
+
     def pool(self, node, mode):
         x, y = node.inputs[0], node.outputs[0]
         nsp = x.rank - 2
