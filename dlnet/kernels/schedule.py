@@ -100,6 +100,10 @@ class GemmCpu(Algo):
         a, b, y = node.inputs[0], node.inputs[1], node.outputs[0]
         return not dev.tiled and y.rank == 2 and a.rank == b.rank == 2 and b.const is not None and not b.param
 
+    @staticmethod
+    def half_io(node, dev):  # (B is packed in float32 at lowering, from its weight: kept float32)
+        return half.HalfIO((0, 2), True)
+
 
 class Gemv(Algo):
     """Products of few rows that stream B once: gemv.cl (at most GEMV_REG_ROWS rows), gemv_rows.cl, or gemv_mma.cl

@@ -193,7 +193,7 @@ class MatmulFamily:
         packed[:, :N] = bmat
         packed = packed.reshape(K, NB, NR).transpose(1, 0, 2)
         at = node.attrs
-        defs = {"MR": MR, "NV": NV}
+        defs = {"MR": MR, "NV": NV, **half_defines(A=a, C=c, Y=y)}
         self.record_tile(f"{MR}x{NR}")
         if c is not None:
             defs["HAS_C"] = 1

@@ -3,6 +3,7 @@ layernorm.cl)."""
 import numpy as np
 
 from ...errors import ModelError
+from .. import half
 from ..emitter import defines
 from ..runtime import DTYPE_TO_C, kernel_source
 
@@ -19,7 +20,9 @@ def layernorm_group(D):
 
 
 class NormPoolFamily:
-    HALF_IO = {}  # precision "fp16" (kernels/half.py): what these kernels read and write in half
+    # precision "fp16" (kernels/half.py): softmax and normalisation read half and write float32 (autocast's fp32 list)
+    HALF_IO = {"Softmax": half.HalfIO((0,)), "LogSoftmax": half.HalfIO((0,)), "LayerNorm": half.HalfIO((0,)),
+               "LayerNormStats": half.HalfIO((0,)), "RMSNorm": half.HalfIO((0,))}
 
     def pool(self, node, mode):
         x, y = node.inputs[0], node.outputs[0]
@@ -75,12 +78,12 @@ class NormPoolFamily:
 
     def softmax(self, node, log):
         x, y = node.inputs[0], node.outputs[0]
-        if x.dtype != "float32":
+        if x.dtype not in ("float32", "float16"):  # (float16: half storage, precision "fp16")
             raise ModelError(f"node {node.name} ({node.op}): float32 only, got {x.dtype}")
         axis = node.attrs["axis"] % x.rank
         outer = int(np.prod(x.shape[:axis], dtype=np.int64))
         inner = int(np.prod(x.shape[axis + 1:], dtype=np.int64))
-        src = defines({"LOG_SOFTMAX" if log else "SOFTMAX": 1}) + kernel_source("softmax")
+        src = defines({"LOG_SOFTMAX" if log else "SOFTMAX": 1, **half.half_defines(X=x)}) + kernel_source("softmax")
         args = self.args(x) + self.args(y) + [np.int32(outer), np.int32(x.shape[axis]), np.int32(inner)]
         self.emit(src, "softmax", args, (max(outer * inner, 1),), None, f"{node.name} {node.op}")
 
@@ -93,6 +96,7 @@ class NormPoolFamily:
         rows = x.size // max(D, 1)
         defs = {"RMS": 1} if node.op == "RMSNorm" else {}
         bias = [] if defs else self.args(node.inputs[2])
+        defs.update(half.half_defines(X=x))
         args = self.args(x) + self.args(scale) + bias + self.args(y) + [
             np.int64(rows), np.int32(D), np.float32(node.attrs["epsilon"])]
         if len(node.outputs) > 1:
