@@ -89,6 +89,10 @@ class ImplicitGemm(Algo):
     """The GPU cores over the input's windows (window.cl + conv.cl)."""
     name = "implicit_gemm"
 
+    @staticmethod
+    def half_io(node, dev):  # x and w through registers only (cp.async pipelines copy floats: bias, residual, y there)
+        return half.HalfIO((2, 3) if dev.cp_async and dev.tiled else half.ALL, True)
+
 
 class GemmCpu(Algo):
     """gemm_cpu.cl: a 2-D product with a constant B, packed once (CPUs). A transformer's [batch, tokens, d] MatMul is

@@ -5,6 +5,7 @@ import numpy as np
 from ...errors import ModelError
 from ...graph.ops.nn import conv_geometry
 from ..emitter import act_macro, core_source, defines
+from ..half import half_defines
 from ..rules import DW_TILED_MAX_TAPS, dw_rows, dw_tile, plane_phases, round_up
 from ..runtime import kernel_source
 
@@ -55,6 +56,7 @@ class ConvFamily:
                           g.K * g.OH * g.OW)
         else:
             idx = self.index_type(x.size, w.size, y.size, res.size if res is not None else 0)
+            head = defines(half_defines(X=x, W=w, BIAS=bias, RES=res, Y=y)) + head  # (precision "fp16")
             self._conv_gemm(self.args(x), self.args(w), bargs, rargs, self.args(y), head, idx, g.N, g.C, g.H, g.W,
                             g.K, g.OH, g.OW, g.KH, g.KW, list(g.strides_2d), list(g.pads_2d),
                             list(g.dilations_2d), g.group, label,

@@ -1,0 +1,193 @@
+"""precision="fp16": the half-storage pass (graph/passes/half.py), the kernels' half I/O (kernels/half.py) and the
+error against the fp32 run of the same model. Every model test asserts that values really are stored in half (f16
+in the IR, fewer planned bytes), so a pass that stores nothing fails."""
+import os
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+import dlnet
+from dlnet.errors import DeviceError
+from dlnet.graph.passes import run_passes
+from dlnet.graph.passes.half import store_half
+from dlnet.images import preprocess, read_image
+from dlnet.kernels import half
+from dlnet.onnx.importer import Importer
+from tests.conftest import context, make_model, rel_l2
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DIGITS = os.path.join(ROOT, "models", "digits.onnx")
+DIGITS_DIR = os.path.join(ROOT, "models", "digits")
+# the CPU device's own kernels, and the GPU cores (gemm_core.cl, conv.cl) as the portable path runs them on it
+CORES = {"native": {}, "portable": {"matrix_core": "portable"}}
+_CONTEXTS = {}
+
+
+def contexts(core):
+    """(fp32, fp16) Contexts on the test device with the options of CORES[core] (made once)."""
+    if core not in _CONTEXTS:
+        base = context()
+        base.queue  # (the device opened before a second Context looks for it)
+        options = base.options.replace(**CORES[core])
+        fp16 = dlnet.Context(base.info, precision="fp16", options=options)
+        _CONTEXTS[core] = (base.with_options(options), fp16)
+    return _CONTEXTS[core]
+
+
+def _rng(seed):
+    return np.random.default_rng(seed)
+
+
+def small_cnn():
+    """Conv-BatchNorm-Relu, MaxPool, Conv-BatchNorm-Relu with a residual Add, GlobalAveragePool, Flatten, Gemm,
+    Softmax: BatchNorm folds into the convolutions, their epilogues fuse."""
+    r = _rng(0)
+    w = lambda *s: (r.standard_normal(s) * 0.3).astype(np.float32)  # noqa: E731
+    bn = lambda c, p: {f"{p}_s": (r.random(c) + 0.5).astype(np.float32), f"{p}_b": w(c),  # noqa: E731
+                       f"{p}_m": w(c), f"{p}_v": (r.random(c) + 0.5).astype(np.float32)}
+    inits = {"w1": w(8, 3, 3, 3), "w2": w(8, 8, 3, 3), "fw": w(8, 10), "fb": w(10), **bn(8, "bn1"), **bn(8, "bn2")}
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["c1", "bn1_s", "bn1_b", "bn1_m", "bn1_v"], ["b1"]),
+        helper.make_node("Relu", ["b1"], ["r1"]),
+        helper.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Conv", ["p1", "w2"], ["c2"], pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["c2", "bn2_s", "bn2_b", "bn2_m", "bn2_v"], ["b2"]),
+        helper.make_node("Add", ["b2", "p1"], ["a2"]),
+        helper.make_node("Relu", ["a2"], ["r2"]),
+        helper.make_node("GlobalAveragePool", ["r2"], ["g"]),
+        helper.make_node("Flatten", ["g"], ["f"]),
+        helper.make_node("Gemm", ["f", "fw", "fb"], ["logits"]),
+        helper.make_node("Softmax", ["logits"], ["y"], axis=1),
+    ]
+    return make_model(nodes, {"x": ("float32", [4, 3, 16, 16])}, ["y"], inits)
+
+
+def _halves(net):
+    """The values the last plan stores in half."""
+    return [v for v in net.graph.values() if v.dtype == "float16"]
+
+
+def _planned_bytes(net):
+    m = net.memory
+    return m.activations + m.weights
+
+
+def _compare(model, feeds, core, tol=1e-2):
+    """(fp32 outputs, fp16 outputs, fp32 net, fp16 net) of `model` on the contexts of `core`."""
+    c32, c16 = contexts(core)
+    n32 = dlnet.Net(c32).load_onnx(model)
+    n16 = dlnet.Net(c16).load_onnx(model)
+    y32, y16 = n32.run(feeds), n16.run(feeds)
+    for name in y32:
+        assert y16[name].dtype == y32[name].dtype  # (the user sees float32 either way)
+        assert rel_l2(y16[name], y32[name]) <= tol, (name, rel_l2(y16[name], y32[name]))
+    return y32, y16, n32, n16
+
+
+# --- the pass, on the graph alone ---------------------------------------------------------------------------------
+
+def _graph(model, shapes):
+    return run_passes(Importer(model).build(shapes))
+
+
+def test_pass_stores_half_only_where_writer_and_every_reader_take_it():
+    graph = _graph(small_cnn(), {"x": (4, 3, 16, 16)})
+    before = {v.id: v.dtype for v in graph.values()}
+    convs = [n for n in graph.nodes if n.op == "Conv"]
+    blocked = convs[1]  # its kernel takes nothing in half: its input, weights and output stay float32
+
+    def io(node):
+        return half.NONE if node is blocked else half.EVERY if node.op != "Softmax" else half.READS
+    count = store_half(graph, io)
+    graph.verify()
+    stored = {v.id for v in graph.values() if v.dtype == "float16"}
+    assert count == len(stored) > 0
+    assert all(v.dtype == "float32" for v in graph.inputs + graph.outputs)  # the boundary stays float32
+    assert all(v.dtype == "float32" for v in blocked.inputs + blocked.outputs if v is not None)
+    w1 = convs[0].inputs[1]
+    assert w1.dtype == "float16" and w1.const.dtype == np.float16  # a weight read only in half is uploaded so
+    softmax = next(n for n in graph.nodes if n.op == "Softmax")
+    assert softmax.inputs[0].dtype == "float16"  # half in, float32 out (the graph's output)
+    assert all(before[i] == "float32" for i in stored)
+    assert "fp16:" in str(graph)
+
+
+def test_pass_keeps_a_view_and_its_input_alike():
+    graph = _graph(small_cnn(), {"x": (4, 3, 16, 16)})
+    flatten = next(n for n in graph.nodes if n.spec.kind == "alias")
+    gemm = next(n for n in graph.nodes if n.op == "Gemm")
+    store_half(graph, lambda node: half.HalfIO((1, 2), True) if node is gemm else half.EVERY)
+    assert flatten.inputs[0].dtype == flatten.outputs[0].dtype == "float32"  # the Gemm reads the view in float32
+    assert gemm.inputs[1].dtype == "float16"
+
+
+def test_pass_does_nothing_where_no_kernel_takes_half():
+    graph = _graph(small_cnn(), {"x": (4, 3, 16, 16)})
+    assert store_half(graph, lambda node: half.NONE) == 0
+    assert all(v.dtype != "float16" for v in graph.values())
+
+
+# --- the device --------------------------------------------------------------------------------------------------
+
+def test_precision_names_fp16():
+    with pytest.raises(DeviceError, match="'fp32', 'tf32' or 'fp16'"):
+        dlnet.Context(precision="fp8")
+
+
+def test_a_device_without_half_io_is_a_device_error(monkeypatch):
+    _, c16 = contexts("native")
+    monkeypatch.setattr(half, "_CHECKED", {})
+    monkeypatch.setattr(half, "_probe", lambda ctx: "vload_half does not build")
+    with pytest.raises(DeviceError, match="precision 'fp16' on .*vload_half does not build"):
+        dlnet.Net(c16).load_onnx(small_cnn()).run({"x": _rng(1).standard_normal((4, 3, 16, 16), np.float32)})
+
+
+def test_the_probe_passes_on_the_test_device():
+    assert half._probe(context()) == ""
+
+
+# --- models against their fp32 runs ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("core", list(CORES))
+def test_small_cnn_with_batchnorm(core):
+    x = _rng(2).standard_normal((4, 3, 16, 16), np.float32)
+    _, _, n32, n16 = _compare(small_cnn(), {"x": x}, core)
+    stored = _halves(n16)
+    assert stored and _planned_bytes(n16) < _planned_bytes(n32)
+    if core == "portable":  # the implicit-GEMM convolutions read and write half, weights included
+        conv = [n for n in n16.graph.nodes if n.op == "Conv"]
+        assert any(n.outputs[0].dtype == "float16" for n in conv)
+        assert any(n.inputs[1].dtype == "float16" for n in conv)
+
+
+def _transformer(name):
+    pytest.importorskip("torch")
+    from tests.onnx.test_transformers import _model
+    data, make_input, shape, _ = _model(name)
+    return onnx.load_from_string(data), {"x": make_input(shape, 3)}
+
+
+@pytest.mark.parametrize("core", list(CORES))
+@pytest.mark.parametrize("name", ["encoder", "vit"])  # BERT-shaped and ViT-shaped
+def test_transformers(name, core):
+    model, feeds = _transformer(name)
+    _, _, n32, n16 = _compare(model, feeds, core)
+    stored = _halves(n16)
+    assert len(stored) >= 5 and _planned_bytes(n16) < _planned_bytes(n32)
+    gemms = [n for n in n16.graph.nodes if n.op == "Gemm"]
+    assert any(n.outputs[0].dtype == "float16" for n in gemms)
+
+
+@pytest.mark.parametrize("core", list(CORES))
+def test_digits_same_top1_on_the_shipped_images(core):
+    files = sorted(os.path.join(DIGITS_DIR, f) for f in os.listdir(DIGITS_DIR))
+    model = onnx.load(DIGITS)
+    shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim][1:]
+    x = np.stack([preprocess(read_image(f), shape) for f in files]).astype(np.float32)
+    y32, y16, n32, n16 = _compare(model, {model.graph.input[0].name: x}, core)
+    out = model.graph.output[0].name
+    assert (y16[out].argmax(1) == y32[out].argmax(1)).all()
+    assert _halves(n16) and _planned_bytes(n16) < _planned_bytes(n32)
