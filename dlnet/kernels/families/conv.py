@@ -14,7 +14,7 @@ def conv_dims(node):
     """The geometry of a Conv node (graph/ops/nn.py's conv_geometry) as the kernels take it: float32, 1-D or 2-D,
     symmetric pads (errors name the node otherwise)."""
     x = node.inputs[0]
-    if x.dtype != "float32":
+    if x.dtype not in ("float32", "float16"):  # (float16: half storage, precision "fp16")
         raise ModelError(f"node {node.name} (Conv): float32 only, got {x.dtype}")
     if x.rank - 2 not in (1, 2):
         raise ModelError(f"node {node.name} (Conv): {x.rank - 2}-D convolution is not supported (1-D and 2-D are)")
