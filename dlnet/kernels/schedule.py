@@ -126,6 +126,13 @@ class Gemv(Algo):
             return "gemv"
         return "gemv_mma" if dev.tensor_cores and options.gemv_mma else "gemv_rows"
 
+    @staticmethod
+    def half_io(node, dev):  # gemv.cl, gemv_rows.cl: every operand; gemv_mma.cl float32; where gemv.cl cannot read a
+        # view the GEMM core takes the product (GemmCore's half_io, then)
+        if node.schedule.get("algo") == "gemv_mma":
+            return half.NONE
+        return GemmCore.half_io(node, dev)
+
 
 class GemmCore(Algo):
     """gemm.cl on the device's core: gemm_core.cl's tiles, gemm_mma.cl's in tf32 mode, gemm_vec.cl on CPUs."""

@@ -158,9 +158,8 @@ def test_small_cnn_with_batchnorm(core):
     x = _rng(2).standard_normal((4, 3, 16, 16), np.float32)
     _, _, n32, n16 = _compare(small_cnn(), {"x": x}, core)
     assert _halves(n16)
-    if core == "native":  # gemm_cpu.cl writes half, Softmax reads it and writes the float32 output
-        gemm = next(n for n in n16.graph.nodes if n.op == "Gemm")
-        assert gemm.outputs[0].dtype == "float16"
+    gemm = next(n for n in n16.graph.nodes if n.op == "Gemm")  # (gemm_cpu.cl, gemv.cl)
+    assert gemm.outputs[0].dtype == "float16"  # Softmax reads it in half and writes the float32 output
     if core == "portable":  # the implicit-GEMM convolutions read and write half, weights included
         assert _planned_bytes(n16) < _planned_bytes(n32)
         conv = [n for n in n16.graph.nodes if n.op == "Conv"]
@@ -182,9 +181,9 @@ def test_transformers(name, core):
     _, _, n32, n16 = _compare(model, feeds, core)
     stored = _halves(n16)
     assert len(stored) >= 5 and _planned_bytes(n16) < _planned_bytes(n32)
-    if core == "native":  # (the portable path runs these few rows on gemv.cl, which reads and writes float32)
-        gemms = [n for n in n16.graph.nodes if n.op == "Gemm"]
-        assert any(n.outputs[0].dtype == "float16" for n in gemms)
+    gemms = [n for n in n16.graph.nodes if n.op == "Gemm"]
+    assert any(n.outputs[0].dtype == "float16" for n in gemms)
+    assert any(n.inputs[0].dtype == "float16" for n in gemms)
 
 
 @pytest.mark.parametrize("core", list(CORES))

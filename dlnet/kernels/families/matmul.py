@@ -113,10 +113,10 @@ class MatmulFamily:
         LK, LN, NC = GEMV_TILES
         if -(-N // (LN * NC)) < 2 * self.dev.compute_units:
             NC = 1  # fewer columns per work-group where the grid would leave compute units idle
-        defs = {"MR": M, "LK": LK, "LN": LN, "NC": NC}
+        defs = {"MR": M, "LK": LK, "LN": LN, "NC": NC, **half_defines(A=a, B=b, C=c, Y=y)}
         if c is not None:
             defs["HAS_C"] = 1
-        src = defines(defs) + act_macro(at.get("act")) + kernel_source("gemv")
+        src = defines(defs) + act_macro(at.get("act")) + kernel_source("gemv_half") + kernel_source("gemv")
         args = self.args(a) + self.args(b) + (self.args(c) if c is not None else self.dummy()) + self.args(y) + [
             np.int32(v) for v in (M, N, K, sam, sbn, scm, scn)] + [
             np.float32(at.get("alpha", 1.0)), np.float32(at.get("beta", 1.0))]
@@ -162,7 +162,8 @@ class MatmulFamily:
         defs["SPLITS"] = splits
         if c is not None:
             defs["HAS_C"] = 1
-        src = defines(defs) + act_macro(at.get("act")) + kernel_source("gemv_epilogue") + (
+        defs.update(half_defines(A=a, B=b, C=c, Y=y))  # (gemv_rows.cl; gemv_mma.cl reads float32: schedule.Gemv)
+        src = defines(defs) + act_macro(at.get("act")) + kernel_source("gemv_half") + kernel_source("gemv_epilogue") + (
             kernel_source("mma_tf32") if kernel == "gemv_mma" else "") + kernel_source(kernel)
         args = self.args(a) + self.args(b) + (self.args(c) if c is not None else self.dummy()) + self.args(y) + [
             np.int32(v) for v in (N, K, sam, sbn, scm, scn)] + [
