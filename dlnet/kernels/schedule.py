@@ -148,6 +148,10 @@ class FlashCpu(Algo):
     name = "flash_cpu"
 
     @staticmethod
+    def half_io(node, dev):  # q, k, v and y (attention_cpu.cl, attention.cl); a mask stays as it is
+        return half.HalfIO((0, 1, 2), True)
+
+    @staticmethod
     def applies(node, dev, options):
         return not dev.tiled
 
@@ -155,6 +159,7 @@ class FlashCpu(Algo):
 class Flash(Algo):
     """attention.cl: the online softmax over K/V tiles in __local memory (kernels/families/attention.py)."""
     name = "flash"
+    half_io = FlashCpu.half_io
 
 
 ALGOS = {

@@ -175,7 +175,7 @@ def _transformer(name):
 
 
 @pytest.mark.parametrize("core", list(CORES))
-@pytest.mark.parametrize("name", ["encoder", "vit"])  # BERT-shaped and ViT-shaped
+@pytest.mark.parametrize("name", ["encoder", "vit", "causal_decoder"])  # BERT-, ViT- and GPT-shaped
 def test_transformers(name, core):
     model, feeds = _transformer(name)
     _, _, n32, n16 = _compare(model, feeds, core)
@@ -184,6 +184,8 @@ def test_transformers(name, core):
     gemms = [n for n in n16.graph.nodes if n.op == "Gemm"]
     assert any(n.outputs[0].dtype == "float16" for n in gemms)
     assert any(n.inputs[0].dtype == "float16" for n in gemms)
+    attention = [n for n in n16.graph.nodes if n.op == "Attention"]  # (attention_cpu.cl, attention.cl)
+    assert attention and all(v.dtype == "float16" for n in attention for v in n.inputs[:3] + n.outputs)
 
 
 @pytest.mark.parametrize("core", list(CORES))

@@ -8,6 +8,7 @@ import numpy as np
 from ...errors import ModelError
 from ...graph.ops.attention import LOGICAL, MAX_RANK, lead4, logical_shape
 from ..emitter import defines
+from ..half import half_defines
 from ..runtime import kernel_source
 
 
@@ -90,13 +91,14 @@ class AttentionFamily:
         q, k, v = node.inputs[:3]
         mask = node.inputs[3] if len(node.inputs) > 3 else None
         y, a = node.outputs[0], node.attrs
-        if q.dtype != "float32":
+        if q.dtype not in ("float32", "float16"):  # (float16: half storage, precision "fp16")
             raise ModelError(f"node {node.name} (Attention): float32 only, got {q.dtype}")
         layout = a["layout"]
         qs, ks, vs = (logical_shape(x.shape, s) for x, s in zip((q, k, v), layout, strict=False))
         (B, Hq), (_, Hk) = lead4(qs), lead4(ks)
         Tq, D, Tk, DV = qs[-2], qs[-1], ks[-2], vs[-1]
-        defs = {"D": D, "DV": DV, "CAUSAL": int(bool(a["causal"])), "SOFTCAP": int(a["softcap"] > 0)}
+        defs = {"D": D, "DV": DV, "CAUSAL": int(bool(a["causal"])), "SOFTCAP": int(a["softcap"] > 0),
+                **half_defines(Q=q, K=k, V=v, Y=y)}
         strides = [0, 0, 0, 0]
         if mask is not None:
             defs["MASK"] = 2 if mask.dtype == "bool" else 1
