@@ -33,6 +33,15 @@ def half_defines(**values):
     return {f"{name}_HALF": 1 for name, v in values.items() if v is not None and v.dtype == "float16"}
 
 
+def without_copies(tiles, halves, operands):
+    """The GEMM core's tiles without the cp.async pipeline (STAGES, NVIDIA: its 4- and 16-byte copies move floats)
+    where one of `operands` ("A", "B", "X", "W") is stored in half: the register-staged path, which loads through
+    LOAD_A / LOAD_B, then."""
+    if "STAGES" in tiles and any(f"{name}_HALF" in (halves or {}) for name in operands):
+        return {k: v for k, v in tiles.items() if k != "STAGES"}
+    return tiles
+
+
 PROBE = """__kernel void probe(__global const half* x, __global half* y, __global float* z) {
     const float8 v = vload_half8(0, x);
     vstore_half8(v * 2.0f, 0, y);

@@ -90,8 +90,8 @@ class ImplicitGemm(Algo):
     name = "implicit_gemm"
 
     @staticmethod
-    def half_io(node, dev):  # x and w through registers only (cp.async pipelines copy floats: bias, residual, y there)
-        return half.HalfIO((2, 3) if dev.cp_async and dev.tiled else half.ALL, True)
+    def half_io(node, dev):  # (a half x or w takes the register-staged path on NVIDIA: half.without_copies)
+        return half.EVERY
 
 
 class GemmCpu(Algo):
@@ -139,8 +139,8 @@ class GemmCore(Algo):
     name = "gemm"
 
     @staticmethod
-    def half_io(node, dev):  # A and B through registers only (cp.async pipelines copy floats: C and y there)
-        return half.HalfIO((2,) if dev.cp_async and dev.tiled else half.ALL, True)
+    def half_io(node, dev):  # (a half A or B takes the register-staged path on NVIDIA: half.without_copies)
+        return half.EVERY
 
 
 class FlashCpu(Algo):

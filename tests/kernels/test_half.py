@@ -214,3 +214,12 @@ def test_infer_precision_fp16_classifies_as_fp32():
     assert len(fp16) == 10 and [(p, k) for p, [(k, _, _)] in fp16] == [(p, k) for p, [(k, _, _)] in fp32]
     for (_, [(_, _, a)]), (_, [(_, _, b)]) in zip(fp16, fp32):
         assert abs(a - b) < 1e-2
+
+
+def test_half_operands_leave_the_cp_async_pipeline():
+    """NVIDIA's fp32 core copies floats with cp.async (STAGES): a half A / B / x / w takes the register path."""
+    tiles = dict(TM=64, TN=64, TK=16, WM=4, WN=4, STAGES=3)
+    assert "STAGES" not in half.without_copies(tiles, {"A_HALF": 1}, ("A", "B"))
+    assert "STAGES" not in half.without_copies(tiles, {"W_HALF": 1}, ("X", "W"))
+    assert half.without_copies(tiles, {"Y_HALF": 1, "C_HALF": 1}, ("A", "B")) == tiles  # (the epilogue's: kept)
+    assert half.without_copies(tiles, None, ("A", "B")) == tiles

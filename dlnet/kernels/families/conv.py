@@ -5,7 +5,7 @@ import numpy as np
 from ...errors import ModelError
 from ...graph.ops.nn import conv_geometry
 from ..emitter import act_macro, core_source, defines
-from ..half import half_defines
+from ..half import half_defines, without_copies
 from ..rules import DW_TILED_MAX_TAPS, dw_rows, dw_tile, plane_phases, round_up
 from ..runtime import kernel_source
 
@@ -56,11 +56,11 @@ class ConvFamily:
                           g.K * g.OH * g.OW)
         else:
             idx = self.index_type(x.size, w.size, y.size, res.size if res is not None else 0)
-            head = defines(half_defines(X=x, W=w, BIAS=bias, RES=res, Y=y)) + head  # (precision "fp16")
-            self._conv_gemm(self.args(x), self.args(w), bargs, rargs, self.args(y), head, idx, g.N, g.C, g.H, g.W,
-                            g.K, g.OH, g.OW, g.KH, g.KW, list(g.strides_2d), list(g.pads_2d),
+            halves = half_defines(X=x, W=w, BIAS=bias, RES=res, Y=y)  # (precision "fp16")
+            self._conv_gemm(self.args(x), self.args(w), bargs, rargs, self.args(y), defines(halves) + head, idx, g.N,
+                            g.C, g.H, g.W, g.K, g.OH, g.OW, g.KH, g.KW, list(g.strides_2d), list(g.pads_2d),
                             list(g.dilations_2d), g.group, label,
-                            node.attrs.get("tap_major", 0))
+                            node.attrs.get("tap_major", 0), halves)
 
     def depthwise(self, node, algo, g, head, bargs, rargs, label):
         """Depthwise convolutions: dwconv.cl on GPUs; on CPUs dwconv_cpu.cl over zero-padded planes (each work-item
@@ -128,15 +128,17 @@ class ConvFamily:
             self.use_scratch(self.launches[-1].kernel, 0, 4 * N * xp_nstride, "work")
 
     def _conv_gemm(self, xa, wa, ba, ra, ya, head, idx, N, Cin, H, W, Cout, OH, OW, KH, KW, strides, pads, dil, group,
-                   label, tap_major=0):
+                   label, tap_major=0, halves=None):
         """Convolution as implicit GEMM on a GPU core (CPUs: conv_cpu); xa..ya: (buffer, offset) arguments of x,
-        w, bias, residual, y; head: the epilogue's defines; tap_major: w is [K, KH, KW, C] (passes/layout.py)."""
+        w, bias, residual, y; head: the epilogue's defines; tap_major: w is [K, KH, KW, C] (passes/layout.py); halves:
+        the operands stored in half (half.half_defines, already in head)."""
         y_nstride = Cout * OH * OW
         C, K = Cin // group, Cout // group
         M, NN = K, N * OH * OW
         pick = self.pick(M, NN, C * KH * KW, group, KH * KW == 1 or (tap_major and C % 32 == 0),
                          f"conv{KH}x{KW}s{strides[0]}x{strides[1]}{'t' if tap_major else ''}")
         core, tiles, lsize, (g0, g1) = pick
+        tiles = without_copies(tiles, halves, ("X", "W"))
         if KH == 1 and KW == 1 and strides == [1, 1] and pads == [0, 0]:
             tiles = dict(tiles, IS_1X1=1)
         if tap_major:

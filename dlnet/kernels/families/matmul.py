@@ -7,7 +7,7 @@ from ...errors import ModelError
 from .. import codegen
 from ..device import TILED_CORES
 from ..emitter import act_macro, defines, gemm_args, gemm_source
-from ..half import half_defines
+from ..half import half_defines, without_copies
 from ..rules import (
     GEMM_CPU_TILES,
     GEMM_TILES,
@@ -88,6 +88,7 @@ class MatmulFamily:
             layout = f"{'r' if sak == 1 else 'c'}{'r' if sbn == 1 else 'c'}"
             pick = self.pick(M, N, K, nb, True, f"{where} {layout}")
         core, tiles, lsize, (g0, g1) = pick
+        tiles = without_copies(tiles, halves, ("A", "B"))  # (precision "fp16")
         src = gemm_source(core, tiles, strides, idx, act, ca is not None, aligned, halves)
         args = gemm_args(aa, ba, ca if ca is not None else self.dummy(), ya, self.meta(np.asarray(table).ravel()), M,
                          N, K, strides, idx, alpha, beta)
