@@ -72,6 +72,10 @@ class DepthwiseGpu(Algo):
     name = "depthwise"
 
     @staticmethod
+    def half_io(node, dev):  # dwconv.cl (conv_half.cl)
+        return half.EVERY
+
+    @staticmethod
     def applies(node, dev, options):
         return is_depthwise(node)
 

@@ -20,19 +20,23 @@ from tests.conftest import context, make_model, rel_l2
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DIGITS = os.path.join(ROOT, "models", "digits.onnx")
 DIGITS_DIR = os.path.join(ROOT, "models", "digits")
-# the CPU device's own kernels, and the GPU cores (gemm_core.cl, conv.cl) as the portable path runs them on it
-CORES = {"native": {}, "portable": {"matrix_core": "portable"}}
+# the test device's own kernels, and the GPU kernels (gemm_core.cl, conv.cl, dwconv.cl, gemv.cl, attention.cl) forced
+# onto it as a GPU runs them (tests/kernels/test_dwconv_gpu.py's way)
+CORES = ["native", "gpu"]
 _CONTEXTS = {}
 
 
 def contexts(core):
-    """(fp32, fp16) Contexts on the test device with the options of CORES[core] (made once)."""
+    """(fp32, fp16) Contexts on the test device, as it is or taken for a GPU (made once)."""
     if core not in _CONTEXTS:
         base = context()
         base.queue  # (the device opened before a second Context looks for it)
-        options = base.options.replace(**CORES[core])
-        fp16 = dlnet.Context(base.info, precision="fp16", options=options)
-        _CONTEXTS[core] = (base.with_options(options), fp16)
+        options = base.options.replace(input_chunks=1)
+        c32, c16 = base.with_options(options), dlnet.Context(base.info, precision="fp16", options=options)
+        if core == "gpu":
+            c32.is_cpu = c16.is_cpu = False
+            assert c32.dev.kind == c16.dev.kind == "gpu"
+        _CONTEXTS[core] = (c32, c16)
     return _CONTEXTS[core]
 
 
@@ -41,13 +45,13 @@ def _rng(seed):
 
 
 def small_cnn():
-    """Conv-BatchNorm-Relu, MaxPool, Conv-BatchNorm-Relu with a residual Add, GlobalAveragePool, Flatten, Gemm,
-    Softmax: BatchNorm folds into the convolutions, their epilogues fuse."""
+    """Conv-BatchNorm-Relu, MaxPool, Conv-BatchNorm-Relu with a residual Add, a depthwise Conv-Relu,
+    GlobalAveragePool, Flatten, Gemm, Softmax: BatchNorm folds into the convolutions, their epilogues fuse."""
     r = _rng(0)
     w = lambda *s: (r.standard_normal(s) * 0.3).astype(np.float32)  # noqa: E731
     bn = lambda c, p: {f"{p}_s": (r.random(c) + 0.5).astype(np.float32), f"{p}_b": w(c),  # noqa: E731
                        f"{p}_m": w(c), f"{p}_v": (r.random(c) + 0.5).astype(np.float32)}
-    inits = {"w1": w(8, 3, 3, 3), "w2": w(8, 8, 3, 3), "fw": w(8, 10), "fb": w(10), **bn(8, "bn1"), **bn(8, "bn2")}
+    inits = {"w1": w(8, 3, 3, 3), "w2": w(8, 8, 3, 3), "wd": w(8, 1, 3, 3), "fw": w(8, 10), "fb": w(10), **bn(8, "bn1"), **bn(8, "bn2")}
     nodes = [
         helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
         helper.make_node("BatchNormalization", ["c1", "bn1_s", "bn1_b", "bn1_m", "bn1_v"], ["b1"]),
@@ -57,7 +61,9 @@ def small_cnn():
         helper.make_node("BatchNormalization", ["c2", "bn2_s", "bn2_b", "bn2_m", "bn2_v"], ["b2"]),
         helper.make_node("Add", ["b2", "p1"], ["a2"]),
         helper.make_node("Relu", ["a2"], ["r2"]),
-        helper.make_node("GlobalAveragePool", ["r2"], ["g"]),
+        helper.make_node("Conv", ["r2", "wd"], ["d3"], pads=[1, 1, 1, 1], group=8),
+        helper.make_node("Relu", ["d3"], ["r3"]),
+        helper.make_node("GlobalAveragePool", ["r3"], ["g"]),
         helper.make_node("Flatten", ["g"], ["f"]),
         helper.make_node("Gemm", ["f", "fw", "fb"], ["logits"]),
         helper.make_node("Softmax", ["logits"], ["y"], axis=1),
@@ -153,18 +159,19 @@ def test_the_probe_passes_on_the_test_device():
 
 # --- models against their fp32 runs ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("core", list(CORES))
+@pytest.mark.parametrize("core", CORES)
 def test_small_cnn_with_batchnorm(core):
     x = _rng(2).standard_normal((4, 3, 16, 16), np.float32)
     _, _, n32, n16 = _compare(small_cnn(), {"x": x}, core)
     assert _halves(n16)
     gemm = next(n for n in n16.graph.nodes if n.op == "Gemm")  # (gemm_cpu.cl, gemv.cl)
     assert gemm.outputs[0].dtype == "float16"  # Softmax reads it in half and writes the float32 output
-    if core == "portable":  # the implicit-GEMM convolutions read and write half, weights included
+    if core == "gpu":  # the implicit-GEMM and depthwise convolutions read and write half, weights included
         assert _planned_bytes(n16) < _planned_bytes(n32)
-        conv = [n for n in n16.graph.nodes if n.op == "Conv"]
-        assert any(n.outputs[0].dtype == "float16" for n in conv)
-        assert any(n.inputs[1].dtype == "float16" for n in conv)
+        conv = {n.schedule["algo"]: n for n in n16.graph.nodes if n.op == "Conv"}
+        assert {"implicit_gemm", "depthwise"} <= set(conv)
+        assert all(v.dtype == "float16" for n in conv.values() for v in n.inputs[1:2] + n.outputs)
+        assert conv["depthwise"].inputs[0].dtype == "float16"
 
 
 def _transformer(name):
@@ -174,7 +181,7 @@ def _transformer(name):
     return onnx.load_from_string(data), {"x": make_input(shape, 3)}
 
 
-@pytest.mark.parametrize("core", list(CORES))
+@pytest.mark.parametrize("core", CORES)
 @pytest.mark.parametrize("name", ["encoder", "vit", "causal_decoder"])  # BERT-, ViT- and GPT-shaped
 def test_transformers(name, core):
     model, feeds = _transformer(name)
@@ -188,7 +195,7 @@ def test_transformers(name, core):
     assert attention and all(v.dtype == "float16" for n in attention for v in n.inputs[:3] + n.outputs)
 
 
-@pytest.mark.parametrize("core", list(CORES))
+@pytest.mark.parametrize("core", CORES)
 def test_digits_same_top1_on_the_shipped_images(core):
     files = sorted(os.path.join(DIGITS_DIR, f) for f in os.listdir(DIGITS_DIR))
     model = onnx.load(DIGITS)

@@ -6,8 +6,7 @@
 #ifndef IDX
 #define IDX long  // index arithmetic: int where every extent fits (the planner decides)
 #endif
-// precision "fp16" (kernels/half.py): X_HALF (window.cl), W_HALF, BIAS_HALF, RES_HALF, Y_HALF store that operand in
-// half (vload_half / vstore_half); the products and sums stay float
+// precision "fp16": conv_half.cl (after window.cl) defines the operands' types and loads, X_T ... LDX(i) ... STY(i, v)
 #if (defined(X_HALF) || defined(W_HALF)) && defined(STAGES)
 #error "conv.cl: half x or w needs the register-staged cores (cp.async copies floats)"
 #endif
@@ -15,34 +14,7 @@
 #define BC_T half
 #define BC_LOAD(p, i) vload_half(i, p)
 #endif
-#if defined(W_HALF)
-#define W_T half
-#define LOAD_A(m, k) vload_half((IDX)(m) * KK + (k), w)
-#else
-#define W_T float
-#define LOAD_A(m, k) w[(IDX)(m) * KK + (k)]
-#endif
-#if defined(BIAS_HALF)
-#define BIAS_T half
-#define BIAS(m) vload_half(m, bias)
-#else
-#define BIAS_T float
-#define BIAS(m) bias[m]
-#endif
-#if defined(RES_HALF)
-#define RES_T half
-#define LDRES(i) vload_half(i, res)
-#else
-#define RES_T float
-#define LDRES(i) res[i]
-#endif
-#if defined(Y_HALF)
-#define Y_T half
-#define STY(i, v) vstore_half(v, i, y)
-#else
-#define Y_T float
-#define STY(i, v) y[i] = (v)
-#endif
+#define LOAD_A(m, k) LDW((IDX)(m) * KK + (k))
 #define KERNEL_NAME conv2d
 #define KERNEL_ARGS \
     __global const X_T* x, ulong x_off, __global const W_T* w, ulong w_off, \
@@ -94,8 +66,9 @@ inline float im2col(__global const X_T* x, int4 t, int n, int H, int W, int OH, 
 #else
 #define RES(m, n) 0.0f
 #endif
-#if !defined(HAS_BIAS)
-#undef BIAS
+#if defined(HAS_BIAS)
+#define BIAS(m) LDBIAS(m)
+#else
 #define BIAS(m) 0.0f
 #endif
 #define STORE(m, n, v) { float r_ = (v) + BIAS(m) + RES(m, n); \

@@ -39,7 +39,9 @@ class ConvFamily:
         bias = node.inputs[2] if len(node.inputs) > 2 else None
         res = node.inputs[3] if len(node.inputs) > 3 else None
         g = conv_dims(node)
-        head = defines({**({"HAS_BIAS": 1} if bias is not None else {}), **({"HAS_RES": 1} if res is not None else {})})
+        halves = half_defines(X=x, W=w, BIAS=bias, RES=res, Y=y)  # (precision "fp16": the algorithm's half_io)
+        head = defines({**({"HAS_BIAS": 1} if bias is not None else {}), **({"HAS_RES": 1} if res is not None else {}),
+                        **halves})
         head += act_macro(node.attrs.get("act"))
         bargs = self.args(bias) if bias is not None else self.dummy()
         rargs = self.args(res) if res is not None else self.dummy()
@@ -56,8 +58,7 @@ class ConvFamily:
                           g.K * g.OH * g.OW)
         else:
             idx = self.index_type(x.size, w.size, y.size, res.size if res is not None else 0)
-            halves = half_defines(X=x, W=w, BIAS=bias, RES=res, Y=y)  # (precision "fp16")
-            self._conv_gemm(self.args(x), self.args(w), bargs, rargs, self.args(y), defines(halves) + head, idx, g.N,
+            self._conv_gemm(self.args(x), self.args(w), bargs, rargs, self.args(y), head, idx, g.N,
                             g.C, g.H, g.W, g.K, g.OH, g.OW, g.KH, g.KW, list(g.strides_2d), list(g.pads_2d),
                             list(g.dilations_2d), g.group, label,
                             node.attrs.get("tap_major", 0), halves)
@@ -84,13 +85,14 @@ class ConvFamily:
             tx, ty, px = dw_tile(OW, OH)
             self.record_tile(f"tiled-{ty}x{tx * px}")
             args = args[:-11] + [np.int32(v) for v in pads] + args[-2:]  # (no KH..DW, strides, dilations, M)
-            self.emit(defines({"TX": tx, "TY": ty, "PX": px, "KHC": KH, "KWC": KW}) + head + kernel_source("dwconv"),
+            self.emit(defines({"TX": tx, "TY": ty, "PX": px, "KHC": KH, "KWC": KW}) + head +
+                      kernel_source("conv_half") + kernel_source("dwconv"),
                       "dwconv2d_tiled", args, (-(-OW // (tx * px)) * tx, -(-OH // ty) * ty, N * Cout), (tx, ty, 1),
                       label)
         else:
             lx, ly = (16 if OW >= 16 else 8), 4
             self.record_tile(f"{ly}x{lx}")
-            self.emit(head + kernel_source("dwconv"), "dwconv2d", args,
+            self.emit(head + kernel_source("conv_half") + kernel_source("dwconv"), "dwconv2d", args,
                       (round_up(OW, lx), round_up(OH, ly), N * Cout), (lx, ly, 1), label)
 
     def _dw_planes_cpu(self, node, g, head, bargs, rargs, label):
@@ -145,8 +147,8 @@ class ConvFamily:
             tiles = dict(tiles, TAP_MAJOR=1)
         if core == "gemm_mma" and (C * KH * KW) % 4 == 0 and wa[1] % 4 == 0:
             tiles = dict(tiles, A_VEC=1)  # weight rows as 16-byte copies (gemm_fetch.cl)
-        src = defines(dict(tiles, IDX=idx)) + head + kernel_source("window") + kernel_source("conv") + \
-            core_source(core)
+        src = defines(dict(tiles, IDX=idx)) + head + kernel_source("window") + kernel_source("conv_half") + \
+            kernel_source("conv") + core_source(core)
         args = xa + wa + ba + ra + ya + [self.window_table(C, H, W, KH, KW, dil, tap_major)] + [
             np.int32(v) for v in (C, H, W, K, OH, OW, KH, KW, *strides, *pads, *dil, group, N)] + [
             np.int64(y_nstride), np.int64(y_nstride)]
