@@ -51,7 +51,7 @@ def small_cnn():
     w = lambda *s: (r.standard_normal(s) * 0.3).astype(np.float32)  # noqa: E731
     bn = lambda c, p: {f"{p}_s": (r.random(c) + 0.5).astype(np.float32), f"{p}_b": w(c),  # noqa: E731
                        f"{p}_m": w(c), f"{p}_v": (r.random(c) + 0.5).astype(np.float32)}
-    inits = {"w1": w(8, 3, 3, 3), "w2": w(8, 8, 3, 3), "wd": w(8, 1, 3, 3), "fw": w(8, 10), "fb": w(10), **bn(8, "bn1"), **bn(8, "bn2")}
+    inits = {"w1": w(8, 3, 3, 3), "w2": w(8, 8, 3, 3), "wd": w(8, 1, 3, 3), "fw": w(8, 10) * 0.3, "fb": w(10), **bn(8, "bn1"), **bn(8, "bn2")}
     nodes = [
         helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
         helper.make_node("BatchNormalization", ["c1", "bn1_s", "bn1_b", "bn1_m", "bn1_v"], ["b1"]),
@@ -68,7 +68,9 @@ def small_cnn():
         helper.make_node("Gemm", ["f", "fw", "fb"], ["logits"]),
         helper.make_node("Softmax", ["logits"], ["y"], axis=1),
     ]
-    return make_model(nodes, {"x": ("float32", [4, 3, 16, 16])}, ["y"], inits)
+    # (the pooled features are an output too: float32 from the reduction anyway, and a change in any layer shows in
+    # them where the softmax may hide it)
+    return make_model(nodes, {"x": ("float32", [4, 3, 16, 16])}, ["y", "g"], inits)
 
 
 def _halves(net):
