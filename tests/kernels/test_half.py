@@ -176,6 +176,22 @@ def test_small_cnn_with_batchnorm(core):
         assert conv["depthwise"].inputs[0].dtype == "float16"
 
 
+@pytest.mark.parametrize("core", CORES)
+def test_pooling_between_half_values(core):
+    """Relu -> MaxPool -> AveragePool -> Flatten -> Gemm: the pools read and write half (pool_cpu.cl, pool.cl)."""
+    r = _rng(4)
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("MaxPool", ["r"], ["m"], kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1]),
+             helper.make_node("AveragePool", ["m"], ["a"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Flatten", ["a"], ["f"]),
+             helper.make_node("Gemm", ["f", "w"], ["y"])]
+    model = make_model(nodes, {"x": ("float32", [3, 4, 12, 12])}, ["y"],
+                       {"w": (r.standard_normal((144, 5)) * 0.1).astype(np.float32)})
+    _, _, _, n16 = _compare(model, {"x": r.standard_normal((3, 4, 12, 12), np.float32)}, core)
+    pools = [n for n in n16.graph.nodes if n.op in ("MaxPool", "AveragePool")]
+    assert len(pools) == 2 and all(v.dtype == "float16" for n in pools for v in n.inputs + n.outputs)
+
+
 def _transformer(name):
     pytest.importorskip("torch")
     from tests.onnx.test_transformers import _model
