@@ -51,6 +51,10 @@ class Winograd(Algo):
     def applies(node, dev, options):
         return bool(node.attrs.get("winograd"))
 
+    @staticmethod
+    def half_io(node, dev):  # winograd.cl's transforms (conv_half.cl) and the GEMM's A (U); V and M stay float
+        return half.EVERY if node.attrs.get("winograd") == 1 else half.NONE
+
 
 class DepthwisePlanesCpu(Algo):
     name = "depthwise_planes_cpu"

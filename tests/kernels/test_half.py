@@ -27,13 +27,17 @@ _CONTEXTS = {}
 
 
 def contexts(core):
-    """(fp32, fp16) Contexts on the test device, as it is or taken for a GPU (made once)."""
+    """(fp32, fp16) Contexts on the test device, as it is or taken for a GPU (made once); "winograd": the GPU's with
+    Winograd for every 3x3 layer it can take."""
     if core not in _CONTEXTS:
         base = context()
         base.queue  # (the device opened before a second Context looks for it)
         options = base.options.replace(input_chunks=1)
+        if core == "winograd":
+            options = options.replace(winograd_min_channels=1, winograd_min_layer_tiles=0, winograd_m=4,
+                                      winograd_f4_min_tiles=32)  # (the first layer F(4x4), the second F(2x2))
         c32, c16 = base.with_options(options), dlnet.Context(base.info, precision="fp16", options=options)
-        if core == "gpu":
+        if core != "native":
             c32.is_cpu = c16.is_cpu = False
             assert c32.dev.kind == c16.dev.kind == "gpu"
         _CONTEXTS[core] = (c32, c16)
@@ -161,7 +165,7 @@ def test_the_probe_passes_on_the_test_device():
 
 # --- models against their fp32 runs ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("core", CORES)
+@pytest.mark.parametrize("core", CORES + ["winograd"])
 def test_small_cnn_with_batchnorm(core):
     x = _rng(2).standard_normal((4, 3, 16, 16), np.float32)
     _, _, n32, n16 = _compare(small_cnn(), {"x": x}, core)
@@ -174,6 +178,11 @@ def test_small_cnn_with_batchnorm(core):
         assert {"implicit_gemm", "depthwise"} <= set(conv)
         assert all(v.dtype == "float16" for n in conv.values() for v in n.inputs[1:2] + n.outputs)
         assert conv["depthwise"].inputs[0].dtype == "float16"
+    if core == "winograd":  # winograd.cl's transforms read x and write y in half, the GEMM reads U in half
+        wino = [n for n in n16.graph.nodes if n.op == "Conv" and n.schedule["algo"].startswith("winograd")]
+        assert [n.schedule["algo"] for n in wino] == ["winograd4", "winograd2"]
+        assert all(v.dtype == "float16" for v in wino[0].inputs[1:2] + wino[0].outputs)
+        assert wino[1].inputs[0].dtype == "float16"
 
 
 @pytest.mark.parametrize("core", CORES)
