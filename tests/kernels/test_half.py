@@ -55,7 +55,8 @@ def small_cnn():
     w = lambda *s: (r.standard_normal(s) * 0.3).astype(np.float32)  # noqa: E731
     bn = lambda c, p: {f"{p}_s": (r.random(c) + 0.5).astype(np.float32), f"{p}_b": w(c),  # noqa: E731
                        f"{p}_m": w(c), f"{p}_v": (r.random(c) + 0.5).astype(np.float32)}
-    inits = {"w1": w(8, 3, 3, 3), "w2": w(8, 8, 3, 3), "wd": w(8, 1, 3, 3), "fw": w(8, 10) * 0.3, "fb": w(10), **bn(8, "bn1"), **bn(8, "bn2")}
+    inits = {"w1": w(8, 3, 3, 3), "w2": w(8, 8, 3, 3), "wd": w(8, 1, 3, 3), "fw": w(8, 10) * 0.3, "fb": w(10),
+             **bn(8, "bn1"), **bn(8, "bn2")}
     nodes = [
         helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
         helper.make_node("BatchNormalization", ["c1", "bn1_s", "bn1_b", "bn1_m", "bn1_v"], ["b1"]),
