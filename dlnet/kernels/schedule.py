@@ -24,6 +24,7 @@ from . import half
 from .families.conv import is_depthwise
 from .families.conv_cpu import conv_cpu_algo
 from .families.elementwise import ElementwiseFamily
+from .families.indexing import IndexFamily
 from .families.norm_pool import NormPoolFamily
 from .families.reduce import ReduceFamily
 from .rules import GEMV_REG_ROWS, TAP_MAJOR_MULTIPLE, ldsm_product
@@ -216,7 +217,7 @@ def schedule(graph, ctx):
 
 
 # {op: HalfIO} that the kernel families of ops without an algorithm table declare (their HALF_IO)
-FAMILY_HALF_IO = {**ElementwiseFamily.HALF_IO, **ReduceFamily.HALF_IO, **NormPoolFamily.HALF_IO}
+FAMILY_HALF_IO = {**ElementwiseFamily.HALF_IO, **ReduceFamily.HALF_IO, **NormPoolFamily.HALF_IO, **IndexFamily.HALF_IO}
 
 
 def half_io(node, dev, options):
