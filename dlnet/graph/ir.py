@@ -24,6 +24,15 @@ class NeedsValue(ModelError):
         self.value = value
 
 
+HALF_NOTE = "fp16: "  # the note of a graph whose float32 values may be stored in half (passes/half.py, the parser)
+
+
+def stored_as(graph, inferred, stored):
+    """Does a value whose inference gives dtype `inferred` hold `stored` in `graph`: the same, or float32 stored in half
+    where precision "fp16" stored it so (graph.stored_half, passes/half.py)?"""
+    return inferred == stored or (getattr(graph, "stored_half", False) and {inferred, stored} <= {"float32", "float16"})
+
+
 class Value:
     """An SSA value: dtype (numpy name) and static shape; `const` holds the data of a constant."""
     __slots__ = ("id", "name", "dtype", "shape", "const", "producer", "users", "param")
@@ -196,9 +205,7 @@ class Graph:
             types = spec.infer(n)
             for v, (dt, shape) in zip(n.outputs, types):
                 dt = np.dtype(dt).name
-                if dt != v.dtype and getattr(self, "stored_half", False) and {dt, v.dtype} <= {"float32", "float16"}:
-                    dt = v.dtype  # (half storage of a float32 value: passes/half.py)
-                if dt != v.dtype or tuple(shape) != v.shape:
+                if not stored_as(self, dt, v.dtype) or tuple(shape) != v.shape:
                     raise ModelError(f"verify: node {n.name} ({n.op}) output %{v.id} is {v.type_str()}, "
                                      f"inference says {dt}{list(shape)}")
         for v in self.outputs:

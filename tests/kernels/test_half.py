@@ -10,6 +10,7 @@ from onnx import helper
 
 import dlnet
 from dlnet.errors import DeviceError
+from dlnet.graph.parser import constants_of, graphs_equal, parse_graph
 from dlnet.graph.passes import run_passes
 from dlnet.graph.passes.half import store_half
 from dlnet.images import preprocess, read_image
@@ -224,6 +225,9 @@ def test_transformers(name, core):
         assert gather.inputs[0].dtype == gather.outputs[0].dtype == "float16"
     attention = [n for n in n16.graph.nodes if n.op == "Attention"]  # (attention_cpu.cl, attention.cl)
     assert attention and all(v.dtype == "float16" for n in attention for v in n.inputs[:3] + n.outputs)
+    text = str(n16.graph)  # the printed IR reads back as the same graph, f16 values and all
+    assert " f16[" in text or ": f16[" in text
+    assert graphs_equal(parse_graph(text, constants_of(n16.graph)), n16.graph) == (True, "")
 
 
 @pytest.mark.parametrize("core", CORES)

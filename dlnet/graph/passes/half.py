@@ -10,6 +10,8 @@ into the IR: the values' dtypes become float16 (printed f16) and the weights' da
 """
 import numpy as np
 
+from ..ir import HALF_NOTE
+
 
 def _find(parent, i):
     while parent[i] != i:
@@ -63,5 +65,5 @@ def store_half(graph, io):
     if stored:
         graph.stored_half = True
         half_bytes = sum(v.nbytes for values in members.values() for v in values if v.dtype == "float16")
-        graph.notes.append(f"fp16: {stored} values stored in half ({half_bytes / 2**20:.2f} MiB)")
+        graph.notes.append(f"{HALF_NOTE}{stored} values stored in half ({half_bytes / 2**20:.2f} MiB)")
     return stored
