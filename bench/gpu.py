@@ -111,7 +111,8 @@ def bench_nets(ctx, nets, batches, iters, rows, tune=False):
             def run_torch(src=xt, m=timed_model):
                 with torch.no_grad():
                     src = src.cuda(non_blocking=src.is_pinned())
-                    y = m(src.half() if m is not cuda_model else src).float().cpu()
+                    half_in = m is not cuda_model and src.is_floating_point()  # (token ids stay integers)
+                    y = m(src.half() if half_in else src).float().cpu()
                 torch.cuda.synchronize()
                 return y
 
