@@ -265,3 +265,24 @@ def test_half_operands_leave_the_cp_async_pipeline():
     assert "STAGES" not in half.without_copies(tiles, {"W_HALF": 1}, ("X", "W"))
     assert half.without_copies(tiles, {"Y_HALF": 1, "C_HALF": 1}, ("A", "B")) == tiles  # (the epilogue's: kept)
     assert half.without_copies(tiles, None, ("A", "B")) == tiles
+
+
+@pytest.mark.parametrize("cache", ["growing", "where"])
+def test_greedy_decoding_keeps_torch_tokens(cache):
+    """dlnet.generate in fp16 with a decoder's cache kept on the device (concatenated, or written in place over the
+    past by a Where): torch's greedy tokens, with values stored in half inside the graph (the cache itself crosses
+    the graph's boundary, so it stays float32)."""
+    pytest.importorskip("torch")
+    import torch
+
+    from tests import test_generate as gen
+    torch.manual_seed(0)
+    growing = gen.Decoder().eval()
+    model = growing if cache == "growing" else gen.Decoder(cache).eval()
+    model.load_state_dict(growing.state_dict())
+    ids = gen.prompt(batch=2 if cache == "growing" else 1)
+    _, c16 = contexts("native")
+    with dlnet.Net(c16).load_onnx(gen.export(model)) as net:
+        got = dlnet.generate(net, ids, 12)
+        assert _halves(net)
+    np.testing.assert_array_equal(got, gen.torch_greedy(growing, ids, 12))
