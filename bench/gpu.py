@@ -8,6 +8,7 @@ fp32 compared with PyTorch TF32 off. Each net is timed twice: with the input in 
 and with both engines' inputs in pinned host memory (torch pin_memory(), dlnet Net.input_array). Prints tables; asserts nothing.
 """
 import argparse
+import copy
 import io
 import os
 import statistics
@@ -70,16 +71,18 @@ def set_tf32(on):
 
 
 def bench_nets(ctx, nets, batches, iters, rows, tune=False):
-    """fp32: against PyTorch with TF32 off; tf32: against PyTorch with TF32 on. The error is always against
+    """fp32: against PyTorch with TF32 off; tf32: against PyTorch with TF32 on; fp16: against PyTorch's model.half()
+    (dlnet: half storage, fp32 arithmetic, kernels/half.py). The error is always against
     PyTorch's fp32 (TF32 off) output. tune: dlnet measures each layer's tile first (Net.load_onnx(tune=True)); the
     plan by rule is timed too (pinned), before, and the tuning's report printed."""
-    tf32 = ctx.precision == "tf32"
+    tf32, fp16 = ctx.precision == "tf32", ctx.precision == "fp16"
     for name in nets:
         torch.manual_seed(0)
         model, inputs = make_model(name)
         proto = export(model, 1, inputs)
         net = dlnet.Net(ctx).load_onnx(proto, tune=tune)
         cuda_model = model.cuda()
+        timed_model = copy.deepcopy(cuda_model).half() if fp16 else cuda_model
         for batch in batches:
             x = inputs(batch)
             xt = torch.from_numpy(x)
@@ -105,14 +108,16 @@ def bench_nets(ctx, nets, batches, iters, rows, tune=False):
                       f"{time.perf_counter() - start:.1f} s: their kernel ms {report['before']:.3f} by rule -> "
                       f"{report['after']:.3f}; whole run pinned by rule {t_rule:.2f} ms", flush=True)
 
-            def run_torch(src=xt):
+            def run_torch(src=xt, m=timed_model):
                 with torch.no_grad():
-                    y = cuda_model(src.cuda(non_blocking=src.is_pinned())).cpu()
+                    src = src.cuda(non_blocking=src.is_pinned())
+                    half_in = m is not cuda_model and src.is_floating_point()  # (token ids stay integers)
+                    y = m(src.half() if half_in else src).float().cpu()
                 torch.cuda.synchronize()
                 return y
 
             set_tf32(False)
-            y_fp32 = run_torch().numpy()
+            y_fp32 = run_torch(m=cuda_model).numpy()
             set_tf32(tf32)
             t_torch = median_ms(run_torch, iters)
             t_dlnet = median_ms(lambda: net.run({"x": x}), iters)
@@ -131,7 +136,7 @@ def bench_nets(ctx, nets, batches, iters, rows, tune=False):
                   f"{mem.activations / 2**20:.0f}, weights {mem.weights / 2**20:.0f}, workspace "
                   f"{mem.workspace / 2**20:.0f})", flush=True)
         net.release()
-        del cuda_model
+        del cuda_model, timed_model
         torch.cuda.empty_cache()
 
 
@@ -248,7 +253,7 @@ def main():
     ap.add_argument("--gemm", default="")
     ap.add_argument("--startup", action="store_true")
     ap.add_argument("--startup-profile", action="store_true", help="also profile a warm start (cProfile)")
-    ap.add_argument("--precision", default="fp32", help="fp32, tf32 or both: fp32,tf32")
+    ap.add_argument("--precision", default="fp32", help="fp32, tf32, fp16 or several: fp32,tf32,fp16")
     ap.add_argument("--cudnn-benchmark", action="store_true", help="PyTorch in cuDNN's benchmark mode (it measures "
                     "each convolution's algorithms on first use), not its default")
     ap.add_argument("--tune", action="store_true", help="dlnet measures each layer's tile first (and the plan by "
@@ -264,8 +269,8 @@ def main():
         if args.nets:
             bench_nets(ctx, args.nets.split(","), [int(b) for b in args.batches.split(",")], args.iters, rows,
                        args.tune)
-            print(f"\n{precision}: PyTorch with TF32 {'on' if precision == 'tf32' else 'off'}; rel err against "
-                  f"PyTorch fp32")
+            torch_mode = "model.half()" if precision == "fp16" else f"TF32 {'on' if precision == 'tf32' else 'off'}"
+            print(f"\n{precision}: PyTorch with {torch_mode}; rel err against PyTorch fp32")
             print("plain: both copy the input from an ordinary (pageable) host array; pinned: both from page-locked "
                   "memory (torch pin_memory(), dlnet Net.input_array)")
             print(f"{'net':13s} {'batch':>5} {'torch ms':>9} {'dlnet ms':>9} {'ratio':>6} {'pinned: torch':>14} "

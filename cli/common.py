@@ -37,8 +37,10 @@ device_option = click.option("--device", metavar="DEVICE", default=None,
                              help="ocl:N (see `dlnet devices`), gpu or cpu; default DLNET_DEVICE, else first GPU.")
 threads_option = click.option("--threads", type=click.IntRange(min=1), default=None, metavar="N",
                                help="Worker threads of the CPU device (PoCL); default one per core.")
-precision_option = click.option("--precision", type=click.Choice(["fp32", "tf32"]), default="fp32", show_default=True,
-                                help="tf32: tensor cores for matrix layers on NVIDIA (about 1e-3 from fp32).")
+precision_option = click.option("--precision", type=click.Choice(["fp32", "tf32", "fp16"]), default="fp32",
+                                show_default=True,
+                                help="tf32: tensor cores for matrix layers on NVIDIA (about 1e-3 from fp32); fp16: "
+                                "activations and weights stored in half, fp32 arithmetic (about 1e-3 from fp32).")
 
 
 def write_atomic(path, text):

@@ -24,6 +24,15 @@ class NeedsValue(ModelError):
         self.value = value
 
 
+HALF_NOTE = "fp16: "  # the note of a graph whose float32 values may be stored in half (passes/half.py, the parser)
+
+
+def stored_as(graph, inferred, stored):
+    """Does a value whose inference gives dtype `inferred` hold `stored` in `graph`: the same, or float32 stored in half
+    where precision "fp16" stored it so (graph.stored_half, passes/half.py)?"""
+    return inferred == stored or (getattr(graph, "stored_half", False) and {inferred, stored} <= {"float32", "float16"})
+
+
 class Value:
     """An SSA value: dtype (numpy name) and static shape; `const` holds the data of a constant."""
     __slots__ = ("id", "name", "dtype", "shape", "const", "producer", "users", "param")
@@ -109,6 +118,7 @@ class Graph:
         self._next_id = 0
         self.notes = []  # header lines for the printer
         self.cut = None  # a stages.Cut when the graph stops before an ONNX node that runs on the host
+        self.stored_half = False  # precision "fp16" stored float32 values in half (passes/half.py)
 
     # values -------------------------------------------------------------
     def new_value(self, dtype, shape, name="", const=None):
@@ -194,9 +204,10 @@ class Graph:
             spec = get_op(n.op)
             types = spec.infer(n)
             for v, (dt, shape) in zip(n.outputs, types):
-                if np.dtype(dt).name != v.dtype or tuple(shape) != v.shape:
+                dt = np.dtype(dt).name
+                if not stored_as(self, dt, v.dtype) or tuple(shape) != v.shape:
                     raise ModelError(f"verify: node {n.name} ({n.op}) output %{v.id} is {v.type_str()}, "
-                                     f"inference says {np.dtype(dt).name}{list(shape)}")
+                                     f"inference says {dt}{list(shape)}")
         for v in self.outputs:
             if v.const is None and v.id not in defined:
                 raise ModelError(f"verify: graph output %{v.id} is never defined")

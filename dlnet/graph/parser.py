@@ -21,7 +21,7 @@ import re
 import numpy as np
 
 from ..errors import ModelError
-from .ir import Graph, Node, Value
+from .ir import HALF_NOTE, Graph, Node, Value, stored_as
 from .ops import get_op
 from .passes.fuse import ChannelMap
 from .printer import ATOM, SHORT_DTYPES, SUMMARY, atom_value, constants
@@ -67,6 +67,7 @@ class _Parser:
         self.table = {}  # label (&1) -> a long attribute value
         self.read_lines = set()  # lines of declarations and table rows, read before the nodes
         self.top = set()  # ids of the graph's inputs and of its nodes' outputs read so far (not members')
+        self.parsed = None  # the graph being read, once its header is (stored_as: precision "fp16")
 
     # tokens ---------------------------------------------------------------------------------------------------------
     def fail(self, line, msg):
@@ -357,7 +358,7 @@ class _Parser:
         if len(types) != len(node.outputs):
             self.error(f"{node.op} has {len(types)} outputs, {len(node.outputs)} printed", tok)
         for v, (dtype, shape) in zip(node.outputs, types, strict=True):
-            if (np.dtype(dtype).name, tuple(shape)) != (v.dtype, v.shape):
+            if not stored_as(self.parsed, np.dtype(dtype).name, v.dtype) or tuple(shape) != v.shape:
                 want = Value(v.id, "", dtype, shape).type_str()
                 self.error(f"{node.op} output %{v.id} is printed {v.type_str()}, inference says {want}", tok)
 
@@ -415,6 +416,8 @@ class _Parser:
             text = text.rstrip()
             if tok[0] == "comment" and not SUMMARY.fullmatch(text):
                 graph.notes.append(self.unquote(text, tok) if text.startswith('"') else text)
+        graph.stored_half = any(note.startswith(HALF_NOTE) for note in graph.notes)  # (precision "fp16")
+        self.parsed = graph
         return graph
 
     def trailer(self):

@@ -21,7 +21,7 @@ class Device:
     name: str
     is_cpu: bool  # PoCL and other CPU devices: host memory and cores, no __local tiles
     is_nvidia: bool  # inline PTX (cp.async, mma.sync) compiles
-    precision: str  # "fp32" or "tf32"
+    precision: str  # "fp32", "tf32" or "fp16"
     compute_units: int
     local_mem: int  # bytes of __local memory a work-group may take
     core: str  # the matrix core convolutions and products run on: "gemm_vec" or "gemm_core"
@@ -30,6 +30,12 @@ class Device:
     def tensor_cores(self):
         """tf32 products on the tensor cores: precision "tf32" on NVIDIA (elsewhere tf32 means fp32)."""
         return self.precision == "tf32" and self.is_nvidia
+
+    @property
+    def half_storage(self):
+        """precision "fp16": values whose kernels read and write half are stored in half (graph/passes/half.py),
+        arithmetic in fp32 (vload_half / vstore_half are core OpenCL: every device, cl_khr_fp16 or not)."""
+        return self.precision == "fp16"
 
     @property
     def tiled(self):

@@ -27,10 +27,11 @@ def defines(d):
     return "".join(f"#define {k} {v}\n" for k, v in d.items())
 
 
-def gemm_source(core, tiles, strides, idx, act=None, has_c=False, aligned=(True, True)):
+def gemm_source(core, tiles, strides, idx, act=None, has_c=False, aligned=(True, True), halves=None):
     """gemm.cl's program on a GEMM core: the tiles; C or not; the operand layout, by which of the strides (sam, sak,
-    sbk, sbn, ...) are 1; 16-byte copies of rows in the STAGES pipelines where rows are contiguous and every
-    product's A / B offset is a multiple of 4 floats (aligned); IDX; a fused activation (act_macro)."""
+    sbk, sbn, ...) are 1; operands in half (halves: {"A_HALF": 1, ...}); 16-byte copies of rows in the STAGES
+    pipelines where rows are contiguous and every product's A / B offset is a multiple of 4 floats (aligned); IDX; a
+    fused activation (act_macro)."""
     sam, sak, sbk, sbn = strides[:4]
     defs = dict(tiles)
     if has_c:
@@ -48,6 +49,7 @@ def gemm_source(core, tiles, strides, idx, act=None, has_c=False, aligned=(True,
                 (core == "gemm_mma" or tiles["TK"] * tiles["TN"] // 4 % core_threads(tiles) == 0):
             defs["B_VEC"] = 1
     defs["IDX"] = idx
+    defs.update(halves or {})  # (precision "fp16": the operands stored in half, half.half_defines)
     return defines(defs) + act_macro(act) + kernel_source("gemm") + core_source(core)
 
 

@@ -49,6 +49,9 @@ class Options:
     # load, ldmatrix fragments; 0: never). Off: alone it ran 4096^3 at 157 TFLOP/s against the gemm_mma core's
     # 117-150, but ViT-B/16 b16's products took 6.59 ms against 6.23 on gemm_mma (H100, bench/gpu_profile.py)
     ldsm_min_rows: int = 0
+    # fp16 on NVIDIA: products of half A and B on gemm_ldsm.cl's f16 tensor-core core (False: the fp32 core's
+    # register-staged path, half loads, FMA)
+    ldsm_f16: bool = True
     # tf32: attention's two products on the tensor cores (attention_mma.cl) for head dims that are multiples of 8
     attention_mma: bool = True
     # its work-groups' warps, 16 query rows each: each K/V tile loaded once for more rows. H100, ViT-B/16 b16 (197
@@ -93,8 +96,8 @@ class Options:
     input_chunk_min_bytes: int = 1 << 20
     # the chain continues while earlier convolutions did fewer flops per input byte than this (alexnet b16 fp32
     # 1.44 -> 1.31 ms) and a slice keeps this many output pixels
-    chunk_flops_per_byte: dict = field(default_factory=lambda: {"fp32": 1000, "tf32": 2000})
-    chunk_min_pixels: dict = field(default_factory=lambda: {"fp32": 2048, "tf32": 8192})
+    chunk_flops_per_byte: dict = field(default_factory=lambda: {"fp32": 1000, "tf32": 2000, "fp16": 2000})
+    chunk_min_pixels: dict = field(default_factory=lambda: {"fp32": 2048, "tf32": 8192, "fp16": 8192})
 
     # --- CPU convolutions (conv_cpu.cl, dwconv_cpu.cl) -----------------------------------------------------------
     # im2col panels packed per panel in __local memory above this im2col size (densenet 56x56 128->32: 9.3 -> 4.1 ms)

@@ -37,6 +37,11 @@ GEMM_TILES = {
     # tile (bench/probes/ldsm_gemm.py, H100: 4096^3 157 TFLOP/s, ViT's 3152 x 3072 x 768 104, against cuBLAS 344 / 160)
     "ldsm_tf32": {"core": "gemm_ldsm", "huge": dict(TM=128, TN=128, TK=32, WARPS_M=2, WARPS_N=2, STAGES=3, GROUP_M=8,
                                                     TF32=1, B_NK=1)},
+    # ... in f16 (precision "fp16", A and B stored in half; B [K, N] through ldmatrix.trans, or [N, K]): H100 4096^3
+    # 292 TFLOP/s against cuBLAS fp16's 654; the 64 x 64 tile where 128 x 128 tiles leave compute units idle
+    "ldsm_f16": {"core": "gemm_ldsm",
+                 "huge": dict(TM=128, TN=128, TK=64, WARPS_M=2, WARPS_N=2, STAGES=3, GROUP_M=8, F16=1),
+                 "big": dict(TM=64, TN=64, TK=64, WARPS_M=2, WARPS_N=2, STAGES=3, GROUP_M=8, F16=1)},
     "cpu": {"core": "gemm_vec", "huge": dict(RM=8), "big": dict(RM=8), "narrow_m": dict(RM=1), "narrow_n": dict(RM=8)},
 }
 # How the fp32 GPU tiles run, for picking one per layer: work-groups resident per compute unit, the device's rate in
@@ -197,6 +202,17 @@ def ldsm_product(dev, options, M, N, K):
     rows = options.ldsm_min_rows
     return bool(rows) and dev.tensor_cores and M >= rows and N >= rows and K >= 64 and K % 4 == 0 and N % 4 == 0 \
         and not options.tf32_fp32_k[0] <= K < options.tf32_fp32_k[1]
+
+
+def ldsm_f16_tiles(dev, options, M, N, K, batches):
+    """gemm_ldsm.cl's f16 tiles for an M x N x K product (`batches` of them) whose A and B are stored in half
+    (NVIDIA, precision "fp16"), or None where it does not run: K and N whole 16-byte rows."""
+    if not (dev.is_nvidia and dev.half_storage and options.ldsm_f16 and min(M, N) >= 16 and K % 8 == 0
+            and N % 8 == 0):
+        return None
+    table, huge = GEMM_TILES["ldsm_f16"], GEMM_TILES["ldsm_f16"]["huge"]
+    groups = -(-M // huge["TM"]) * -(-N // huge["TN"]) * batches
+    return table["huge" if groups >= dev.compute_units else "big"]
 
 
 def rule_shape(dev, options, M, N, K, batches, deep, tile_model=GPU_TILE_MODEL):

@@ -283,14 +283,14 @@ def _probe_host_memory(nbytes):  # OSError where the process cannot map nbytes (
 class Context:
     """One OpenCL device, its queue and the programs built for it.
 
-    precision: "fp32" (exact float32 FMA, the default) or "tf32" (tensor cores where the device has them).
+    precision: "fp32" (exact FMA, the default), "tf32" (tensor cores where there are) or "fp16" (kernels/half.py).
     options: an Options (kernels/options.py); None reads the environment's documented knobs.
     threads: the CPU device's worker threads (options.threads; fixed for the process by its first Context).
     """
 
     def __init__(self, device=None, precision="fp32", profile=False, options=None, threads=None):
-        if precision not in ("fp32", "tf32"):
-            raise DeviceError(f"precision {precision!r}: expected 'fp32' or 'tf32'")
+        if precision not in ("fp32", "tf32", "fp16"):
+            raise DeviceError(f"precision {precision!r}: expected 'fp32', 'tf32' or 'fp16'")
         self.precision = precision
         options = options if options is not None else Options.from_env()
         self.options = options if threads is None else options.replace(threads=threads)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..graph.passes.fuse import fold_channel_shuffles, fuse_conv_prologues
+from ..graph.passes.half import store_half
 from ..graph.passes.layout import (
     flatten_gemm_rows,
     pretranspose_weights,
@@ -19,18 +20,28 @@ from ..graph.passes.layout import (
     transposes_as_views,
 )
 from ..graph.passes.winograd import winograd_on_device, winograd_weights
+from . import half
 from .families.conv import is_depthwise
 from .families.conv_cpu import conv_cpu_algo
+from .families.elementwise import ElementwiseFamily
+from .families.indexing import IndexFamily
+from .families.norm_pool import NormPoolFamily
+from .families.reduce import ReduceFamily
 from .rules import GEMV_REG_ROWS, TAP_MAJOR_MULTIPLE, ldsm_product
 
 
 class Algo:
-    """One way to run an op: `applies(node, dev, options)`; `name` is what the IR prints."""
+    """One way to run an op: `applies(node, dev, options)`; `name` is what the IR prints; `half_io(node, dev)` what
+    its kernels read and write in half (precision "fp16": kernels/half.py)."""
     name = None
 
     @staticmethod
     def applies(node, dev, options):
         return True
+
+    @staticmethod
+    def half_io(node, dev):
+        return half.NONE
 
 
 class Winograd(Algo):
@@ -40,6 +51,10 @@ class Winograd(Algo):
     @staticmethod
     def applies(node, dev, options):
         return bool(node.attrs.get("winograd"))
+
+    @staticmethod
+    def half_io(node, dev):  # winograd.cl's transforms (conv_half.cl) and the GEMM's A (U); V and M stay float
+        return half.EVERY if node.attrs.get("winograd") == 1 else half.NONE
 
 
 class DepthwisePlanesCpu(Algo):
@@ -62,6 +77,10 @@ class DepthwiseGpu(Algo):
     name = "depthwise"
 
     @staticmethod
+    def half_io(node, dev):  # dwconv.cl (conv_half.cl)
+        return half.EVERY
+
+    @staticmethod
     def applies(node, dev, options):
         return is_depthwise(node)
 
@@ -79,6 +98,10 @@ class ImplicitGemm(Algo):
     """The GPU cores over the input's windows (window.cl + conv.cl)."""
     name = "implicit_gemm"
 
+    @staticmethod
+    def half_io(node, dev):  # (a half x or w takes the register-staged path on NVIDIA: half.without_copies)
+        return half.EVERY
+
 
 class GemmCpu(Algo):
     """gemm_cpu.cl: a 2-D product with a constant B, packed once (CPUs). A transformer's [batch, tokens, d] MatMul is
@@ -89,6 +112,10 @@ class GemmCpu(Algo):
     def applies(node, dev, options):
         a, b, y = node.inputs[0], node.inputs[1], node.outputs[0]
         return not dev.tiled and y.rank == 2 and a.rank == b.rank == 2 and b.const is not None and not b.param
+
+    @staticmethod
+    def half_io(node, dev):  # (B is packed in float32 at lowering, from its weight: kept float32)
+        return half.HalfIO((0, 2), True)
 
 
 class Gemv(Algo):
@@ -108,15 +135,30 @@ class Gemv(Algo):
             return "gemv"
         return "gemv_mma" if dev.tensor_cores and options.gemv_mma else "gemv_rows"
 
+    @staticmethod
+    def half_io(node, dev):  # gemv.cl, gemv_rows.cl: every operand; gemv_mma.cl float32; where gemv.cl cannot read a
+        # view the GEMM core takes the product (GemmCore's half_io, then)
+        if node.schedule.get("algo") == "gemv_mma":
+            return half.NONE
+        return GemmCore.half_io(node, dev)
+
 
 class GemmCore(Algo):
     """gemm.cl on the device's core: gemm_core.cl's tiles, gemm_mma.cl's in tf32 mode, gemm_vec.cl on CPUs."""
     name = "gemm"
 
+    @staticmethod
+    def half_io(node, dev):  # (a half A or B takes the register-staged path on NVIDIA: half.without_copies)
+        return half.EVERY
+
 
 class FlashCpu(Algo):
     """attention_cpu.cl: a work-item per few query rows, keys from global memory, no barriers (CPUs)."""
     name = "flash_cpu"
+
+    @staticmethod
+    def half_io(node, dev):  # q, k, v and y (attention_cpu.cl, attention.cl); a mask stays as it is
+        return half.HalfIO((0, 1, 2), True)
 
     @staticmethod
     def applies(node, dev, options):
@@ -126,6 +168,7 @@ class FlashCpu(Algo):
 class Flash(Algo):
     """attention.cl: the online softmax over K/V tiles in __local memory (kernels/families/attention.py)."""
     name = "flash"
+    half_io = FlashCpu.half_io
 
 
 ALGOS = {
@@ -160,13 +203,34 @@ def algorithm(node, dev, options):
 
 
 def schedule(graph, ctx):
-    """Write each node's algorithm on it (node.schedule["algo"]) for ctx's device and options."""
+    """Write each node's algorithm on it (node.schedule["algo"]) for ctx's device and options; in precision "fp16"
+    (inference graphs) then store in half what the chosen kernels read and write in half (graph/passes/half.py)."""
     dev, options = ctx.dev, ctx.options
     for node in graph.nodes:
         algo = choose(node, dev, options)
         if algo is not None:
             node.schedule["algo"] = algo
+    if dev.half_storage and not getattr(graph, "stored_half", False) and not any(v.param for v in graph.values()):
+        half.check_half_io(ctx)
+        store_half(graph, lambda node: half_io(node, dev, options))
     return graph
+
+
+# {op: HalfIO} that the kernel families of ops without an algorithm table declare (their HALF_IO)
+FAMILY_HALF_IO = {**ElementwiseFamily.HALF_IO, **ReduceFamily.HALF_IO, **NormPoolFamily.HALF_IO, **IndexFamily.HALF_IO}
+
+
+def half_io(node, dev, options):
+    """What node's kernels read and write in half: its algorithm's (ALGOS), else its family's HALF_IO; pointwise
+    chains and copies (codegen.py) take half everywhere."""
+    for algo in ALGOS.get(node.op, ()):
+        if algo.applies(node, dev, options):
+            return algo.half_io(node, dev)
+    if node.op in ALGOS:
+        return half.NONE
+    if node.op == "Fused" or node.spec.kind == "pointwise":
+        return half.EVERY
+    return FAMILY_HALF_IO.get(node.op, half.NONE)
 
 
 def device_passes(graph, ctx, training=False):

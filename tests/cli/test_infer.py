@@ -158,7 +158,7 @@ def test_missing_image_file_is_exit_1(runner, tmp_path):
     (["infer", DIGITS_MODEL, DIGITS_DIR, "--labels", DIGITS_MODEL], "labels"),
     (["infer", DIGITS_MODEL, DIGITS_DIR, "--top-k", "0"], "--top-k"),
     (["infer", DIGITS_MODEL, DIGITS_DIR, "--format", "xml"], "--format"),
-    (["infer", DIGITS_MODEL, DIGITS_DIR, "--precision", "fp16"], "--precision"),
+    (["infer", DIGITS_MODEL, DIGITS_DIR, "--precision", "fp8"], "--precision"),  # (fp16 is one now)
     (["infer", DIGITS_MODEL, "/nonexistent-dir-for-dlnet/"], None),
 ])
 def test_bad_model_device_or_flag_is_exit_2_one_line(runner, args, message):

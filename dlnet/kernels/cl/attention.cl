@@ -43,10 +43,40 @@
 #define MASK_T float
 #endif
 
+// precision "fp16" (kernels/half.py): Q_HALF, K_HALF, V_HALF, Y_HALF store that operand in half (LDQ/LDK/LDV read
+// one element as float, STY writes one); the scores, the softmax and the sums stay float
+#if defined(Q_HALF)
+#define Q_T half
+#define LDQ(i) vload_half(i, q)
+#else
+#define Q_T float
+#define LDQ(i) q[i]
+#endif
+#if defined(K_HALF)
+#define K_T half
+#define LDK(i) vload_half(i, k)
+#else
+#define K_T float
+#define LDK(i) k[i]
+#endif
+#if defined(V_HALF)
+#define V_T half
+#define LDV(i) vload_half(i, v)
+#else
+#define V_T float
+#define LDV(i) v[i]
+#endif
+#if defined(Y_HALF)
+#define Y_T half
+#define STY(i, x) vstore_half(x, i, y)
+#else
+#define Y_T float
+#define STY(i, x) y[i] = (x)
+#endif
 __kernel __attribute__((reqd_work_group_size(NT, 1, 1)))
-void attention(__global const float* q, ulong q_off, __global const float* k, ulong k_off,
-               __global const float* v, ulong v_off, __global const MASK_T* mask, ulong mask_off,
-               __global float* y, ulong y_off, int Tq, int Tk, int Hq, int Hk, float scale, float softcap,
+void attention(__global const Q_T* q, ulong q_off, __global const K_T* k, ulong k_off,
+               __global const V_T* v, ulong v_off, __global const MASK_T* mask, ulong mask_off,
+               __global Y_T* y, ulong y_off, int Tq, int Tk, int Hq, int Hk, float scale, float softcap,
                int causal_offset, long msb, long msh, long msq, long msk, long qsb, long qsh, long qst, long ksb, long ksh,
                long kst, long vsb, long vsh, long vst, long ysb, long ysh, long yst) {
     __local float qs[BQ * DP];
@@ -69,7 +99,7 @@ void attention(__global const float* q, ulong q_off, __global const float* k, ul
 #endif
     for (int e = lid; e < BQ * D; e += NT) {
         const int r = e / D, d = e % D;
-        qs[r * DP + d] = r < nq ? q[r * qst + d] : 0.0f;
+        qs[r * DP + d] = r < nq ? LDQ(r * qst + d) : 0.0f;
     }
     float acc[RQ][CV], m[RQ], l[RQ];
     for (int i = 0; i < RQ; i++) {
@@ -87,7 +117,7 @@ void attention(__global const float* q, ulong q_off, __global const float* k, ul
         barrier(CLK_LOCAL_MEM_FENCE);  // the last tile's readers of kvs and ps are done (the first time: qs written)
         for (int e = lid; e < BK * D; e += NT) {
             const int r = e / D, d = e % D;
-            kvs[r * DP + d] = r < nk ? k[(k0 + r) * kst + d] : 0.0f;
+            kvs[r * DP + d] = r < nk ? LDK((k0 + r) * kst + d) : 0.0f;
         }
         barrier(CLK_LOCAL_MEM_FENCE);
         float s[RQ][CK];
@@ -137,7 +167,7 @@ void attention(__global const float* q, ulong q_off, __global const float* k, ul
         }
         for (int e = lid; e < BK * DV; e += NT) {
             const int r = e / DV, d = e % DV;
-            kvs[r * DVP + d] = r < nk ? v[(k0 + r) * vst + d] : 0.0f;
+            kvs[r * DVP + d] = r < nk ? LDV((k0 + r) * vst + d) : 0.0f;
         }
         barrier(CLK_LOCAL_MEM_FENCE);
         for (int i = 0; i < RQ; i++) {
@@ -172,7 +202,7 @@ void attention(__global const float* q, ulong q_off, __global const float* k, ul
         const float inv = total > 0.0f ? 1.0f / total : 0.0f;
         for (int c = 0; c < CV; c++) {
             const int col = tc + NTC * c;
-            if (col < DV) y[r * yst + col] = acc[i][c] * inv;
+            if (col < DV) STY(r * yst + col, acc[i][c] * inv);
         }
     }
 }

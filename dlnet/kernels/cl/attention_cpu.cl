@@ -37,15 +37,53 @@ inline float8 chunk8(__global const float* row, int c, int n) {
     return t.v;
 }
 
+// the same from a row of half (precision "fp16": Q_HALF, K_HALF, V_HALF)
+inline float8 chunk8h(__global const half* row, int c, int n) {
+    if ((c + 1) * 8 <= n) return vload_half8(c, row);
+    union { float8 v; float s[8]; } t;
+    for (int i = 0; i < 8; i++) t.s[i] = c * 8 + i < n ? vload_half(c * 8 + i, row) : 0.0f;
+    return t.v;
+}
+#if defined(Q_HALF)
+#define Q_T half
+#define CHUNK_Q chunk8h
+#else
+#define Q_T float
+#define CHUNK_Q chunk8
+#endif
+#if defined(K_HALF)
+#define K_T half
+#define CHUNK_K chunk8h
+#else
+#define K_T float
+#define CHUNK_K chunk8
+#endif
+#if defined(V_HALF)
+#define V_T half
+#define CHUNK_V chunk8h
+#else
+#define V_T float
+#define CHUNK_V chunk8
+#endif
+#if defined(Y_HALF)
+#define Y_T half
+#define STY8(p, x) vstore_half8(x, 0, p)
+#define STY(i, x) vstore_half(x, i, y)
+#else
+#define Y_T float
+#define STY8(p, x) *(__global float8u*)(p) = (x)
+#define STY(i, x) y[i] = (x)
+#endif
+
 inline float hsum8(float8 a) {
     const float4 b = a.lo + a.hi;
     const float2 c = b.lo + b.hi;
     return c.x + c.y;
 }
 
-__kernel void attention_cpu(__global const float* q, ulong q_off, __global const float* k, ulong k_off,
-                            __global const float* v, ulong v_off, __global const MASK_T* mask, ulong mask_off,
-                            __global float* y, ulong y_off, int Tq, int Tk, int Hq, int Hk, float scale,
+__kernel void attention_cpu(__global const Q_T* q, ulong q_off, __global const K_T* k, ulong k_off,
+                            __global const V_T* v, ulong v_off, __global const MASK_T* mask, ulong mask_off,
+                            __global Y_T* y, ulong y_off, int Tq, int Tk, int Hq, int Hk, float scale,
                             float softcap, int causal_offset, long msb, long msh, long msq, long msk, long qsb, long qsh, long qst, long ksb, long ksh,
                long kst, long vsb, long vsh, long vst, long ysb, long ysh, long yst) {
     const int q0 = get_global_id(0) * RQ;
@@ -65,7 +103,7 @@ __kernel void attention_cpu(__global const float* q, ulong q_off, __global const
     float8 qv[RQ][D8], acc[RQ][DV8];
     float m[RQ], l[RQ];
     for (int r = 0; r < RQ; r++) {
-        for (int c = 0; c < D8; c++) qv[r][c] = r < nq ? chunk8(q + r * qst, c, D) : (float8)(0.0f);
+        for (int c = 0; c < D8; c++) qv[r][c] = r < nq ? CHUNK_Q(q + r * qst, c, D) : (float8)(0.0f);
         for (int c = 0; c < DV8; c++) acc[r][c] = (float8)(0.0f);
         m[r] = -INFINITY;
         l[r] = 0.0f;
@@ -83,7 +121,7 @@ __kernel void attention_cpu(__global const float* q, ulong q_off, __global const
         for (int jj = 0; jj < nk; jj++) {
             const int j = j0 + jj;
             float8 kv[D8];
-            for (int c = 0; c < D8; c++) kv[c] = chunk8(k + j * kst, c, D);
+            for (int c = 0; c < D8; c++) kv[c] = CHUNK_K(k + j * kst, c, D);
             for (int r = 0; r < RQ; r++) {
                 float8 a = qv[r][0] * kv[0];
                 for (int c = 1; c < D8; c++) a = qv[r][c] * kv[c] + a;
@@ -118,7 +156,7 @@ __kernel void attention_cpu(__global const float* q, ulong q_off, __global const
         }
         for (int jj = 0; jj < nk; jj++) {
             float8 vv[DV8];
-            for (int c = 0; c < DV8; c++) vv[c] = chunk8(v + (j0 + jj) * vst, c, DV);
+            for (int c = 0; c < DV8; c++) vv[c] = CHUNK_V(v + (j0 + jj) * vst, c, DV);
             for (int r = 0; r < RQ; r++)
                 for (int c = 0; c < DV8; c++) acc[r][c] = (float8)(s[r][jj]) * vv[c] + acc[r][c];
         }
@@ -128,11 +166,11 @@ __kernel void attention_cpu(__global const float* q, ulong q_off, __global const
         for (int c = 0; c < DV8; c++) {
             const float8 o = acc[r][c] * inv;
             if ((c + 1) * 8 <= DV) {
-                *(__global float8u*)(y + r * yst + 8 * c) = o;
+                STY8(y + r * yst + 8 * c, o);
             } else {
                 union { float8 v; float s[8]; } t;
                 t.v = o;
-                for (int i = 0; c * 8 + i < DV; i++) y[r * yst + c * 8 + i] = t.s[i];
+                for (int i = 0; c * 8 + i < DV; i++) STY(r * yst + c * 8 + i, t.s[i]);
             }
         }
     }

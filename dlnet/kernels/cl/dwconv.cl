@@ -2,9 +2,10 @@
 #ifndef ACT
 #error "dwconv.cl needs ACT(v)"
 #endif
-__kernel void dwconv2d(__global const float* x, ulong x_off, __global const float* w, ulong w_off,
-                       __global const float* bias, ulong bias_off, __global const float* res, ulong res_off,
-                       __global float* y, ulong y_off, int C, int H, int W, int OH, int OW, int KH, int KW,
+// conv_half.cl comes first: the operands' types and loads (half where precision "fp16" stores them so)
+__kernel void dwconv2d(__global const X_T* x, ulong x_off, __global const W_T* w, ulong w_off,
+                       __global const BIAS_T* bias, ulong bias_off, __global const RES_T* res, ulong res_off,
+                       __global Y_T* y, ulong y_off, int C, int H, int W, int OH, int OW, int KH, int KW,
                        int SH, int SW, int PH, int PW, int DH, int DW, int M, long y_nstride, long res_nstride) {
     // M: output channels per input channel (depth multiplier)
     const int ox = get_global_id(0), oy = get_global_id(1), nc = get_global_id(2);
@@ -20,17 +21,17 @@ __kernel void dwconv2d(__global const float* x, ulong x_off, __global const floa
         for (int kx = 0; kx < KW; kx++) {
             const int ix = ox * SW - PW + kx * DW;
             if (ix < 0 || ix >= W) continue;
-            acc = fma(x[iy * W + ix], w[ky * KW + kx], acc);
+            acc = fma(LDX(iy * W + ix), LDW(ky * KW + kx), acc);
         }
     }
 #if defined(HAS_BIAS)
-    acc += bias[bias_off + co];
+    acc += LDBIAS(bias_off + co);
 #endif
     const long pix = (long)oy * OW + ox;
 #if defined(HAS_RES)
-    acc += res[res_off + n * res_nstride + (long)co * OH * OW + pix];
+    acc += LDRES(res_off + n * res_nstride + (long)co * OH * OW + pix);
 #endif
-    y[y_off + n * y_nstride + (long)co * OH * OW + pix] = ACT(acc);
+    STY(y_off + n * y_nstride + (long)co * OH * OW + pix, ACT(acc));
 }
 
 // Tiled (stride 1, dilation 1, one output channel per input channel; KHC x KWC taps compiled in): a work-group of
@@ -43,9 +44,9 @@ __kernel void dwconv2d(__global const float* x, ulong x_off, __global const floa
 #define IW (BW + KWC - 1)
 #define IH (TY + KHC - 1)
 __kernel __attribute__((reqd_work_group_size(TX, TY, 1)))
-void dwconv2d_tiled(__global const float* x, ulong x_off, __global const float* w, ulong w_off,
-                    __global const float* bias, ulong bias_off, __global const float* res, ulong res_off,
-                    __global float* y, ulong y_off, int C, int H, int W, int OH, int OW, int PH, int PW,
+void dwconv2d_tiled(__global const X_T* x, ulong x_off, __global const W_T* w, ulong w_off,
+                    __global const BIAS_T* bias, ulong bias_off, __global const RES_T* res, ulong res_off,
+                    __global Y_T* y, ulong y_off, int C, int H, int W, int OH, int OW, int PH, int PW,
                     long y_nstride, long res_nstride) {
     __local float tile[IH * IW];
     __local float taps[KHC * KWC];
@@ -56,9 +57,9 @@ void dwconv2d_tiled(__global const float* x, ulong x_off, __global const float* 
     for (int e = lid; e < IH * IW; e += TX * TY) {
         const int r = e / IW, q = e % IW;
         const int iy = oy0 - PH + r, ix = ox0 - PW + q;
-        tile[e] = iy >= 0 && iy < H && ix >= 0 && ix < W ? x[iy * W + ix] : 0.0f;
+        tile[e] = iy >= 0 && iy < H && ix >= 0 && ix < W ? LDX(iy * W + ix) : 0.0f;
     }
-    for (int e = lid; e < KHC * KWC; e += TX * TY) taps[e] = w[w_off + (long)c * KHC * KWC + e];
+    for (int e = lid; e < KHC * KWC; e += TX * TY) taps[e] = LDW(w_off + (long)c * KHC * KWC + e);
     barrier(CLK_LOCAL_MEM_FENCE);
     float acc[PX];
     for (int p = 0; p < PX; p++) acc[p] = 0.0f;
@@ -74,13 +75,13 @@ void dwconv2d_tiled(__global const float* x, ulong x_off, __global const float* 
         if (ox >= OW) continue;
         float v = acc[p];
 #if defined(HAS_BIAS)
-        v += bias[bias_off + c];
+        v += LDBIAS(bias_off + c);
 #endif
         const long pix = (long)oy * OW + ox;
 #if defined(HAS_RES)
-        v += res[res_off + n * res_nstride + (long)c * OH * OW + pix];
+        v += LDRES(res_off + n * res_nstride + (long)c * OH * OW + pix);
 #endif
-        y[y_off + n * y_nstride + (long)c * OH * OW + pix] = ACT(v);
+        STY(y_off + n * y_nstride + (long)c * OH * OW + pix, ACT(v));
     }
 }
 #endif

@@ -2,7 +2,22 @@
 #if !defined(T) || !defined(IT)
 #error "gather.cl needs T and IT"
 #endif
-__kernel void gather(__global T* y, ulong y_off, __global const T* x, ulong x_off, __global const IT* idx,
+// precision "fp16" (kernels/half.py): X_HALF / Y_HALF store the table / y in half (T is then float)
+#if defined(X_HALF)
+#define X_T half
+#define LDX(i) vload_half(i, x)
+#else
+#define X_T T
+#define LDX(i) x[i]
+#endif
+#if defined(Y_HALF)
+#define Y_T half
+#define STY(i, v) vstore_half(v, i, y)
+#else
+#define Y_T T
+#define STY(i, v) y[i] = (v)
+#endif
+__kernel void gather(__global Y_T* y, ulong y_off, __global const X_T* x, ulong x_off, __global const IT* idx,
                      ulong idx_off, long n_idx, long axis_len, long inner, long total) {
     const long i = get_global_id(0);
     if (i >= total) return;
@@ -10,7 +25,7 @@ __kernel void gather(__global T* y, ulong y_off, __global const T* x, ulong x_of
     const long j = t % n_idx; const long o = t / n_idx;
     long k = idx[idx_off + j];
     if (k < 0) k += axis_len;
-    y[y_off + i] = (k >= 0 && k < axis_len) ? x[x_off + (o * axis_len + k) * inner + in] : (T)0;
+    STY(y_off + i, (k >= 0 && k < axis_len) ? LDX(x_off + (o * axis_len + k) * inner + in) : (T)0);
 }
 
 // The gradient: dx[o, k, in] = sum over j with idx[j] == k of dy[o, j, in]  (deterministic, no atomics)

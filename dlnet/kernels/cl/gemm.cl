@@ -6,26 +6,71 @@
 #ifndef IDX
 #define IDX long  // index arithmetic and strides: int where every extent fits (the planner decides)
 #endif
+// precision "fp16" (kernels/half.py): an operand defined X_HALF is stored in half, read with vload_half and
+// written with vstore_half; the arithmetic stays float
+#if (defined(A_HALF) || defined(B_HALF)) && defined(STAGES) && !defined(F16)
+#error "gemm.cl: half A or B needs the register-staged cores (cp.async copies floats) or gemm_ldsm.cl's F16"
+#endif
+#if defined(A_HALF)
+#define A_T half
+#else
+#define A_T float
+#endif
+#if defined(B_HALF)
+#define B_T half
+#else
+#define B_T float
+#endif
+#if defined(C_HALF)
+#define C_T half
+#else
+#define C_T float
+#endif
+#if defined(Y_HALF)
+#define Y_T half
+#else
+#define Y_T float
+#endif
 #define KERNEL_NAME gemm
 #define KERNEL_ARGS \
-    __global const float* a, ulong a_off, __global const float* b, ulong b_off, \
-    __global const float* c, ulong c_off, __global float* y, ulong y_off, __global const long* boff, \
+    __global const A_T* a, ulong a_off, __global const B_T* b, ulong b_off, \
+    __global const C_T* c, ulong c_off, __global Y_T* y, ulong y_off, __global const long* boff, \
     int M, int NN, int KK, IDX sam, IDX sak, IDX sbk, IDX sbn, IDX scm, IDX scn, IDX sym, IDX syn, \
     float alpha, float beta
 #define PROLOGUE \
     const int bi = ZID; \
     a += a_off + boff[4 * bi]; b += b_off + boff[4 * bi + 1]; c += c_off + boff[4 * bi + 2]; \
     y += y_off + boff[4 * bi + 3];
+#if defined(A_HALF)
+#define LOAD_A(m, k) vload_half((m) * sam + (k) * sak, a)
+#else
 #define LOAD_A(m, k) a[(m) * sam + (k) * sak]
+#endif
+#if defined(B_HALF)
+#define LOAD_B(k, n) vload_half((k) * sbk + (n) * sbn, b)
+#else
 #define LOAD_B(k, n) b[(k) * sbk + (n) * sbn]
+#endif
 #define PTR_A(m, k) (a + (m) * sam + (k) * sak)  // address forms (gemm_fetch.cl)
 #define PTR_B(k, n) (b + (k) * sbk + (n) * sbn)
 #if defined(B_ROWS)  // B contiguous along n (sbn == 1): vector loads on CPUs
+#if defined(B_HALF)
+#define LOAD_B8(k, n) vload_half8(0, b + (k) * sbk + (n))
+#else
 #define LOAD_B8(k, n) vload8(0, b + (k) * sbk + (n))
 #endif
+#endif
 #if defined(HAS_C)
+#if defined(C_HALF)
+#define CVAL(m, n) (beta * vload_half((m) * scm + (n) * scn, c))
+#else
 #define CVAL(m, n) (beta * c[(m) * scm + (n) * scn])
+#endif
 #else
 #define CVAL(m, n) 0.0f
 #endif
+#if defined(Y_HALF)
+#define STORE(m, n, v) { float r_ = alpha * (v) + CVAL(m, n); vstore_half(ACT(r_), (m) * sym + (n) * syn, y); }
+#else
 #define STORE(m, n, v) { float r_ = alpha * (v) + CVAL(m, n); y[(m) * sym + (n) * syn] = ACT(r_); }
+#endif

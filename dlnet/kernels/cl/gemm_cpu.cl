@@ -9,15 +9,39 @@
 #error "gemm_cpu.cl needs ACT(v)"
 #endif
 #define NR (8 * NV)
+// precision "fp16" (kernels/half.py): A_HALF, C_HALF, Y_HALF store that operand in half (vload_half / vstore_half)
+#if defined(A_HALF)
+#define A_T half
+#define LOAD_A(p, i) vload_half(i, p)
+#else
+#define A_T float
+#define LOAD_A(p, i) (p)[i]
+#endif
+#if defined(C_HALF)
+#define C_T half
+#define LOAD_C(i) vload_half(i, c)
+#else
+#define C_T float
+#define LOAD_C(i) c[i]
+#endif
+#if defined(Y_HALF)
+#define Y_T half
+#define STORE_Y8(i, v) vstore_half8(v, 0, y + (i))
+#define STORE_Y(i, v) vstore_half(v, i, y)
+#else
+#define Y_T float
+#define STORE_Y8(i, v) *(__global float8u*)(y + (i)) = (v)
+#define STORE_Y(i, v) y[i] = (v)
+#endif
 typedef float8 __attribute__((aligned(4))) float8u;
 
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
-void gemm_cpu(__global const float* a, ulong a_off, __global const float* bp, ulong bp_off,
-              __global const float* c, ulong c_off, __global float* y, ulong y_off, int M, int N, int K,
+void gemm_cpu(__global const A_T* a, ulong a_off, __global const float* bp, ulong bp_off,
+              __global const C_T* c, ulong c_off, __global Y_T* y, ulong y_off, int M, int N, int K,
               long sam, long sak, long scm, long scn, float alpha, float beta) {
     const int mb = get_global_id(0), nb = get_global_id(1);
     const int m0 = mb * MR, n0 = nb * NR;
-    __global const float* ar[MR];
+    __global const A_T* ar[MR];
     _Pragma("unroll") for (int i = 0; i < MR; i++) ar[i] = a + a_off + (m0 + i < M ? m0 + i : M - 1) * sam;
     __global const float* b = bp + bp_off + (long)nb * K * NR;
     float8 acc[MR][NV];
@@ -27,7 +51,7 @@ void gemm_cpu(__global const float* a, ulong a_off, __global const float* bp, ul
         float8 bv[NV];
         _Pragma("unroll") for (int j = 0; j < NV; j++) bv[j] = *(__global const float8u*)(b + k * NR + 8 * j);
         _Pragma("unroll") for (int i = 0; i < MR; i++) {
-            const float8 av = (float8)(ar[i][k * sak]);
+            const float8 av = (float8)(LOAD_A(ar[i], k * sak));
             _Pragma("unroll") for (int j = 0; j < NV; j++) acc[i][j] = av * bv[j] + acc[i][j];
         }
     }
@@ -45,13 +69,13 @@ void gemm_cpu(__global const float* a, ulong a_off, __global const float* bp, ul
                 float8 r = alpha * acc[i][j];
 #if defined(HAS_C)
                 union { float8 v; float s[8]; } cv;
-                for (int e = 0; e < 8; e++) cv.s[e] = c[m * scm + (n8 + e) * scn];
+                for (int e = 0; e < 8; e++) cv.s[e] = LOAD_C(m * scm + (n8 + e) * scn);
                 r = r + beta * cv.v;
 #endif
                 float8 o;
                 o.s0 = ACT(r.s0); o.s1 = ACT(r.s1); o.s2 = ACT(r.s2); o.s3 = ACT(r.s3);
                 o.s4 = ACT(r.s4); o.s5 = ACT(r.s5); o.s6 = ACT(r.s6); o.s7 = ACT(r.s7);
-                *(__global float8u*)(y + (long)m * N + n8) = o;
+                STORE_Y8((long)m * N + n8, o);
                 continue;
             }
             union { float8 v; float s[8]; } t;
@@ -60,11 +84,11 @@ void gemm_cpu(__global const float* a, ulong a_off, __global const float* bp, ul
                 const int n = n8 + e;
                 if (n >= N) break;
 #if defined(HAS_C)
-                const float r = alpha * t.s[e] + beta * c[m * scm + n * scn];
+                const float r = alpha * t.s[e] + beta * LOAD_C(m * scm + n * scn);
 #else
                 const float r = alpha * t.s[e];
 #endif
-                y[(long)m * N + n] = ACT(r);
+                STORE_Y((long)m * N + n, ACT(r));
             }
         }
     }

@@ -54,12 +54,17 @@
 // The same, where the including file's rows of one slice of TK are one window position, BC_STEP elements apart
 // (a convolution's depth taken tap by tap): the slice's first row through BC_AT (its address and whether it lies
 // inside the image), then the others at multiples of BC_STEP from it
+// (BC_T, BC_LOAD: the element type and load of those addresses, the including file's where it stores B in half)
+#ifndef BC_T
+#define BC_T float
+#define BC_LOAD(p, i) (p)[i]
+#endif
 #define B_SETUP const int bn_ = n0 + tid % TN; B_COLUMN(bn_)
 #define FETCH_B(k0) { \
-    __global const float* p_; bool ok_; BC_AT((k0) + tid / TN, p_, ok_) \
+    __global const BC_T* p_; bool ok_; BC_AT((k0) + tid / TN, p_, ok_) \
     ok_ = ok_ && bn_ < NN && (k0) < kend; \
     for (int l = 0; l < LB; l++) \
-        rb[l] = ok_ ? p_[(IDX)l * (NTHREADS / TN) * BC_STEP] : 0.0f; }
+        rb[l] = ok_ ? BC_LOAD(p_, (IDX)l * (NTHREADS / TN) * BC_STEP) : 0.0f; }
 #elif defined(B_COLUMN) && !defined(B_ALONG_K)
 // Every work-item fetches B elements of one column n = n0 + tid % TN (the cores' NTHREADS are multiples of TN):
 // the including file's B_COLUMN(n) works out once, before the K loop, what LOAD_BC(k) needs about column n (for a

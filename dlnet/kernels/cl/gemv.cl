@@ -4,19 +4,18 @@
 // in registers against it: a work-group of LK x LN work-items covers LN * NC columns; the LK work-items of a column
 // group walk k in float4 steps LK apart (consecutive lanes, consecutive 16 bytes of each column) and sum their parts
 // through local memory at the end. Offsets, row strides and K are multiples of 4 floats (the lowering checks).
+// gemv_half.cl comes first (A4, B4: float4 loads of A and B, in half where defined so).
 #ifndef ACT
 #error "gemv.cl needs ACT(v)"
 #endif
 
 __kernel __attribute__((reqd_work_group_size(LK, LN, 1)))
-void gemv(__global const float* a, ulong a_off, __global const float* b, ulong b_off,
-          __global const float* c, ulong c_off, __global float* y, ulong y_off,
+void gemv(__global const A_T* a, ulong a_off, __global const B_T* b, ulong b_off,
+          __global const C_T* c, ulong c_off, __global Y_T* y, ulong y_off,
           int M, int N, int K, int sam, int sbn, int scm, int scn, float alpha, float beta) {
     __local float part[LN * NC * MR][LK + 1];
     const int lk = get_local_id(0), ln = get_local_id(1);
     const int n0 = (get_group_id(0) * LN + ln) * NC;
-    __global const float4* A = (__global const float4*)(a + a_off);
-    __global const float4* B = (__global const float4*)(b + b_off);
     const int K4 = K / 4, sam4 = sam / 4, sbn4 = sbn / 4;
     int col[NC];
     for (int j = 0; j < NC; j++)
@@ -29,10 +28,10 @@ void gemv(__global const float* a, ulong a_off, __global const float* b, ulong b
     for (int k = lk; k < K4; k += LK) {
         float4 w[NC];
         for (int j = 0; j < NC; j++)
-            w[j] = B[col[j] + k];
+            w[j] = B4(col[j] + k);
         for (int m = 0; m < MR; m++) {
             if (m < M) {
-                const float4 x = A[m * sam4 + k];
+                const float4 x = A4(m * sam4 + k);
                 for (int j = 0; j < NC; j++)
                     acc[m][j] = fma(x.w, w[j].w, fma(x.z, w[j].z, fma(x.y, w[j].y, fma(x.x, w[j].x, acc[m][j]))));
             }
@@ -51,8 +50,8 @@ void gemv(__global const float* a, ulong a_off, __global const float* b, ulong b
             s += part[r][i];
         float v = alpha * s;
 #ifdef HAS_C
-        v += beta * c[c_off + (long)m * scm + (long)n * scn];
+        v += beta * LOAD_C(c, c_off + (long)m * scm + (long)n * scn);
 #endif
-        y[y_off + (long)m * N + n] = ACT(v);
+        STORE_Y(y_off + (long)m * N + n, ACT(v));
     }
 }

@@ -18,15 +18,13 @@
 
 // chunks: KC4-float4 chunks of K per slice (the last slice may have fewer; the last chunk of K may be partial)
 __kernel __attribute__((reqd_work_group_size(LK, LN, 1)))
-void gemv_rows(__global const float* a, ulong a_off, __global const float* b, ulong b_off,
-               __global const float* c, ulong c_off, __global float* y, ulong y_off,
+void gemv_rows(__global const A_T* a, ulong a_off, __global const B_T* b, ulong b_off,
+               __global const C_T* c, ulong c_off, __global Y_T* y, ulong y_off,
                int N, int K, int sam, int sbn, int scm, int scn, float alpha, float beta, int chunks,
                __global float* ws, ulong ws_off) {
     __local float4 As[LOCAL4];  // MR x KC4 float4s of A per chunk; then the partial sums (as floats)
     const int lk = get_local_id(0), ln = get_local_id(1), tid = ln * LK + lk;
     const int n_base = get_group_id(0) * LN * NC, split = get_group_id(1);
-    __global const float4* A = (__global const float4*)(a + a_off);
-    __global const float4* B = (__global const float4*)(b + b_off);
     const int K4 = K / 4, sam4 = sam / 4, sbn4 = sbn / 4;
     const int k_begin = split * chunks * KC4, k_end = min(K4, k_begin + chunks * KC4);
     int col[NC];
@@ -45,7 +43,7 @@ void gemv_rows(__global const float* a, ulong a_off, __global const float* b, ul
     float4 pa[PA];
     for (int p = 0; p < PA; p++) {
         const int i = tid + p * LK * LN, m = i / KC4, kk = i % KC4;
-        pa[p] = kk < k_end - k_begin ? A[m * sam4 + k_begin + kk] : (float4)(0.0f);
+        pa[p] = kk < k_end - k_begin ? A4(m * sam4 + k_begin + kk) : (float4)(0.0f);
     }
 #endif
     for (int c0 = k_begin; c0 < k_end; c0 += KC4) {
@@ -58,13 +56,13 @@ void gemv_rows(__global const float* a, ulong a_off, __global const float* b, ul
         if (n0 < k_end)
             for (int p = 0; p < PA; p++) {
                 const int i = tid + p * LK * LN, m = i / KC4, kk = i % KC4;
-                pa[p] = kk < k_end - n0 ? A[m * sam4 + n0 + kk] : (float4)(0.0f);
+                pa[p] = kk < k_end - n0 ? A4(m * sam4 + n0 + kk) : (float4)(0.0f);
             }
 #else
         const int cl = min(KC4, k_end - c0);
         for (int i = tid; i < MR * KC4; i += LK * LN) {
             const int m = i / KC4, kk = i % KC4;
-            As[i] = kk < cl ? A[m * sam4 + c0 + kk] : (float4)(0.0f);
+            As[i] = kk < cl ? A4(m * sam4 + c0 + kk) : (float4)(0.0f);
         }
         barrier(CLK_LOCAL_MEM_FENCE);
 #endif
@@ -75,7 +73,7 @@ void gemv_rows(__global const float* a, ulong a_off, __global const float* b, ul
             const int kk = lk + step * LK, k = min(c0 + kk, K4 - 1);
             float4 w[NC];
             for (int j = 0; j < NC; j++)
-                w[j] = B[col[j] + k];
+                w[j] = B4(col[j] + k);
             for (int m = 0; m < MR; m++) {
                 const float4 x = As[m * KC4 + kk];
                 for (int j = 0; j < NC; j++)
@@ -102,7 +100,7 @@ void gemv_rows(__global const float* a, ulong a_off, __global const float* b, ul
 #if SPLITS > 1
             ws[ws_off + ((long)split * MR + m) * N + n] = s;
 #else
-            y[y_off + (long)m * N + n] = epilogue(s, m, n, c + c_off, scm, scn, alpha, beta);
+            STORE_Y(y_off + (long)m * N + n, epilogue(s, m, n, c + c_off, scm, scn, alpha, beta));
 #endif
         }
     }

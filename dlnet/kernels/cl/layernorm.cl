@@ -2,6 +2,14 @@
 // Two passes over the row (mean, then the mean of squared deviations), as PyTorch's op-set 13 decomposition does.
 // STATS: also write each row's mean and 1 / sqrt(var + eps) (LayerNormalization-17's optional outputs).
 // RMS: RMSNorm instead: no centring (the mean is taken as 0) and no bias: y = x / sqrt(mean(x^2) + eps) * scale.
+// X_HALF (precision "fp16", kernels/half.py): x stored in half; the statistics and y stay float (autocast's fp32 list)
+#if defined(X_HALF)
+#define X_T half
+#define LDX(i) vload_half(i, x)
+#else
+#define X_T float
+#define LDX(i) x[i]
+#endif
 #ifdef RMS
 #define BIAS_ARGS
 #define BIAS(i) 0.0f
@@ -18,7 +26,7 @@
 #endif
 
 // one work-item per row (CPUs, and short rows)
-__kernel void layernorm(__global const float* x, ulong x_off, __global const float* scale, ulong scale_off,
+__kernel void layernorm(__global const X_T* x, ulong x_off, __global const float* scale, ulong scale_off,
                         BIAS_ARGS __global float* y, ulong y_off,
                         long rows, int D, float eps STATS_ARGS) {
     const long r = get_global_id(0);
@@ -30,13 +38,13 @@ __kernel void layernorm(__global const float* x, ulong x_off, __global const flo
     const float mean = 0.0f;
 #else
     float s = 0.0f;
-    for (int i = 0; i < D; i++) s += x[i];
+    for (int i = 0; i < D; i++) s += LDX(i);
     const float mean = s / D;
 #endif
     float v = 0.0f;
-    for (int i = 0; i < D; i++) { const float d = x[i] - mean; v += d * d; }
+    for (int i = 0; i < D; i++) { const float d = LDX(i) - mean; v += d * d; }
     const float inv = 1.0f / sqrt(v / D + eps);
-    for (int i = 0; i < D; i++) y[i] = (x[i] - mean) * inv * scale[i] + BIAS(i);
+    for (int i = 0; i < D; i++) y[i] = (LDX(i) - mean) * inv * scale[i] + BIAS(i);
     STORE_STATS(r, mean, inv);
 }
 
@@ -57,7 +65,7 @@ inline float group_sum(float v, __local float* part) {
 }
 
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
-void layernorm_wg(__global const float* x, ulong x_off, __global const float* scale, ulong scale_off,
+void layernorm_wg(__global const X_T* x, ulong x_off, __global const float* scale, ulong scale_off,
                   BIAS_ARGS __global float* y, ulong y_off,
                   long rows, int D, float eps STATS_ARGS) {
     __local float part[WG];
@@ -70,13 +78,13 @@ void layernorm_wg(__global const float* x, ulong x_off, __global const float* sc
     const float mean = 0.0f;
 #else
     float s = 0.0f;
-    for (int i = l; i < D; i += WG) s += x[i];
+    for (int i = l; i < D; i += WG) s += LDX(i);
     const float mean = group_sum(s, part) / D;
 #endif
     float v = 0.0f;
-    for (int i = l; i < D; i += WG) { const float d = x[i] - mean; v += d * d; }
+    for (int i = l; i < D; i += WG) { const float d = LDX(i) - mean; v += d * d; }
     const float inv = 1.0f / sqrt(group_sum(v, part) / D + eps);
-    for (int i = l; i < D; i += WG) y[i] = (x[i] - mean) * inv * scale[i] + BIAS(i);
+    for (int i = l; i < D; i += WG) y[i] = (LDX(i) - mean) * inv * scale[i] + BIAS(i);
     if (l == 0) STORE_STATS(r, mean, inv);
 }
 #endif

@@ -6,7 +6,22 @@
 #if !defined(T) || !defined(LOWEST)
 #error "pool.cl needs T (element type) and LOWEST (its smallest value)"
 #endif
-__kernel void pool(__global const T* x, ulong x_off, __global T* y, ulong y_off,
+// precision "fp16" (kernels/half.py): X_HALF / Y_HALF store x / y in half (T, the arithmetic's type, is then float)
+#if defined(X_HALF)
+#define X_T half
+#define LDX(p, i) vload_half(i, p)
+#else
+#define X_T T
+#define LDX(p, i) (p)[i]
+#endif
+#if defined(Y_HALF)
+#define Y_T half
+#define STY(p, i, v) vstore_half(v, i, p)
+#else
+#define Y_T T
+#define STY(p, i, v) (p)[i] = (v)
+#endif
+__kernel void pool(__global const X_T* x, ulong x_off, __global Y_T* y, ulong y_off,
                    int D, int H, int W, int OD, int OH, int OW, int KD, int KH, int KW, int SD, int SH, int SW,
                    int PD, int PH, int PW, int DD, int DH, int DW, int count_include_pad, long total) {
     const long i = get_global_id(0);
@@ -29,11 +44,11 @@ __kernel void pool(__global const T* x, ulong x_off, __global T* y, ulong y_off,
                 const int ix = ox * SW - PW + kx * DW;
                 const bool inside = iz >= 0 && iz < D && iy >= 0 && iy < H && ix >= 0 && ix < W;
 #if defined(POOL_MAX)
-                if (inside) { const T v = x[((long)iz * H + iy) * W + ix]; acc = v != v ? v : (v > acc ? v : acc); }
+                if (inside) { const T v = LDX(x, ((long)iz * H + iy) * W + ix); acc = v != v ? v : (v > acc ? v : acc); }
 #else
                 // count_include_pad counts padding cells but never cells past the padded border (ceil_mode)
                 const bool in_pad = iz < D + PD && iy < H + PH && ix < W + PW;
-                if (inside) acc += x[((long)iz * H + iy) * W + ix];
+                if (inside) acc += LDX(x, ((long)iz * H + iy) * W + ix);
                 if (inside || (count_include_pad && in_pad)) n++;
 #endif
             }
@@ -42,5 +57,5 @@ __kernel void pool(__global const T* x, ulong x_off, __global T* y, ulong y_off,
 #if defined(POOL_AVG)
     acc = n > 0 ? acc / n : 0.0f;
 #endif
-    y[y_off + i] = acc;
+    STY(y, y_off + i, acc);
 }

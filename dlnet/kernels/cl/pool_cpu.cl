@@ -10,6 +10,21 @@
     !defined(DH) || !defined(DW)
 #error "pool_cpu.cl needs T (element type), LOWEST (its smallest value) and the window KH KW SH SW DH DW"
 #endif
+// precision "fp16" (kernels/half.py): X_HALF / Y_HALF store x / y in half (T, the arithmetic's type, is then float)
+#if defined(X_HALF)
+#define X_T half
+#define LDX(p, i) vload_half(i, p)
+#else
+#define X_T T
+#define LDX(p, i) (p)[i]
+#endif
+#if defined(Y_HALF)
+#define Y_T half
+#define STY(p, i, v) vstore_half(v, i, p)
+#else
+#define Y_T T
+#define STY(p, i, v) (p)[i] = (v)
+#endif
 #if defined(POOL_MAX)
 #define ACC_T T
 #define INIT LOWEST
@@ -32,7 +47,7 @@ inline float8 load8_even(__global const float* p) {  // p[0], p[2], ..., p[14]
 }
 #endif
 
-inline void pool_row(__global const T* x, __global T* y, int oy, int H, int W, int OW, int PH, int PW,
+inline void pool_row(__global const X_T* x, __global Y_T* y, int oy, int H, int W, int OW, int PH, int PW,
                      int count_include_pad) {
     const int iy0 = oy * SH - PH;
     int ky0 = 0, ky1 = KH, kyp = KH;  // taps [ky0, ky1) inside the image; [0, kyp) inside the padded image
@@ -50,7 +65,7 @@ inline void pool_row(__global const T* x, __global T* y, int oy, int H, int W, i
             for (; ox + 8 + (SW - 1) <= oxb; ox += 8) {
                 float8 acc = (float8)(INIT);
                 for (int ky = ky0; ky < ky1; ky++) {
-                    __global const T* xr = x + (iy0 + ky * DH) * W + ox * SW - PW;
+                    __global const X_T* xr = x + (iy0 + ky * DH) * W + ox * SW - PW;
                     #pragma unroll
                     for (int kx = 0; kx < KW; kx++)
                         ADD8(acc, LOAD8(xr + kx * DW));
@@ -65,16 +80,16 @@ inline void pool_row(__global const T* x, __global T* y, int oy, int H, int W, i
             for (; ox < oxb; ox++) {
                 ACC_T acc = INIT;
                 for (int ky = ky0; ky < ky1; ky++) {
-                    __global const T* xr = x + (iy0 + ky * DH) * W + ox * SW - PW;
+                    __global const X_T* xr = x + (iy0 + ky * DH) * W + ox * SW - PW;
                     #pragma unroll
                     for (int kx = 0; kx < KW; kx++)
-                        ADD(acc, xr[kx * DW]);
+                        ADD(acc, LDX(xr, kx * DW));
                 }
 #if defined(POOL_AVG)
                 const int n = count_include_pad ? kyp * KW : (ky1 - ky0) * KW;
                 acc = n > 0 ? acc / n : 0.0f;
 #endif
-                y[ox] = acc;
+                STY(y, ox, acc);
             }
             if (ox >= OW) break;
         }
@@ -86,21 +101,21 @@ inline void pool_row(__global const T* x, __global T* y, int oy, int H, int W, i
         while (kxp > 0 && ix0 + (kxp - 1) * DW >= W + PW) kxp--;
         ACC_T acc = INIT;
         for (int ky = ky0; ky < ky1; ky++) {
-            __global const T* xr = x + (iy0 + ky * DH) * W + ix0;
+            __global const X_T* xr = x + (iy0 + ky * DH) * W + ix0;
             for (int kx = kx0; kx < kx1; kx++)
-                ADD(acc, xr[kx * DW]);
+                ADD(acc, LDX(xr, kx * DW));
         }
 #if defined(POOL_AVG)
         // count_include_pad counts padding cells but never cells past the padded border (ceil_mode)
         const int n = count_include_pad ? kyp * kxp : (ky1 - ky0) * (kx1 - kx0);
         acc = n > 0 ? acc / n : 0.0f;
 #endif
-        y[ox] = acc;
+        STY(y, ox, acc);
     }
 }
 
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
-void pool_cpu(__global const T* x, ulong x_off, __global T* y, ulong y_off, int H, int W, int OH, int OW, int PH,
+void pool_cpu(__global const X_T* x, ulong x_off, __global Y_T* y, ulong y_off, int H, int W, int OH, int OW, int PH,
               int PW, int count_include_pad) {
     const long nc = get_global_id(1);
     x += x_off + nc * H * W;

@@ -2,7 +2,15 @@
 #if !defined(LOG_SOFTMAX) && !defined(SOFTMAX)
 #error "softmax.cl needs SOFTMAX or LOG_SOFTMAX"
 #endif
-__kernel void softmax(__global const float* x, ulong x_off, __global float* y, ulong y_off,
+// X_HALF (precision "fp16", kernels/half.py): x stored in half; the sums and y stay float (autocast's fp32 list)
+#if defined(X_HALF)
+#define X_T half
+#define LDX(i) vload_half(i, x)
+#else
+#define X_T float
+#define LDX(i) x[i]
+#endif
+__kernel void softmax(__global const X_T* x, ulong x_off, __global float* y, ulong y_off,
                       int outer, int axis, int inner) {
     const long i = get_global_id(0);
     if (i >= (long)outer * inner) return;
@@ -10,14 +18,14 @@ __kernel void softmax(__global const float* x, ulong x_off, __global float* y, u
     x += x_off + o * axis * inner + in;
     y += y_off + o * axis * inner + in;
     float m = -INFINITY;
-    for (int a = 0; a < axis; a++) m = fmax(m, x[(long)a * inner]);
+    for (int a = 0; a < axis; a++) m = fmax(m, LDX((long)a * inner));
     float s = 0.0f;
-    for (int a = 0; a < axis; a++) s += exp(x[(long)a * inner] - m);
+    for (int a = 0; a < axis; a++) s += exp(LDX((long)a * inner) - m);
 #if defined(LOG_SOFTMAX)
     const float ls = log(s);
-    for (int a = 0; a < axis; a++) y[(long)a * inner] = x[(long)a * inner] - m - ls;
+    for (int a = 0; a < axis; a++) y[(long)a * inner] = LDX((long)a * inner) - m - ls;
 #else
     const float inv = 1.0f / s;
-    for (int a = 0; a < axis; a++) y[(long)a * inner] = exp(x[(long)a * inner] - m) * inv;
+    for (int a = 0; a < axis; a++) y[(long)a * inner] = exp(LDX((long)a * inner) - m) * inv;
 #endif
 }

@@ -13,20 +13,21 @@
 #ifndef WINO_M
 #define WINO_M 2  // F(2x2, 3x3) (inference and training) or 4: F(4x4, 3x3) (inference), each program one of them
 #endif
+// conv_half.cl comes first: x, bias, res and y in half where precision "fp16" stores them so (V and M stay float)
 #if defined(HAS_RES)
-#define RES(o) res[o]
+#define RES(o) LDRES(o)
 #else
 #define RES(o) 0.0f
 #endif
 #if defined(HAS_BIAS)
-#define BIAS(k) bias[k]
+#define BIAS(k) LDBIAS(k)
 #else
 #define BIAS(k) 0.0f
 #endif
 
 #if WINO_M != 4
 // global (T, C): one 4x4 input tile of one channel -> its 16 transformed values
-__kernel void wino_input(__global const float* x, ulong x_off, __global float* v, ulong v_off,
+__kernel void wino_input(__global const X_T* x, ulong x_off, __global float* v, ulong v_off,
                          int C, int H, int W, int PH, int PW, int TH, int TW, int t0, int tc) {
     const int tl = get_global_id(0), c = get_global_id(1), t = t0 + tl;
     if (tl >= tc) return;
@@ -38,7 +39,7 @@ __kernel void wino_input(__global const float* x, ulong x_off, __global float* v
         for (int j = 0; j < 4; j++) {
             const int iy = y0 + i, ix = x0 + j;
             const bool in = (uint)iy < (uint)H && (uint)ix < (uint)W;
-            const float val = x[in ? iy * W + ix : 0];
+            const float val = LDX(in ? iy * W + ix : 0);
             d[i][j] = in ? val : 0.0f;
         }
     float e[4][4];  // B^T d
@@ -57,8 +58,8 @@ __kernel void wino_input(__global const float* x, ulong x_off, __global float* v
 }
 
 // global (T, K): the 16 products of one tile and output channel -> its 2x2 outputs, + bias, + residual, activation
-__kernel void wino_output(__global const float* m, ulong m_off, __global const float* bias, ulong bias_off,
-                          __global const float* res, ulong res_off, __global float* y, ulong y_off,
+__kernel void wino_output(__global const float* m, ulong m_off, __global const BIAS_T* bias, ulong bias_off,
+                          __global const RES_T* res, ulong res_off, __global Y_T* y, ulong y_off,
                           int K, int OH, int OW, int TH, int TW, int t0, int tc, long y_nstride,
                           long res_nstride) {
     const int tl = get_global_id(0), k = get_global_id(1), t = t0 + tl;
@@ -84,8 +85,8 @@ __kernel void wino_output(__global const float* m, ulong m_off, __global const f
         if (oy < OH) {
             const int ox = 2 * tx;
             const IDX p = (IDX)oy * OW + ox;
-            { float r_ = o0 + b + RES(rbase + p); y[ybase + p] = ACT(r_); }
-            if (ox + 1 < OW) { float r_ = o1 + b + RES(rbase + p + 1); y[ybase + p + 1] = ACT(r_); }
+            { float r_ = o0 + b + RES(rbase + p); STY(ybase + p, ACT(r_)); }
+            if (ox + 1 < OW) { float r_ = o1 + b + RES(rbase + p + 1); STY(ybase + p + 1, ACT(r_)); }
         }
     }
 }
@@ -101,7 +102,7 @@ __kernel void wino_output(__global const float* m, ulong m_off, __global const f
                    {0.f, 1.f, 1.f, .25f, 4.f, 0.f}, {0.f, 1.f, -1.f, .125f, -8.f, 1.f} }
 
 // global (T, C): one 6x6 input tile of one channel -> its 36 transformed values B^T d B
-__kernel void wino_input4(__global const float* x, ulong x_off, __global float* v, ulong v_off,
+__kernel void wino_input4(__global const X_T* x, ulong x_off, __global float* v, ulong v_off,
                           int C, int H, int W, int PH, int PW, int TH, int TW, int t0, int tc) {
     const int tl = get_global_id(0), c = get_global_id(1), t = t0 + tl;
     if (tl >= tc) return;
@@ -116,7 +117,7 @@ __kernel void wino_input4(__global const float* x, ulong x_off, __global float* 
         for (int j = 0; j < 6; j++) {
             const int iy = y0 + i, ix = x0 + j;
             const bool in = (uint)iy < (uint)H && (uint)ix < (uint)W;
-            const float val = x[in ? iy * W + ix : 0];
+            const float val = LDX(in ? iy * W + ix : 0);
             d[i][j] = in ? val : 0.0f;
         }
     float e[6][6];  // B^T d
@@ -146,8 +147,8 @@ __kernel void wino_input4(__global const float* x, ulong x_off, __global float* 
 
 // global (T, K): the 36 products of one tile and output channel -> its 4x4 outputs A^T m A, + bias, + residual,
 // activation
-__kernel void wino_output4(__global const float* m, ulong m_off, __global const float* bias, ulong bias_off,
-                           __global const float* res, ulong res_off, __global float* y, ulong y_off,
+__kernel void wino_output4(__global const float* m, ulong m_off, __global const BIAS_T* bias, ulong bias_off,
+                           __global const RES_T* res, ulong res_off, __global Y_T* y, ulong y_off,
                            int K, int OH, int OW, int TH, int TW, int t0, int tc, long y_nstride,
                            long res_nstride) {
     const int tl = get_global_id(0), k = get_global_id(1), t = t0 + tl;
@@ -191,7 +192,7 @@ __kernel void wino_output4(__global const float* m, ulong m_off, __global const 
             if (ox < OW) {
                 const IDX p = (IDX)oy * OW + ox;
                 float r_ = acc + b + RES(rbase + p);
-                y[ybase + p] = ACT(r_);
+                STY(ybase + p, ACT(r_));
             }
         }
     }

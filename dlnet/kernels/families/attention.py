@@ -9,6 +9,7 @@ import numpy as np
 from ...errors import ModelError
 from ...graph.ops.attention import LOGICAL, MAX_RANK, lead4, logical_shape
 from ..emitter import defines
+from ..half import half_defines
 from ..runtime import kernel_source
 
 
@@ -48,10 +49,11 @@ DECODE_ROWS, DECODE_KEYS = 8, 64
 MMA_KEYS, MMA_MAX_D = 64, 128
 
 
-def mma_tile(dev, options, d, dv, tq):
-    """(warps, keys a tile) of attention_mma.cl for these head dims and query rows, or None where it does not run."""
-    if not (dev.tensor_cores and options.attention_mma and d % 8 == 0 and dv % 8 == 0 and max(d, dv) <= MMA_MAX_D
-            and tq > DECODE_ROWS):
+def mma_tile(dev, options, d, dv, tq, f16=False):
+    """(warps, keys a tile) of attention_mma.cl for these head dims and query rows (f16: q, k, v in half, precision
+    "fp16"; else float in "tf32" or "fp16"), or None where it does not run."""
+    if not ((dev.tensor_cores or (dev.is_nvidia and dev.half_storage)) and options.attention_mma
+            and d % (16 if f16 else 8) == 0 and dv % 8 == 0 and max(d, dv) <= MMA_MAX_D and tq > DECODE_ROWS):
         return None
     return min(options.attention_mma_warps, -(-tq // 16)), MMA_KEYS if max(d, dv) <= 64 else MMA_KEYS // 2
 
@@ -103,13 +105,14 @@ class AttentionFamily:
         q, k, v = node.inputs[:3]
         mask = node.inputs[3] if len(node.inputs) > 3 else None
         y, a = node.outputs[0], node.attrs
-        if q.dtype != "float32":
+        if q.dtype not in ("float32", "float16"):  # (float16: half storage, precision "fp16")
             raise ModelError(f"node {node.name} (Attention): float32 only, got {q.dtype}")
         layout = a["layout"]
         qs, ks, vs = (logical_shape(x.shape, s) for x, s in zip((q, k, v), layout, strict=False))
         (B, Hq), (_, Hk) = lead4(qs), lead4(ks)
         Tq, D, Tk, DV = qs[-2], qs[-1], ks[-2], vs[-1]
-        defs = {"D": D, "DV": DV, "CAUSAL": int(bool(a["causal"])), "SOFTCAP": int(a["softcap"] > 0)}
+        defs = {"D": D, "DV": DV, "CAUSAL": int(bool(a["causal"])), "SOFTCAP": int(a["softcap"] > 0),
+                **half_defines(Q=q, K=k, V=v, Y=y)}
         strides = [0, 0, 0, 0]
         if mask is not None:
             defs["MASK"] = 2 if mask.dtype == "bool" else 1
@@ -126,10 +129,11 @@ class AttentionFamily:
             self.emit(defines(defs) + kernel_source("cpu_math") + kernel_source("attention_cpu"), "attention_cpu", args,
                       (max(-(-Tq // rows), 1), B * Hq), (1, 1), label)
             return
-        mma = mma_tile(self.dev, self.options, D, DV, Tq)
+        halves = [x.dtype == "float16" for x in (q, k, v)]
+        mma = mma_tile(self.dev, self.options, D, DV, Tq, all(halves)) if all(halves) or not any(halves) else None
         if mma is not None:
             warps, bk = mma
-            defs.update(WARPS=warps, BK=bk)
+            defs.update(WARPS=warps, BK=bk, **({"F16": 1} if all(halves) else {}))
             self.record_tile(f"mma{16 * warps}x{bk}")
             self.emit(defines(defs) + kernel_source("mma_tf32") + kernel_source("attention_mma"), "attention_mma", args,
                       (max(-(-Tq // (16 * warps)), 1) * 32 * warps, B * Hq), (32 * warps, 1), label)

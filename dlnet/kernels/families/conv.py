@@ -5,6 +5,7 @@ import numpy as np
 from ...errors import ModelError
 from ...graph.ops.nn import conv_geometry
 from ..emitter import act_macro, core_source, defines
+from ..half import half_defines, without_copies
 from ..rules import DW_TILED_MAX_TAPS, dw_rows, dw_tile, plane_phases, round_up
 from ..runtime import kernel_source
 
@@ -13,7 +14,7 @@ def conv_dims(node):
     """The geometry of a Conv node (graph/ops/nn.py's conv_geometry) as the kernels take it: float32, 1-D or 2-D,
     symmetric pads (errors name the node otherwise)."""
     x = node.inputs[0]
-    if x.dtype != "float32":
+    if x.dtype not in ("float32", "float16"):  # (float16: half storage, precision "fp16")
         raise ModelError(f"node {node.name} (Conv): float32 only, got {x.dtype}")
     if x.rank - 2 not in (1, 2):
         raise ModelError(f"node {node.name} (Conv): {x.rank - 2}-D convolution is not supported (1-D and 2-D are)")
@@ -38,7 +39,9 @@ class ConvFamily:
         bias = node.inputs[2] if len(node.inputs) > 2 else None
         res = node.inputs[3] if len(node.inputs) > 3 else None
         g = conv_dims(node)
-        head = defines({**({"HAS_BIAS": 1} if bias is not None else {}), **({"HAS_RES": 1} if res is not None else {})})
+        halves = half_defines(X=x, W=w, BIAS=bias, RES=res, Y=y)  # (precision "fp16": the algorithm's half_io)
+        head = defines({**({"HAS_BIAS": 1} if bias is not None else {}), **({"HAS_RES": 1} if res is not None else {}),
+                        **halves})
         head += act_macro(node.attrs.get("act"))
         bargs = self.args(bias) if bias is not None else self.dummy()
         rargs = self.args(res) if res is not None else self.dummy()
@@ -55,10 +58,10 @@ class ConvFamily:
                           g.K * g.OH * g.OW)
         else:
             idx = self.index_type(x.size, w.size, y.size, res.size if res is not None else 0)
-            self._conv_gemm(self.args(x), self.args(w), bargs, rargs, self.args(y), head, idx, g.N, g.C, g.H, g.W,
-                            g.K, g.OH, g.OW, g.KH, g.KW, list(g.strides_2d), list(g.pads_2d),
+            self._conv_gemm(self.args(x), self.args(w), bargs, rargs, self.args(y), head, idx, g.N,
+                            g.C, g.H, g.W, g.K, g.OH, g.OW, g.KH, g.KW, list(g.strides_2d), list(g.pads_2d),
                             list(g.dilations_2d), g.group, label,
-                            node.attrs.get("tap_major", 0))
+                            node.attrs.get("tap_major", 0), halves)
 
     def depthwise(self, node, algo, g, head, bargs, rargs, label):
         """Depthwise convolutions: dwconv.cl on GPUs; on CPUs dwconv_cpu.cl over zero-padded planes (each work-item
@@ -82,13 +85,14 @@ class ConvFamily:
             tx, ty, px = dw_tile(OW, OH)
             self.record_tile(f"tiled-{ty}x{tx * px}")
             args = args[:-11] + [np.int32(v) for v in pads] + args[-2:]  # (no KH..DW, strides, dilations, M)
-            self.emit(defines({"TX": tx, "TY": ty, "PX": px, "KHC": KH, "KWC": KW}) + head + kernel_source("dwconv"),
+            self.emit(defines({"TX": tx, "TY": ty, "PX": px, "KHC": KH, "KWC": KW}) + head +
+                      kernel_source("conv_half") + kernel_source("dwconv"),
                       "dwconv2d_tiled", args, (-(-OW // (tx * px)) * tx, -(-OH // ty) * ty, N * Cout), (tx, ty, 1),
                       label)
         else:
             lx, ly = (16 if OW >= 16 else 8), 4
             self.record_tile(f"{ly}x{lx}")
-            self.emit(head + kernel_source("dwconv"), "dwconv2d", args,
+            self.emit(head + kernel_source("conv_half") + kernel_source("dwconv"), "dwconv2d", args,
                       (round_up(OW, lx), round_up(OH, ly), N * Cout), (lx, ly, 1), label)
 
     def _dw_planes_cpu(self, node, g, head, bargs, rargs, label):
@@ -126,23 +130,25 @@ class ConvFamily:
             self.use_scratch(self.launches[-1].kernel, 0, 4 * N * xp_nstride, "work")
 
     def _conv_gemm(self, xa, wa, ba, ra, ya, head, idx, N, Cin, H, W, Cout, OH, OW, KH, KW, strides, pads, dil, group,
-                   label, tap_major=0):
+                   label, tap_major=0, halves=None):
         """Convolution as implicit GEMM on a GPU core (CPUs: conv_cpu); xa..ya: (buffer, offset) arguments of x,
-        w, bias, residual, y; head: the epilogue's defines; tap_major: w is [K, KH, KW, C] (passes/layout.py)."""
+        w, bias, residual, y; head: the epilogue's defines; tap_major: w is [K, KH, KW, C] (passes/layout.py); halves:
+        the operands stored in half (half.half_defines, already in head)."""
         y_nstride = Cout * OH * OW
         C, K = Cin // group, Cout // group
         M, NN = K, N * OH * OW
         pick = self.pick(M, NN, C * KH * KW, group, KH * KW == 1 or (tap_major and C % 32 == 0),
                          f"conv{KH}x{KW}s{strides[0]}x{strides[1]}{'t' if tap_major else ''}")
         core, tiles, lsize, (g0, g1) = pick
+        tiles = without_copies(tiles, halves, ("X", "W"))
         if KH == 1 and KW == 1 and strides == [1, 1] and pads == [0, 0]:
             tiles = dict(tiles, IS_1X1=1)
         if tap_major:
             tiles = dict(tiles, TAP_MAJOR=1)
         if core == "gemm_mma" and (C * KH * KW) % 4 == 0 and wa[1] % 4 == 0:
             tiles = dict(tiles, A_VEC=1)  # weight rows as 16-byte copies (gemm_fetch.cl)
-        src = defines(dict(tiles, IDX=idx)) + head + kernel_source("window") + kernel_source("conv") + \
-            core_source(core)
+        src = defines(dict(tiles, IDX=idx)) + head + kernel_source("window") + kernel_source("conv_half") + \
+            kernel_source("conv") + core_source(core)
         args = xa + wa + ba + ra + ya + [self.window_table(C, H, W, KH, KW, dil, tap_major)] + [
             np.int32(v) for v in (C, H, W, K, OH, OW, KH, KW, *strides, *pads, *dil, group, N)] + [
             np.int64(y_nstride), np.int64(y_nstride)]

@@ -2,7 +2,7 @@
 import numpy as np
 
 from ...graph.ir import Node, Value
-from .. import codegen
+from .. import codegen, half
 from ..runtime import kernel_source
 
 # CPU devices: erf and tanh in generated float32 kernels are cpu_math.cl's inline ones (PoCL's built-ins run out of
@@ -17,6 +17,10 @@ def cpu_math(code):
 
 
 class ElementwiseFamily:
+    # precision "fp16" (kernels/half.py): the generated copies take half operands as the pointwise chains do
+    # (schedule.half_io); Expand is a pointwise Identity
+    HALF_IO = {op: half.EVERY for op in ("Transpose", "Slice", "Concat", "Expand")}
+
     def _elementwise(self, y, y_off, y_strides, operands, body, label):
         """operands: [(value, element offset, strides over y's loop)]; body assigns r0 from x0v.."""
         shape = list(y.shape)

@@ -2,9 +2,14 @@
 import numpy as np
 
 from ...errors import ModelError
+from .. import half
+from ..emitter import defines
+from ..half import half_defines
 
 
 class IndexFamily:
+    HALF_IO = {"Gather": half.HalfIO((0,), True)}  # (gather.cl: the table and y; the indices are integers)
+
     def alias(self, y, x):
         pass  # a view: the memory plan gave y x's place, in the weight arena where x is a weight
 
@@ -15,8 +20,9 @@ class IndexFamily:
         inner = int(np.prod(x.shape[axis + 1:], dtype=np.int64))
         args = self.args(y) + self.args(x) + self.args(idx) + [np.int64(max(idx.size, 1)), np.int64(x.shape[axis]),
                                                                np.int64(inner), np.int64(y.size)]
-        self.emit(self._typed("gather", x.dtype, idx.dtype), "gather", args, (max(y.size, 1),), None,
-                  f"{node.name} Gather")
+        halves = half_defines(X=x, Y=y)  # (precision "fp16": half loaded and stored, float in between)
+        src = defines(halves) + self._typed("gather", "float32" if halves else x.dtype, idx.dtype)
+        self.emit(src, "gather", args, (max(y.size, 1),), None, f"{node.name} Gather")
 
     def gather_grad(self, node):
         dy, idx = node.inputs

@@ -7,6 +7,7 @@ from ...errors import ModelError
 from .. import codegen
 from ..device import TILED_CORES
 from ..emitter import act_macro, defines, gemm_args, gemm_source
+from ..half import half_defines, without_copies
 from ..rules import (
     GEMM_CPU_TILES,
     GEMM_TILES,
@@ -17,6 +18,7 @@ from ..rules import (
     SPLITK_SCRATCH_MAX,
     Pick,
     launch_geometry,
+    ldsm_f16_tiles,
     ldsm_product,
     pick_splits,
     pick_tiles,
@@ -26,13 +28,15 @@ from ..rules import (
 from ..runtime import kernel_source
 from .elementwise import cpu_math
 
+FLOATS = ("float32", "float16")
+
 
 class MatmulFamily:
     def gemm(self, node):
         a, b = node.inputs[0], node.inputs[1]
         c = node.inputs[2] if len(node.inputs) > 2 else None
         y = node.outputs[0]
-        if a.dtype != "float32" or b.dtype != "float32":
+        if a.dtype not in FLOATS or b.dtype not in FLOATS:  # (float16: half storage, precision "fp16")
             raise ModelError(f"node {node.name} ({node.op}): float32 only, got {a.dtype} x {b.dtype}")
         at = node.attrs
         ta, tb = at.get("transA", 0), at.get("transB", 0)
@@ -66,9 +70,10 @@ class MatmulFamily:
         idx = self.index_type(a.size, b.size, y.size, c.size if c is not None else 0)
         self._gemm_launch(self.args(a), self.args(b), self.args(c) if c is not None else None, self.args(y), table,
                           M, N, K, (sam, sak, sbk, sbn, scm, scn), idx, at.get("act"), at.get("alpha", 1.0),
-                          at.get("beta", 1.0), f"{node.name} Gemm")
+                          at.get("beta", 1.0), f"{node.name} Gemm", halves=half_defines(A=a, B=b, C=c, Y=y))
 
-    def _gemm_launch(self, aa, ba, ca, ya, table, M, N, K, strides, idx, act, alpha, beta, label, where="gemm"):
+    def _gemm_launch(self, aa, ba, ca, ya, table, M, N, K, strides, idx, act, alpha, beta, label, where="gemm",
+                     halves=None):
         """gemm.cl on the device's core: len(table) products y = act(alpha A B + beta C), M x N x K, addressed by
         (buffer, offset) arguments aa..ya (ca None: no C), per-batch offsets `table` and element strides
         (sam, sak, sbk, sbn, scm, scn); y is row-major with N columns. where: the kind of product, for the tuner
@@ -77,24 +82,41 @@ class MatmulFamily:
         offs = np.asarray(table).reshape(nb, 4)
         aligned = (aa[1] % 4 == 0 and not (offs[:, 0] % 4).any(), ba[1] % 4 == 0 and not (offs[:, 1] % 4).any())
         sam, sak, sbk, sbn = strides[:4]
-        if where == "gemm" and ldsm_product(self.dev, self.options, M, N, K) and sak == 1 and sbk == 1 and \
+        f16 = self._ldsm_f16(aa, ba, offs, M, N, K, strides, halves) if where == "gemm" else None
+        if f16 is not None:
+            pick = self._pick_ldsm(M, N, f16, "ldsm_f16")
+        elif where == "gemm" and ldsm_product(self.dev, self.options, M, N, K) and sak == 1 and sbk == 1 and \
                 sam % 4 == 0 and sbn % 4 == 0 and all(aligned):
-            pick = self._pick_ldsm(M, N)
+            pick = self._pick_ldsm(M, N, GEMM_TILES["ldsm_tf32"]["huge"], "ldsm")
         else:
             layout = f"{'r' if sak == 1 else 'c'}{'r' if sbn == 1 else 'c'}"
             pick = self.pick(M, N, K, nb, True, f"{where} {layout}")
         core, tiles, lsize, (g0, g1) = pick
-        src = gemm_source(core, tiles, strides, idx, act, ca is not None, aligned)
+        if core != "gemm_ldsm":
+            tiles = without_copies(tiles, halves, ("A", "B"))  # (precision "fp16")
+        src = gemm_source(core, tiles, strides, idx, act, ca is not None, aligned, halves)
         args = gemm_args(aa, ba, ca if ca is not None else self.dummy(), ya, self.meta(np.asarray(table).ravel()), M,
                          N, K, strides, idx, alpha, beta)
         self._matrix(src, "gemm", args, pick, tiles, (g0, g1, nb), M, N, K, label)
 
-    def _pick_ldsm(self, M, N):
-        """gemm_ldsm.cl's one tile (rules.GEMM_TILES["ldsm_tf32"]): whole K, no split, not tuned per layer."""
-        table = GEMM_TILES["ldsm_tf32"]
-        lsize, grid = launch_geometry(table["core"], table["huge"], M, N)
-        self.record_tile("ldsm")
-        return Pick(table["core"], table["huge"], lsize, grid, "ldsm:huge")
+    def _pick_ldsm(self, M, N, tiles, name):
+        """A tile of gemm_ldsm.cl (rules.GEMM_TILES["ldsm_tf32"] / ["ldsm_f16"]): whole K, no split, not tuned per
+        layer."""
+        lsize, grid = launch_geometry("gemm_ldsm", tiles, M, N)
+        self.record_tile(f"{name}{tiles['TM']}x{tiles['TN']}")
+        return Pick("gemm_ldsm", tiles, lsize, grid, f"{name}:{tiles['TM']}")
+
+    def _ldsm_f16(self, aa, ba, offs, M, N, K, strides, halves):
+        """gemm_ldsm.cl's f16 tiles where A and B are stored in half (precision "fp16" on NVIDIA), A's rows and B's
+        rows or columns contiguous and every row 16-byte aligned (B_NK: B stored [N, K]); else None."""
+        sam, sak, sbk, sbn = strides[:4]
+        if not halves or "A_HALF" not in halves or "B_HALF" not in halves or sak != 1 or (sbn != 1 and sbk != 1):
+            return None
+        starts = [aa[1], ba[1]] + [int(o) for o in offs[:, :2].ravel()]
+        if any(v % 8 for v in starts + [sam, sbk if sbn == 1 else sbn]):
+            return None
+        tiles = ldsm_f16_tiles(self.dev, self.options, M, N, K, len(offs))
+        return None if tiles is None else dict(tiles, **({"B_NK": 1} if sbn != 1 else {}))
 
     def gemv(self, a, b, c, y, M, N, K, sam, sak, sbk, sbn, scm, scn, at, name):
         """A product of at most GEMV_MAX_ROWS rows on a GPU, with B's columns contiguous along k (Gemm transB=1
@@ -109,10 +131,10 @@ class MatmulFamily:
         LK, LN, NC = GEMV_TILES
         if -(-N // (LN * NC)) < 2 * self.dev.compute_units:
             NC = 1  # fewer columns per work-group where the grid would leave compute units idle
-        defs = {"MR": M, "LK": LK, "LN": LN, "NC": NC}
+        defs = {"MR": M, "LK": LK, "LN": LN, "NC": NC, **half_defines(A=a, B=b, C=c, Y=y)}
         if c is not None:
             defs["HAS_C"] = 1
-        src = defines(defs) + act_macro(at.get("act")) + kernel_source("gemv")
+        src = defines(defs) + act_macro(at.get("act")) + kernel_source("gemv_half") + kernel_source("gemv")
         args = self.args(a) + self.args(b) + (self.args(c) if c is not None else self.dummy()) + self.args(y) + [
             np.int32(v) for v in (M, N, K, sam, sbn, scm, scn)] + [
             np.float32(at.get("alpha", 1.0)), np.float32(at.get("beta", 1.0))]
@@ -158,7 +180,8 @@ class MatmulFamily:
         defs["SPLITS"] = splits
         if c is not None:
             defs["HAS_C"] = 1
-        src = defines(defs) + act_macro(at.get("act")) + kernel_source("gemv_epilogue") + (
+        defs.update(half_defines(A=a, B=b, C=c, Y=y))  # (gemv_rows.cl; gemv_mma.cl reads float32: schedule.Gemv)
+        src = defines(defs) + act_macro(at.get("act")) + kernel_source("gemv_half") + kernel_source("gemv_epilogue") + (
             kernel_source("mma_tf32") if kernel == "gemv_mma" else "") + kernel_source(kernel)
         args = self.args(a) + self.args(b) + (self.args(c) if c is not None else self.dummy()) + self.args(y) + [
             np.int32(v) for v in (N, K, sam, sbn, scm, scn)] + [
@@ -189,7 +212,7 @@ class MatmulFamily:
         packed[:, :N] = bmat
         packed = packed.reshape(K, NB, NR).transpose(1, 0, 2)
         at = node.attrs
-        defs = {"MR": MR, "NV": NV}
+        defs = {"MR": MR, "NV": NV, **half_defines(A=a, C=c, Y=y)}
         self.record_tile(f"{MR}x{NR}")
         if c is not None:
             defs["HAS_C"] = 1

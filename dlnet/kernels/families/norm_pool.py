@@ -3,6 +3,7 @@ layernorm.cl)."""
 import numpy as np
 
 from ...errors import ModelError
+from .. import half
 from ..emitter import defines
 from ..runtime import DTYPE_TO_C, kernel_source
 
@@ -19,6 +20,11 @@ def layernorm_group(D):
 
 
 class NormPoolFamily:
+    # precision "fp16" (kernels/half.py): softmax and normalisation read half and write float32 (autocast's fp32 list)
+    HALF_IO = {"Softmax": half.HalfIO((0,)), "LogSoftmax": half.HalfIO((0,)), "LayerNorm": half.HalfIO((0,)),
+               "LayerNormStats": half.HalfIO((0,)), "RMSNorm": half.HalfIO((0,)),
+               "MaxPool": half.EVERY, "AveragePool": half.EVERY}  # (pool.cl, pool_cpu.cl: float sums)
+
     def pool(self, node, mode):
         x, y = node.inputs[0], node.outputs[0]
         nsp = x.rank - 2
@@ -31,16 +37,19 @@ class NormPoolFamily:
         dil = list(a.get("dilations") or [1] * nsp)
         pad3 = lambda v, fill: [fill] * (3 - nsp) + list(v)  # noqa: E731
         ins, outs = pad3(x.shape[2:], 1), pad3(y.shape[2:], 1)
-        if x.dtype in ("float32", "float64"):
+        # precision "fp16": half x / y loaded and stored as float (pool.cl's X_HALF / Y_HALF)
+        T = "float" if x.dtype == "float16" else DTYPE_TO_C[x.dtype]
+        if x.dtype in ("float32", "float64", "float16"):
             lowest = "-INFINITY"
         else:  # INT64_MIN has no literal of its own in C
             lowest = "(-9223372036854775807L - 1)" if x.dtype == "int64" else str(np.iinfo(x.dtype).min)
         head = (("#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n" if x.dtype == "float64" else "") +
-                defines({"POOL_MAX" if mode == "max" else "POOL_AVG": 1, "T": DTYPE_TO_C[x.dtype], "LOWEST": lowest}))
+                defines({"POOL_MAX" if mode == "max" else "POOL_AVG": 1, "T": T, "LOWEST": lowest,
+                         **half.half_defines(X=x, Y=y)}))
         if self.dev.is_cpu and nsp <= 2:  # one work-item per output row; (H, W) are the last two of the padded dims
             window = {name: v[d] for name, v in (("K", pad3(k, 1)), ("S", pad3(strides, 1)), ("D", pad3(dil, 1)))
                       for d, name in ((1, name + "H"), (2, name + "W"))}
-            if x.dtype == "float32":
+            if x.dtype == y.dtype == "float32":
                 window["VEC"] = 1
             args = self.args(x) + self.args(y) + [np.int32(v[d]) for v in (ins, outs, pad3(pads[:nsp], 0))
                                                   for d in (1, 2)] + [np.int32(a.get("count_include_pad", 0))]
@@ -73,12 +82,12 @@ class NormPoolFamily:
 
     def softmax(self, node, log):
         x, y = node.inputs[0], node.outputs[0]
-        if x.dtype != "float32":
+        if x.dtype not in ("float32", "float16"):  # (float16: half storage, precision "fp16")
             raise ModelError(f"node {node.name} ({node.op}): float32 only, got {x.dtype}")
         axis = node.attrs["axis"] % x.rank
         outer = int(np.prod(x.shape[:axis], dtype=np.int64))
         inner = int(np.prod(x.shape[axis + 1:], dtype=np.int64))
-        src = defines({"LOG_SOFTMAX" if log else "SOFTMAX": 1}) + kernel_source("softmax")
+        src = defines({"LOG_SOFTMAX" if log else "SOFTMAX": 1, **half.half_defines(X=x)}) + kernel_source("softmax")
         args = self.args(x) + self.args(y) + [np.int32(outer), np.int32(x.shape[axis]), np.int32(inner)]
         self.emit(src, "softmax", args, (max(outer * inner, 1),), None, f"{node.name} {node.op}")
 
@@ -91,6 +100,7 @@ class NormPoolFamily:
         rows = x.size // max(D, 1)
         defs = {"RMS": 1} if node.op == "RMSNorm" else {}
         bias = [] if defs else self.args(node.inputs[2])
+        defs.update(half.half_defines(X=x))
         args = self.args(x) + self.args(scale) + bias + self.args(y) + [
             np.int64(rows), np.int32(D), np.float32(node.attrs["epsilon"])]
         if len(node.outputs) > 1:

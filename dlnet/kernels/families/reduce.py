@@ -3,7 +3,7 @@ where few outputs reduce many elements) and ArgMax / ArgMin."""
 import numpy as np
 
 from ...errors import ModelError
-from .. import codegen
+from .. import codegen, half
 from ..emitter import defines
 from ..runtime import DTYPE_TO_C
 
@@ -14,6 +14,8 @@ REDUCE_GROUPS_PER_CU = 8
 
 
 class ReduceFamily:
+    HALF_IO = {"Reduce": half.READS}  # (autocast's fp32 list: half in, float32 sums out)
+
     REDUCE = {  # mode: (pre, combine, init, post)
         "sum": ("x0v", "acc += v;", "0", "acc"),
         "mean": ("x0v", "acc += v;", "0", "acc / count"),

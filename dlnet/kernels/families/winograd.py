@@ -3,6 +3,7 @@ GEMM), their input gradients, and their weight gradients (F(2x2)); and the works
 import numpy as np
 
 from ..emitter import act_macro, defines
+from ..half import half_defines
 from ..rules import round_up, wino_chunk
 from ..runtime import kernel_source
 
@@ -55,7 +56,7 @@ class WinogradFamily:
         if u is None:
             u_bytes = round_up(64 * K * C, 256)
             src = defines({"IDX": self.index_type(w.size, 16 * K * C)} | ({"FLIP": 1} if flip else {})) + \
-                act_macro(None) + kernel_source("winograd")
+                act_macro(None) + kernel_source("conv_half") + kernel_source("winograd")
             self.emit(src, "wino_weights", self.args(w) + [self.act_buf, np.uint64(off // 4)] + [
                 np.int32(K), np.int32(C)], (round_up(K * C, 64),), (64,), label + " winograd weights")
             uargs = [self.act_buf, np.uint64(off // 4)]
@@ -65,7 +66,7 @@ class WinogradFamily:
         TC = wino_chunk(T, nbytes, C, K, self.options, nx)
         v_at, m_at = [self.act_buf, np.uint64(off // 4)], [self.act_buf, np.uint64(off // 4 + nx * C * TC)]
         idx = self.index_type(x.size, y.size, nx * C * TC, nx * K * TC)
-        src = defines({"IDX": idx, "WINO_M": m}) + head + kernel_source("winograd")
+        src = defines({"IDX": idx, "WINO_M": m}) + head + kernel_source("conv_half") + kernel_source("winograd")
         for t0 in range(0, T, TC):
             tc = min(TC, T - t0)
             table = np.array([[xi * K * C, xi * C * tc, 0, xi * K * tc] for xi in range(nx)], np.int64)
@@ -73,7 +74,7 @@ class WinogradFamily:
             self.emit(src, "wino_input" + kind, self.args(x) + v_at + [np.int32(v) for v in (
                 C, H, W, pads[0], pads[1], TH, TW, t0, tc)], (round_up(tc, 64), C), (64, 1), label + tag + " in")
             self._gemm_launch(uargs, v_at, None, m_at, table, K, tc, C, (C, 1, tc, 1, 0, 0), idx, None, 1.0,
-                              0.0, label + tag + " gemm", f"winograd{m}")
+                              0.0, label + tag + " gemm", f"winograd{m}", half_defines(A=u))  # (u: fp16's half)
             self.emit(src, "wino_output" + kind, m_at + bargs + rargs + self.args(y) + [
                 np.int32(v) for v in (K, OH, OW, TH, TW, t0, tc)] + [np.int64(K * OH * OW)] * 2,
                 (round_up(tc, 64), K), (64, 1), label + tag + " out")
@@ -94,7 +95,7 @@ class WinogradFamily:
         TC = wino_chunk(T, nbytes, C, K, self.options)
         e_at, v_at = [self.act_buf, np.uint64(off // 4)], [self.act_buf, np.uint64(off // 4 + 16 * K * TC)]
         idx = self.index_type(x.size, dy.size, 16 * C * TC, 16 * K * TC, 16 * K * C)
-        src = defines({"IDX": idx}) + act_macro(None) + kernel_source("winograd")
+        src = defines({"IDX": idx}) + act_macro(None) + kernel_source("conv_half") + kernel_source("winograd")
         for t0 in range(0, T, TC):
             tc = min(TC, T - t0)
             tag = f" winograd{'' if TC == T else f' tiles {t0}+{tc}'}"

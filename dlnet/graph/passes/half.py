@@ -1,0 +1,69 @@
+"""Half storage for precision="fp16": which float32 values the arena (and which weights the weight arena) holds as
+float16. The kernels still compute in float32 (they load half and store half); only the bytes change.
+
+A value is stored in half when its producer's kernel writes half and every reader's kernel reads it in half; a weight
+when every reader reads it in half. Values that share a buffer decide together (a reshape-like view and its input, a
+Concat and the inputs written into its slices). Graph inputs and outputs stay float32 for the user, and so do
+trainable parameters. What each kernel reads and writes comes from the caller (`io(node) -> HalfIO`:
+kernels/schedule.half_io, declared once per kernel family), so this pass knows no kernel. The decision is written
+into the IR: the values' dtypes become float16 (printed f16) and the weights' data is converted.
+"""
+import numpy as np
+
+from ..ir import HALF_NOTE
+
+
+def _find(parent, i):
+    while parent[i] != i:
+        parent[i] = parent[parent[i]]
+        i = parent[i]
+    return i
+
+
+def _groups(graph):
+    """value id -> its group's id: views share their input's buffer, a Concat's inputs may be written in its slices."""
+    parent = {v.id: v.id for v in graph.values()}
+    for node in graph.nodes:
+        if node.spec.kind == "alias" or node.op == "Concat":
+            for v in node.inputs[:None if node.op == "Concat" else 1]:
+                if v is not None:
+                    parent[_find(parent, v.id)] = _find(parent, node.outputs[0].id)
+    return {vid: _find(parent, vid) for vid in parent}
+
+
+def store_half(graph, io):
+    """Store in half every float32 value whose writer and readers all take half (io(node): the node's HalfIO).
+    Returns the number of values stored in half."""
+    group = _groups(graph)
+    ok = {}  # group id -> may it be half
+    members = {}
+    boundary = {v.id for v in graph.inputs} | {v.id for v in graph.outputs}
+    for v in graph.values():
+        g = group[v.id]
+        members.setdefault(g, []).append(v)
+        fine = v.dtype == "float32" and v.id not in boundary and not v.param
+        ok[g] = ok.get(g, True) and fine
+    for node in graph.nodes:
+        view = node.spec.kind == "alias" or node.op == "Concat"
+        cap = io(node)
+        if not view or node.op == "Concat":
+            for i, v in enumerate(node.inputs):
+                if v is not None and not cap.reads_input(i):
+                    ok[group[v.id]] = False
+            if not cap.writes:
+                for v in node.outputs:
+                    ok[group[v.id]] = False
+    stored = 0
+    for g, values in members.items():
+        if not ok[g] or all(v.const is None and v.producer is None for v in values):
+            continue  # (a group with no writer and no weight: nothing to store)
+        for v in values:
+            v.dtype = "float16"
+            if v.const is not None:
+                v.const = np.asarray(v.const, np.float32).astype(np.float16)
+            stored += 1
+    if stored:
+        graph.stored_half = True
+        half_bytes = sum(v.nbytes for values in members.values() for v in values if v.dtype == "float16")
+        graph.notes.append(f"{HALF_NOTE}{stored} values stored in half ({half_bytes / 2**20:.2f} MiB)")
+    return stored

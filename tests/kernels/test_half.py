@@ -1,0 +1,311 @@
+"""precision="fp16": the half-storage pass (graph/passes/half.py), the kernels' half I/O (kernels/half.py) and the
+error against the fp32 run of the same model. Every model test asserts that values really are stored in half (f16
+in the IR, fewer planned bytes), so a pass that stores nothing fails."""
+import os
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+import dlnet
+from dlnet.errors import DeviceError
+from dlnet.graph.parser import constants_of, graphs_equal, parse_graph
+from dlnet.graph.passes import run_passes
+from dlnet.graph.passes.half import store_half
+from dlnet.images import preprocess, read_image
+from dlnet.kernels import half
+from dlnet.onnx.importer import Importer
+from tests.conftest import context, make_model, rel_l2
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DIGITS = os.path.join(ROOT, "models", "digits.onnx")
+DIGITS_DIR = os.path.join(ROOT, "models", "digits")
+# the test device's own kernels, and the GPU kernels (gemm_core.cl, conv.cl, dwconv.cl, gemv.cl, attention.cl) forced
+# onto it as a GPU runs them (tests/kernels/test_dwconv_gpu.py's way)
+CORES = ["native", "gpu"]
+_CONTEXTS = {}
+
+
+def contexts(core):
+    """(fp32, fp16) Contexts on the test device, as it is or taken for a GPU (made once); "winograd": the GPU's with
+    Winograd for every 3x3 layer it can take."""
+    if core not in _CONTEXTS:
+        base = context()
+        base.queue  # (the device opened before a second Context looks for it)
+        options = base.options.replace(input_chunks=1)
+        if core == "winograd":
+            options = options.replace(winograd_min_channels=1, winograd_min_layer_tiles=0, winograd_m=4,
+                                      winograd_f4_min_tiles=32)  # (the first layer F(4x4), the second F(2x2))
+        c32, c16 = base.with_options(options), dlnet.Context(base.info, precision="fp16", options=options)
+        if core != "native":
+            c32.is_cpu = c16.is_cpu = False
+            assert c32.dev.kind == c16.dev.kind == "gpu"
+        _CONTEXTS[core] = (c32, c16)
+    return _CONTEXTS[core]
+
+
+def _rng(seed):
+    return np.random.default_rng(seed)
+
+
+def small_cnn():
+    """Conv-BatchNorm-Relu, MaxPool, Conv-BatchNorm-Relu with a residual Add, a depthwise Conv-Relu,
+    GlobalAveragePool, Flatten, Gemm, Softmax: BatchNorm folds into the convolutions, their epilogues fuse."""
+    r = _rng(0)
+    w = lambda *s: (r.standard_normal(s) * 0.3).astype(np.float32)  # noqa: E731
+    bn = lambda c, p: {f"{p}_s": (r.random(c) + 0.5).astype(np.float32), f"{p}_b": w(c),  # noqa: E731
+                       f"{p}_m": w(c), f"{p}_v": (r.random(c) + 0.5).astype(np.float32)}
+    inits = {"w1": w(8, 3, 3, 3), "w2": w(8, 8, 3, 3), "wd": w(8, 1, 3, 3), "fw": w(8, 10) * 0.3, "fb": w(10),
+             **bn(8, "bn1"), **bn(8, "bn2")}
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["c1", "bn1_s", "bn1_b", "bn1_m", "bn1_v"], ["b1"]),
+        helper.make_node("Relu", ["b1"], ["r1"]),
+        helper.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Conv", ["p1", "w2"], ["c2"], pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["c2", "bn2_s", "bn2_b", "bn2_m", "bn2_v"], ["b2"]),
+        helper.make_node("Add", ["b2", "p1"], ["a2"]),
+        helper.make_node("Relu", ["a2"], ["r2"]),
+        helper.make_node("Conv", ["r2", "wd"], ["d3"], pads=[1, 1, 1, 1], group=8),
+        helper.make_node("Relu", ["d3"], ["r3"]),
+        helper.make_node("GlobalAveragePool", ["r3"], ["g"]),
+        helper.make_node("Flatten", ["g"], ["f"]),
+        helper.make_node("Gemm", ["f", "fw", "fb"], ["logits"]),
+        helper.make_node("Softmax", ["logits"], ["y"], axis=1),
+    ]
+    # (the pooled features are an output too: float32 from the reduction anyway, and a change in any layer shows in
+    # them where the softmax may hide it)
+    return make_model(nodes, {"x": ("float32", [4, 3, 16, 16])}, ["y", "g"], inits)
+
+
+def _halves(net):
+    """The values the last plan stores in half."""
+    return [v for v in net.graph.values() if v.dtype == "float16"]
+
+
+def _planned_bytes(net):
+    """Weight bytes and activation bytes at one buffer per value (what each value takes: the packed arena may not
+    shrink where its peak is a float32 value)."""
+    m = net.memory
+    return m.naive_activations + m.weights
+
+
+def _compare(model, feeds, core, tol=1e-2):
+    """(fp32 outputs, fp16 outputs, fp32 net, fp16 net) of `model` on the contexts of `core`."""
+    c32, c16 = contexts(core)
+    n32 = dlnet.Net(c32).load_onnx(model)
+    n16 = dlnet.Net(c16).load_onnx(model)
+    y32, y16 = n32.run(feeds), n16.run(feeds)
+    for name in y32:
+        assert y16[name].dtype == y32[name].dtype  # (the user sees float32 either way)
+        assert rel_l2(y16[name], y32[name]) <= tol, (name, rel_l2(y16[name], y32[name]))
+    return y32, y16, n32, n16
+
+
+# --- the pass, on the graph alone ---------------------------------------------------------------------------------
+
+def _graph(model, shapes):
+    return run_passes(Importer(model).build(shapes))
+
+
+def test_pass_stores_half_only_where_writer_and_every_reader_take_it():
+    graph = _graph(small_cnn(), {"x": (4, 3, 16, 16)})
+    before = {v.id: v.dtype for v in graph.values()}
+    convs = [n for n in graph.nodes if n.op == "Conv"]
+    blocked = convs[1]  # its kernel takes nothing in half: its input, weights and output stay float32
+
+    def io(node):
+        return half.NONE if node is blocked else half.EVERY if node.op != "Softmax" else half.READS
+    count = store_half(graph, io)
+    graph.verify()
+    stored = {v.id for v in graph.values() if v.dtype == "float16"}
+    assert count == len(stored) > 0
+    assert all(v.dtype == "float32" for v in graph.inputs + graph.outputs)  # the boundary stays float32
+    assert all(v.dtype == "float32" for v in blocked.inputs + blocked.outputs if v is not None)
+    w1 = convs[0].inputs[1]
+    assert w1.dtype == "float16" and w1.const.dtype == np.float16  # a weight read only in half is uploaded so
+    softmax = next(n for n in graph.nodes if n.op == "Softmax")
+    assert softmax.inputs[0].dtype == "float16"  # half in, float32 out (the graph's output)
+    assert all(before[i] == "float32" for i in stored)
+    assert "fp16:" in str(graph)
+
+
+def test_pass_keeps_a_view_and_its_input_alike():
+    graph = _graph(small_cnn(), {"x": (4, 3, 16, 16)})
+    flatten = next(n for n in graph.nodes if n.spec.kind == "alias")
+    gemm = next(n for n in graph.nodes if n.op == "Gemm")
+    store_half(graph, lambda node: half.HalfIO((1, 2), True) if node is gemm else half.EVERY)
+    assert flatten.inputs[0].dtype == flatten.outputs[0].dtype == "float32"  # the Gemm reads the view in float32
+    assert gemm.inputs[1].dtype == "float16"
+
+
+def test_pass_does_nothing_where_no_kernel_takes_half():
+    graph = _graph(small_cnn(), {"x": (4, 3, 16, 16)})
+    assert store_half(graph, lambda node: half.NONE) == 0
+    assert all(v.dtype != "float16" for v in graph.values())
+
+
+# --- the device --------------------------------------------------------------------------------------------------
+
+def test_precision_names_fp16():
+    with pytest.raises(DeviceError, match="'fp32', 'tf32' or 'fp16'"):
+        dlnet.Context(precision="fp8")
+
+
+def test_a_device_without_half_io_is_a_device_error(monkeypatch):
+    _, c16 = contexts("native")
+    monkeypatch.setattr(half, "_CHECKED", {})
+    monkeypatch.setattr(half, "_probe", lambda ctx: "vload_half does not build")
+    with pytest.raises(DeviceError, match="precision 'fp16' on .*vload_half does not build"):
+        dlnet.Net(c16).load_onnx(small_cnn()).run({"x": _rng(1).standard_normal((4, 3, 16, 16), np.float32)})
+
+
+def test_the_probe_passes_on_the_test_device():
+    assert half._probe(context()) == ""
+
+
+# --- models against their fp32 runs ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("core", CORES + ["winograd"])
+def test_small_cnn_with_batchnorm(core):
+    x = _rng(2).standard_normal((4, 3, 16, 16), np.float32)
+    _, _, n32, n16 = _compare(small_cnn(), {"x": x}, core)
+    assert _halves(n16)
+    gemm = next(n for n in n16.graph.nodes if n.op == "Gemm")  # (gemm_cpu.cl, gemv.cl)
+    assert gemm.outputs[0].dtype == "float16"  # Softmax reads it in half and writes the float32 output
+    if core == "gpu":  # the implicit-GEMM and depthwise convolutions read and write half, weights included
+        assert _planned_bytes(n16) < _planned_bytes(n32)
+        conv = {n.schedule["algo"]: n for n in n16.graph.nodes if n.op == "Conv"}
+        assert {"implicit_gemm", "depthwise"} <= set(conv)
+        assert all(v.dtype == "float16" for n in conv.values() for v in n.inputs[1:2] + n.outputs)
+        assert conv["depthwise"].inputs[0].dtype == "float16"
+    if core == "winograd":  # winograd.cl's transforms read x and write y in half, the GEMM reads U in half
+        wino = [n for n in n16.graph.nodes if n.op == "Conv" and n.schedule["algo"].startswith("winograd")]
+        assert [n.schedule["algo"] for n in wino] == ["winograd4", "winograd2"]
+        assert all(v.dtype == "float16" for v in wino[0].inputs[1:2] + wino[0].outputs)
+        assert wino[1].inputs[0].dtype == "float16"
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_pooling_between_half_values(core):
+    """Relu -> MaxPool -> AveragePool -> Flatten -> Gemm: the pools read and write half (pool_cpu.cl, pool.cl)."""
+    r = _rng(4)
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("MaxPool", ["r"], ["m"], kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1]),
+             helper.make_node("AveragePool", ["m"], ["a"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Flatten", ["a"], ["f"]),
+             helper.make_node("Gemm", ["f", "w"], ["y"])]
+    model = make_model(nodes, {"x": ("float32", [3, 4, 12, 12])}, ["y"],
+                       {"w": (r.standard_normal((144, 5)) * 0.1).astype(np.float32)})
+    _, _, _, n16 = _compare(model, {"x": r.standard_normal((3, 4, 12, 12), np.float32)}, core)
+    pools = [n for n in n16.graph.nodes if n.op in ("MaxPool", "AveragePool")]
+    assert len(pools) == 2 and all(v.dtype == "float16" for n in pools for v in n.inputs + n.outputs)
+
+
+def _transformer(name):
+    pytest.importorskip("torch")
+    from tests.onnx.test_transformers import _model
+    data, make_input, shape, _ = _model(name)
+    return onnx.load_from_string(data), {"x": make_input(shape, 3)}
+
+
+@pytest.mark.parametrize("core", CORES)
+@pytest.mark.parametrize("name", ["encoder", "vit", "causal_decoder"])  # BERT-, ViT- and GPT-shaped
+def test_transformers(name, core):
+    model, feeds = _transformer(name)
+    _, _, n32, n16 = _compare(model, feeds, core)
+    stored = _halves(n16)
+    assert len(stored) >= 5 and _planned_bytes(n16) < _planned_bytes(n32)
+    gemms = [n for n in n16.graph.nodes if n.op == "Gemm"]
+    assert any(n.outputs[0].dtype == "float16" for n in gemms)
+    assert any(n.inputs[0].dtype == "float16" for n in gemms)
+    if name != "vit":  # the token embedding: a half table gathered into half rows (gather.cl)
+        gather = next(n for n in n16.graph.nodes if n.op == "Gather")
+        assert gather.inputs[0].dtype == gather.outputs[0].dtype == "float16"
+    attention = [n for n in n16.graph.nodes if n.op == "Attention"]  # (attention_cpu.cl, attention.cl)
+    assert attention and all(v.dtype == "float16" for n in attention for v in n.inputs[:3] + n.outputs)
+    text = str(n16.graph)  # the printed IR reads back as the same graph, f16 values and all
+    assert " f16[" in text or ": f16[" in text
+    assert graphs_equal(parse_graph(text, constants_of(n16.graph)), n16.graph) == (True, "")
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_digits_same_top1_on_the_shipped_images(core):
+    files = sorted(os.path.join(DIGITS_DIR, f) for f in os.listdir(DIGITS_DIR))
+    model = onnx.load(DIGITS)
+    x = np.stack([preprocess(read_image(f), (16, 16), None, 1) for f in files])  # (as `dlnet infer` does)
+    y32, y16, n32, n16 = _compare(model, {model.graph.input[0].name: x}, core)
+    out = model.graph.output[0].name
+    assert (y16[out].argmax(1) == y32[out].argmax(1)).all()
+    assert (y32[out].argmax(1) == [int(os.path.basename(f)[0]) for f in files]).all()  # (the true classes)
+    assert _halves(n16) and _planned_bytes(n16) < _planned_bytes(n32)
+
+
+def test_infer_precision_fp16_classifies_as_fp32():
+    """`dlnet infer --precision fp16` on the shipped digits: the classes of fp32, scores within 1e-2."""
+    from click.testing import CliRunner
+    from dlnet.cli import main as cli_main
+
+    from tests.cli.test_infer import parse_csv
+    runner = CliRunner()
+    fp32 = parse_csv(runner.invoke(cli_main.cli, ["infer", DIGITS, DIGITS_DIR]).stdout)
+    r = runner.invoke(cli_main.cli, ["infer", DIGITS, DIGITS_DIR, "--precision", "fp16"])
+    assert r.exit_code == 0, r.output
+    fp16 = parse_csv(r.stdout)
+    assert len(fp16) == 10 and [(p, k) for p, [(k, _, _)] in fp16] == [(p, k) for p, [(k, _, _)] in fp32]
+    for (_, [(_, _, a)]), (_, [(_, _, b)]) in zip(fp16, fp32):
+        assert abs(a - b) < 1e-2
+
+
+def test_half_operands_leave_the_cp_async_pipeline():
+    """NVIDIA's fp32 core copies floats with cp.async (STAGES): a half A / B / x / w takes the register path."""
+    tiles = dict(TM=64, TN=64, TK=16, WM=4, WN=4, STAGES=3)
+    assert "STAGES" not in half.without_copies(tiles, {"A_HALF": 1}, ("A", "B"))
+    assert "STAGES" not in half.without_copies(tiles, {"W_HALF": 1}, ("X", "W"))
+    assert half.without_copies(tiles, {"Y_HALF": 1, "C_HALF": 1}, ("A", "B")) == tiles  # (the epilogue's: kept)
+    assert half.without_copies(tiles, None, ("A", "B")) == tiles
+
+
+@pytest.mark.parametrize("cache", ["growing", "where"])
+def test_greedy_decoding_keeps_torch_tokens(cache):
+    """dlnet.generate in fp16 with a decoder's cache kept on the device (concatenated, or written in place over the
+    past by a Where): torch's greedy tokens, with values stored in half inside the graph (the cache itself crosses
+    the graph's boundary, so it stays float32)."""
+    pytest.importorskip("torch")
+    import torch
+
+    from tests import test_generate as gen
+    torch.manual_seed(0)
+    growing = gen.Decoder().eval()
+    model = growing if cache == "growing" else gen.Decoder(cache).eval()
+    model.load_state_dict(growing.state_dict())
+    ids = gen.prompt(batch=2 if cache == "growing" else 1)
+    _, c16 = contexts("native")
+    with dlnet.Net(c16).load_onnx(gen.export(model)) as net:
+        got = dlnet.generate(net, ids, 12)
+        assert _halves(net)
+    np.testing.assert_array_equal(got, gen.torch_greedy(growing, ids, 12))
+
+
+@pytest.mark.parametrize("M,K,N,trans_b", [(300, 256, 264, 0), (1000, 768, 1024, 0), (40, 64, 72, 1)])
+def test_tensor_core_products_in_half(M, K, N, trans_b):
+    """On NVIDIA in fp16, products of half A and B run on gemm_ldsm.cl's f16 core (mma.sync m16n8k16, B [K, N] by
+    ldmatrix.trans or [N, K]): a Linear layer between two pointwise ops (so that its input and output are stored in
+    half), ragged M, against float64 within half's rounding."""
+    ctx = context()
+    if not ctx.is_nvidia:
+        pytest.skip("gemm_ldsm.cl needs an NVIDIA device (inline PTX mma.sync)")
+    r = _rng(M)
+    x, w, bias = (r.standard_normal((M, K)).astype(np.float32), (r.standard_normal((N, K) if trans_b else (K, N)) /
+                  np.sqrt(K)).astype(np.float32), r.standard_normal(N).astype(np.float32))
+    nodes = [helper.make_node("Relu", ["x"], ["a"]),
+             helper.make_node("Gemm", ["a", "w", "b"], ["p"], transB=trans_b),
+             helper.make_node("Tanh", ["p"], ["y"])]
+    net = dlnet.Net(dlnet.Context(ctx.info, precision="fp16")).load_onnx(make_model(nodes, {"x": x}, ["y"],
+                                                                                   {"w": w, "b": bias}))
+    y = net.run({"x": x})["y"]
+    wf = w.astype(np.float64).T if trans_b else w.astype(np.float64)
+    ref = np.tanh(np.maximum(x.astype(np.float64), 0) @ wf + bias)
+    assert "ldsm_f16" in str(net.graph)
+    assert rel_l2(y, ref) < 5e-3
