@@ -42,7 +42,7 @@ def gemm_source(core, tiles, strides, idx, act=None, has_c=False, aligned=(True,
         defs["B_ALONG_K"] = 1
     if sam == 1 and sak != 1:
         defs["A_ALONG_M"] = 1
-    if "STAGES" in tiles:  # (gemm_fetch.cl)
+    if "STAGES" in tiles and core != "gemm_ldsm":  # (gemm_fetch.cl)
         if core == "gemm_mma" and sak == 1 and sam % 4 == 0 and aligned[0]:
             defs["A_VEC"] = 1  # (the fp32 core's A tile is k-major: 4-byte copies)
         if sbn == 1 and sbk % 4 == 0 and aligned[1] and \

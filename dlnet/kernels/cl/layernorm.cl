@@ -2,13 +2,21 @@
 // Two passes over the row (mean, then the mean of squared deviations), as PyTorch's op-set 13 decomposition does.
 // STATS: also write each row's mean and 1 / sqrt(var + eps) (LayerNormalization-17's optional outputs).
 // RMS: RMSNorm instead: no centring (the mean is taken as 0) and no bias: y = x / sqrt(mean(x^2) + eps) * scale.
-// X_HALF (precision "fp16", kernels/half.py): x stored in half; the statistics and y stay float (autocast's fp32 list)
+// X_HALF (precision "fp16", kernels/half.py): x stored in half; the statistics stay float (autocast's fp32 list).
+// Y_HALF: y stored in half (what autocast's next product casts it to)
 #if defined(X_HALF)
 #define X_T half
 #define LDX(i) vload_half(i, x)
 #else
 #define X_T float
 #define LDX(i) x[i]
+#endif
+#if defined(Y_HALF)
+#define Y_T half
+#define STY(i, v) vstore_half((v), (i), y)
+#else
+#define Y_T float
+#define STY(i, v) (y[i] = (v))
 #endif
 #ifdef RMS
 #define BIAS_ARGS
@@ -27,7 +35,7 @@
 
 // one work-item per row (CPUs, and short rows)
 __kernel void layernorm(__global const X_T* x, ulong x_off, __global const float* scale, ulong scale_off,
-                        BIAS_ARGS __global float* y, ulong y_off,
+                        BIAS_ARGS __global Y_T* y, ulong y_off,
                         long rows, int D, float eps STATS_ARGS) {
     const long r = get_global_id(0);
     if (r >= rows) return;
@@ -44,7 +52,7 @@ __kernel void layernorm(__global const X_T* x, ulong x_off, __global const float
     float v = 0.0f;
     for (int i = 0; i < D; i++) { const float d = LDX(i) - mean; v += d * d; }
     const float inv = 1.0f / sqrt(v / D + eps);
-    for (int i = 0; i < D; i++) y[i] = (LDX(i) - mean) * inv * scale[i] + BIAS(i);
+    for (int i = 0; i < D; i++) STY(i, (LDX(i) - mean) * inv * scale[i] + BIAS(i));
     STORE_STATS(r, mean, inv);
 }
 
@@ -66,7 +74,7 @@ inline float group_sum(float v, __local float* part) {
 
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
 void layernorm_wg(__global const X_T* x, ulong x_off, __global const float* scale, ulong scale_off,
-                  BIAS_ARGS __global float* y, ulong y_off,
+                  BIAS_ARGS __global Y_T* y, ulong y_off,
                   long rows, int D, float eps STATS_ARGS) {
     __local float part[WG];
     const long r = get_group_id(0);
@@ -84,7 +92,7 @@ void layernorm_wg(__global const X_T* x, ulong x_off, __global const float* scal
     float v = 0.0f;
     for (int i = l; i < D; i += WG) { const float d = LDX(i) - mean; v += d * d; }
     const float inv = 1.0f / sqrt(group_sum(v, part) / D + eps);
-    for (int i = l; i < D; i += WG) y[i] = (LDX(i) - mean) * inv * scale[i] + BIAS(i);
+    for (int i = l; i < D; i += WG) STY(i, (LDX(i) - mean) * inv * scale[i] + BIAS(i));
     if (l == 0) STORE_STATS(r, mean, inv);
 }
 #endif

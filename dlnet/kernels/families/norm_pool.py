@@ -20,9 +20,11 @@ def layernorm_group(D):
 
 
 class NormPoolFamily:
-    # precision "fp16" (kernels/half.py): softmax and normalisation read half and write float32 (autocast's fp32 list)
-    HALF_IO = {"Softmax": half.HalfIO((0,)), "LogSoftmax": half.HalfIO((0,)), "LayerNorm": half.HalfIO((0,)),
-               "LayerNormStats": half.HalfIO((0,)), "RMSNorm": half.HalfIO((0,)),
+    # precision "fp16" (kernels/half.py): softmax and normalisation read half and compute in float32 (autocast's fp32
+    # list); LayerNorm and RMSNorm may store y in half, as the product after them would cast it (their statistics
+    # outputs stay float)
+    HALF_IO = {"Softmax": half.HalfIO((0,)), "LogSoftmax": half.HalfIO((0,)), "LayerNorm": half.HalfIO((0,), True),
+               "LayerNormStats": half.HalfIO((0,)), "RMSNorm": half.HalfIO((0,), True),
                "MaxPool": half.EVERY, "AveragePool": half.EVERY}  # (pool.cl, pool_cpu.cl: float sums)
 
     def pool(self, node, mode):
@@ -100,7 +102,7 @@ class NormPoolFamily:
         rows = x.size // max(D, 1)
         defs = {"RMS": 1} if node.op == "RMSNorm" else {}
         bias = [] if defs else self.args(node.inputs[2])
-        defs.update(half.half_defines(X=x))
+        defs.update(half.half_defines(X=x, Y=y))
         args = self.args(x) + self.args(scale) + bias + self.args(y) + [
             np.int64(rows), np.int32(D), np.float32(node.attrs["epsilon"])]
         if len(node.outputs) > 1:
