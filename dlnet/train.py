@@ -16,7 +16,7 @@ from .graph.ir import Builder
 from .graph.ops.grad_nn import batchnorm_global_count
 from .kernels.launch import Launch
 from .kernels.runtime import cl, kernel_source
-from .optim import SGD
+from .optim import SGD, LossScaler
 from .pipeline import training_import, training_passes
 from .plan import Plan
 from .sync_bn import BatchNormSync
@@ -24,8 +24,10 @@ from .sync_bn import BatchNormSync
 TARGET = "__target"
 LOCAL = 256  # work-group size of the update kernels
 CHUNK = 32 * LOCAL  # elements per work-group: thousands of groups for a ResNet-50, a few for a bias
-OPTIONS = (f"-DLOCAL={LOCAL}",)
+LOSS_SCALE_AT = 15  # the loss scale's index in the hyper-parameter buffer (0 there: no loss scaling)
+OPTIONS = (f"-DLOCAL={LOCAL}", f"-DLOSS_SCALE_AT={LOSS_SCALE_AT}")
 SEED = "__dropout_seed"
+LOSS_SCALE = "__loss_scale"
 FLOAT_TENSORS = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE)  # the dtypes a trained weight may have
 
 
@@ -41,13 +43,16 @@ class _TrainPlan:
             raise ModelError(f"{net.path}: output {trainer.output!r} does not exist; outputs are {g.output_names}")
         out = g.outputs[g.output_names.index(trainer.output)]
         target = g.add_input(TARGET, "float32", out.shape)
-        loss = losses.build_loss(Builder(g), trainer.loss, out, target)
+        b = Builder(g)
+        loss = losses.build_loss(b, trainer.loss, out, target)
+        # fp16: the backward starts from loss * scale (a graph input the host moves: optim/scaler.py)
+        scaled = loss if trainer.scaler is None else b.op("Mul", [loss, g.add_input(LOSS_SCALE, "float32", ())])
         state_ids = {s.id for s, _ in imp.state_updates}
         inits = {i.name for i in net.model.graph.initializer}
         named = [(n, v) for n, v in imp.values.items() if n in inits and v.param]
         trainable = [(n, v) for n, v in named if v.id not in state_ids and n not in trainer.frozen and
                      (trainer.params is None or n in trainer.params)]
-        grads = gradients(g, loss, [v for _, v in trainable])
+        grads = gradients(g, scaled, [v for _, v in trainable])
         self.params = [(n, v, gv) for (n, v), gv in zip(trainable, grads) if gv is not None and gv.const is None]
         self.unused = [n for (n, v), gv in zip(trainable, grads) if gv is None]
         self.updates = imp.state_updates
@@ -80,7 +85,7 @@ class _TrainPlan:
             groups.setdefault(key, ((pbuf, gbuf), []))[1].append((poff, goff, state.layout[name][0], v.size))
         tables = [(pbuf, gbuf, len(rows), *self._table(ctx, rows)) for (pbuf, gbuf), rows in groups.values()]
         self.partial = None
-        if opt.clip_norm:
+        if opt.clip_norm or trainer.scaler is not None:  # (clip_scale also unscales, and finds inf / NaN)
             self.n_partial = sum(n_rows for *_, n_rows in tables)
             self.partial = ctx.alloc(4 * self.n_partial)
             base = 0
@@ -169,14 +174,18 @@ class _TrainPlan:
         return self._update(trainer)
 
     def _update(self, trainer, loss_read=None):
-        """The update launches, then the loss (and with clipping the gradient's norm) back on the host."""
+        """The update launches, then the loss (and with clipping the gradient's norm, with loss scaling the flag of
+        a skipped step) back on the host."""
         q = trainer.ctx.queue
         for launch in self.launches:
             launch.enqueue(q)
-        sums = None
-        if self.partial is not None:  # clipping summed the gradient's squares: the norm costs one small read
+        sums = flags = None
+        if self.partial is not None and trainer.optimizer.clip_norm:  # the norm costs one small read
             sums = np.empty(self.n_partial, np.float32)
             cl.enqueue_copy(q, sums, self.partial, is_blocking=False)
+        if trainer.scaler is not None:
+            flags = np.empty(2, np.float32)
+            cl.enqueue_copy(q, flags, trainer._state.scale, is_blocking=False)
         if loss_read is None:
             loss = np.empty((), np.float32)
             buf, off = self.plan.output_locs[0]
@@ -185,6 +194,9 @@ class _TrainPlan:
             loss = loss_read
             q.finish()
         trainer.grad_norm = None if sums is None else float(np.sqrt(sums.sum(dtype=np.float64)))
+        if flags is not None:  # (a skipped step has no norm: its gradients were inf or NaN)
+            trainer.grad_norm = None if flags[1] else trainer.grad_norm and trainer.grad_norm / trainer.scaler.scale
+            trainer.scaler.update(flags[1] != 0)
         return float(loss)
 
     def run_data_parallel(self, trainer, arrays, hp):
@@ -334,8 +346,8 @@ class _StateArena:
             buf = ctx.alloc(4 * self.total)
             cl.enqueue_fill_buffer(ctx.queue, buf, np.float32(0), 0, 4 * max(self.total, 1))
             self.buffers[slot] = buf
-        self.scale = ctx.alloc(4)
-        ctx.upload(self.scale, np.ones(1, np.float32))
+        self.scale = ctx.alloc(8)  # the gradients' factor, and the flag of a step to skip (optim.cl clip_scale)
+        ctx.upload(self.scale, np.array([1, 0], np.float32))
 
     def release(self):
         for buf in self.buffers.values():
@@ -370,7 +382,7 @@ class Trainer:
 
     def __init__(self, net, loss="cross_entropy", optimizer=None, label_smoothing=0.0, frozen=(), output=None,
                  seed=0, params=None, comm=None, bucket_mb=distributed.BUCKET_MB, fp16_gradients=False,
-                 sync_bn=False):
+                 sync_bn=False, loss_scaler=None):
         if loss not in losses.LOSSES:
             raise InputError(f"loss {loss!r}: expected one of {', '.join(losses.LOSSES)}")
         if net.model is None:
@@ -389,6 +401,8 @@ class Trainer:
         self.seed = int(seed)
         self.comm = comm if comm is not None else distributed.Single()
         self.bucket_mb, self.fp16_gradients, self.sync_bn = float(bucket_mb), bool(fp16_gradients), bool(sync_bn)
+        # fp16 training's dynamic loss scale (a LossScaler; by default on in precision "fp16", False: off)
+        self.scaler = loss_scaler or (LossScaler() if loss_scaler is None and self.ctx.dev.half_storage else None)
         self.step_count = 0
         # the gradient's global L2 norm in the last step where clip_norm is set (clipping computes it), else None;
         # with the loss, what tells a diverging run (NaN or Inf) from a healthy one
@@ -536,8 +550,14 @@ class Trainer:
         by_name[TARGET] = t
         rank = self.comm.rank * 104729  # (0 on one process) each rank's own dropout masks
         by_name[SEED] = np.array([(self.seed * 1000003 + self.step_count * 7919 + 1 + rank) & 0xFFFFFFFF], np.uint32)
+        # a step the loss scaler skipped does not count for the optimizer (Adam's t), only for the schedule (torch's)
+        h = self.optimizer.hyper(self.step_count - (self.scaler.skipped if self.scaler else 0))
+        hp = np.zeros(16, np.float32)
+        hp[:len(h)], hp[0] = h, self.optimizer.lr_at(self.step_count)
+        if self.scaler is not None:
+            hp[LOSS_SCALE_AT] = self.scaler.scale
+            by_name[LOSS_SCALE] = np.array(self.scaler.scale, np.float32)
         ordered = [by_name[n] for n in plan.input_names]
-        hp = self.optimizer.hyper(self.step_count)
         loss = plan.run(self, ordered, hp)
         self.step_count += 1
         self._dirty = True

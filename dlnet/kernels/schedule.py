@@ -210,7 +210,7 @@ def schedule(graph, ctx):
         algo = choose(node, dev, options)
         if algo is not None:
             node.schedule["algo"] = algo
-    if dev.half_storage and not getattr(graph, "stored_half", False) and not any(v.param for v in graph.values()):
+    if dev.half_storage and not getattr(graph, "stored_half", False):
         half.check_half_io(ctx)
         store_half(graph, lambda node: half_io(node, dev, options))
     return graph

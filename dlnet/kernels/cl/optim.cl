@@ -2,10 +2,18 @@
 // gradients in the activation arena and the optimizer's state in one arena per slot (exp_avg, ...), so a table of
 // chunks addresses them all: row r = (parameter offset, gradient offset, state offset, elements), at most a few
 // thousand elements of one tensor, and work-group r updates row r. hp: the step's hyper-parameters (a small buffer
-// the trainer rewrites each step); scale: the clipping factor clip_scale wrote (read only when hp[max_norm] > 0).
+// the trainer rewrites each step); scale: the factor clip_scale wrote (read only when hp[max_norm] > 0 or
+// hp[LOSS_SCALE_AT] > 0) and the flag of a step to skip.
 #ifndef LOCAL
 #error "optim.cl needs -DLOCAL (work-group size, a power of two)"
 #endif
+#ifndef LOSS_SCALE_AT
+#error "optim.cl needs -DLOSS_SCALE_AT (the index of the loss scale in hp; 0 there: no loss scaling)"
+#endif
+// fp16 training's dynamic loss scale (dlnet/optim/scaler.py): the gradients are hp[LOSS_SCALE_AT] times too large
+#define LOSS_SCALED (hp[LOSS_SCALE_AT] > 0.0f)
+// a step whose gradients hold an inf or NaN (clip_scale found it) updates nothing (GradScaler skips optimizer.step)
+#define SKIP_STEP (LOSS_SCALED && scale[1] != 0.0f)
 
 #define ROW (table + 4 * (long)get_group_id(0))
 
@@ -33,7 +41,10 @@ void sumsq(__global const float* g, __global const long* table, __global float* 
     if (get_local_id(0) == 0) partial[base + get_group_id(0)] = s;
 }
 
-// scale[0] = min(1, max_norm / (||g|| + 1e-6)), torch.nn.utils.clip_grad_norm_; one work-group
+// scale[0] = the factor the update multiplies each gradient by: min(1, max_norm / (||g|| + 1e-6)) where clipping
+// (torch.nn.utils.clip_grad_norm_), times 1 / the loss scale where the loss is scaled (GradScaler.unscale_, then the
+// clipping of the unscaled gradient); scale[1] = 1 where the loss is scaled and a gradient is inf or NaN (the sum of
+// squares is then not finite: it overflows only for gradients no step survives anyway); one work-group
 __kernel __attribute__((reqd_work_group_size(LOCAL, 1, 1)))
 void clip_scale(__global const float* partial, int count, __global const float* hp, int max_norm_at,
                 __global float* scale) {
@@ -42,8 +53,10 @@ void clip_scale(__global const float* partial, int count, __global const float* 
     for (int i = get_local_id(0); i < count; i += LOCAL) acc += partial[i];
     const float s = local_sum(part, acc);
     if (get_local_id(0) == 0) {
-        const float c = hp[max_norm_at] / (sqrt(s) + 1e-6f);
-        scale[0] = c < 1.0f ? c : 1.0f;
+        const float unscale = LOSS_SCALED ? 1.0f / hp[LOSS_SCALE_AT] : 1.0f;
+        const float c = hp[max_norm_at] / (sqrt(s) * unscale + 1e-6f);
+        scale[0] = (hp[max_norm_at] > 0.0f && c < 1.0f ? c : 1.0f) * unscale;
+        scale[1] = LOSS_SCALED && !isfinite(s) ? 1.0f : 0.0f;
     }
 }
 
@@ -55,7 +68,8 @@ void sgd(__global float* p, __global const float* g, __global float* buf, __glob
     __global const long* row = ROW;
     const long p_off = row[0], g_off = row[1], s_off = row[2];
     const int n = (int)row[3];
-    const float c = hp[5] > 0.0f ? scale[0] : 1.0f;
+    if (SKIP_STEP) return;
+    const float c = hp[5] > 0.0f || LOSS_SCALED ? scale[0] : 1.0f;
     const float lr = hp[0], mom = hp[1], damp = hp[2], wd = hp[3];
     for (int i = get_local_id(0); i < n; i += LOCAL) {
         const float pi = p[p_off + i];
@@ -76,7 +90,8 @@ void adam(__global float* p, __global const float* g, __global float* m, __globa
     __global const long* row = ROW;
     const long p_off = row[0], g_off = row[1], s_off = row[2];
     const int n = (int)row[3];
-    const float c = hp[8] > 0.0f ? scale[0] : 1.0f;
+    if (SKIP_STEP) return;
+    const float c = hp[8] > 0.0f || LOSS_SCALED ? scale[0] : 1.0f;
     const float lr = hp[0], b1 = hp[1], b2 = hp[2], eps = hp[3], wd = hp[4];
     const float step = lr / hp[5], root2 = sqrt(hp[6]);
     const int decoupled = hp[7] != 0.0f;
