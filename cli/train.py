@@ -132,7 +132,7 @@ def _run(config_path, written, cfg, resume, force, echo, interrupts, comm, threa
     import dlnet
     output = cfg["output"]
     train_mpi.from_rank0(comm, lambda: _check_run_folder(output, resume, force))
-    ctx = dlnet.Context(train_mpi.rank_device(cfg["device"], comm), threads=threads)
+    ctx = dlnet.Context(train_mpi.rank_device(cfg["device"], comm), threads=threads, precision=cfg["precision"])
     net = dlnet.Net(ctx).load_onnx(cfg["model"])
     run = _TrainingRun(config_path, written, cfg, net, echo, comm)
     if resume:
@@ -266,7 +266,9 @@ class _TrainingRun:
         self.steps = max(len(self.xt) // self.bs, 1)
         self.trainer = dlnet.Trainer(net, loss=cfg["loss"], optimizer=make_optimizer(cfg, self.steps),
                                      label_smoothing=cfg["label_smoothing"], seed=cfg["seed"], comm=comm,
-                                     sync_bn=cfg["sync_bn"])
+                                     sync_bn=cfg["sync_bn"], loss_scaler=dlnet.optim.LossScaler(
+                                         growth_interval=cfg["loss_scale_interval"]) if cfg["precision"] == "fp16"
+                                     else False)
         self.rng = np.random.default_rng(cfg["seed"] + 1)
         self.output = cfg["output"]
         self.rows, self.start, self.last_checkpoint = [], 0, None
@@ -283,6 +285,7 @@ class _TrainingRun:
             self.net.load_state_dict(shared["weights"])
             self.trainer.load_optimizer_state(shared["optimizer"])
             self.trainer.step_count = shared["step"]
+            self._load_scale(shared["loss_scale"])
             self.rng.bit_generator.state = shared["rng"]
             self.rows, self.start, self.last_checkpoint, self.position = (
                 shared["rows"], shared["start"], shared["last"], shared["position"])
@@ -304,6 +307,7 @@ class _TrainingRun:
         self.net.load_state_dict(weights)
         self.trainer.load_optimizer_state(opt_state)
         self.trainer.step_count = state["step"]
+        self._load_scale(state.get("loss_scale"), path)
         try:
             self.rng.bit_generator.state = state["rng"]
         except (TypeError, ValueError, KeyError) as e:
@@ -314,7 +318,16 @@ class _TrainingRun:
         if self.comm.size == 1:
             return None
         return {"weights": weights, "optimizer": opt_state, "step": state["step"], "rng": state["rng"],
+                "loss_scale": state.get("loss_scale"),
                 "rows": self.rows, "start": self.start, "last": path, "position": self.position}
+
+    def _load_scale(self, state, path=None):
+        """fp16: the loss scale a checkpoint holds (one written without it, in fp32: the scaler's initial one)."""
+        if self.trainer.scaler is not None and state is not None:
+            try:
+                self.trainer.scaler.load_state_dict(state)
+            except DlnetError as e:
+                raise ConfigError(f"{path}: {e}") from None
 
     def _check_state(self, path, state):
         """The checkpoint's JSON state has dlnet's fields and fits this config and dataset."""
@@ -366,6 +379,8 @@ class _TrainingRun:
         state = {"config": self.written, "epoch": len(self.rows), "step": self.trainer.step_count, "rows": self.rows,
                  "rng": self.rng.bit_generator.state, "train_images": len(self.xt), "val_images": self.nval,
                  "position": {"step": self.position["step"], "total": self.position["total"]}}
+        if self.trainer.scaler is not None:
+            state["loss_scale"] = self.trainer.scaler.state_dict()
         self.last_checkpoint = ckpt.save_checkpoint(self.output, tensors, state, keep=self.last_checkpoint)
 
     def _diverged(self, what, epoch, step):

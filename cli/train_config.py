@@ -92,6 +92,12 @@ class TrainConfig:
                               "(may change on --resume)")
     seed: int = spec("seeds the validation split, the epochs' orders, augmentation and dropout", 0, ge=0,
                      lt=2 ** 32)
+    precision: str = spec("fp32, tf32 (NVIDIA's tensor cores for the products) or fp16: activations stored in half "
+                          "where the kernels take it, float32 master weights, and a dynamic loss scale (as PyTorch's "
+                          "autocast with GradScaler)", "fp32", choices=("fp32", "tf32", "fp16"))
+    loss_scale_interval: int = spec("fp16: good steps in a row after which the loss scale doubles (a step with an "
+                                    "inf or NaN gradient is skipped and halves it; GradScaler's growth_interval)",
+                                    2000, ge=1)
     sync_bn: bool = spec("several processes (mpirun, --procs): BatchNormalization normalises by the global batch's "
                          "statistics, forward and backward, as PyTorch's SyncBatchNorm (N ranks train as one process); "
                          "false: each rank by its own shard's, and rank 0's running statistics are saved", False)

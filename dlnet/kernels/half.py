@@ -15,12 +15,16 @@ ALL = "all"
 
 @dataclass(frozen=True)
 class HalfIO:
-    """reads: the input indices the kernel reads in half (ALL: every one); writes: its float outputs in half."""
+    """reads: the input indices the kernel reads in half (ALL: every one); writes: its float outputs in half (True:
+    every one, or a tuple of output indices)."""
     reads: object = ()
-    writes: bool = False
+    writes: object = False
 
     def reads_input(self, index):
         return self.reads == ALL or index in self.reads
+
+    def writes_output(self, index):
+        return self.writes is True or (isinstance(self.writes, tuple) and index in self.writes)
 
 
 NONE = HalfIO()

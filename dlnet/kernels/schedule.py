@@ -27,6 +27,7 @@ from .families.elementwise import ElementwiseFamily
 from .families.indexing import IndexFamily
 from .families.norm_pool import NormPoolFamily
 from .families.reduce import ReduceFamily
+from .families.training import TrainingFamily
 from .rules import GEMV_REG_ROWS, TAP_MAJOR_MULTIPLE, ldsm_product
 
 
@@ -217,7 +218,8 @@ def schedule(graph, ctx):
 
 
 # {op: HalfIO} that the kernel families of ops without an algorithm table declare (their HALF_IO)
-FAMILY_HALF_IO = {**ElementwiseFamily.HALF_IO, **ReduceFamily.HALF_IO, **NormPoolFamily.HALF_IO, **IndexFamily.HALF_IO}
+FAMILY_HALF_IO = {**ElementwiseFamily.HALF_IO, **ReduceFamily.HALF_IO, **NormPoolFamily.HALF_IO, **IndexFamily.HALF_IO,
+                  **TrainingFamily.HALF_IO}
 
 
 def half_io(node, dev, options):

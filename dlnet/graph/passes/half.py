@@ -4,9 +4,10 @@ float16. The kernels still compute in float32 (they load half and store half); o
 A value is stored in half when its producer's kernel writes half and every reader's kernel reads it in half; a weight
 when every reader reads it in half. Values that share a buffer decide together (a reshape-like view and its input, a
 Concat and the inputs written into its slices). Graph inputs and outputs stay float32 for the user, and so do
-trainable parameters. What each kernel reads and writes comes from the caller (`io(node) -> HalfIO`:
-kernels/schedule.half_io, declared once per kernel family), so this pass knows no kernel. The decision is written
-into the IR: the values' dtypes become float16 (printed f16) and the weights' data is converted.
+trainable parameters (the optimizer's float32 master weights) and values of one element. What each kernel reads and
+writes comes from the caller (`io(node) -> HalfIO`: kernels/schedule.half_io, declared once per kernel family), so
+this pass knows no kernel. The decision is written into the IR: the values' dtypes become float16 (printed f16) and
+the weights' data is converted.
 """
 import numpy as np
 
@@ -41,7 +42,9 @@ def store_half(graph, io):
     for v in graph.values():
         g = group[v.id]
         members.setdefault(g, []).append(v)
-        fine = v.dtype == "float32" and v.id not in boundary and not v.param
+        # (a one-element value stays float32: half saves it no bandwidth, and in training the scalars are the loss and
+        # its scaled gradient, which overflows half at GradScaler's first scale, 2**16)
+        fine = v.dtype == "float32" and v.id not in boundary and not v.param and v.size > 1
         ok[g] = ok.get(g, True) and fine
     for node in graph.nodes:
         view = node.spec.kind == "alias" or node.op == "Concat"
@@ -50,8 +53,8 @@ def store_half(graph, io):
             for i, v in enumerate(node.inputs):
                 if v is not None and not cap.reads_input(i):
                     ok[group[v.id]] = False
-            if not cap.writes:
-                for v in node.outputs:
+            for i, v in enumerate(node.outputs):
+                if not cap.writes_output(i):
                     ok[group[v.id]] = False
     stored = 0
     for g, values in members.items():

@@ -5,6 +5,36 @@
 #ifndef WG
 #define WG 256
 #endif
+// precision "fp16" (kernels/half.py): X_HALF, DY_HALF, Y_HALF, DX_HALF store that operand in half (loaded with
+// vload_half, stored with vstore_half); the statistics, scale and bias stay float, and so does the arithmetic
+#if defined(X_HALF)
+#define X_T half
+#define LD_X(p, i) vload_half(i, p)
+#else
+#define X_T float
+#define LD_X(p, i) (p)[i]
+#endif
+#if defined(DY_HALF)
+#define DY_T half
+#define LD_DY(p, i) vload_half(i, p)
+#else
+#define DY_T float
+#define LD_DY(p, i) (p)[i]
+#endif
+#if defined(Y_HALF)
+#define Y_T half
+#define ST_Y(p, i, v) vstore_half(v, i, p)
+#else
+#define Y_T float
+#define ST_Y(p, i, v) (p)[i] = (v)
+#endif
+#if defined(DX_HALF)
+#define DX_T half
+#define ST_DX(p, i, v) vstore_half(v, i, p)
+#else
+#define DX_T float
+#define ST_DX(p, i, v) (p)[i] = (v)
+#endif
 
 inline float2 wg_sum2(float2 v, __local float2* part) {
     const int l = get_local_id(0);
@@ -20,7 +50,7 @@ inline float2 wg_sum2(float2 v, __local float2* part) {
 // GRAD unset: ws[c][g] = (sum(x - k), sum((x - k)^2)), k = x[0, c, 0].
 // GRAD set:   ws[c][g] = (sum(dy), sum(dy * (x - mean[c]))).
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
-void bn_partial(__global const float* x, ulong x_off, __global const float* dy, ulong dy_off,
+void bn_partial(__global const X_T* x, ulong x_off, __global const DY_T* dy, ulong dy_off,
                 __global const float* mean, ulong mean_off, int N, int C, int S, int G, __global float2* ws) {
     __local float2 part[WG];
     const int g = get_group_id(0), c = get_group_id(1);
@@ -30,15 +60,15 @@ void bn_partial(__global const float* x, ulong x_off, __global const float* dy, 
 #ifdef GRAD
     const float k = mean[mean_off + c];
 #else
-    const float k = x[0];
+    const float k = LD_X(x, 0);
 #endif
     float2 acc = (float2)(0.0f, 0.0f);
     for (int j = g * WG + get_local_id(0); j < count; j += G * WG) {
         const int n = j / S;
         const long at = (long)n * C * S + (j - n * S);
-        const float d = x[at] - k;
+        const float d = LD_X(x, at) - k;
 #ifdef GRAD
-        const float e = dy[at];
+        const float e = LD_DY(dy, at);
         acc += (float2)(e, e * d);
 #else
         acc += (float2)(d, d * d);
@@ -49,7 +79,7 @@ void bn_partial(__global const float* x, ulong x_off, __global const float* dy, 
 }
 
 // mean[c], var[c] (biased) from the forward partial sums; one work-item per channel.
-__kernel void bn_stats(__global const float* x, ulong x_off, __global float* mean, ulong mean_off,
+__kernel void bn_stats(__global const X_T* x, ulong x_off, __global float* mean, ulong mean_off,
                        __global float* var, ulong var_off, int N, int C, int S, int G, __global const float2* ws) {
     const int c = get_global_id(0);
     if (c >= C) return;
@@ -57,7 +87,7 @@ __kernel void bn_stats(__global const float* x, ulong x_off, __global float* mea
     for (int g = 0; g < G; g++) t += ws[(long)c * G + g];
     const float count = (float)N * S;
     const float m = t.x / count;
-    mean[mean_off + c] = x[x_off + (long)c * S] + m;
+    mean[mean_off + c] = LD_X(x, x_off + (long)c * S) + m;
     const float v = t.y / count - m * m;
     var[var_off + c] = v < 0.0f ? 0.0f : v;  // (max() would turn a NaN into 0)
 }
@@ -75,28 +105,28 @@ __kernel void bn_grad_stats(__global const float* var, ulong var_off, __global f
 }
 
 // y = (x - mean) * rsqrt(var + eps) * scale + bias
-__kernel void bn_apply(__global const float* x, ulong x_off, __global const float* mean, ulong mean_off,
+__kernel void bn_apply(__global const X_T* x, ulong x_off, __global const float* mean, ulong mean_off,
                        __global const float* var, ulong var_off, __global const float* scale, ulong scale_off,
-                       __global const float* bias, ulong bias_off, __global float* y, ulong y_off,
+                       __global const float* bias, ulong bias_off, __global Y_T* y, ulong y_off,
                        int C, int S, long total, float eps) {
     const long i = get_global_id(0);
     if (i >= total) return;
     const int c = (int)((i / S) % C);
     const float a = rsqrt(var[var_off + c] + eps) * scale[scale_off + c];
-    y[y_off + i] = (x[x_off + i] - mean[mean_off + c]) * a + bias[bias_off + c];
+    ST_Y(y, y_off + i, (LD_X(x, x_off + i) - mean[mean_off + c]) * a + bias[bias_off + c]);
 }
 
 // dx = scale * inv * (dy - dbias / count - xhat * dscale / count), xhat = (x - mean) * inv, inv = rsqrt(var + eps)
-__kernel void bn_grad_apply(__global const float* dy, ulong dy_off, __global const float* x, ulong x_off,
+__kernel void bn_grad_apply(__global const DY_T* dy, ulong dy_off, __global const X_T* x, ulong x_off,
                             __global const float* mean, ulong mean_off, __global const float* var, ulong var_off,
                             __global const float* scale, ulong scale_off, __global const float* dscale,
-                            ulong dscale_off, __global const float* dbias, ulong dbias_off, __global float* dx,
+                            ulong dscale_off, __global const float* dbias, ulong dbias_off, __global DX_T* dx,
                             ulong dx_off, int C, int S, long total, float eps, float inv_count) {
     const long i = get_global_id(0);
     if (i >= total) return;
     const int c = (int)((i / S) % C);
     const float inv = rsqrt(var[var_off + c] + eps);
-    const float xhat = (x[x_off + i] - mean[mean_off + c]) * inv;
-    dx[dx_off + i] = scale[scale_off + c] * inv *
-        (dy[dy_off + i] - (dbias[dbias_off + c] + xhat * dscale[dscale_off + c]) * inv_count);
+    const float xhat = (LD_X(x, x_off + i) - mean[mean_off + c]) * inv;
+    ST_DX(dx, dx_off + i, scale[scale_off + c] * inv *
+          (LD_DY(dy, dy_off + i) - (dbias[dbias_off + c] + xhat * dscale[dscale_off + c]) * inv_count));
 }

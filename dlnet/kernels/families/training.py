@@ -4,6 +4,7 @@ import numpy as np
 
 from ...errors import ModelError
 from ...graph.ops.nn import conv_geometry
+from ..half import HalfIO, half_defines
 from ..runtime import kernel_source
 
 
@@ -16,13 +17,15 @@ def _bn_view(x):
     return x.shape[0], x.shape[1], int(np.prod(x.shape[2:], dtype=np.int64))
 
 
-def _bn_partial_launch(lw, node, x, dy, mean, grad):
-    """bn_partial over every channel: returns the number of slices G per channel (its sums sit in scratch)."""
+def _bn_partial_launch(lw, node, x, dy, mean, grad, halves):
+    """bn_partial over every channel: returns the number of slices G per channel (its sums sit in scratch).
+    halves: the operands stored in half (precision "fp16": their -D X_HALF-style defines, for every bn.cl launch)."""
     N, C, S = _bn_view(x)
     wg = 64 if lw.dev.is_cpu else 256
     count = N * S
     G = max(1, min(-(-8 * lw.dev.compute_units // C), -(-count // (4 * wg))))
-    src = f"#define WG {wg}\n" + ("#define GRAD 1\n" if grad else "") + kernel_source("bn")
+    src = f"#define WG {wg}\n" + ("#define GRAD 1\n" if grad else "") + \
+        "".join(f"#define {name} 1\n" for name in sorted(halves)) + kernel_source("bn")
     args = lw.args(x) + (lw.args(dy) if grad else lw.dummy()) + (lw.args(mean) if grad else lw.dummy()) + \
         _ints([N, C, S, G]) + [lw.dummy()[0]]
     lw.emit(src, "bn_partial", args, (G * wg, C), (wg, 1), f"{node.name} {node.op}/partial")
@@ -32,6 +35,9 @@ def _bn_partial_launch(lw, node, x, dy, mean, grad):
 
 
 class TrainingFamily:
+    # precision "fp16": bn.cl reads x (and dy) and writes y (and dx) in half; statistics and scale stay float
+    HALF_IO = {"BatchNormTrain": HalfIO((0,), (0,)), "BatchNormTrainGrad": HalfIO((0, 1), (0,))}
+
     def pool_grad(self, node):
         dy, x = node.inputs
         dx = node.outputs[0]
@@ -66,7 +72,7 @@ class TrainingFamily:
         x, scale, bias = node.inputs
         y, mean, var = node.outputs
         N, C, S = _bn_view(x)
-        src, G = _bn_partial_launch(self, node, x, None, None, grad=False)
+        src, G = _bn_partial_launch(self, node, x, None, None, False, half_defines(X=x, Y=y))
         args = self.args(x) + self.args(mean) + self.args(var) + _ints([N, C, S, G]) + [self.dummy()[0]]
         self.emit(src, "bn_stats", args, (C,), None, f"{node.name} BatchNormTrain/stats")
         self.use_scratch(self.launches[-1].kernel, len(args) - 1, 8 * C * G, "bnstat")
@@ -80,7 +86,7 @@ class TrainingFamily:
         dx, dscale, dbias = node.outputs
         N, C, S = _bn_view(x)
         eps = np.float32(node.attrs["epsilon"])
-        src, G = _bn_partial_launch(self, node, x, dy, mean, grad=True)
+        src, G = _bn_partial_launch(self, node, x, dy, mean, True, half_defines(X=x, DY=dy, DX=dx))
         args = self.args(var) + self.args(dscale) + self.args(dbias) + _ints([C, G]) + [eps, self.dummy()[0]]
         self.emit(src, "bn_grad_stats", args, (C,), None, f"{node.name} BatchNormTrainGrad/stats")
         self.use_scratch(self.launches[-1].kernel, len(args) - 1, 8 * C * G, "bnstat")
