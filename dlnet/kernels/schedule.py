@@ -23,6 +23,7 @@ from ..graph.passes.winograd import winograd_on_device, winograd_weights
 from . import half
 from .families.conv import is_depthwise
 from .families.conv_cpu import conv_cpu_algo
+from .families.conv_grad import ConvGradFamily
 from .families.elementwise import ElementwiseFamily
 from .families.indexing import IndexFamily
 from .families.norm_pool import NormPoolFamily
@@ -217,9 +218,9 @@ def schedule(graph, ctx):
     return graph
 
 
-# {op: HalfIO} that the kernel families of ops without an algorithm table declare (their HALF_IO)
+# {op: HalfIO, or node -> HalfIO} that the kernel families of ops without an algorithm table declare (their HALF_IO)
 FAMILY_HALF_IO = {**ElementwiseFamily.HALF_IO, **ReduceFamily.HALF_IO, **NormPoolFamily.HALF_IO, **IndexFamily.HALF_IO,
-                  **TrainingFamily.HALF_IO}
+                  **TrainingFamily.HALF_IO, **ConvGradFamily.HALF_IO}
 
 
 def half_io(node, dev, options):
@@ -232,7 +233,8 @@ def half_io(node, dev, options):
         return half.NONE
     if node.op == "Fused" or node.spec.kind == "pointwise":
         return half.EVERY
-    return FAMILY_HALF_IO.get(node.op, half.NONE)
+    io = FAMILY_HALF_IO.get(node.op, half.NONE)
+    return io(node) if callable(io) else io
 
 
 def device_passes(graph, ctx, training=False):

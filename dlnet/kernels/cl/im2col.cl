@@ -1,5 +1,22 @@
+// precision "fp16" (kernels/half.py): COL_X_HALF: im2col's x is stored in half (read as float; col stays float);
+// COL_DX_HALF: col2im's dx is stored in half
+#if defined(COL_X_HALF)
+#define COL_X_T half
+#define COL_LDX(i) vload_half(i, x)
+#else
+#define COL_X_T float
+#define COL_LDX(i) x[i]
+#endif
+#if defined(COL_DX_HALF)
+#define COL_DX_T half
+#define COL_STDX(i, v) vstore_half(v, i, dx)
+#else
+#define COL_DX_T float
+#define COL_STDX(i, v) dx[i] = (v)
+#endif
+
 // col[k, n] for k = (c, ky, kx) and n = (image, oy, ox): the convolution's B matrix, laid out for gemm_vec.cl.
-__kernel void im2col(__global const float* x, ulong x_off, __global float* col, int C, int H, int W, int OH, int OW,
+__kernel void im2col(__global const COL_X_T* x, ulong x_off, __global float* col, int C, int H, int W, int OH, int OW,
                      int KH, int KW, int SH, int SW, int PH, int PW, int DH, int DW, long x_nstride, int NN,
                      long total) {
     const long i = get_global_id(0);
@@ -8,13 +25,13 @@ __kernel void im2col(__global const float* x, ulong x_off, __global float* col, 
     const int kx = k % KW; const int t = k / KW; const int ky = t % KH; const int c = t / KH;
     const int ox = n % OW; const int t2 = n / OW; const int oy = t2 % OH; const int img = t2 / OH;
     const int iy = oy * SH - PH + ky * DH, ix = ox * SW - PW + kx * DW;
-    col[i] = (iy >= 0 && iy < H && ix >= 0 && ix < W) ? x[x_off + img * x_nstride + ((long)c * H + iy) * W + ix]
-                                                        : 0.0f;
+    const bool in = iy >= 0 && iy < H && ix >= 0 && ix < W;
+    col[i] = in ? COL_LDX(x_off + img * x_nstride + ((long)c * H + iy) * W + ix) : 0.0f;
 }
 
 // dx[image, c, iy, ix] = sum over taps (ky, kx) that read (iy, ix) of colgrad[(c, ky, kx), (image, oy, ox)]:
 // the adjoint of im2col as a gather (deterministic, no atomics).
-__kernel void col2im(__global const float* col, __global float* dx, ulong dx_off, int C, int H, int W, int OH,
+__kernel void col2im(__global const float* col, __global COL_DX_T* dx, ulong dx_off, int C, int H, int W, int OH,
                      int OW, int KH, int KW, int SH, int SW, int PH, int PW, int DH, int DW, int NPIX, long total) {
     const long i = get_global_id(0);
     if (i >= total) return;
@@ -35,7 +52,7 @@ __kernel void col2im(__global const float* col, __global float* dx, ulong dx_off
             acc += col[(long)((c * KH + ky) * KW + kx) * NPIX + ((long)img * OH + oy) * OW + ox];
         }
     }
-    dx[dx_off + i] = acc;
+    COL_STDX(dx_off + i, acc);
 }
 
 // wf[g * C + c, k, ky, kx] = w[g * K + k, c, KH - 1 - ky, KW - 1 - kx]: the weights of dx = conv(dy, wf) for a

@@ -3,8 +3,30 @@
 #if !defined(POOL_MAX) && !defined(POOL_AVG)
 #error "pool_grad.cl needs POOL_MAX or POOL_AVG"
 #endif
-__kernel void pool_grad(__global const float* dy, ulong dy_off, __global const float* x, ulong x_off,
-                        __global float* dx, ulong dx_off, int H, int W, int OH, int OW, int KH, int KW,
+// precision "fp16" (kernels/half.py): X_HALF, DY_HALF, DX_HALF store that operand in half (float arithmetic)
+#if defined(X_HALF)
+#define X_T half
+#define LD_X(i) vload_half(i, x)
+#else
+#define X_T float
+#define LD_X(i) x[i]
+#endif
+#if defined(DY_HALF)
+#define DY_T half
+#define LD_DY(i) vload_half(i, dy)
+#else
+#define DY_T float
+#define LD_DY(i) dy[i]
+#endif
+#if defined(DX_HALF)
+#define DX_T half
+#define ST_DX(i, v) vstore_half(v, i, dx)
+#else
+#define DX_T float
+#define ST_DX(i, v) dx[i] = (v)
+#endif
+__kernel void pool_grad(__global const DY_T* dy, ulong dy_off, __global const X_T* x, ulong x_off,
+                        __global DX_T* dx, ulong dx_off, int H, int W, int OH, int OW, int KH, int KW,
                         int SH, int SW, int PH, int PW, int DH, int DW, int count_include_pad, long total) {
     const long i = get_global_id(0);
     if (i >= total) return;
@@ -33,11 +55,11 @@ __kernel void pool_grad(__global const float* dy, ulong dy_off, __global const f
                 for (int wx = 0; wx < KW; wx++) {
                     const int xx = ox * SW - PW + wx * DW;
                     if (xx < 0 || xx >= W) continue;
-                    const float v = x[yy * W + xx];
+                    const float v = LD_X(yy * W + xx);
                     if (v > best || by < 0) { best = v; by = yy; bx = xx; }
                 }
             }
-            if (by == iy && bx == ix) acc += dy[oy * OW + ox];
+            if (by == iy && bx == ix) acc += LD_DY(oy * OW + ox);
 #else
             int n = 0;
             for (int wy = 0; wy < KH; wy++) {
@@ -49,42 +71,42 @@ __kernel void pool_grad(__global const float* dy, ulong dy_off, __global const f
                     if (inside || (count_include_pad && in_pad)) n++;
                 }
             }
-            acc += dy[oy * OW + ox] / (float)n;
+            acc += LD_DY(oy * OW + ox) / (float)n;
 #endif
         }
     }
-    dx[dx_off + i] = acc;
+    ST_DX(dx_off + i, acc);
 }
 
 // Windows that tile the input exactly (kernel = stride, no pads, no dilation, H = OH KH, W = OW KW): one work-item
 // per window, which writes every input element under it once (max: the first maximum in scan order gets dy, the
 // rest 0; average: dy / (KH KW)).
-__kernel void pool_grad_tiled(__global const float* dy, ulong dy_off, __global const float* x, ulong x_off,
-                              __global float* dx, ulong dx_off, int OH, int OW, int KH, int KW, long total) {
+__kernel void pool_grad_tiled(__global const DY_T* dy, ulong dy_off, __global const X_T* x, ulong x_off,
+                              __global DX_T* dx, ulong dx_off, int OH, int OW, int KH, int KW, long total) {
     const long i = get_global_id(0);
     if (i >= total) return;
     const int ox = i % OW; const long t = i / OW;
     const int oy = t % OH; const long nc = t / OH;
     const int W = OW * KW;
     const long base = (nc * OH * KH + (long)oy * KH) * W + (long)ox * KW;
-    const float g = dy[dy_off + i];
+    const float g = LD_DY(dy_off + i);
     x += x_off + base;
     dx += dx_off + base;
 #if defined(POOL_MAX)
-    float best = x[0];
+    float best = LD_X(0);
     int at = 0;
     for (int wy = 0; wy < KH; wy++)
         for (int wx = 0; wx < KW; wx++) {
-            const float v = x[wy * W + wx];
+            const float v = LD_X(wy * W + wx);
             if (v > best) { best = v; at = wy * W + wx; }
         }
     for (int wy = 0; wy < KH; wy++)
         for (int wx = 0; wx < KW; wx++)
-            dx[wy * W + wx] = wy * W + wx == at ? g : 0.0f;
+            ST_DX(wy * W + wx, wy * W + wx == at ? g : 0.0f);
 #else
     const float share = g / (float)(KH * KW);
     for (int wy = 0; wy < KH; wy++)
         for (int wx = 0; wx < KW; wx++)
-            dx[wy * W + wx] = share;
+            ST_DX(wy * W + wx, share);
 #endif
 }

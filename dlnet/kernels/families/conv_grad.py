@@ -6,11 +6,29 @@ import numpy as np
 from ...graph.ops.nn import conv_geometry
 from ..device import TILED_CORES
 from ..emitter import act_macro, core_source, defines
+from ..half import NONE, HalfIO, half_defines, without_copies
 from ..rules import round_up
 from ..runtime import kernel_source
 
 
+def _depthwise(group, cin, c):
+    return group == cin and c == 1 and group > 1
+
+
+def half_io(node):
+    """precision "fp16": the GEMM paths read dy (and dW's x) and write dX in half (dW, a weight's gradient, in
+    float32); the depthwise (dwconv_grad.cl) and Winograd paths take float32."""
+    out, other = node.outputs[0], node.inputs[1]
+    x_shape, w_shape = (other.shape, out.shape) if node.op == "ConvGradW" else (out.shape, other.shape)
+    group = node.attrs.get("group", 1)
+    if node.attrs.get("winograd") or _depthwise(group, x_shape[1], w_shape[1]):
+        return NONE
+    return HalfIO((0, 1)) if node.op == "ConvGradW" else HalfIO((0,), True)
+
+
 class ConvGradFamily:
+    HALF_IO = {"ConvGradW": half_io, "ConvGradX": half_io}  # (node -> HalfIO: it depends on the path)
+
     def conv_grad(self, node, which):
         """dW (which="dw") or dX ("dx") of a 1-D/2-D convolution as a GEMM on the device's core."""
         dy, other = node.inputs
@@ -26,13 +44,15 @@ class ConvGradFamily:
         CKK, NPIX = C * KH * KW, N * OH * OW
         geo = [np.int32(v) for v in (Cin, H, W, OH, OW, KH, KW, s[0], s[1], p[0], p[1], d[0], d[1])]
         label = f"{node.name} {node.op}"
-        if group == Cin and C == 1 and group > 1:  # depthwise: direct kernels (a GEMM per channel wastes its tiles)
+        if _depthwise(group, Cin, C):  # depthwise: direct kernels (a GEMM per channel wastes its tiles)
             self._dwconv_grad(node, which, N, geo, K, label)
             return
         work = 4 * group * CKK * NPIX
         M, NN, KK = (K, CKK, NPIX) if which == "dw" else (CKK, NPIX, K)
         pick = self.pick(M, NN, KK, group, False, f"{which}{KH}x{KW}s{s[0]}x{s[1]}")
         core, tiles, lsize, (g0, g1) = pick
+        halves = half_defines(DY=dy, X=other if which == "dw" else None, DX=out if which == "dx" else None)
+        tiles = without_copies(tiles, halves, ("DY", "X"))
         if which == "dw" and node.attrs.get("winograd"):
             self.winograd_dw(dy, other, out, p, label)
             return
@@ -49,9 +69,10 @@ class ConvGradFamily:
             self.use_scratch(self.launches[-1].kernel, 2, 4 * other.size, "wflip")
             n_launch = len(self.launches)
             idx = self.index_type(dy.size, other.size, out.size)
-            self._conv_gemm(self.args(dy), self.dummy(), self.dummy(), self.dummy(), self.args(out), act_macro(None),
-                            idx, N, group * K, OH, OW, Cin, H, W, KH, KW, [1, 1],
-                            [d[0] * (KH - 1) - p[0], d[1] * (KW - 1) - p[1]], list(d), group, label)
+            x_half = half_defines(X=dy, Y=out)  # (precision "fp16": dy is this convolution's x, dx its y)
+            self._conv_gemm(self.args(dy), self.dummy(), self.dummy(), self.dummy(), self.args(out),
+                            act_macro(None) + defines(x_half), idx, N, group * K, OH, OW, Cin, H, W, KH, KW, [1, 1],
+                            [d[0] * (KH - 1) - p[0], d[1] * (KW - 1) - p[1]], list(d), group, label, halves=x_half)
             for launch in self.launches[n_launch:]:
                 self.use_scratch(launch.kernel, 2, 4 * other.size, "wflip")
             return
@@ -59,7 +80,8 @@ class ConvGradFamily:
         direct = which == "dx" and KH == KW == 1 and list(s) == [1, 1] and list(p) == [0, 0]
         if which == "dw" and not implicit:  # col = im2col(x)
             total = group * CKK * NPIX
-            self.emit(kernel_source("im2col"), "im2col", self.args(other) + [self.dummy()[0]] + geo +
+            col_x = "#define COL_X_HALF 1\n" if "X_HALF" in halves else ""
+            self.emit(col_x + kernel_source("im2col"), "im2col", self.args(other) + [self.dummy()[0]] + geo +
                       [np.int64(Cin * H * W), np.int32(NPIX), np.int64(total)], (total,), None, label + " im2col")
             self.use_scratch(self.launches[-1].kernel, 2, work, "work")
         along = {"B_ALONG_K": 1} if which == "dw" else {"A_ALONG_M": 1}  # col rows / w columns run along k / m
@@ -68,7 +90,7 @@ class ConvGradFamily:
             along["IMPLICIT_COL"] = 1
         if direct:
             along["DX_DIRECT"] = 1
-        src = defines(dict(tiles, **along, **{"CONV_DW" if which == "dw" else "CONV_DX": 1})) + \
+        src = defines(dict(tiles, **along, **halves, **{"CONV_DW" if which == "dw" else "CONV_DX": 1})) + \
             kernel_source("window") + kernel_source("conv_grad_gemm") + core_source(core)
         w_args = self.dummy() if which == "dw" else self.args(other)
         y_args = self.args(out) if which == "dw" or direct else self.dummy()
@@ -84,7 +106,9 @@ class ConvGradFamily:
                 self.use_scratch(launch.kernel, 6, work, "work")  # argument 6: col
         if which == "dx" and not direct:  # dx = col2im(colgrad)
             col_args = [self.dummy()[0]] + self.args(out) + geo + [np.int32(NPIX), np.int64(out.size)]
-            self.emit(kernel_source("im2col"), "col2im", col_args, (max(out.size, 1),), None, label + " col2im")
+            col_dx = "#define COL_DX_HALF 1\n" if "DX_HALF" in halves else ""
+            self.emit(col_dx + kernel_source("im2col"), "col2im", col_args, (max(out.size, 1),), None,
+                      label + " col2im")
             self.use_scratch(self.launches[-1].kernel, 0, work, "work")
 
     def _dwconv_grad(self, node, which, N, geo, mult, label):

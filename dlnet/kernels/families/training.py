@@ -36,7 +36,8 @@ def _bn_partial_launch(lw, node, x, dy, mean, grad, halves):
 
 class TrainingFamily:
     # precision "fp16": bn.cl reads x (and dy) and writes y (and dx) in half; statistics and scale stay float
-    HALF_IO = {"BatchNormTrain": HalfIO((0,), (0,)), "BatchNormTrainGrad": HalfIO((0, 1), (0,))}
+    HALF_IO = {"BatchNormTrain": HalfIO((0,), (0,)), "BatchNormTrainGrad": HalfIO((0, 1), (0,)),
+               "PoolGrad": HalfIO((0, 1), True)}  # (pool_grad.cl: dy, x and dx)
 
     def pool_grad(self, node):
         dy, x = node.inputs
@@ -47,7 +48,8 @@ class TrainingFamily:
         g = conv_geometry(node)
         H, W, OH, OW, KH, KW = g.H, g.W, g.OH, g.OW, g.KH, g.KW
         s, p, d = list(g.strides_2d), list(g.pads_2d), list(g.dilations_2d)
-        src = f"#define POOL_{a['mode'].upper()} 1\n" + kernel_source("pool_grad")
+        halves = "".join(f"#define {name} 1\n" for name in sorted(half_defines(DY=dy, X=x, DX=dx)))
+        src = f"#define POOL_{a['mode'].upper()} 1\n" + halves + kernel_source("pool_grad")
         if [KH, KW] == list(s) and list(p) == [0, 0] and list(d) == [1, 1] and x.rank == 4 and \
                 list(x.shape[2:]) == [OH * KH, OW * KW] and not any(a.get("pads") or [0]):
             args = self.args(dy) + self.args(x) + self.args(dx) + _ints([OH, OW, KH, KW]) + [np.int64(dy.size)]
