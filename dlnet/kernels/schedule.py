@@ -206,7 +206,8 @@ def algorithm(node, dev, options):
 
 def schedule(graph, ctx):
     """Write each node's algorithm on it (node.schedule["algo"]) for ctx's device and options; in precision "fp16"
-    (inference graphs) then store in half what the chosen kernels read and write in half (graph/passes/half.py)."""
+    then store in half what the chosen kernels read and write in half (graph/passes/half.py; in a training graph
+    too: its weights, the parameters, stay float32)."""
     dev, options = ctx.dev, ctx.options
     for node in graph.nodes:
         algo = choose(node, dev, options)

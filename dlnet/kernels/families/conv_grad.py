@@ -62,19 +62,7 @@ class ConvGradFamily:
             return
         if which == "dx" and core in TILED_CORES and list(s) == [1, 1] and KH * KW > 1 and \
                 p[0] <= d[0] * (KH - 1) and p[1] <= d[1] * (KW - 1):
-            # stride 1: dx = conv(dy, w flipped and transposed per group), pads d * (k - 1) - p: no col buffer
-            self.emit(kernel_source("im2col"), "flip_weights", self.args(other) + [self.dummy()[0]] + [
-                np.int32(v) for v in (group, K, C, KH * KW)] + [np.int64(other.size)], (other.size,), None,
-                label + " flip")
-            self.use_scratch(self.launches[-1].kernel, 2, 4 * other.size, "wflip")
-            n_launch = len(self.launches)
-            idx = self.index_type(dy.size, other.size, out.size)
-            x_half = half_defines(X=dy, Y=out)  # (precision "fp16": dy is this convolution's x, dx its y)
-            self._conv_gemm(self.args(dy), self.dummy(), self.dummy(), self.dummy(), self.args(out),
-                            act_macro(None) + defines(x_half), idx, N, group * K, OH, OW, Cin, H, W, KH, KW, [1, 1],
-                            [d[0] * (KH - 1) - p[0], d[1] * (KW - 1) - p[1]], list(d), group, label, halves=x_half)
-            for launch in self.launches[n_launch:]:
-                self.use_scratch(launch.kernel, 2, 4 * other.size, "wflip")
+            self._dx_flipped(node, g, N, Cin, K, C, group, label)
             return
         implicit = which == "dw" and core in TILED_CORES  # the GPU cores read dw's windows straight from x
         direct = which == "dx" and KH == KW == 1 and list(s) == [1, 1] and list(p) == [0, 0]
@@ -110,6 +98,22 @@ class ConvGradFamily:
             self.emit(col_dx + kernel_source("im2col"), "col2im", col_args, (max(out.size, 1),), None,
                       label + " col2im")
             self.use_scratch(self.launches[-1].kernel, 0, work, "work")
+
+    def _dx_flipped(self, node, g, N, Cin, K, C, group, label):
+        """Stride 1: dx = conv(dy, w flipped and transposed per group), pads d * (k - 1) - p: no col buffer."""
+        (dy, w), dx = node.inputs, node.outputs[0]
+        KH, KW, p, d = g.KH, g.KW, list(g.pads_2d), list(g.dilations_2d)
+        self.emit(kernel_source("im2col"), "flip_weights", self.args(w) + [self.dummy()[0]] + [
+            np.int32(v) for v in (group, K, C, KH * KW)] + [np.int64(w.size)], (w.size,), None, label + " flip")
+        self.use_scratch(self.launches[-1].kernel, 2, 4 * w.size, "wflip")
+        n_launch = len(self.launches)
+        idx = self.index_type(dy.size, w.size, dx.size)
+        x_half = half_defines(X=dy, Y=dx)  # (precision "fp16": dy is this convolution's x, dx its y)
+        self._conv_gemm(self.args(dy), self.dummy(), self.dummy(), self.dummy(), self.args(dx),
+                        act_macro(None) + defines(x_half), idx, N, group * K, g.OH, g.OW, Cin, g.H, g.W, KH, KW,
+                        [1, 1], [d[0] * (KH - 1) - p[0], d[1] * (KW - 1) - p[1]], d, group, label, halves=x_half)
+        for launch in self.launches[n_launch:]:
+            self.use_scratch(launch.kernel, 2, 4 * w.size, "wflip")
 
     def _dwconv_grad(self, node, which, N, geo, mult, label):
         dy, other = node.inputs
