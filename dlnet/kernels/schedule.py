@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..graph.passes.fuse import fold_channel_shuffles, fuse_conv_prologues
-from ..graph.passes.half import store_half
+from ..graph.passes.half import half_weight_copies, store_half
 from ..graph.passes.layout import (
     flatten_gemm_rows,
     pretranspose_weights,
@@ -215,6 +215,8 @@ def schedule(graph, ctx):
             node.schedule["algo"] = algo
     if dev.half_storage and not getattr(graph, "stored_half", False):
         half.check_half_io(ctx)
+        if any(v.param for v in graph.values()):  # training: the kernels that read weights in half read half copies
+            half_weight_copies(graph, lambda node: half_io(node, dev, options))
         store_half(graph, lambda node: half_io(node, dev, options))
     return graph
 

@@ -89,6 +89,11 @@ def test_fp16_training_follows_fp32(which, core):
     assert sum(order.get(v.id, -1) < loss_at for v in halves) >= 3, [str(v) for v in halves]
     assert sum(order.get(v.id, -1) > loss_at for v in halves) >= 3, [str(v) for v in halves]
     assert all(not v.param for v in halves)  # the master weights stay float32
+    # the products read half copies of them, one Cast a step (autocast's weight casts)
+    copies = [n for n in graph.nodes if n.op == "Cast" and n.inputs[0].param]
+    assert copies and all(n.outputs[0].dtype == "float16" for n in copies)
+    products = [n for n in graph.nodes if n.op in ("Gemm", "Conv")]
+    assert any(n.inputs[1].producer in copies for n in products)
     assert all(w.dtype == np.float32 for w in w16.values())
     assert set(w16) == set(w32)
     if which == "cnn":  # BatchNorm's training kernels read and write half (bn.cl), forward and backward

@@ -11,7 +11,7 @@ the weights' data is converted.
 """
 import numpy as np
 
-from ..ir import HALF_NOTE
+from ..ir import HALF_NOTE, Node
 
 
 def _find(parent, i):
@@ -70,3 +70,25 @@ def store_half(graph, io):
         half_bytes = sum(v.nbytes for values in members.values() for v in values if v.dtype == "float16")
         graph.notes.append(f"{HALF_NOTE}{stored} values stored in half ({half_bytes / 2**20:.2f} MiB)")
     return stored
+
+
+def half_weight_copies(graph, io):
+    """Training graphs: each float32 parameter of two or more dims (a matrix, a convolution's kernel) that some kernel
+    reads in half is read by those through a copy (a Cast node before the first of them, once per step), which
+    store_half then stores in half: autocast's cast of the weights. The parameter stays the optimizer's float32
+    master copy; products whose both operands are half may take a half core (gemm_ldsm.cl's f16 on NVIDIA). A vector
+    (a bias, a norm's scale) is read as it is: its copy would cost a launch for nothing. Returns the copies made."""
+    index = {id(n): i for i, n in enumerate(graph.nodes)}
+    made = []
+    for v in [v for v in graph.values() if v.param and v.dtype == "float32" and len(v.shape) >= 2]:
+        readers = [(n, i) for n in v.users if n.spec.kind != "alias" for i, x in enumerate(n.inputs)
+                   if x is v and io(n).reads_input(i)]
+        if readers:
+            made.append((min(index[id(n)] for n, _ in readers), v, readers))
+    for at, v, readers in sorted(made, key=lambda m: -m[0]):  # (from the back: the indices before stay valid)
+        copy = Node("Cast", [v], [graph.new_value("float32", v.shape, f"{v.name}_f16")], {"to": "float32"},
+                    f"{v.name}_f16")
+        graph.add_node(copy, at)
+        for node, i in readers:
+            graph.set_input(node, i, copy.outputs[0])
+    return len(made)
