@@ -198,3 +198,29 @@ def test_fp32_trains_without_a_scale_unless_asked():
     assert not _halves(graph) and not _halves(graph_s) and scaler.scale == 1024.0
     assert l32[-1] < 0.97 * l32[0]
     np.testing.assert_allclose(ls, l32, rtol=1e-4)  # (scaling and unscaling by a power of two changes nothing)
+
+
+def test_two_thread_ranks_skip_alike_in_fp16(tmp_path):
+    """Data-parallel fp16: every rank sees the same averaged gradients, so every rank skips the same overflowing
+    steps, keeps the same scale and the same weights. (Not the one-process run's skips: a rank's loss is the mean of
+    its shard, so its scaled gradients are twice those of the whole batch and overflow at half the scale, as in
+    PyTorch DDP with GradScaler.)"""
+    from tests.optim.test_distributed import ThreadGroup, batches, mlp
+    data, path = batches(16), mlp(tmp_path / "m.onnx", 0, batchnorm=True)
+
+    def train(comm):
+        ctx = dlnet.Context(context().info, precision="fp16")
+        with dlnet.Net(ctx).load_onnx(path) as net:
+            with dlnet.Trainer(net, optimizer=dlnet.optim.Adam(lr=1e-2), comm=comm, sync_bn=True,
+                               loss_scaler=LossScaler(init_scale=2.0 ** 22, growth_interval=4)) as tr:
+                n = len(data[0][0]) // 2
+                losses = [tr.step({"x": x[comm.rank * n:(comm.rank + 1) * n],
+                                   "target": y[comm.rank * n:(comm.rank + 1) * n]}) for x, y in data]
+                assert _halves(tr._active.graph)
+                return losses, tr.scaler.state_dict(), net.state_dict()
+
+    (l0, s0, w0), (l1, s1, w1) = ThreadGroup(2).run(train)
+    assert s0 == s1 and s0["skipped"] >= 2 and l0 == l1
+    assert all(np.array_equal(w0[name], w1[name]) and np.isfinite(w0[name]).all() for name in w0)
+    init = {i.name: onnx.numpy_helper.to_array(i) for i in onnx.load(path).graph.initializer}
+    assert not np.allclose(w0["w1"], init["w1"]) and s0["skipped"] < len(data)  # (it trains between the skips)
