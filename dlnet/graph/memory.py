@@ -201,7 +201,7 @@ class _Planner:
                     weight_views[node.outputs[0].id] = weight_views.get(src.id, src.id)
                 else:
                     rid, off = self.find(src)
-                    self.root[node.outputs[0].id] = (rid, off)
+                    self.root[node.outputs[0].id] = (rid, off + node.spec.view_offset(node))
         self.plan.alias_of = dict(self.root)
 
     def place_constants(self):

@@ -61,6 +61,10 @@ class Op:
         """May the output be written over input `index` (same shape; the planner checks that)?"""
         return self.inplace
 
+    def view_offset(self, node):
+        """An alias op's output: the element of its input it starts at (ColumnView's column; 0 for a Reshape)."""
+        return 0
+
     def lower(self, node, lw):
         raise ModelError(f"node {node.name} ({node.op}): no kernel lowering")
 
