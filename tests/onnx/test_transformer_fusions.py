@@ -15,6 +15,7 @@ from onnx import helper
 
 import dlnet
 from dlnet.graph.ops.transformer import view_strides
+from dlnet.graph.parser import constants_of, graphs_equal, parse_graph
 
 from ..conftest import context, make_model, reference, rel_l2
 from .test_rms_rotary import model_of
@@ -93,6 +94,7 @@ def _check_fused(net, kept, fused, heads):
             assert sorted(x.producer.attrs["start"] for x in n.inputs[:3]) == [0, tt.D, 2 * tt.D]
     text = str(net.graph)
     assert text.count("= AddLayerNorm(") == fused and text.count("= ColumnView(") == 6
+    assert graphs_equal(parse_graph(text, constants_of(net.graph)), net.graph) == (True, "")  # the IR reads back
 
 
 def _run(name, ctx):
@@ -233,3 +235,4 @@ def test_view_strides():
     assert view_strides((10, 32), 32, 96) == [96, 1]
     assert view_strides((2, 5, 4, 8), 16, 96) is None  # 16 columns split the heads axis
     assert view_strides((2, 3), 6, 6) == [3, 1]  # contiguous
+
