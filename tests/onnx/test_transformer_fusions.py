@@ -8,6 +8,8 @@
   Attention kernels read in place (ColumnView); a projection read by anything else stays unfused.
 Against onnxruntime (the exported models) or onnx.reference (the hand-built graphs) by relative L2 error.
 """
+import io
+
 import numpy as np
 import onnx
 import pytest
@@ -236,3 +238,61 @@ def test_view_strides():
     assert view_strides((2, 5, 4, 8), 16, 96) is None  # 16 columns split the heads axis
     assert view_strides((2, 3), 6, 6) == [3, 1]  # contiguous
 
+
+
+class PackedBlock(nn.Module):
+    """nn.MultiheadAttention's one in-projection [D, 3D] (torchvision's ViT; Swin's qkv alike), split by the exporter
+    as Reshape, Transpose and a Gather per projection."""
+
+    def __init__(self, batch_first):
+        super().__init__()
+        self.ln = nn.LayerNorm(tt.D)
+        self.attn = nn.MultiheadAttention(tt.D, tt.HEADS, batch_first=batch_first)
+
+    def forward(self, x):
+        y = self.ln(x)
+        return x + self.attn(y, y, y, need_weights=False)[0]
+
+
+@pytest.mark.parametrize("gpu", [False, pytest.param(True, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_packed_in_projection_is_read_in_place(batch_first, gpu):
+    torch.manual_seed(0)
+    module = PackedBlock(batch_first).eval()
+    x = torch.randn(3, 7, tt.D)
+    buf = io.BytesIO()  # (op-set 17: nn.MultiheadAttention's scaled_dot_product_attention needs 14)
+    torch.onnx.export(module, (x,), buf, opset_version=17, dynamo=False, input_names=["x"], output_names=["y"])
+    data = buf.getvalue()
+    sess = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    net = dlnet.Net(gpu_like() if gpu else context()).load_onnx(onnx.load_from_string(data))
+    feeds = {"x": rng.standard_normal((3, 7, tt.D)).astype(np.float32)}
+    assert rel_l2(net.run(feeds)["y"], sess.run(None, feeds)[0]) <= 1e-5
+    ops = [n.op for n in net.graph.nodes]
+    views = [n for n in net.graph.nodes if n.op == "ColumnView"]
+    assert "Gather" not in ops and ops.count("Transpose") == 2 * batch_first  # (batch_first's own, in and out)
+    assert sorted(v.attrs["start"] for v in views) == [0, tt.D, 2 * tt.D] and ops.count("Gemm") == 2
+    net.release()
+
+
+@pytest.mark.parametrize("split", ["columns", "rows"])
+def test_packed_split_is_a_view_only_where_it_takes_columns(split):
+    """P [6, 48] split as Reshape [6, 3, 16] -> Transpose -> Gather: each part is 16 columns of every row (a view);
+    as Reshape [2, 3, 48] -> Transpose -> Gather: rows 0 and 3 (not columns: the Gather stays, nothing is viewed)."""
+    inits = {"w": rng.standard_normal((16, 48)).astype(np.float32) * 0.3,
+             "i": np.array(1 if split == "columns" else 0, np.int64),
+             "split": np.array([6, 3, 16] if split == "columns" else [2, 3, 48], np.int64),
+             "heads": np.array([1, 6, 2, 8], np.int64), "scale": np.array(0.3, np.float32)}
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["p"]), helper.make_node("Reshape", ["p", "split"], ["r"]),
+             helper.make_node("Transpose", ["r"], ["t"], perm=[1, 0, 2]),
+             helper.make_node("Gather", ["t", "i"], ["g"], axis=0), helper.make_node("Reshape", ["g", "heads"], ["h"]),
+             helper.make_node("Transpose", ["h"], ["ht"], perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["h", "ht"], ["s"]), helper.make_node("Mul", ["s", "scale"], ["z"]),
+             helper.make_node("Softmax", ["z"], ["a"], axis=-1), helper.make_node("MatMul", ["a", "h"], ["y"])]
+    feeds = {"x": rng.standard_normal((6, 16)).astype(np.float32)}
+    model = make_model(nodes, feeds, ["y"], inits)
+    net = dlnet.Net(context()).load_onnx(model)
+    assert rel_l2(net.run(feeds)["y"], reference(model, feeds)[0]) <= 1e-5
+    ops = [n.op for n in net.graph.nodes]
+    assert ops.count("Attention") == 1 and ("ColumnView" in ops) == (split == "columns") and \
+        ("Gather" in ops) == (split == "rows")
+    net.release()

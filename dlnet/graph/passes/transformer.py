@@ -79,6 +79,26 @@ def fuse_residual_norm(graph):
 # ------------------------------------------------------------------------------------------------------------ QKV
 
 
+def _attention_readers(graph, y, n):
+    """[(Reshape or None, value)]: the Reshape views of y (or y itself: None) through which only Attention nodes read
+    it, as q, k or v, each a view that n columns of a wider product can be (view_strides); None where any other
+    node reads it."""
+    readers = []
+    for u in set(y.users):
+        if u.op == "Attention":
+            reshape, v = None, y
+        elif u.op == "Reshape" and u.outputs[0] not in graph.outputs:
+            reshape, v = u, u.outputs[0]
+        else:
+            return None
+        attn = v.users
+        if not attn or any(r.op != "Attention" or v in r.inputs[3:] for r in attn) or \
+                view_strides(v.shape, n, 2 * n) is None:
+            return None
+        readers.append((reshape, v))
+    return readers
+
+
 def _projection(graph, g):
     """(weight [K, N], bias [N] or None, [(reader, shape)]) of a Gemm that fuse_qkv may pack, else None. Readers:
     the Reshape views (or y itself: reader None) that only Attention nodes read, as q, k or v."""
@@ -91,20 +111,9 @@ def _projection(graph, g):
     n = y.shape[-1]
     if c is not None and (c.const is None or c.param or c.size != n or c.rank != 1):
         return None
-    readers = []
-    for u in set(y.users):
-        if u.op == "Attention":
-            views = [(None, y)]
-        elif u.op == "Reshape" and u.outputs[0] not in graph.outputs:
-            views = [(u, u.outputs[0])]
-        else:
-            return None
-        for reshape, v in views:
-            attn = v.users
-            if not attn or any(r.op != "Attention" or v in r.inputs[3:] for r in attn) or \
-                    view_strides(v.shape, n, 3 * n) is None:
-                return None
-            readers.append((reshape, v))
+    readers = _attention_readers(graph, y, n)
+    if readers is None:
+        return None
     weight = np.asarray(w.const.T if a["transB"] else w.const)
     bias = None if c is None else np.asarray(c.const).reshape(-1) * np.asarray(a["beta"], c.dtype)
     return weight, bias, readers
@@ -158,5 +167,63 @@ def fuse_qkv(graph):
         if any(view_strides(v.shape, p[0].shape[1], width) is None for _, p in group for _, v in p[2]):
             continue
         _pack(graph, group)
+        changed = True
+    return changed
+
+
+# ------------------------------------------------------------------------------------------- packed projections
+
+
+def _split_source(graph, gather):
+    """(P, start, columns) where `gather` (axis 0, one constant index) takes columns [start, start + columns) of each
+    row of value P [..., W] through the Reshapes and Transposes between them (nn.MultiheadAttention's and Swin's one
+    in-projection, split as proj.unflatten(-1, (3, E)).transpose(...)[i]), else None. Decided on the element index
+    map of the chain, as fold_channel_shuffles does."""
+    index = gather.inputs[1]
+    if gather.attrs["axis"] != 0 or index.const is None or index.size != 1 or gather.inputs[0] in graph.outputs:
+        return None
+    chain, v = [], gather.inputs[0]
+    while v.producer is not None and v.producer.op in ("Reshape", "Transpose") and len(chain) < 8:
+        chain.insert(0, v.producer)
+        v = v.producer.inputs[0]
+    if not any(n.op == "Transpose" for n in chain) or v.const is not None or not v.rank or v.dtype != "float32":
+        return None
+    width, y = v.shape[-1], gather.outputs[0]
+    rows = v.size // max(width, 1)
+    if not rows or y.size % rows:
+        return None
+    idx = np.arange(v.size, dtype=np.int64 if v.size >= 2**31 else np.int32).reshape(v.shape)
+    for n in chain + [gather]:
+        idx = n.spec.numpy(n, idx, *[x.const for x in n.inputs[1:]])[0]
+    columns, start = y.size // rows, int(idx.flat[0])
+    want = np.arange(rows)[:, None] * width + start + np.arange(columns)[None, :]
+    if start + columns > width or not np.array_equal(idx.reshape(-1), want.reshape(-1)):
+        return None
+    return v, start, columns
+
+
+def split_packed_projections(graph):
+    """Each Gather that takes one projection's columns of a packed product (_split_source), read only by Attention
+    nodes (through Reshape views or not), becomes a ColumnView of the product: the Transpose that made the split
+    and the Gathers' copies go."""
+    changed = False
+    for node in list(graph.nodes):
+        if node.op != "Gather" or node not in graph.nodes:
+            continue
+        found = _split_source(graph, node)
+        if found is None:
+            continue
+        p, start, columns = found
+        readers = _attention_readers(graph, node.outputs[0], columns)
+        if readers is None or any(view_strides(v.shape, columns, p.shape[-1]) is None for _, v in readers):
+            continue
+        at = graph.nodes.index(node)
+        graph.remove_node(node)
+        for reshape, v in readers:
+            if reshape is not None:
+                graph.remove_node(reshape)
+            v.producer = None
+            graph.add_node(Node("ColumnView", [p], [v], {"start": start, "columns": columns, "shape": v.shape},
+                                node.name), at)
         changed = True
     return changed
