@@ -14,6 +14,10 @@ fuse_qkv:  three (or two) Gemms of one input by constant weights (+ constant bia
     blocks the Attention nodes read in place through ColumnView values (their strides: the kernels' qsb, qsh, qst).
     A projection with any other reader (one that cannot take a strided view) leaves the group unfused: nothing is
     ever copied. It runs after fuse_attention (the layouts) and fuse_epilogues (the biases as C).
+
+split_packed_projections:  a product that already holds the three side by side (nn.MultiheadAttention's in_proj,
+    torchvision ViT's and Swin's qkv Linear), split by the exporter as Reshape -> Transpose -> Gather per projection
+    (a copy of the whole product and three more), gives the Attention nodes the same ColumnViews instead.
 """
 import numpy as np
 
