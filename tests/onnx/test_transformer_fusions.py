@@ -296,3 +296,33 @@ def test_packed_split_is_a_view_only_where_it_takes_columns(split):
     assert ops.count("Attention") == 1 and ("ColumnView" in ops) == (split == "columns") and \
         ("Gather" in ops) == (split == "rows")
     net.release()
+
+
+class Gpt2Attention(nn.Module):
+    """Hugging Face GPT-2's c_attn: one Linear to [q | k | v], Split along the last axis (Slices in the IR)."""
+
+    def __init__(self):
+        super().__init__()
+        self.c_attn, self.c_proj = nn.Linear(tt.D, 3 * tt.D), nn.Linear(tt.D, tt.D)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        heads = [y.view(b, t, tt.HEADS, tt.D // tt.HEADS).permute(0, 2, 1, 3) for y in self.c_attn(x).split(tt.D, 2)]
+        q, k, v = heads
+        w = torch.softmax(q @ k.transpose(-1, -2) / (tt.D // tt.HEADS) ** 0.5, -1)
+        return self.c_proj((w @ v).permute(0, 2, 1, 3).reshape(b, t, tt.D)) + x
+
+
+@pytest.mark.parametrize("gpu", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_split_packed_projection_is_read_in_place(gpu):
+    torch.manual_seed(0)
+    data = tt._export(Gpt2Attention(), torch.randn(2, 7, tt.D), {0: "batch", 1: "seq"})
+    sess = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    net = dlnet.Net(gpu_like() if gpu else context()).load_onnx(onnx.load_from_string(data))
+    feeds = {"x": rng.standard_normal((3, 5, tt.D)).astype(np.float32)}
+    assert rel_l2(net.run(feeds)["y"], sess.run(None, feeds)[0]) <= 1e-5
+    ops = [n.op for n in net.graph.nodes]
+    views = [n for n in net.graph.nodes if n.op == "ColumnView"]
+    assert "Slice" not in ops and "Transpose" not in ops and ops.count("Gemm") == 2
+    assert sorted(v.attrs["start"] for v in views) == [0, tt.D, 2 * tt.D]
+    net.release()

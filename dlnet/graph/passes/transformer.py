@@ -206,15 +206,27 @@ def _split_source(graph, gather):
     return v, start, columns
 
 
+def _slice_source(graph, node):
+    """(P, start, columns) where Slice `node` takes whole rows of its input P but a block of its last axis (the Split
+    of Hugging Face GPT-2's c_attn product into q, k and v), else None."""
+    x, a = node.inputs[0], node.attrs
+    last = x.rank - 1
+    if x.const is not None or x.dtype != "float32" or last < 0 or any(st != 1 for st in a["steps"]) or \
+            (x.producer is not None and x.producer.op == "ColumnView") or \
+            any(a["starts"][i] != 0 or a["counts"][i] != x.shape[i] for i in range(last)):
+        return None
+    return x, a["starts"][last], a["counts"][last]
+
+
 def split_packed_projections(graph):
-    """Each Gather that takes one projection's columns of a packed product (_split_source), read only by Attention
-    nodes (through Reshape views or not), becomes a ColumnView of the product: the Transpose that made the split
-    and the Gathers' copies go."""
+    """Each Gather (through the Transpose of _split_source) or Slice (_slice_source) that takes one projection's
+    columns of a packed product, read only by Attention nodes (through Reshape views or not), becomes a ColumnView
+    of the product: the split's copies go."""
     changed = False
     for node in list(graph.nodes):
-        if node.op != "Gather" or node not in graph.nodes:
+        if node.op not in ("Gather", "Slice") or node not in graph.nodes:
             continue
-        found = _split_source(graph, node)
+        found = _split_source(graph, node) if node.op == "Gather" else _slice_source(graph, node)
         if found is None:
             continue
         p, start, columns = found
