@@ -86,7 +86,9 @@ def fuse_residual_norm(graph):
 def _attention_readers(graph, y, n):
     """[(Reshape or None, value)]: the Reshape views of y (or y itself: None) through which only Attention nodes read
     it, as q, k or v, each a view that n columns of a wider product can be (view_strides); None where any other
-    node reads it."""
+    node reads it (or it is a graph output)."""
+    if y in graph.outputs or not y.users:
+        return None
     readers = []
     for u in set(y.users):
         if u.op == "Attention":
