@@ -117,6 +117,30 @@ class NormPoolFamily:
         else:
             self.emit(defines(defs) + kernel_source("layernorm"), "layernorm", args, (max(rows, 1),), None, label)
 
+    def add_layernorm(self, node):
+        """AddLayerNorm (graph/ops/transformer.py): s = a + b and LayerNorm / RMSNorm of it in one pass over each row
+        (add_layernorm.cl), writing s too where it is kept; work-items and groups as layernorm's."""
+        a, b, scale = node.inputs[:3]
+        y = node.outputs[0]
+        D = a.shape[-1]
+        rows = a.size // max(D, 1)
+        defs = {"RMS": 1} if node.attrs["rms"] else {}
+        args = self.args(a) + self.args(b) + [np.int64(max(b.size // max(D, 1), 1))] + self.args(scale) + \
+            (self.args(node.inputs[3]) if not defs else []) + self.args(y) + \
+            [np.int64(rows), np.int32(D), np.float32(node.attrs["epsilon"])]
+        if len(node.outputs) > 1:
+            defs["KEEP_SUM"] = 1
+            args += self.args(node.outputs[1])
+        wg = 0 if self.dev.is_cpu else layernorm_group(D)
+        label = f"{node.name} AddLayerNorm"
+        if wg:
+            defs["WG"] = wg
+            self.emit(defines(defs) + kernel_source("add_layernorm"), "add_layernorm_wg", args, (max(rows, 1) * wg,),
+                      (wg,), label)
+        else:
+            self.emit(defines(defs) + kernel_source("add_layernorm"), "add_layernorm", args, (max(rows, 1),), None,
+                      label)
+
     def roialign(self, node):
         x, rois, batch = node.inputs
         y, a = node.outputs[0], node.attrs
