@@ -4,6 +4,36 @@
 // b repeats every b_rows rows (a position table added to every image of the batch; b_rows = rows where it does not).
 // KEEP_SUM: also write s (read later as the residual stream). RMS: RMSNorm (no centring, no bias).
 // (Kept apart from layernorm.cl, whose plain LayerNorm it repeats with the Add in front.)
+// A_HALF, B_HALF, Y_HALF, S_HALF (precision "fp16", kernels/half.py): that operand stored in half; the sums and the
+// statistics stay float
+#if defined(A_HALF)
+#define A_T half
+#define LDA(i) vload_half(i, a)
+#else
+#define A_T float
+#define LDA(i) a[i]
+#endif
+#if defined(B_HALF)
+#define B_T half
+#define LDB(i) vload_half(i, b)
+#else
+#define B_T float
+#define LDB(i) b[i]
+#endif
+#if defined(Y_HALF)
+#define Y_T half
+#define STY(i, v) vstore_half((v), (i), y)
+#else
+#define Y_T float
+#define STY(i, v) (y[i] = (v))
+#endif
+#if defined(S_HALF)
+#define S_T half
+#define STS(i, v) vstore_half((v), (i), s)
+#else
+#define S_T float
+#define STS(i, v) (s[i] = (v))
+#endif
 #ifdef RMS
 #define ALN_BIAS_ARGS
 #define ALN_BIAS(i) 0.0f
@@ -12,9 +42,9 @@
 #define ALN_BIAS(i) bias[bias_off + (i)]
 #endif
 #ifdef KEEP_SUM
-#define SUM_ARGS , __global float* s, ulong s_off
+#define SUM_ARGS , __global S_T* s, ulong s_off
 #define SUM_ROW(r) s += s_off + (r) * D
-#define STORE_SUM(i, v) s[i] = (v)
+#define STORE_SUM(i, v) STS(i, v)
 #else
 #define SUM_ARGS
 #define SUM_ROW(r) do { } while (0)
@@ -22,9 +52,9 @@
 #endif
 
 // one work-item per row (CPUs)
-__kernel void add_layernorm(__global const float* a, ulong a_off, __global const float* b, ulong b_off, long b_rows,
+__kernel void add_layernorm(__global const A_T* a, ulong a_off, __global const B_T* b, ulong b_off, long b_rows,
                             __global const float* scale, ulong scale_off, ALN_BIAS_ARGS
-                            __global float* y, ulong y_off, long rows, int D, float eps SUM_ARGS) {
+                            __global Y_T* y, ulong y_off, long rows, int D, float eps SUM_ARGS) {
     const long r = get_global_id(0);
     if (r >= rows) return;
     a += a_off + r * D;
@@ -34,7 +64,7 @@ __kernel void add_layernorm(__global const float* a, ulong a_off, __global const
     SUM_ROW(r);
     float total = 0.0f;
     for (int i = 0; i < D; i++) {
-        const float v = a[i] + b[i];
+        const float v = LDA(i) + LDB(i);
         STORE_SUM(i, v);
         total += v;
     }
@@ -44,9 +74,9 @@ __kernel void add_layernorm(__global const float* a, ulong a_off, __global const
     const float mean = total / D;
 #endif
     float var = 0.0f;
-    for (int i = 0; i < D; i++) { const float d = a[i] + b[i] - mean; var += d * d; }
+    for (int i = 0; i < D; i++) { const float d = LDA(i) + LDB(i) - mean; var += d * d; }
     const float inv = 1.0f / sqrt(var / D + eps);
-    for (int i = 0; i < D; i++) y[i] = (a[i] + b[i] - mean) * inv * scale[i] + ALN_BIAS(i);
+    for (int i = 0; i < D; i++) STY(i, (LDA(i) + LDB(i) - mean) * inv * scale[i] + ALN_BIAS(i));
 }
 
 #ifdef WG
@@ -65,9 +95,9 @@ inline float aln_group_sum(float v, __local float* part) {
 }
 
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
-void add_layernorm_wg(__global const float* a, ulong a_off, __global const float* b, ulong b_off, long b_rows,
+void add_layernorm_wg(__global const A_T* a, ulong a_off, __global const B_T* b, ulong b_off, long b_rows,
                       __global const float* scale, ulong scale_off, ALN_BIAS_ARGS
-                      __global float* y, ulong y_off, long rows, int D, float eps SUM_ARGS) {
+                      __global Y_T* y, ulong y_off, long rows, int D, float eps SUM_ARGS) {
     __local float part[WG];
     const long r = get_group_id(0);
     const int l = get_local_id(0);
@@ -78,7 +108,7 @@ void add_layernorm_wg(__global const float* a, ulong a_off, __global const float
     SUM_ROW(r);
     float total = 0.0f;
     for (int i = l; i < D; i += WG) {
-        const float v = a[i] + b[i];
+        const float v = LDA(i) + LDB(i);
         STORE_SUM(i, v);
         total += v;
     }
@@ -88,8 +118,8 @@ void add_layernorm_wg(__global const float* a, ulong a_off, __global const float
     const float mean = aln_group_sum(total, part) / D;
 #endif
     float var = 0.0f;
-    for (int i = l; i < D; i += WG) { const float d = a[i] + b[i] - mean; var += d * d; }
+    for (int i = l; i < D; i += WG) { const float d = LDA(i) + LDB(i) - mean; var += d * d; }
     const float inv = 1.0f / sqrt(aln_group_sum(var, part) / D + eps);
-    for (int i = l; i < D; i += WG) y[i] = (a[i] + b[i] - mean) * inv * scale[i] + ALN_BIAS(i);
+    for (int i = l; i < D; i += WG) STY(i, (LDA(i) + LDB(i) - mean) * inv * scale[i] + ALN_BIAS(i));
 }
 #endif

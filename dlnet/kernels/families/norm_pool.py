@@ -25,7 +25,8 @@ class NormPoolFamily:
     # outputs stay float)
     HALF_IO = {"Softmax": half.HalfIO((0,)), "LogSoftmax": half.HalfIO((0,)), "LayerNorm": half.HalfIO((0,), True),
                "LayerNormStats": half.HalfIO((0,)), "RMSNorm": half.HalfIO((0,), True),
-               "MaxPool": half.EVERY, "AveragePool": half.EVERY}  # (pool.cl, pool_cpu.cl: float sums)
+               "MaxPool": half.EVERY, "AveragePool": half.EVERY,  # (pool.cl, pool_cpu.cl: float sums)
+               "AddLayerNorm": half.HalfIO((0, 1), True)}  # (a, b; y and s: add_layernorm.cl)
 
     def pool(self, node, mode):
         x, y = node.inputs[0], node.outputs[0]
@@ -125,8 +126,9 @@ class NormPoolFamily:
         D = a.shape[-1]
         rows = a.size // max(D, 1)
         defs = {"RMS": 1} if node.attrs["rms"] else {}
+        defs.update(half.half_defines(A=a, B=b, Y=y, S=node.outputs[1] if len(node.outputs) > 1 else None))
         args = self.args(a) + self.args(b) + [np.int64(max(b.size // max(D, 1), 1))] + self.args(scale) + \
-            (self.args(node.inputs[3]) if not defs else []) + self.args(y) + \
+            (self.args(node.inputs[3]) if not node.attrs["rms"] else []) + self.args(y) + \
             [np.int64(rows), np.int32(D), np.float32(node.attrs["epsilon"])]
         if len(node.outputs) > 1:
             defs["KEEP_SUM"] = 1
