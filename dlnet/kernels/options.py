@@ -111,6 +111,9 @@ class Options:
     conv_cpu_winograd_min_channels: int = 16
     # ... where rows of tiles rounded up to 8 grow by at most this factor
     conv_cpu_winograd_max_row: float = 1.15
+    # layers of at most this many output pixels (all images) and whole 16-channel panels: pixels as rows, channels as
+    # columns (conv2d_cpu_pixels), packed from x without pads (0: never)
+    conv_cpu_pixels_max: int = 64
     # depthwise layers over zero-padded planes (shufflenet 5.76 -> 5.02 ms)
     dw_cpu_planes: bool = True
     # ... each work-item padding the rows it reads itself where they fit dw_pad_in_floats (shufflenet 4.82 -> 4.38)

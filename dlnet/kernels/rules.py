@@ -114,6 +114,25 @@ def pick_conv_cpu_tiles(NN):
 
 
 
+# CPU convolutions over small maps with many channels (conv_cpu.cl's conv2d_cpu_pixels): output pixels as MR rows,
+# output channels as whole 16-column panels; MR from these, the one that pads the pixels least (49 = 7 x 7: 50 at 5,
+# where 16- or 8-column panels of pixels computed 64 or 56). At MR = 7 (14 float8 accumulators, 2 of B and the
+# broadcast: 17 registers) PoCL's code spilled: resnet50's 7x7 layers ran 1.5x slower than at 6; 5 and 6 ran 5-15%
+# faster than the pixel panels there (bench/RESULTS.md, cpu4).
+CONV_CPU_PIXEL_ROWS = (6, 5)
+CONV_CPU_PIXEL_COLS = 16
+
+
+def pick_conv_cpu_pixels(NN, K, KK, max_pixels, local_mem):
+    """MR (pixels per tile) for conv2d_cpu_pixels with NN output pixels, K output channels (per group) and KK taps,
+    or None where it does not apply: more pixels than max_pixels, K not whole panels of CONV_CPU_PIXEL_COLS, or a
+    KK x MR panel over local memory."""
+    if NN > max_pixels or K % CONV_CPU_PIXEL_COLS:
+        return None
+    mr = min(CONV_CPU_PIXEL_ROWS, key=lambda r: (round_up(NN, r), -r))
+    return mr if 4 * KK * mr <= local_mem else None
+
+
 def round_up(n, m):
     return (n + m - 1) // m * m
 
