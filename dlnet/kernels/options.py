@@ -127,6 +127,8 @@ class Options:
     pad_min_items: int = 16
     # CPU pooling: rows of about this many outputs per work-item (192 x 56 rows of 56: 1.2 ms one row each)
     pool_cpu_rows: int = 64
+    # MaxPool 3x3 stride 2: each input row's 3-wide maxima once, shared by the two output rows that read it
+    pool_cpu_separable: bool = True
     # CPU reductions: accumulators per output over interleaved elements (GlobalAveragePool 0.115 -> 0.039 ms)
     reduce_lanes: int = 4
 
