@@ -22,7 +22,10 @@ from tests.conftest import make_model, rel_l2  # noqa: E402
 
 # (name, batch, Cin, H, W, Cout, kernel, stride, pad): each with bias, a residual and Relu
 CONVS = [("r50 3x3 512 7x7", 1, 512, 7, 7, 512, 3, 1, 1), ("r50 1x1 s2 1024->2048", 1, 1024, 14, 14, 2048, 1, 2, 0),
-         ("r50 1x1 2048->512 7x7", 1, 2048, 7, 7, 512, 1, 1, 0), ("r50 1x1 512->2048 7x7", 1, 512, 7, 7, 2048, 1, 1, 0)]
+         ("r50 1x1 2048->512 7x7", 1, 2048, 7, 7, 512, 1, 1, 0), ("r50 1x1 512->2048 7x7", 1, 512, 7, 7, 2048, 1, 1, 0),
+         ("dn121 3x3 128->32 7x7", 1, 128, 7, 7, 32, 3, 1, 1), ("inc 1x1 832->384 7x7", 1, 832, 7, 7, 384, 1, 1, 0),
+         ("inc 1x1 832->48 7x7", 1, 832, 7, 7, 48, 1, 1, 0), ("inc 3x3 192->384 7x7", 1, 192, 7, 7, 384, 3, 1, 1),
+         ("inc 5x5 48->128 7x7", 1, 48, 7, 7, 128, 5, 1, 2)]
 # (name, input shape, pads, ceil_mode): MaxPool 3x3 stride 2
 POOLS = [("squeezenet pool1", (1, 96, 109, 109), 0, 1), ("squeezenet pool2", (1, 256, 54, 54), 0, 1),
          ("squeezenet pool3", (1, 512, 27, 27), 0, 1), ("resnet50 pool", (1, 64, 112, 112), 1, 0)]
@@ -56,14 +59,15 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--flag", default="conv_cpu_pixels_max", help="a field of dlnet.Options")
     ap.add_argument("--values", default="0,64", help="its two settings, A then B (Python literals)")
-    ap.add_argument("--only", default="conv,pool")
+    ap.add_argument("--only", default="conv,pool", help="conv, pool, or names' prefixes (r50, inc, ...)")
     ap.add_argument("--rounds", type=int, default=15)
     args = ap.parse_args()
     a, b = (ast.literal_eval(v) for v in args.values.split(","))
     rng = np.random.default_rng(0)
     ctx = dlnet.Context("cpu", profile=True)
-    cases = ([(c[0], conv_model(rng, *c[1:])) for c in CONVS] if "conv" in args.only else []) + \
-        ([(c[0], pool_model(rng, *c[1:])) for c in POOLS] if "pool" in args.only else [])
+    only = args.only.split(",")
+    cases = [(c[0], conv_model(rng, *c[1:])) for c in CONVS if "conv" in only or c[0].split()[0] in only] + \
+        [(c[0], pool_model(rng, *c[1:])) for c in POOLS if "pool" in only]
     for name, (model, feeds) in cases:
         nets = {v: dlnet.Net(ctx.with_options(**{args.flag: v})).load_onnx(model) for v in (a, b)}
         outs = {v: next(iter(net.run(feeds).values())) for v, net in nets.items()}

@@ -88,11 +88,11 @@ def test_conv_sigmoid_epilogue(ctx):
 
 
 PIXELS = [  # (batch, Cin, H, W, Cout, kernel, stride, pad, group): few pixels, whole 16-channel panels
-    (1, 24, 7, 7, 32, 3, 1, 1, 1),       # 49 pixels in blocks of 5: a ragged last block; borders read as zeros
-    (2, 8, 4, 4, 16, 3, 1, 1, 1),        # batch 2, 32 pixels in blocks of 5: a block holds both images' pixels
-    (1, 32, 8, 8, 32, 1, 2, 0, 2),       # 1x1 stride 2 (resnet50's shortcut), 2 groups of 16 channels
-    (1, 12, 9, 9, 48, 3, 2, 1, 1),       # stride 2 with pads: 25 pixels, 3 panels of channels
-    (1, 40, 6, 6, 64, 1, 1, 0, 1),       # 1x1 over 36 pixels in blocks of 6
+    (1, 24, 7, 7, 128, 3, 1, 1, 1),      # 49 pixels in blocks of 5: a ragged last block; borders read as zeros
+    (2, 8, 4, 4, 128, 3, 1, 1, 1),       # batch 2, 32 pixels in blocks of 5: a block holds both images' pixels
+    (1, 32, 8, 8, 256, 1, 2, 0, 2),      # 1x1 stride 2 (resnet50's shortcut), 2 groups of 128 channels
+    (1, 12, 9, 9, 144, 3, 2, 1, 1),      # stride 2 with pads: 25 pixels, 9 panels of channels
+    (1, 40, 6, 6, 512, 1, 1, 0, 1),      # 1x1 stride 1 over 36 pixels in blocks of 6
 ]
 
 
@@ -118,14 +118,18 @@ def test_conv_pixel_rows_match_onnxruntime(ctx, shape, pixels):
 
 
 def test_pixel_rows_rule():
-    """rules.pick_conv_cpu_pixels: the rows that pad the pixels least (49: 5, 36: 6), None past the pixel limit, for
-    channels that are not whole 16-column panels, or for a panel over local memory."""
+    """rules.pick_conv_cpu_pixels: the rows that pad the pixels least (49: 5, 36: 6); None past the pixel limit, for
+    channels that are not whole 16-column panels or too few (fewer for 1x1 stride-1 layers), or for a panel over
+    local memory."""
     from dlnet.kernels.rules import pick_conv_cpu_pixels
-    assert pick_conv_cpu_pixels(49, 512, 4608, 64, 1 << 20) == 5
-    assert pick_conv_cpu_pixels(36, 2048, 512, 64, 1 << 20) == 6
-    assert pick_conv_cpu_pixels(100, 512, 4608, 64, 1 << 20) is None
-    assert pick_conv_cpu_pixels(49, 520, 4608, 64, 1 << 20) is None
-    assert pick_conv_cpu_pixels(49, 512, 4608, 64, 4 * 4608 * 5 - 4) is None
+    assert pick_conv_cpu_pixels(49, 512, 4608, False, 64, 1 << 20) == 5
+    assert pick_conv_cpu_pixels(36, 2048, 512, True, 64, 1 << 20) == 6
+    assert pick_conv_cpu_pixels(49, 128, 1152, False, 64, 1 << 20) == 5
+    assert pick_conv_cpu_pixels(49, 112, 1152, False, 64, 1 << 20) is None
+    assert pick_conv_cpu_pixels(49, 384, 832, True, 64, 1 << 20) is None
+    assert pick_conv_cpu_pixels(100, 512, 4608, False, 64, 1 << 20) is None
+    assert pick_conv_cpu_pixels(49, 520, 4608, False, 64, 1 << 20) is None
+    assert pick_conv_cpu_pixels(49, 512, 4608, False, 64, 4 * 4608 * 5 - 4) is None
 
 
 DIRECT = [  # (batch, Cin, H, W, Cout, (kh, kw), pads [t, l, b, r], dilation, group, stride)

@@ -49,7 +49,7 @@ CASES = [
     ("cpu_direct", "cpu", {"conv_cpu_winograd": False},
      lambda: conv_case((1, 16, 12, 12), (24, 16, 3, 3), pads=[1] * 4)),
     ("cpu_local", "cpu", {}, lambda: conv_case((2, 16, 7, 7), (24, 16, 1, 1))),
-    ("cpu_pixels", "cpu", {}, lambda: conv_case((1, 16, 5, 5), (32, 16, 3, 3), pads=[1] * 4)),
+    ("cpu_pixels", "cpu", {}, lambda: conv_case((1, 16, 5, 5), (128, 16, 3, 3), pads=[1] * 4)),
     ("cpu_im2col", "cpu", {"conv_cpu_direct": False, "conv_cpu_winograd": False},
      lambda: conv_case((1, 5, 9, 9), (7, 5, 3, 3), strides=[2, 2])),
     ("implicit_gemm", None, {"matrix_core": "portable", "winograd_min_channels": 0},

@@ -34,7 +34,8 @@ def conv_cpu_algo(node, dev, options):
         if 4 * 16 * (C + tiles["MR"]) * 8 * tiles["NV"] <= dev.local_mem:
             return "cpu_winograd"
     if w.const is not None and not w.param and node.attrs.get("in_perm") is None and not node.attrs.get("prologue") \
-            and pick_conv_cpu_pixels(g.N * g.OH * g.OW, K, C * KH * KW, options.conv_cpu_pixels_max, dev.local_mem):
+            and pick_conv_cpu_pixels(g.N * g.OH * g.OW, K, C * KH * KW, pointwise, options.conv_cpu_pixels_max,
+                                 dev.local_mem):
         return "cpu_pixels"
     if options.conv_cpu_direct and KH * KW > 1:  # (a 1x1 stride 2 ran at 130 GF/s direct, 155 through im2col)
         return "cpu_direct"
@@ -164,7 +165,8 @@ class ConvCpuFamily:
         N, Cin = x.shape[0], x.shape[1]
         KK, OHW, NR = C * KH * KW, OH * OW, CONV_CPU_PIXEL_COLS
         NN = N * OHW
-        MR = pick_conv_cpu_pixels(NN, K, KK, self.options.conv_cpu_pixels_max, self.dev.local_mem)
+        pointwise = KH == KW == SH == SW == 1 and PH == PW == 0
+        MR = pick_conv_cpu_pixels(NN, K, KK, pointwise, self.options.conv_cpu_pixels_max, self.dev.local_mem)
         MB, NB = -(-NN // MR), K // NR
         self.record_tile(f"{MR}x{NR}")
         a = np.asarray(w.const, np.float32).reshape(group, NB, NR, KK).transpose(0, 1, 3, 2)
