@@ -52,14 +52,20 @@ class NormPoolFamily:
         if self.dev.is_cpu and nsp <= 2:  # one work-item per output row; (H, W) are the last two of the padded dims
             window = {name: v[d] for name, v in (("K", pad3(k, 1)), ("S", pad3(strides, 1)), ("D", pad3(dil, 1)))
                       for d, name in ((1, name + "H"), (2, name + "W"))}
+            kernel = "pool_cpu"
             if x.dtype == y.dtype == "float32":
                 window["VEC"] = 1
+                if self.options.pool_cpu_separable and mode == "max" and \
+                        [window[n] for n in ("KH", "KW", "SH", "SW", "DH", "DW")] == [3, 3, 2, 2, 1, 1]:
+                    kernel = "pool_cpu_sep"  # (its interior vectors in place of VEC's)
+                    del window["VEC"]
+                    window["SEPARABLE"] = 1
             args = self.args(x) + self.args(y) + [np.int32(v[d]) for v in (ins, outs, pad3(pads[:nsp], 0))
                                                   for d in (1, 2)] + [np.int32(a.get("count_include_pad", 0))]
             planes = int(np.prod(y.shape[:2], dtype=np.int64))
             # rows per work-item: PoCL's cost per work-group outweighed a short row's (192 x 56 rows of 56: 1.2 ms)
             window["ROWS"] = R = max(1, min(outs[1], self.options.pool_cpu_rows * 8 // max(outs[2], 8)))
-            self.emit(head + defines(window) + kernel_source("pool_cpu"), "pool_cpu", args,
+            self.emit(head + defines(window) + kernel_source("pool_cpu"), kernel, args,
                       (-(-outs[1] // R), planes), (1, 1), f"{node.name} {node.op}")
             return
         src = head + kernel_source("pool")
