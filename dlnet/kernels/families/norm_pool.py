@@ -14,6 +14,13 @@ from ..runtime import DTYPE_TO_C, kernel_source
 LAYERNORM_GROUP = (32, 256)
 
 
+# LayerNormAxis (layernorm_axis.cl): a work-group of TP consecutive rows (pixels) by TD work-items along each row.
+# GPUs: 32 x 8, so that ConvNeXt's 7 x 7 stage (49 rows of 768 per image) still has 8 work-items per row; CPUs
+# (PoCL): TD = 1, no barriers, the TP rows vectorised. The GPU form wherever the GPU cores run (matrix_core="portable"
+# runs it on PoCL, in the tests).
+LAYERNORM_AXIS_GROUP = {"gpu": (32, 8), "cpu": (16, 1)}
+
+
 def layernorm_group(D):
     lo, hi = LAYERNORM_GROUP
     return max(lo, min(hi, 1 << max(0, (D // 8).bit_length() - 1)))
@@ -116,6 +123,22 @@ class NormPoolFamily:
                       label)
         else:
             self.emit(defines(defs) + kernel_source("layernorm"), "layernorm", args, (max(rows, 1),), None, label)
+
+    def layernorm_axis(self, node):
+        """LayerNormAxis (layernorm_axis.cl): x viewed as [outer, D, inner], rows (o, i) read D elements inner apart,
+        written as x is laid out or channels-last; TP rows by TD work-items per work-group (LAYERNORM_AXIS_GROUP)."""
+        x, scale, bias = node.inputs
+        y, axis = node.outputs[0], node.attrs["axis"]
+        outer, D = int(np.prod(x.shape[:axis], dtype=np.int64)), x.shape[axis]
+        inner = int(np.prod(x.shape[axis + 1:], dtype=np.int64))
+        ys = (D * inner, D, 1) if node.attrs["perm"] else (D * inner, 1, inner)  # (o, i, d) in y
+        tp, td = LAYERNORM_AXIS_GROUP["gpu" if self.dev.tiled else "cpu"]  # (the GPU form on PoCL: matrix_core)
+        tp = min(tp, 1 << max(0, (inner - 1).bit_length()))
+        args = self.args(x) + self.args(scale) + self.args(bias) + self.args(y) + [
+            np.int32(inner), np.int32(D), np.int64(D * inner), np.int64(inner)] + [np.int64(s) for s in ys] + [
+            np.float32(node.attrs["epsilon"])]
+        self.emit(defines({"TP": tp, "TD": td}) + kernel_source("layernorm_axis"), "layernorm_axis", args,
+                  (-(-inner // tp) * tp, td, max(outer, 1)), (tp, td, 1), f"{node.name} {node.op}")
 
     def roialign(self, node):
         x, rois, batch = node.inputs
