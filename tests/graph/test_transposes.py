@@ -88,11 +88,11 @@ def _pointwise_model(shape, perm, other, second):
     ((2, 6, 6, 6), (0, 3, 1, 2), (np.arange(6, dtype=np.float32) + 0.5).reshape(6, 1, 1), "const"),
     ((2, 6, 6, 6), (0, 3, 1, 2), (np.arange(6, dtype=np.float32) + 0.5).reshape(6, 1, 1), "input"),
     ((7, 7), (1, 0), np.float32(1.5), "direct"),  # x read as it is and transposed: two operands of one value
-    ((1, 9), (1, 0), np.ones((9, 4), np.float32), "input"),  # the transposed value broadcast along the chain's axis
+    ((1, 9, 3), (2, 1, 0), np.ones((3, 9, 4), np.float32), "input"),  # the transposed value broadcast along an axis
 ])
 def test_transpose_read_by_a_pointwise_chain_is_a_strided_operand(dev_ctx, shape, perm, other, second):
     rng = np.random.default_rng(6)
-    if np.ndim(other) == 2:
+    if np.ndim(other) == 3:
         other = other * rng.random(other.shape).astype(np.float32)
     model, out_shape = _pointwise_model(shape, perm, other, second)
     feeds = {"x": rng.standard_normal(shape).astype(np.float32)}

@@ -23,6 +23,11 @@ def _moved_last(perm):
     return perm[-1] if perm and perm == channels_last(len(perm), perm[-1]) else None
 
 
+def _moves_nothing(x, perm):
+    """A Transpose that keeps the order of the axes longer than 1 is a view (layout.transposes_as_views)."""
+    return [a for a in perm if x.shape[a] != 1] == [a for a in range(x.rank) if x.shape[a] != 1]
+
+
 def _only_user(graph, v):
     users = [u for u in v.users if u in graph.nodes]
     return users[0] if len(users) == 1 and v not in graph.outputs else None
@@ -66,7 +71,8 @@ def transposes_into_pointwise(graph):
             continue
         x, t = node.inputs[0], node.outputs[0]
         user = _only_user(graph, t)
-        if user is None or (user.op != "Fused" and user.spec.kind != "pointwise") or len(user.outputs) != 1:
+        if _moves_nothing(x, node.attrs["perm"]) or user is None or len(user.outputs) != 1 or \
+                (user.op != "Fused" and user.spec.kind != "pointwise"):
             continue
         members = user.attrs["nodes"] if user.op == "Fused" else [user]
         inputs = []  # (x also read as it is stays one operand: the kernel reads it both ways, elementwise.py)
