@@ -36,3 +36,48 @@ __kernel void layernorm_axis(__global const float* x, ulong x_off, __global cons
     const float inv = 1.0f / sqrt(var / D + eps);
     if (live) for (int d = t; d < D; d += TD) y[d * ys_d] = (x[d * xs_d] - mean) * inv * scale[d] + bias[d];
 }
+
+// CPUs: a work-item per 8 consecutive rows, their elements loaded as one float8 (x's rows are consecutive along i:
+// vload8 at each d), so the three passes over the row run in vector registers; rows past the last multiple of 8 one
+// by one. y written with vstore8 where its rows are consecutive too (ys_i == 1), else element by element.
+#define LNA_ROW(i) do { \
+        __global const float* xr = x + (i); __global float* yr = y + (long)(i) * ys_i; \
+        float s1 = 0.0f; for (int d = 0; d < D; d++) s1 += xr[d * xs_d]; \
+        const float m1 = s1 / D; float v1 = 0.0f; \
+        for (int d = 0; d < D; d++) { const float e = xr[d * xs_d] - m1; v1 += e * e; } \
+        const float inv1 = 1.0f / sqrt(v1 / D + eps); \
+        for (int d = 0; d < D; d++) yr[d * ys_d] = (xr[d * xs_d] - m1) * inv1 * scale[d] + bias[d]; } while (0)
+
+__kernel void layernorm_axis_rows8(__global const float* x, ulong x_off, __global const float* scale,
+                                   ulong scale_off, __global const float* bias, ulong bias_off, __global float* y,
+                                   ulong y_off, int inner, int D, long xs_o, long xs_d, long ys_o, long ys_i,
+                                   long ys_d, float eps) {
+    const int i0 = get_global_id(0) * 8;
+    const long o = get_global_id(1);
+    x += x_off + o * xs_o;
+    y += y_off + o * ys_o;
+    scale += scale_off;
+    bias += bias_off;
+    if (i0 + 8 > inner) {
+        for (int i = i0; i < inner; i++) LNA_ROW(i);
+        return;
+    }
+    x += i0;
+    y += (long)i0 * ys_i;
+    float8 s = 0.0f;
+    for (int d = 0; d < D; d++) s += vload8(0, x + d * xs_d);
+    const float8 mean = s / (float)D;
+    float8 v = 0.0f;
+    for (int d = 0; d < D; d++) { const float8 e = vload8(0, x + d * xs_d) - mean; v += e * e; }
+    const float8 inv = 1.0f / sqrt(v / (float)D + eps);
+    for (int d = 0; d < D; d++) {
+        const float8 r = (vload8(0, x + d * xs_d) - mean) * inv * scale[d] + bias[d];
+        if (ys_i == 1) {
+            vstore8(r, 0, y + d * ys_d);
+        } else {
+            __global float* yd = y + d * ys_d;
+            yd[0] = r.s0; yd[ys_i] = r.s1; yd[2 * ys_i] = r.s2; yd[3 * ys_i] = r.s3;
+            yd[4 * ys_i] = r.s4; yd[5 * ys_i] = r.s5; yd[6 * ys_i] = r.s6; yd[7 * ys_i] = r.s7;
+        }
+    }
+}

@@ -14,11 +14,11 @@ from ..runtime import DTYPE_TO_C, kernel_source
 LAYERNORM_GROUP = (32, 256)
 
 
-# LayerNormAxis (layernorm_axis.cl): a work-group of TP consecutive rows (pixels) by TD work-items along each row.
-# GPUs: 32 x 8, so that ConvNeXt's 7 x 7 stage (49 rows of 768 per image) still has 8 work-items per row; CPUs
-# (PoCL): TD = 1, no barriers, the TP rows vectorised. The GPU form wherever the GPU cores run (matrix_core="portable"
-# runs it on PoCL, in the tests).
-LAYERNORM_AXIS_GROUP = {"gpu": (32, 8), "cpu": (16, 1)}
+# LayerNormAxis on GPUs (layernorm_axis.cl): a work-group of TP = 32 consecutive rows (pixels: x's loads coalesce) by
+# TD = 8 work-items along each row, so that ConvNeXt's 7 x 7 stage (49 rows of 768 per image) keeps 8 work-items per
+# row. CPUs: layernorm_axis_rows8, 8 rows per work-item in float8 registers (convnext_small b1 on 2 cores: its 42
+# LayerNorms 11.8 ms in groups of 16 scalar work-items, see bench/convnext_layout.py for the float8 form).
+LAYERNORM_AXIS_GROUP = (32, 8)
 
 
 def layernorm_group(D):
@@ -132,13 +132,18 @@ class NormPoolFamily:
         outer, D = int(np.prod(x.shape[:axis], dtype=np.int64)), x.shape[axis]
         inner = int(np.prod(x.shape[axis + 1:], dtype=np.int64))
         ys = (D * inner, D, 1) if node.attrs["perm"] else (D * inner, 1, inner)  # (o, i, d) in y
-        tp, td = LAYERNORM_AXIS_GROUP["gpu" if self.dev.tiled else "cpu"]  # (the GPU form on PoCL: matrix_core)
-        tp = min(tp, 1 << max(0, (inner - 1).bit_length()))
         args = self.args(x) + self.args(scale) + self.args(bias) + self.args(y) + [
             np.int32(inner), np.int32(D), np.int64(D * inner), np.int64(inner)] + [np.int64(s) for s in ys] + [
             np.float32(node.attrs["epsilon"])]
+        label = f"{node.name} {node.op}"
+        if not self.dev.tiled:  # (the GPU form on PoCL too where the GPU cores run there: matrix_core="portable")
+            src = defines({"TP": 1, "TD": 1}) + kernel_source("layernorm_axis")
+            self.emit(src, "layernorm_axis_rows8", args, (max(-(-inner // 8), 1), max(outer, 1)), None, label)
+            return
+        tp, td = LAYERNORM_AXIS_GROUP
+        tp = min(tp, 1 << max(0, (inner - 1).bit_length()))
         self.emit(defines({"TP": tp, "TD": td}) + kernel_source("layernorm_axis"), "layernorm_axis", args,
-                  (-(-inner // tp) * tp, td, max(outer, 1)), (tp, td, 1), f"{node.name} {node.op}")
+                  (-(-inner // tp) * tp, td, max(outer, 1)), (tp, td, 1), label)
 
     def roialign(self, node):
         x, rois, batch = node.inputs
