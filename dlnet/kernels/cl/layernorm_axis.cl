@@ -23,7 +23,8 @@ __kernel void layernorm_axis(__global const float* x, ulong x_off, __global cons
     __local float part[TD][TP];
 #endif
     x += x_off + o * xs_o + (live ? i : 0);
-    y += y_off + o * ys_o + (live ? i : 0) * ys_i;
+    __global float* const rows = y + y_off + o * ys_o + (long)(i - p) * ys_i;  // the work-group's first row
+    y = rows + (live ? p : 0) * ys_i;
     scale += scale_off;
     bias += bias_off;
     float s = 0.0f, mean, var;
@@ -34,7 +35,24 @@ __kernel void layernorm_axis(__global const float* x, ulong x_off, __global cons
     if (live) for (int d = t; d < D; d += TD) { const float v = x[d * xs_d] - mean; s += v * v; }
     ROW_SUM(s, var);
     const float inv = 1.0f / sqrt(var / D + eps);
+#ifdef CL_OUT
+    // y channels-last (ys_d == 1): 32 channels of the TP rows at a time through local memory, so that each row's
+    // channels are written by consecutive work-items (whole 128-byte lines), not 32 rows apart by one
+    __local float tile[32][TP + 1];
+    const int f = t * TP + p;
+    for (int c0 = 0; c0 < D; c0 += 32) {
+        for (int d = c0 + t; d < min(c0 + 32, D); d += TD)
+            tile[d - c0][p] = live ? (x[d * xs_d] - mean) * inv * scale[d] + bias[d] : 0.0f;
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int e = f; e < TP * 32; e += TP * TD) {
+            const int pp = e / 32, dd = e % 32;
+            if (i - p + pp < inner && c0 + dd < D) rows[(long)pp * ys_i + c0 + dd] = tile[dd][pp];
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+#else
     if (live) for (int d = t; d < D; d += TD) y[d * ys_d] = (x[d * xs_d] - mean) * inv * scale[d] + bias[d];
+#endif
 }
 
 // CPUs: a work-item per 8 consecutive rows, their elements loaded as one float8 (x's rows are consecutive along i:

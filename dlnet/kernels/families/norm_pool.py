@@ -142,7 +142,8 @@ class NormPoolFamily:
             return
         tp, td = LAYERNORM_AXIS_GROUP
         tp = min(tp, 1 << max(0, (inner - 1).bit_length()))
-        self.emit(defines({"TP": tp, "TD": td}) + kernel_source("layernorm_axis"), "layernorm_axis", args,
+        defs = {"TP": tp, "TD": td, **({"CL_OUT": 1} if node.attrs["perm"] else {})}
+        self.emit(defines(defs) + kernel_source("layernorm_axis"), "layernorm_axis", args,
                   (-(-inner // tp) * tp, td, max(outer, 1)), (tp, td, 1), label)
 
     def roialign(self, node):
