@@ -3,7 +3,7 @@ and kernel time per op kind (OpenCL events, each launch's fastest run) for torch
 torch (tests/onnx/test_convnext.py; torchvision is not needed) at convnext_small's widths and depths.
 
     python bench/convnext_layout.py [--depths 3,3,27,3] [--dims 96,192,384,768] [--image 224] [--batch 1] [--iters 3]
-                                    [--device cpu] [--portable]
+                                    [--device cpu] [--precision fp32] [--portable]
 
 --device gpu times the GPU (its profile events); --portable runs the GPU kernels on PoCL. Random weights; the two
 graphs' outputs are compared. Prints tables; asserts nothing.
@@ -45,6 +45,7 @@ def main():
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--precision", default="fp32", help="fp32, tf32 or fp16")
     ap.add_argument("--portable", action="store_true")
     args = ap.parse_args()
     import torch
@@ -53,7 +54,7 @@ def main():
     dims, depths = [int(v) for v in args.dims.split(",")], [int(v) for v in args.depths.split(",")]
     module = _model(tuple(dims), tuple(depths))
     shape = (args.batch, 3, args.image, args.image)
-    ctx = dlnet.Context(args.device, profile=True)
+    ctx = dlnet.Context(args.device, precision=args.precision, profile=True)
     if args.portable:
         ctx = ctx.with_options(matrix_core="portable")
     x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
@@ -73,7 +74,7 @@ def main():
                 passes.INFERENCE_PASSES[:] = full
     with torch.no_grad():
         want = module(torch.from_numpy(x)).numpy()
-    print(f"ConvNeXt dims {dims} depths {depths}, {shape}, {args.device}"
+    print(f"ConvNeXt dims {dims} depths {depths}, {shape}, {args.device} {args.precision}"
           f"{' (GPU kernels on PoCL)' if args.portable else ''}, {args.iters} runs")
     print(f"{'graph':12s} {'Transposes':>10} {'launches':>8} {'kernel ms':>10} {'rel err vs torch':>17}")
     for name, (y, transposes, launches, totals) in results.items():
