@@ -160,3 +160,18 @@ def test_convnext_small_stage_shapes_run_without_transposes(ctx):
     _check(net, module, [(1, 3, 64, 64), (2, 3, 64, 64)])
     assert "Transpose" not in _ops(net.graph)
     net.release()
+
+
+def test_convnext_in_fp16_keeps_its_layouts(ctx, exported):
+    """precision="fp16": the strided reads take the half values the products store (the block's way back to NCHW
+    reads the second product's half output), within 1e-2 of torch, still without a Transpose."""
+    module, path = exported("ts17")
+    net = dlnet.Net(dlnet.Context(ctx.info, precision="fp16")).load_onnx(path)
+    x = np.random.default_rng(5).standard_normal((2, 3, 32, 32)).astype(np.float32)
+    with torch.no_grad():
+        want = module(torch.from_numpy(x)).numpy()
+    assert rel_l2(net.run({"x": x})["y"], want) <= 1e-2
+    fused = [n for n in net.graph.nodes if n.op == "Fused" and n.attrs["nodes"][0].op == "Transpose"]
+    assert "Transpose" not in _ops(net.graph) and len(fused) == 4
+    assert all(m.attrs["nodes"][0].inputs[0].dtype == "float16" for m in fused)  # (the product's y, stored in half)
+    net.release()
