@@ -4,7 +4,7 @@
 
 Each torchvision network (random weights, seed 0, Dropout off, training mode) lives on the GPU in PyTorch twice: one
 copy runs eagerly, the other through torch.compile with dlnet's backend (dlnet.torch.backend: the forward and its
-backward run on dlnet's OpenCL device; tensors cross the host between PyTorch's CUDA memory and dlnet's buffers).
+backward run on dlnet's OpenCL device; on NVIDIA, in memory shared with PyTorch's CUDA tensors: dlnet/cuda_share.py).
 A step: zero_grad, cross-entropy of a fixed random batch, backward, torch.optim.Adam (lr 1e-4, on CUDA in both).
 fp32, TF32 off. Median of --iters steps after 2 warm-up steps; the first step's losses compared. Prints a table.
 """
@@ -12,6 +12,7 @@ import argparse
 import copy
 import statistics
 import time
+import warnings
 
 import numpy as np
 import torch
@@ -69,10 +70,21 @@ def main():
         y = torch.from_numpy(rng.integers(0, 1000, args.batch)).cuda()
         t_eager, loss_eager = timed_steps(eager, x, y, args.iters)
         torch._dynamo.reset()
-        compiled = torch.compile(compiled_model, backend=lambda gm, ex: dt.backend(gm, ex, ctx=ctx))
+        parts = []
+
+        def backend(gm, ex):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                fn = dt.backend(gm, ex, ctx=ctx)
+            fused = fn.__self__
+            parts.append((sum(n.startswith("fused_") for n, _ in fused.named_children()),
+                          [str(w.message) for w in caught if "dlnet" in str(w.message)]))
+            return fn
+        compiled = torch.compile(compiled_model, backend=backend)
         t_dl, loss_dl = timed_steps(compiled, x, y, args.iters)
         rows.append((name, t_eager, t_dl, t_eager / t_dl, abs(loss_dl - loss_eager) / abs(loss_eager)))
-        print(f"{name}: eager {t_eager:.2f} ms, compiled (dlnet) {t_dl:.2f} ms", flush=True)
+        print(f"{name}: eager {t_eager:.2f} ms, compiled (dlnet) {t_dl:.2f} ms; dynamo graphs {len(parts)}, dlnet "
+              f"partitions {[p for p, _ in parts]}, left in eager: {[w for _, w in parts if w]}", flush=True)
         del eager, compiled_model, compiled
         torch.cuda.empty_cache()
     print(f"\ntorch.compile(backend=dlnet) training step, batch {args.batch}, Adam, fp32; device {ctx.info}; "

@@ -16,6 +16,7 @@ import warnings
 import numpy as np
 import torch
 
+from . import cuda_share
 from .errors import ModelError
 from .kernels.runtime import Context
 from .net import Net
@@ -124,24 +125,42 @@ class _Runner:
         self.buffers = buffers or {}  # initializer name -> the module's tensor its running statistic updates
         self.plans = {}
         self.last = None
+        self.share = None  # cuda_share.CudaShare where torch's CUDA tensors and ctx share memory
+
+    def sharing(self, tensors):
+        """The CudaShare of this runner's context where every tensor is on CUDA and the device can share memory with
+        torch (turned on at the first such call, before any plan of the context's is made); else None."""
+        if self.share is None and tensors and all(t.is_cuda for t in tensors) and not self.plans:
+            from .cuda_share import share_with_torch
+            self.share = share_with_torch(self.ctx)
+        return self.share if tensors and all(t.is_cuda for t in tensors) else None
 
     def plan(self, arrays, wrt):
-        key = (tuple(a.shape for a in arrays), wrt)
+        key = (tuple(tuple(a.shape) for a in arrays), wrt)
         vjp = self.plans.get(key)
         if vjp is None:
-            shapes = dict(zip(self.input_names, (a.shape for a in arrays)))
+            shapes = dict(zip(self.input_names, (tuple(a.shape) for a in arrays)))
             vjp = VJPPlan(self.ctx, self.model, self.name, shapes,
                           [n for n, w in zip(self.input_names, wrt) if w], self.param_names)
             vjp.versions = {}
             self.plans[key] = vjp
         return vjp
 
-    def upload_params(self, vjp, params):
-        for name, t in zip(self.param_names, params):
+    def changed_params(self, vjp, params):
+        """{name: tensor} of the parameters and running statistics whose device copy is stale (a torch version counter
+        moved), marked fresh."""
+        changed = {}
+        stats = [(n, t) for n, t in self.buffers.items() if n in vjp.state_values]  # (running statistics)
+        for name, t in list(zip(self.param_names, params)) + stats:
             stamp = (t.data_ptr(), t._version)
-            if name in vjp.params and vjp.versions.get(name) != stamp:
-                vjp.set_param(name, t.detach().cpu().numpy())
+            if (name in vjp.params or name in vjp.state_values) and vjp.versions.get(name) != stamp:
+                changed[name] = t.detach()
                 vjp.versions[name] = stamp
+        return changed
+
+    def upload_params(self, vjp, params):
+        for name, t in self.changed_params(vjp, params).items():
+            vjp.set_param(name, t.cpu().numpy())
 
 
 class Function(torch.autograd.Function):
@@ -151,29 +170,40 @@ class Function(torch.autograd.Function):
     @staticmethod
     def forward(ctx, runner, n_inputs, *tensors):
         inputs, params = tensors[:n_inputs], tensors[n_inputs:]
-        arrays = [t.detach().cpu().numpy() for t in inputs]
+        share = runner.sharing(tensors)
+        arrays = inputs if share is not None else [t.detach().cpu().numpy() for t in inputs]
         vjp = runner.plan(arrays, tuple(t.requires_grad for t in inputs))
-        runner.upload_params(vjp, params)
-        outs = vjp.forward(arrays)
         ctx.vjp, ctx.n_inputs, ctx.inputs, ctx.runner = vjp, n_inputs, inputs, runner
         ctx.devices = [t.device for t in tensors]
         runner.last = vjp
+        ctx.share = share if cuda_share.shared_plan(share, vjp.plan) and vjp.split is not None else None
+        if ctx.share is not None:  # (on the GPU: nothing crosses the host)
+            return tuple(cuda_share.vjp_forward(share, vjp, [t.detach() for t in inputs],
+                                                runner.changed_params(vjp, params)))
+        if share is not None:
+            arrays = [t.detach().cpu().numpy() for t in inputs]
+        runner.upload_params(vjp, params)
+        outs = vjp.forward(arrays)
         device = inputs[0].device if inputs else "cpu"
         return tuple(torch.from_numpy(o).to(device) for o in outs)
 
     @staticmethod
     def backward(ctx, *dys):
         vjp = ctx.vjp
-        grads, states = vjp.backward([d.detach().cpu().numpy() for d in dys])
+        if ctx.share is not None:
+            grads, states = cuda_share.vjp_backward(ctx.share, vjp, [d.detach() for d in dys])
+        else:
+            grads, states = vjp.backward([d.detach().cpu().numpy() for d in dys])
+            grads = {n: torch.from_numpy(g) for n, g in grads.items()}
+            states = [torch.from_numpy(s) for s in states]
         with torch.no_grad():  # BatchNorm's running statistics, updated in place as torch does
             for name, value in zip(vjp.state_names, states):
                 target = ctx.inputs[vjp.input_names.index(name)] if name in vjp.input_names[:ctx.n_inputs] \
                     else ctx.runner.buffers.get(name)
                 if target is not None:
-                    target.copy_(torch.from_numpy(value).to(target.dtype))
-        in_grads = [torch.from_numpy(grads[n]).to(dev) if n in grads else None
-                    for n, dev in zip(vjp.input_names, ctx.devices)]
-        p_grads = [torch.from_numpy(grads[n]).to(dev) if n in grads else None
+                    target.copy_(value.to(target.dtype))
+        in_grads = [grads[n].to(dev) if n in grads else None for n, dev in zip(vjp.input_names, ctx.devices)]
+        p_grads = [grads[n].to(dev) if n in grads else None
                    for n, dev in zip(vjp.param_names, ctx.devices[ctx.n_inputs:])]
         return (None, None, *in_grads[:ctx.n_inputs], *p_grads)
 

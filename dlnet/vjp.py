@@ -48,6 +48,7 @@ class VJPPlan:
                 names.append(f"grad:{name}")
         by_id = {v.id: n for n, v in values.items()}
         self.state_names = [by_id.get(s.id) for s, _ in imp.state_updates]  # (running statistics' initializers)
+        self.state_values = {n: s for n, (s, _) in zip(self.state_names, imp.state_updates) if n is not None}
         for _, new in imp.state_updates:
             outs.append(new)
             names.append("state")
@@ -78,9 +79,14 @@ class VJPPlan:
                 any(o in g.outputs[:self.n_out] for o in node.outputs)]
         return start if not late else None
 
+    def constant(self, name):
+        """The graph value of a parameter or a running statistic, by initializer name."""
+        return self.params[name] if name in self.params else self.state_values[name]
+
     def set_param(self, name, array):
-        """A parameter's device copy from a host array (the caller's optimizer changed it)."""
-        self.plan.upload_const(self.params[name], array)
+        """A parameter's or running statistic's device copy from a host array (the caller changed it: an optimizer
+        step, or the statistics this plan's last backward gave)."""
+        self.plan.upload_const(self.constant(name), array)
 
     def forward(self, arrays):
         """The outputs for these inputs (host arrays in input order), computing what backward needs on the way."""

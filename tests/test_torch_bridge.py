@@ -128,6 +128,20 @@ def test_module_runs_dlnets_backward_in_a_torch_training_loop():
     assert rel_l2(out2.detach().numpy(), reference(x).detach().numpy()) < 1e-5
 
 
+def test_module_running_statistics_follow_eager_over_steps():
+    """dlnet.torch.Module's BatchNorm running statistics, written back after each backward, are read again by the
+    next step (they were the export's forever: from the second step on they drifted from eager's)."""
+    model, reference = _seeded(ConvNet()).train(), _seeded(ConvNet()).train()
+    reference.load_state_dict(model.state_dict())
+    x = torch.randn(4, 3, 10, 10)
+    wrapped = dt.Module(model, (x,), ctx=context())
+    for _ in range(3):
+        for m in (wrapped(x), reference(x)):
+            (m ** 2).sum().backward()
+    for name in ("bn.running_mean", "bn.running_var"):
+        assert rel_l2(model.get_buffer(name).numpy(), reference.get_buffer(name).numpy()) < 1e-6, name
+
+
 def test_torch_compile_forward_and_a_training_step():
     torch._dynamo.reset()
     model, eager = _seeded(ConvNet()).train(), _seeded(ConvNet()).train()

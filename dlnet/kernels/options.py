@@ -111,6 +111,10 @@ class Options:
     conv_cpu_winograd_min_channels: int = 16
     # ... where rows of tiles rounded up to 8 grow by at most this factor
     conv_cpu_winograd_max_row: float = 1.15
+    # layers of at most this many output pixels (all images) and whole 16-channel panels: pixels as rows, channels as
+    # columns (conv2d_cpu_pixels), packed from x without pads (0: never). resnet50's 7x7 3x3 512 layer 1.48 -> 1.39 ms,
+    # its 1x1 stride-2 1024 -> 2048 1.48 -> 1.17; at 14x14 (196) a 1x1 256 -> 1024 ran 1.01 -> 1.18: not there
+    conv_cpu_pixels_max: int = 64
     # depthwise layers over zero-padded planes (shufflenet 5.76 -> 5.02 ms)
     dw_cpu_planes: bool = True
     # ... each work-item padding the rows it reads itself where they fit dw_pad_in_floats (shufflenet 4.82 -> 4.38)
@@ -124,6 +128,9 @@ class Options:
     pad_min_items: int = 16
     # CPU pooling: rows of about this many outputs per work-item (192 x 56 rows of 56: 1.2 ms one row each)
     pool_cpu_rows: int = 64
+    # MaxPool 3x3 stride 2: each input row's 3-wide maxima once, shared by the two output rows that read it
+    # (squeezenet's three 0.34 + 0.27 + 0.21 -> 0.27 + 0.24 + 0.14 ms, resnet50's 0.25 -> 0.20; a contended machine)
+    pool_cpu_separable: bool = True
     # CPU reductions: accumulators per output over interleaved elements (GlobalAveragePool 0.115 -> 0.039 ms)
     reduce_lanes: int = 4
 

@@ -114,6 +114,32 @@ def pick_conv_cpu_tiles(NN):
 
 
 
+# CPU convolutions over small maps with many channels (conv_cpu.cl's conv2d_cpu_pixels): output pixels as MR rows,
+# output channels as whole 16-column panels; MR from these, the one that pads the pixels least (49 = 7 x 7: 50 at 5,
+# where 16- or 8-column panels of pixels computed 64 or 56). At MR = 7 (14 float8 accumulators, 2 of B and the
+# broadcast: 17 registers) PoCL's code spilled: resnet50's 7x7 layers ran 1.5x slower than at 6; 5 and 6 ran 5-15%
+# faster than the pixel panels there (bench/RESULTS.md, cpu4).
+CONV_CPU_PIXEL_ROWS = (6, 5)
+CONV_CPU_PIXEL_COLS = 16
+# ... where each packed pixel panel serves at least 8 channel panels (K >= 128), and 1x1 stride-1 layers (whose pixel
+# panels the other path packs as vectors) from 512 channels: one-layer kernel times at 7x7, pixels against panels,
+# densenet121's 3x3 128 -> 32 0.065 -> 0.130 ms, inception's 1x1 832 -> 48 0.064 -> 0.134 and 832 -> 384 0.382 ->
+# 0.405, its 3x3 192 -> 384 0.800 -> 0.768 and 5x5 48 -> 128 0.291 -> 0.236, resnet50's 1x1 512 -> 2048 0.629 -> 0.571
+CONV_CPU_PIXEL_MIN_K = 128
+CONV_CPU_PIXEL_MIN_K_1X1 = 512
+
+
+def pick_conv_cpu_pixels(NN, K, KK, pointwise, max_pixels, local_mem):
+    """MR (pixels per tile) for conv2d_cpu_pixels with NN output pixels, K output channels (per group), KK taps, a
+    1x1 stride-1 layer or not; or None where it does not apply: more pixels than max_pixels, K not whole panels of
+    CONV_CPU_PIXEL_COLS or under the minimum, or a KK x MR panel over local memory."""
+    min_k = CONV_CPU_PIXEL_MIN_K_1X1 if pointwise else CONV_CPU_PIXEL_MIN_K
+    if NN > max_pixels or K % CONV_CPU_PIXEL_COLS or K < min_k:
+        return None
+    mr = min(CONV_CPU_PIXEL_ROWS, key=lambda r: (round_up(NN, r), -r))
+    return mr if 4 * KK * mr <= local_mem else None
+
+
 def round_up(n, m):
     return (n + m - 1) // m * m
 

@@ -31,10 +31,9 @@ except ImportError as e:  # pragma: no cover - pyopencl is a hard dependency
 
 
 def _remember_invokers():
-    """Each new cl.Kernel has pyopencl generate its set_args and enqueue functions, from a disk cache that keeps none
-    in memory: a sqlite read and a compile() per kernel, 0.04 s of a warm start of resnet50 (92 kernels). What it
-    generates depends only on the arguments it is given (the function's name and argument count, no argument types
-    here), so it is kept here for the process. Nothing changes where pyopencl's internals differ."""
+    """Each new cl.Kernel has pyopencl generate its set_args and enqueue functions from a disk cache that keeps none in
+    memory: a sqlite read and a compile() per kernel, 0.04 s of resnet50's warm start (92 kernels). What it generates
+    depends only on its arguments (the name and argument count, no types here), so it is kept for the process."""
     try:
         from pyopencl import invoker
         generate = invoker.generate_enqueue_and_set_args
@@ -298,6 +297,7 @@ class Context:
         self.profile = profile
         self._programs = {}
         self.allocated_bytes = 0  # live arena bytes of this context (plans release theirs)
+        self.allocator = None  # alloc(nbytes) and free(buf) go to its __call__ and release (cuda_share.py)
         # The device is looked up and its OpenCL context opened in the background (0.01-0.2 s and 0.15-0.3 s on
         # NVIDIA, while the caller parses and plans a model): the device's attributes (DEVICE_FIELDS), `cl` and
         # `queue` wait for it. A malformed spec is an error at once, a device that is not there at first use.
@@ -529,9 +529,10 @@ class Context:
                               f"({_mib(total)}, CL_DEVICE_GLOBAL_MEM_SIZE)")
 
     def alloc(self, nbytes):
-        """A device buffer, committed now: drivers take its memory at first use (160 GB of buffers are created on an
-        80 GB H100), where a failure is a crash in run(). A one-byte write commits it here, a DeviceError (NVIDIA:
-        MEM_OBJECT_ALLOCATION_FAILURE, context intact; a fill fails with -9999 from 3 GiB and breaks the queue)."""
+        """A device buffer, committed now (a one-byte write): drivers take memory at first use (160 GB of buffers on an
+        80 GB H100), a crash in run(); here a DeviceError (NVIDIA: MEM_OBJECT_ALLOCATION_FAILURE; fills fail at 3GiB)"""
+        if self.allocator is not None:
+            return self.allocator(nbytes)
         guard = self.GUARD if self.options.debug_bounds else 0
         size = max(int(nbytes), 4) + guard
         self.check_room([size])
@@ -564,7 +565,7 @@ class Context:
     def free(self, buf):
         self.allocated_bytes -= buf.size
         getattr(self, "guarded", {}).pop(buf.int_ptr, None)
-        buf.release()
+        buf.release() if self.allocator is None else self.allocator.release(buf)
 
     def pinned(self, shape, dtype=np.float32):
         """A zeroed numpy array in page-locked host memory (an ALLOC_HOST_PTR buffer, mapped once). Copies between
@@ -587,8 +588,7 @@ class Context:
         return array
 
     def upload(self, buf, array, byte_offset=0, wait=True):
-        """Copy a host array into buf; wait=False returns at once (pyopencl keeps the array until the copy is
-        done)."""
+        """Copy a host array into buf; wait=False returns at once (pyopencl keeps the array until it is copied)."""
         cl.enqueue_copy(self.queue, buf, np.ascontiguousarray(array), dst_offset=byte_offset, is_blocking=wait)
 
     def download(self, buf, array, byte_offset=0, wait=True):

@@ -88,7 +88,7 @@ class DepthwiseGpu(Algo):
 
 
 class ConvCpu(Algo):
-    """conv_cpu.cl's paths (conv_cpu_algo): cpu_winograd, cpu_direct, cpu_local, cpu_im2col."""
+    """conv_cpu.cl's paths (conv_cpu_algo): cpu_winograd, cpu_pixels, cpu_direct, cpu_local, cpu_im2col."""
     name = "cpu"
 
     @staticmethod

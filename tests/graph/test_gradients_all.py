@@ -46,6 +46,8 @@ NOT_DIFFERENTIATED = {
     # autodiff follows no path through them (test_piecewise_constant_ops_pass_no_gradient)
     "Floor": "piecewise constant", "Ceil": "piecewise constant", "Round": "piecewise constant",
     "Sign": "piecewise constant",
+    # inference-only fusions (graph/passes/transformer.py): the training pipeline never makes them
+    "AddLayerNorm": "inference only", "ColumnView": "inference only", "LayerNormAxis": "inference only",
     # backward-only ops that the rules build; dlnet takes no second derivatives
     "ConvGradX": "backward of Conv", "ConvGradW": "backward of Conv", "PoolGrad": "backward of the pools",
     "BatchNormTrainGrad": "backward of BatchNormTrain", "SliceGrad": "backward of Slice",

@@ -87,6 +87,51 @@ def test_conv_sigmoid_epilogue(ctx):
     assert rel_l2(got, want) < 1e-5
 
 
+PIXELS = [  # (batch, Cin, H, W, Cout, kernel, stride, pad, group): few pixels, whole 16-channel panels
+    (1, 24, 7, 7, 128, 3, 1, 1, 1),      # 49 pixels in blocks of 5: a ragged last block; borders read as zeros
+    (2, 8, 4, 4, 128, 3, 1, 1, 1),       # batch 2, 32 pixels in blocks of 5: a block holds both images' pixels
+    (1, 32, 8, 8, 256, 1, 2, 0, 2),      # 1x1 stride 2 (resnet50's shortcut), 2 groups of 128 channels
+    (1, 12, 9, 9, 144, 3, 2, 1, 1),      # stride 2 with pads: 25 pixels, 9 panels of channels
+    (1, 40, 6, 6, 512, 1, 1, 0, 1),      # 1x1 stride 1 over 36 pixels in blocks of 6
+]
+
+
+@pytest.mark.parametrize("pixels", [False, True], ids=["panels", "pixels"])
+@pytest.mark.parametrize("shape", PIXELS, ids=["x".join(map(str, s)) for s in PIXELS])
+def test_conv_pixel_rows_match_onnxruntime(ctx, shape, pixels):
+    """Small maps on CPU devices: pixels as rows and output channels as 16-column panels (cpu_pixels, packed from x
+    with its borders as zeros), or the pixel panels of the other paths, with the fused epilogue."""
+    import onnxruntime as ort
+    ctx = ctx.with_options(conv_cpu_pixels_max=64 if pixels else 0)
+    model, feeds = conv_model(*shape, False)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    net = dlnet.Net(ctx).load_onnx(model)
+    if ctx.is_cpu:
+        node = next(n for n in net.graph.nodes if n.op == "Conv")
+        assert (node.schedule["algo"] == "cpu_pixels") == pixels
+        if pixels:
+            assert "algo=cpu_pixels tile=" in str(net.graph)
+            assert not any(launch.label.endswith(" pad") for launch in net.launches)
+    got = list(net.run(feeds).values())[0]
+    assert rel_l2(got, want) < 1e-5
+    net.release()
+
+
+def test_pixel_rows_rule():
+    """rules.pick_conv_cpu_pixels: the rows that pad the pixels least (49: 5, 36: 6); None past the pixel limit, for
+    channels that are not whole 16-column panels or too few (fewer for 1x1 stride-1 layers), or for a panel over
+    local memory."""
+    from dlnet.kernels.rules import pick_conv_cpu_pixels
+    assert pick_conv_cpu_pixels(49, 512, 4608, False, 64, 1 << 20) == 5
+    assert pick_conv_cpu_pixels(36, 2048, 512, True, 64, 1 << 20) == 6
+    assert pick_conv_cpu_pixels(49, 128, 1152, False, 64, 1 << 20) == 5
+    assert pick_conv_cpu_pixels(49, 112, 1152, False, 64, 1 << 20) is None
+    assert pick_conv_cpu_pixels(49, 384, 832, True, 64, 1 << 20) is None
+    assert pick_conv_cpu_pixels(100, 512, 4608, False, 64, 1 << 20) is None
+    assert pick_conv_cpu_pixels(49, 520, 4608, False, 64, 1 << 20) is None
+    assert pick_conv_cpu_pixels(49, 512, 4608, False, 64, 4 * 4608 * 5 - 4) is None
+
+
 DIRECT = [  # (batch, Cin, H, W, Cout, (kh, kw), pads [t, l, b, r], dilation, group, stride)
     (1, 16, 9, 11, 13, (3, 3), [1, 1, 1, 1], 1, 1, 1),    # 11 + 2 = 13 padded columns a row: panels across rows
     (2, 8, 13, 13, 20, (3, 3), [1, 1, 1, 1], 1, 2, 1),    # batch 2 with groups: each image's panels, 12x8 tiles

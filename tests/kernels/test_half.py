@@ -24,6 +24,8 @@ DIGITS_DIR = os.path.join(ROOT, "models", "digits")
 # the test device's own kernels, and the GPU kernels (gemm_core.cl, conv.cl, dwconv.cl, gemv.cl, attention.cl) forced
 # onto it as a GPU runs them (tests/kernels/test_dwconv_gpu.py's way)
 CORES = ["native", "gpu"]
+# the GPU kernels on PoCL take seconds a model on 2 cores: CI runs those once, with the slow cases
+CORES_SLOW_GPU = ["native", pytest.param("gpu", marks=pytest.mark.slow)]
 _CONTEXTS = {}
 
 
@@ -167,7 +169,7 @@ def test_the_probe_passes_on_the_test_device():
 
 # --- models against their fp32 runs ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("core", CORES + ["winograd"])
+@pytest.mark.parametrize("core", CORES_SLOW_GPU + ["winograd"])
 def test_small_cnn_with_batchnorm(core):
     x = _rng(2).standard_normal((4, 3, 16, 16), np.float32)
     _, _, n32, n16 = _compare(small_cnn(), {"x": x}, core)
@@ -210,7 +212,7 @@ def _transformer(name):
     return onnx.load_from_string(data), {"x": make_input(shape, 3)}
 
 
-@pytest.mark.parametrize("core", CORES)
+@pytest.mark.parametrize("core", CORES_SLOW_GPU)
 @pytest.mark.parametrize("name", ["encoder", "vit", "causal_decoder"])  # BERT-, ViT- and GPT-shaped
 def test_transformers(name, core):
     model, feeds = _transformer(name)
@@ -230,7 +232,7 @@ def test_transformers(name, core):
     assert graphs_equal(parse_graph(text, constants_of(n16.graph)), n16.graph) == (True, "")
 
 
-@pytest.mark.parametrize("core", CORES)
+@pytest.mark.parametrize("core", CORES_SLOW_GPU)
 def test_digits_same_top1_on_the_shipped_images(core):
     files = sorted(os.path.join(DIGITS_DIR, f) for f in os.listdir(DIGITS_DIR))
     model = onnx.load(DIGITS)

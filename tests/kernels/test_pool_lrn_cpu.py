@@ -71,3 +71,35 @@ def test_lrn_matches_numpy(ctx, shape, size):
         sq[:, c] = (x64[:, max(0, c - (size - 1) // 2):c + -(-(size - 1) // 2) + 1] ** 2).sum(axis=1)
     want = x64 / (bias + alpha / size * sq) ** beta
     assert rel_l2(got, want) < 1e-6
+
+
+SEPARABLE = [  # MaxPool 3x3 stride 2 (pool_cpu.cl's pool_cpu_sep on CPUs): (input shape, pads, ceil_mode)
+    ((1, 3, 40, 41), [1, 1], 0),    # interior vectors of 8 columns, then pool_row's last columns and edges
+    ((2, 2, 23, 37), [0, 0], 1),    # ceil_mode: the last row's and column's windows clipped
+    ((1, 2, 111, 111), [0, 0], 1),  # squeezenet's first pool: several work-items of rows per plane
+    ((1, 2, 7, 5), [1, 1], 0),      # too narrow for a vector: pool_row alone
+]
+
+
+@pytest.mark.parametrize("separable", [False, True], ids=["taps", "separable"])
+@pytest.mark.parametrize("case", SEPARABLE, ids=["x".join(map(str, c[0])) for c in SEPARABLE])
+def test_maxpool_3x3_stride2_both_paths(ctx, case, separable):
+    """Each input row's 3-wide maxima shared by the two output rows that read it, or every tap: the same maxima, a
+    NaN in a window propagating to its outputs alone."""
+    shape, p, ceil = case
+    x = R.standard_normal(shape).astype(np.float32)
+    x[0, 0, shape[2] // 2, shape[3] // 2 + 1] = np.nan
+    model = make_model([helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2], pads=p + p,
+                                         ceil_mode=ceil)], {"x": x}, ["y"], opset=19)
+    net = dlnet.Net(ctx.with_options(pool_cpu_separable=separable)).load_onnx(model)
+    got = list(net.run({"x": x}).values())[0]
+    if ctx.is_cpu:
+        assert ("pool_cpu_sep" in [launch.kernel.function_name for launch in net.launches]) == separable
+    rnd = np.ceil if ceil else np.floor
+    out = [int(rnd((shape[2 + i] + 2 * p[i] - 3) / 2)) + 1 for i in range(2)]
+    out = [o - 1 if ceil and (o - 1) * 2 >= shape[2 + i] + p[i] else o for i, o in enumerate(out)]
+    want = pool_numpy(x.astype(np.float64), "max", [3, 3], [2, 2], p, [1, 1], out, 0)
+    assert got.shape == want.shape
+    nan = np.isnan(want)
+    assert 0 < nan.sum() <= 4 and np.array_equal(np.isnan(got), nan)
+    assert rel_l2(got[~nan], want[~nan]) < 1e-6

@@ -49,6 +49,7 @@ CASES = [
     ("cpu_direct", "cpu", {"conv_cpu_winograd": False},
      lambda: conv_case((1, 16, 12, 12), (24, 16, 3, 3), pads=[1] * 4)),
     ("cpu_local", "cpu", {}, lambda: conv_case((2, 16, 7, 7), (24, 16, 1, 1))),
+    ("cpu_pixels", "cpu", {}, lambda: conv_case((1, 16, 5, 5), (128, 16, 3, 3), pads=[1] * 4)),
     ("cpu_im2col", "cpu", {"conv_cpu_direct": False, "conv_cpu_winograd": False},
      lambda: conv_case((1, 5, 9, 9), (7, 5, 3, 3), strides=[2, 2])),
     ("implicit_gemm", None, {"matrix_core": "portable", "winograd_min_channels": 0},
@@ -93,7 +94,7 @@ def test_the_cases_cover_the_tables():
     names = {c[0] for c in CASES}
     table = {a.name for algos in schedule.ALGOS.values() for a in algos}
     expanded = (table - {"winograd", "cpu"}) | {"winograd2", "cpu_winograd", "cpu_direct", "cpu_local",
-                                               "cpu_im2col", "gemv_rows"}
+                                               "cpu_im2col", "cpu_pixels", "gemv_rows"}
     assert expanded - {"gemv_mma"} <= names, sorted(expanded - names)
 
 

@@ -13,6 +13,7 @@ from . import (  # noqa: F401  (registration)
     roi,
     sampling,
     shape,
+    transformer,
 )
 from .base import OPS, REQUIRED, Op, get_op, ones, register, zero_pads
 

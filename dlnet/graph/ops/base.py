@@ -62,7 +62,8 @@ class Op:
         return self.inplace
 
     def view_offset(self, node):
-        """An "alias" op's output starts this many elements into its input's buffer."""
+        """An alias op's output: the element of its input it starts at (SliceView's offset, ColumnView's column; 0
+        for a Reshape)."""
         return 0
 
     def lower(self, node, lw):

@@ -92,3 +92,40 @@ class RMSNorm(Op):
         inv = b.op("Reciprocal", [b.op("Sqrt", [b.op("Add", [_row_mean(b, b.op("Mul", [x, x])), eps])])])
         xhat = b.op("Mul", [x, inv])
         return [_normalised_grad(b, dys[0], scale, xhat, inv, centred=False), b.op("Mul", [dys[0], xhat])]
+
+
+def channels_last(rank, axis):
+    """The permutation that moves `axis` last, keeping the other axes in order (NCHW -> NHWC at axis 1)."""
+    return tuple(a for a in range(rank) if a != axis) + (axis,)
+
+
+@register
+class LayerNormAxis(Op):
+    """y = LayerNorm of x over axis `axis` (scale, bias [x.shape[axis]]), written as x is laid out (perm=()) or with
+    that axis moved last (perm = channels_last(rank, axis)): ConvNeXt's LayerNorm2d on NCHW's channels, and a
+    Transpose -> LayerNorm read through strides (graph/passes/transposes.py, inference graphs). No gradient."""
+    name = "LayerNormAxis"
+    dtypes = ("float32",)
+    attrs = {"epsilon": REQUIRED, "axis": REQUIRED, "perm": ()}
+
+    def infer(self, node):
+        x, scale, bias = node.inputs
+        axis, perm = node.attrs["axis"], tuple(node.attrs["perm"])
+        if not 0 <= axis < x.rank or perm not in ((), channels_last(x.rank, axis)):
+            raise ValueError(f"axis {axis} with perm {list(perm)} of a rank-{x.rank} x: expected perm () or "
+                             f"{list(channels_last(x.rank, axis))}")
+        if scale.shape != (x.shape[axis],) or bias.shape != (x.shape[axis],):
+            raise ValueError(f"scale {list(scale.shape)} and bias {list(bias.shape)} must be [{x.shape[axis]}]")
+        return [(x.dtype, tuple(x.shape[p] for p in perm) if perm else x.shape)]
+
+    def numpy(self, node, x, scale, bias):
+        axis, perm = node.attrs["axis"], tuple(node.attrs["perm"])
+        shape = [1] * x.rank
+        shape[axis] = x.shape[axis]
+        d = x - x.mean(axis=axis, keepdims=True)
+        var = (d * d).mean(axis=axis, keepdims=True)
+        y = (d / np.sqrt(var + node.attrs["epsilon"]) * scale.reshape(shape) + bias.reshape(shape)).astype(x.dtype)
+        return [np.ascontiguousarray(y.transpose(perm)) if perm else y]
+
+    def lower(self, node, lw):
+        lw.layernorm_axis(node)

@@ -246,6 +246,83 @@ void conv2d_cpu_local(__global const float* x, ulong x_off, __global const float
 }
 #endif
 
+// Small maps with many channels (resnet50's 7x7 stage, PIXEL_ROWS): the product turned around, MR output pixels as
+// rows and NR output channels as columns, so the pixels pad only up to MR (49 = 7 x 7: none) where NR-column panels of
+// pixels padded 49 to 56 or 64. One work-item per (block mb of MR pixels, share ns of the channel panels, group)
+// packs its KK x MR pixel panel into __local memory from x (zero outside it: no padded copy of x) and runs NBS panels
+// of weights on it, packed as wq[g][nb][k][NR] (K a multiple of NR). Each row of the tile stores its 8-channel
+// vectors lane by lane (a pixel's channels lie OHW apart in y).
+#if defined(PIXEL_ROWS) && defined(B_LOCAL)
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void conv2d_cpu_pixels(__global const float* x, ulong x_off, __global const float* w, ulong w_off,
+                       __global const float* bias, ulong bias_off, __global const float* res, ulong res_off,
+                       __global float* y, ulong y_off, int C, int K, int KK, int OHW, int NN, long y_nstride,
+                       long res_nstride, int H, int W, int OW, int KH, int KW, int SH, int SW, int PH, int PW, int DH,
+                       int DW, long x_nstride, int NBS) {
+    __local float panel[B_LOCAL];  // [KK][MR]
+    const int mb = get_global_id(0), ns = get_global_id(1), g = get_global_id(2);
+    const int p0 = mb * MR, NB = K / NR;
+    long cb[MR];
+    int iy0[MR], ix0[MR];
+    _Pragma("unroll") for (int e = 0; e < MR; e++) {  // per pixel: its image's offset and its window's corner
+        const int n = p0 + e < NN ? p0 + e : NN - 1;
+        const int img = n / OHW, p = n - img * OHW, oy = p / OW, ox = p - oy * OW;
+        cb[e] = img * x_nstride;
+        iy0[e] = p0 + e < NN ? oy * SH - PH : -(1 << 30);
+        ix0[e] = ox * SW - PW;
+    }
+    __global const float* xg = x + x_off + (long)g * C * H * W;
+    int kx = 0, ky = 0;
+    long coff = 0;
+    for (int k = 0; k < KK; k++) {
+        const int dy = ky * DH, dx = kx * DW;
+        _Pragma("unroll") for (int e = 0; e < MR; e++) {
+            const int iy = iy0[e] + dy, ix = ix0[e] + dx;
+            const bool inside = (uint)iy < (uint)H && (uint)ix < (uint)W;
+            panel[k * MR + e] = inside ? xg[cb[e] + coff + iy * W + ix] : 0.0f;
+        }
+        if (++kx == KW) {
+            kx = 0;
+            if (++ky == KH) { ky = 0; coff += H * W; }
+        }
+    }
+    y += y_off + (long)g * K * OHW;
+    res += res_off + (long)g * K * OHW;
+    bias += bias_off + g * K;
+    const int nb_end = (ns + 1) * NBS < NB ? (ns + 1) * NBS : NB;
+    for (int nb = ns * NBS; nb < nb_end; nb++) {
+        float8 acc[MR][NV];
+        _Pragma("unroll") for (int i = 0; i < MR; i++)
+            _Pragma("unroll") for (int j = 0; j < NV; j++) acc[i][j] = (float8)(0.0f);
+        __global const float* bp = w + w_off + ((long)g * NB + nb) * KK * NR;
+        for (int k = 0; k < KK; k++) {  // the hot loop: NV vectors of channels times MR broadcast pixels
+            float8 b[NV];
+            _Pragma("unroll") for (int j = 0; j < NV; j++) b[j] = *(__global const float8*)(bp + k * NR + 8 * j);
+            _Pragma("unroll") for (int i = 0; i < MR; i++) {
+                const float8 a = (float8)(panel[k * MR + i]);
+                _Pragma("unroll") for (int j = 0; j < NV; j++) acc[i][j] = a * b[j] + acc[i][j];
+            }
+        }
+        _Pragma("unroll") for (int i = 0; i < MR; i++) {
+            const int n = p0 + i;
+            if (n >= NN) break;
+            const int img = n / OHW, p = n - img * OHW;
+            _Pragma("unroll") for (int j = 0; j < NV; j++) {
+                const int m0 = nb * NR + 8 * j;
+                union { float8 v; float s[8]; } t;
+                t.v = acc[i][j];
+                _Pragma("unroll") for (int e = 0; e < 8; e++) {
+                    float v = t.s[e];
+                    ADD_BIAS(v, m0 + e);
+                    ADD_RES(v, img * res_nstride + (long)(m0 + e) * OHW + p);
+                    y[img * y_nstride + (long)(m0 + e) * OHW + p] = ACT(v);
+                }
+            }
+        }
+    }
+}
+#endif
+
 // Convolutions without im2col read zero-padded planes (planes.cl, prepended to this file where KHC is defined).
 #if defined(KHC)
 // The epilogue of a tile at positions p0.. of one image (y, res, bias at that image and group): float8s that lie in

@@ -47,8 +47,9 @@ inline float8 load8_even(__global const float* p) {  // p[0], p[2], ..., p[14]
 }
 #endif
 
+// skip: the interior columns before it are written already (pool_cpu_sep's vectors)
 inline void pool_row(__global const X_T* x, __global Y_T* y, int oy, int H, int W, int OW, int PH, int PW,
-                     int count_include_pad) {
+                     int count_include_pad, int skip) {
     const int iy0 = oy * SH - PH;
     int ky0 = 0, ky1 = KH, kyp = KH;  // taps [ky0, ky1) inside the image; [0, kyp) inside the padded image
     while (ky0 < KH && iy0 + ky0 * DH < 0) ky0++;
@@ -60,6 +61,7 @@ inline void pool_row(__global const X_T* x, __global Y_T* y, int oy, int H, int 
     const int oxb = max(oxa, min(OW, last >= 0 ? last / SW + 1 : 0));
     for (int ox = 0; ox < OW; ox++) {
         if (ox == oxa) {  // the interior
+            ox = ox > skip ? ox : skip;
 #if defined(VEC) && (SW == 1 || SW == 2)
             // SW 2 reads 16 values from each tap's start: the 16th lies under the next interior window
             for (; ox + 8 + (SW - 1) <= oxb; ox += 8) {
@@ -120,5 +122,58 @@ void pool_cpu(__global const X_T* x, ulong x_off, __global Y_T* y, ulong y_off, 
     const long nc = get_global_id(1);
     x += x_off + nc * H * W;
     for (int oy = get_global_id(0) * ROWS; oy < min(OH, (int)(get_global_id(0) + 1) * ROWS); oy++)
-        pool_row(x, y + y_off + (nc * OH + oy) * OW, oy, H, W, OW, PH, PW, count_include_pad);
+        pool_row(x, y + y_off + (nc * OH + oy) * OW, oy, H, W, OW, PH, PW, count_include_pad, 0);
 }
+
+#if defined(SEPARABLE) && defined(POOL_MAX) && KH == 3 && KW == 3 && SH == 2 && SW == 2 && DH == 1 && DW == 1
+// MaxPool 3x3 stride 2 (float, SEPARABLE; built without VEC): per 8 interior columns, each input row's 3-wide maxima
+// once, kept for the next output row, which shares that row: 2 rows of 4 loads per output vector, not 3 x 3 taps of
+// 2 loads. The rest of each row (edges, the last columns) is pool_row's.
+inline float8 row_max8(__global const float* p) {  // max(p[2 i], p[2 i + 1], p[2 i + 2]) for i < 8
+    const float8 a = *(__global const float8u*)p, b = *(__global const float8u*)(p + 8);
+    const float8 c = *(__global const float8u*)(p + 2), d = *(__global const float8u*)(p + 10);
+    float8 m = (float8)(a.even, b.even);
+    ADD8(m, ((float8)(a.odd, b.odd)));
+    ADD8(m, ((float8)(c.even, d.even)));
+    return m;
+}
+
+// output columns ox..ox + 7 of rows [oy0, oy1), all interior
+inline void pool_sep8(__global const float* x, __global float* y, int ox, int oy0, int oy1, int H, int W, int OW,
+                      int PH, int PW) {
+    float8 shared = (float8)(0.0f);  // row_max8 of input row `row`
+    int row = -1;
+    for (int oy = oy0; oy < oy1; oy++) {
+        float8 acc = (float8)(INIT);
+        for (int ky = 0; ky < 3; ky++) {
+            const int iy = oy * 2 - PH + ky;
+            if (iy < 0 || iy >= H) continue;
+            const float8 m = iy == row ? shared : row_max8(x + iy * W + ox * 2 - PW);
+            ADD8(acc, m);
+            shared = m;
+            row = iy;
+        }
+        *(__global float8u*)(y + oy * OW + ox) = acc;
+    }
+}
+
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void pool_cpu_sep(__global const float* x, ulong x_off, __global float* y, ulong y_off, int H, int W, int OH, int OW,
+                  int PH, int PW, int count_include_pad) {
+    const long nc = get_global_id(1);
+    x += x_off + nc * H * W;
+    y += y_off + nc * OH * OW;
+    const int oy0 = get_global_id(0) * ROWS, oy1 = min(OH, (int)(get_global_id(0) + 1) * ROWS);
+    const int oxa = min(OW, (PW + 1) / 2), last = W - 3 + PW;  // (pool_row's interior)
+    const int oxb = max(oxa, min(OW, last >= 0 ? last / 2 + 1 : 0));
+    int ox = oxa;
+    for (; ox + 9 <= oxb; ox += 8)  // (the 16th value of a row's 8 windows lies under the next window)
+        pool_sep8(x, y, ox, oy0, oy1, H, W, OW, PH, PW);
+    if (ox > oxa && ox < oxb - 1) {  // the last interior columns but one as a vector again, overlapping the last
+        pool_sep8(x, y, oxb - 9, oy0, oy1, H, W, OW, PH, PW);
+        ox = oxb - 1;
+    }
+    for (int oy = oy0; oy < oy1; oy++)
+        pool_row(x, y + oy * OW, oy, H, W, OW, PH, PW, count_include_pad, ox);
+}
+#endif

@@ -8,6 +8,7 @@ import numpy as np
 
 from ...errors import ModelError
 from ...graph.ops.attention import LOGICAL, MAX_RANK, lead4, logical_shape
+from ...graph.ops.transformer import element_strides
 from ..emitter import defines
 from ..half import half_defines
 from ..runtime import kernel_source
@@ -89,13 +90,16 @@ def mask_strides(mask, scores):
     return strides
 
 
-def operand_strides(shape, layout):
+def operand_strides(shape, layout, stored=None):
     """Element strides of the b, h and t axes of an operand of this stored shape and layout (kernels/cl/attention.cl's
-    qsb, qsh, qst), its last axis contiguous."""
+    qsb, qsh, qst), its last axis contiguous. stored: its element strides where they are not contiguous (a column
+    block of the Q, K, V projections' one product: graph/ops/transformer.py element_strides)."""
     shape = (1,) * (MAX_RANK - len(shape)) + tuple(shape)
     strides, step = [0] * MAX_RANK, 1
     for a in reversed(range(MAX_RANK)):
         strides[a], step = step, step * shape[a]
+    if stored is not None:
+        strides = strides[:MAX_RANK - len(stored)] + list(stored)
     return [strides[layout.index(c)] for c in LOGICAL[:3]]
 
 
@@ -120,7 +124,8 @@ class AttentionFamily:
         args = self.args(q) + self.args(k) + self.args(v) + (self.args(mask) if mask is not None else self.dummy()) \
             + self.args(y) + [np.int32(Tq), np.int32(Tk), np.int32(Hq), np.int32(Hk), np.float32(a["scale"]),
                               np.float32(a["softcap"]), np.int32(a["causal_offset"])] + [np.int64(s) for s in strides] \
-            + [np.int64(s) for x, lay in zip((q, k, v, y), layout, strict=True) for s in operand_strides(x.shape, lay)]
+            + [np.int64(s) for x, lay in zip((q, k, v, y), layout, strict=True)
+               for s in operand_strides(x.shape, lay, element_strides(x))]
         label = f"{node.name} Attention"
         if node.schedule["algo"] == "flash_cpu":  # (schedule.py; Lowerer.lower makes sure there is one)
             rows = max(1, min(CPU_ROWS, Tq))

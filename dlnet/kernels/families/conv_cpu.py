@@ -1,12 +1,12 @@
 """Convolutions on CPU devices (conv_cpu.cl): register-blocked tiles over zero-padded planes, fused Winograd F(2x2,
-3x3), or im2col panels; planes.cl pads the planes they read."""
+3x3), im2col panels, or (small maps) pixel panels; planes.cl pads the planes they read."""
 import numpy as np
 
 from ...errors import ModelError
 from ...graph.passes.fuse import affine_chain
 from ...graph.passes.winograd import transform_weights
 from ..emitter import defines
-from ..rules import pick_conv_cpu_tiles, plane_phases, round_up
+from ..rules import CONV_CPU_PIXEL_COLS, pick_conv_cpu_pixels, pick_conv_cpu_tiles, plane_phases, round_up
 from ..runtime import kernel_source
 from .conv import conv_dims
 
@@ -33,6 +33,10 @@ def conv_cpu_algo(node, dev, options):
         tiles = pick_conv_cpu_tiles(TH * TWP)
         if 4 * 16 * (C + tiles["MR"]) * 8 * tiles["NV"] <= dev.local_mem:
             return "cpu_winograd"
+    if w.const is not None and not w.param and node.attrs.get("in_perm") is None and not node.attrs.get("prologue") \
+            and pick_conv_cpu_pixels(g.N * g.OH * g.OW, K, C * KH * KW, pointwise, options.conv_cpu_pixels_max,
+                                 dev.local_mem):
+        return "cpu_pixels"
     if options.conv_cpu_direct and KH * KW > 1:  # (a 1x1 stride 2 ran at 130 GF/s direct, 155 through im2col)
         return "cpu_direct"
     NN = g.N * g.OH * g.OW
@@ -66,6 +70,9 @@ class ConvCpuFamily:
         self.record_tile(f"{MR}x{NR}")
         if algo == "cpu_winograd":
             self._conv_cpu_winograd(node, head, bargs, rargs, C, K, PH, PW, y_nstride, label)
+            return
+        if algo == "cpu_pixels":
+            self._conv_cpu_pixels(node, head, bargs, rargs, group, C, K, geo, y_nstride, label)
             return
         wargs = self.conv_cpu_weights(w, group, K, KK, MR, defs)
         if direct:
@@ -149,6 +156,28 @@ class ConvCpuFamily:
             np.int64(xp_nstride), np.int64(y_nstride), np.int64(y_nstride), np.int32(MBS)],
             (N * NBI, -(-MB // MBS)), (1, 1), f"{node.name} Conv winograd")
         self.use_scratch(self.launches[-1].kernel, 0, 4 * N * xp_nstride, "work")
+
+    def _conv_cpu_pixels(self, node, head, bargs, rargs, group, C, K, geo, y_nstride, label):
+        """conv_cpu.cl's conv2d_cpu_pixels: MR output pixels as rows, 16 output channels as columns, the pixel panel
+        packed from x (zeros outside it) per work-item, the weights packed here as wq[g][nb][k][16]."""
+        x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
+        H, W, OH, OW, KH, KW, SH, SW, PH, PW, DH, DW = (int(v) for v in geo)
+        N, Cin = x.shape[0], x.shape[1]
+        KK, OHW, NR = C * KH * KW, OH * OW, CONV_CPU_PIXEL_COLS
+        NN = N * OHW
+        pointwise = KH == KW == SH == SW == 1 and PH == PW == 0
+        MR = pick_conv_cpu_pixels(NN, K, KK, pointwise, self.options.conv_cpu_pixels_max, self.dev.local_mem)
+        MB, NB = -(-NN // MR), K // NR
+        self.record_tile(f"{MR}x{NR}")
+        a = np.asarray(w.const, np.float32).reshape(group, NB, NR, KK).transpose(0, 1, 3, 2)
+        splits = min(NB, -(-8 * self.dev.compute_units // (MB * group)))  # about 8 work-items per core
+        NBS = -(-NB // splits)
+        defs = dict(MR=MR, NV=NR // 8, PIXEL_ROWS=1, B_LOCAL=self.dev.local_mem // 4)
+        args = self.args(x) + [self.meta(a.ravel(), np.float32), np.uint64(0)] + bargs + rargs + self.args(y) + [
+            np.int32(v) for v in (C, K, KK, OHW, NN)] + [np.int64(y_nstride), np.int64(y_nstride)] + [
+            np.int32(v) for v in (H, W, OW, KH, KW, SH, SW, PH, PW, DH, DW)] + [np.int64(Cin * H * W), np.int32(NBS)]
+        self.emit(defines(defs) + head + kernel_source("conv_cpu"), "conv2d_cpu_pixels", args,
+                  (MB, -(-NB // NBS), group), (1, 1, 1), label)
 
     def pad_planes(self, x, H, W, geo, Hq, Wq, PH, PW, tail, label, cmap=None):
         """Launch planes.cl's pad_planes: x [N, C, H, W] (1-D: H = 1) into the plan's "work" scratch as zero-padded

@@ -16,6 +16,14 @@ def cpu_math(code):
     return kernel_source("cpu_math") + CPU_MATH if "erf(" in code or "tanh(" in code else ""
 
 
+def transposed_strides(in_shape, perm, out_shape):
+    """Element strides of transpose(a contiguous `in_shape` array, perm) read at every index of `out_shape`."""
+    strides = codegen.contiguous_strides(in_shape)
+    shape = [in_shape[p] for p in perm]
+    pad = len(out_shape) - len(shape)
+    return [0] * pad + [0 if d == 1 and o != 1 else strides[p] for d, p, o in zip(shape, perm, out_shape[pad:])]
+
+
 class ElementwiseFamily:
     # precision "fp16" (kernels/half.py): the generated copies take half operands as the pointwise chains do
     # (schedule.half_io); Expand is a pointwise Identity
@@ -69,12 +77,19 @@ class ElementwiseFamily:
                 if v.id in inside and inside[v.id] != f"t{i}":
                     args.append(inside[v.id])
                     continue
-                if v.id not in names:
-                    names[v.id] = f"x{len(operands)}v"
-                    operands.append((v, 0, codegen.broadcast_strides(v.shape, out_shape)))
-                args.append(names[v.id])
+                # a Transpose member (passes/transposes.py) reads its input through permuted strides: its own operand
+                key = (v.id, tuple(n.attrs["perm"])) if n.op == "Transpose" else v.id
+                if key not in names:
+                    names[key] = f"x{len(operands)}v"
+                    strides = codegen.broadcast_strides(v.shape, out_shape) if n.op != "Transpose" else \
+                        transposed_strides(v.shape, n.attrs["perm"], out_shape)
+                    operands.append((v, 0, strides))
+                args.append(names[key])
             tdt = n.outputs[0].dtype
             T = codegen._vtype(tdt)
+            if n.op == "Transpose":
+                lines.append(f"{T} t{i} = {args[0]};")
+                continue
             cT = codegen._vtype(n.inputs[0].dtype) if n.spec.bool_out else T
             lines.append(f"{T} t{i} = ({T})({n.spec.expr(n, args, cT)});")
         return operands, lines

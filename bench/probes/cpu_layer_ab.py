@@ -1,0 +1,91 @@
+"""Probe: one-layer CPU models (resnet50's 7x7-stage convolutions, squeezenet's and resnet50's MaxPools 3x3 stride 2)
+under two settings of an Options field, both plans in one process; each round runs every plan's launches back to
+back (OpenCL profiling events), interleaved over --rounds rounds; prints the median and best kernel ms per layer and
+setting, and the outputs' relative difference. Asserts nothing.
+
+    python bench/probes/cpu_layer_ab.py --flag conv_cpu_pixels_max --values 0,64 [--only conv] [--rounds 15]
+    python bench/probes/cpu_layer_ab.py --flag pool_cpu_separable --values False,True --only pool
+"""
+import argparse
+import ast
+import os
+import statistics
+import sys
+
+import numpy as np
+from onnx import helper
+
+import dlnet
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+from tests.conftest import make_model, rel_l2  # noqa: E402
+
+# (name, batch, Cin, H, W, Cout, kernel, stride, pad): each with bias, a residual and Relu
+CONVS = [("r50 3x3 512 7x7", 1, 512, 7, 7, 512, 3, 1, 1), ("r50 1x1 s2 1024->2048", 1, 1024, 14, 14, 2048, 1, 2, 0),
+         ("r50 1x1 2048->512 7x7", 1, 2048, 7, 7, 512, 1, 1, 0), ("r50 1x1 512->2048 7x7", 1, 512, 7, 7, 2048, 1, 1, 0),
+         ("dn121 3x3 128->32 7x7", 1, 128, 7, 7, 32, 3, 1, 1), ("inc 1x1 832->384 7x7", 1, 832, 7, 7, 384, 1, 1, 0),
+         ("inc 1x1 832->48 7x7", 1, 832, 7, 7, 48, 1, 1, 0), ("inc 3x3 192->384 7x7", 1, 192, 7, 7, 384, 3, 1, 1),
+         ("inc 5x5 48->128 7x7", 1, 48, 7, 7, 128, 5, 1, 2), ("s2 r50 3x3 128 56->28", 1, 128, 56, 56, 128, 3, 2, 1),
+         ("s2 r50 3x3 256 28->14", 1, 256, 28, 28, 256, 3, 2, 1), ("s2 r50 stem", 1, 3, 224, 224, 64, 7, 2, 3),
+         ("14 r50 1x1 256->1024 14x14", 1, 256, 14, 14, 1024, 1, 1, 0),
+         ("14 r50 1x1 s2 512->1024 28->14", 1, 512, 28, 28, 1024, 1, 2, 0)]
+# (name, input shape, pads, ceil_mode): MaxPool 3x3 stride 2
+POOLS = [("squeezenet pool1", (1, 96, 109, 109), 0, 1), ("squeezenet pool2", (1, 256, 54, 54), 0, 1),
+         ("squeezenet pool3", (1, 512, 27, 27), 0, 1), ("resnet50 pool", (1, 64, 112, 112), 1, 0)]
+
+
+def conv_model(rng, n, cin, h, w, cout, k, s, p):
+    x = rng.standard_normal((n, cin, h, w)).astype(np.float32)
+    wt = (rng.standard_normal((cout, cin, k, k)) / np.sqrt(cin * k * k)).astype(np.float32)
+    b = rng.standard_normal(cout).astype(np.float32)
+    oh, ow = (h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1
+    r = rng.standard_normal((n, cout, oh, ow)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], kernel_shape=[k, k], strides=[s, s], pads=[p] * 4),
+             helper.make_node("Add", ["c", "r"], ["a"]), helper.make_node("Relu", ["a"], ["y"])]
+    return make_model(nodes, {"x": x, "r": r}, ["y"], {"w": wt, "b": b}), {"x": x, "r": r}
+
+
+def pool_model(rng, shape, p, ceil):
+    x = rng.standard_normal(shape).astype(np.float32)
+    node = helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2], pads=[p] * 4, ceil_mode=ceil)
+    return make_model([node], {"x": x}, ["y"], opset=19), {"x": x}
+
+
+def kernel_ms(ctx, net):
+    """The summed kernel time of one run of net's launches."""
+    events = [launch.enqueue(ctx.queue) for launch in net.launches]
+    ctx.queue.finish()
+    return sum((ev.profile.end - ev.profile.start) * 1e-6 for ev in events)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--flag", default="conv_cpu_pixels_max", help="a field of dlnet.Options")
+    ap.add_argument("--values", default="0,64", help="its two settings, A then B (Python literals)")
+    ap.add_argument("--only", default="conv,pool", help="conv, pool, or names' prefixes (r50, inc, ...)")
+    ap.add_argument("--rounds", type=int, default=15)
+    args = ap.parse_args()
+    a, b = (ast.literal_eval(v) for v in args.values.split(","))
+    rng = np.random.default_rng(0)
+    ctx = dlnet.Context("cpu", profile=True)
+    only = args.only.split(",")
+    cases = [(c[0], conv_model(rng, *c[1:])) for c in CONVS if "conv" in only or c[0].split()[0] in only] + \
+        [(c[0], pool_model(rng, *c[1:])) for c in POOLS if "pool" in only]
+    for name, (model, feeds) in cases:
+        nets = {v: dlnet.Net(ctx.with_options(**{args.flag: v})).load_onnx(model) for v in (a, b)}
+        outs = {v: next(iter(net.run(feeds).values())) for v, net in nets.items()}
+        algos = {v: [n.schedule.get("algo") for n in net.graph.nodes if n.op == "Conv"] for v, net in nets.items()}
+        times = {a: [], b: []}
+        for _ in range(args.rounds):
+            for v, net in nets.items():
+                kernel_ms(ctx, net)
+                times[v].append(min(kernel_ms(ctx, net) for _ in range(3)))
+        cells = " | ".join(f"{args.flag}={v} {algos[v] or ''}: median {statistics.median(t):.3f} best {min(t):.3f}"
+                           for v, t in times.items())
+        print(f"{name:24s} rel diff {rel_l2(outs[b], outs[a]):.1e} | {cells}", flush=True)
+        for net in nets.values():
+            net.release()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,188 @@
+"""Device memory shared by PyTorch's CUDA tensors and dlnet's buffers on NVIDIA's OpenCL, so that the PyTorch bridge
+moves no tensor through the host (bench/probes/cuda_interop.py found how, and what it costs).
+
+CUDA allocates each of a Context's buffers (its plans' arenas) as memory that can be exported (cuMemCreate with
+a POSIX file descriptor handle, mapped with cuMemMap), and OpenCL imports the descriptor
+(cl_khr_external_memory_opaque_fd, clCreateBufferWithProperties): one memory, a cl.Buffer on one side, a device
+pointer on the other, from which `view` makes torch tensors (__cuda_array_interface__). The two APIs run in two CUDA
+contexts, so the caller hands the memory over in turn: torch's stream synchronised before dlnet's launches, dlnet's
+queue finished before torch reads (about 0.15 ms each way on an H100: the GPU switches contexts).
+
+    share_with_torch(ctx)  # ctx's later allocations are shared; False where the device or torch cannot
+"""
+import ctypes
+
+import numpy as np
+
+from .kernels.runtime import cl
+
+EXTENSION = "cl_khr_external_memory_opaque_fd"
+_CL_EXTERNAL_MEMORY_HANDLE_OPAQUE_FD, _CL_DEVICE_HANDLE_LIST, _CL_DEVICE_HANDLE_LIST_END = 0x2060, 0x2051, 0
+_POSIX_FD, _PINNED, _ON_DEVICE, _READ_WRITE = 1, 1, 1, 3
+
+
+class _Location(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
+
+
+class _AllocFlags(ctypes.Structure):
+    _fields_ = [("compressionType", ctypes.c_ubyte), ("gpuDirectRDMACapable", ctypes.c_ubyte),
+                ("usage", ctypes.c_ushort), ("reserved", ctypes.c_ubyte * 4)]
+
+
+class _AllocProp(ctypes.Structure):  # CUmemAllocationProp
+    _fields_ = [("type", ctypes.c_int), ("requestedHandleTypes", ctypes.c_int), ("location", _Location),
+                ("win32HandleMetaData", ctypes.c_void_p), ("allocFlags", _AllocFlags)]
+
+
+class _AccessDesc(ctypes.Structure):  # CUmemAccessDesc
+    _fields_ = [("location", _Location), ("flags", ctypes.c_int)]
+
+
+def _check(rc, what):
+    if rc != 0:
+        raise RuntimeError(f"CUDA {what}: CUresult {rc}")
+
+
+def _free(cu, ptr, size, handle):
+    cu.cuMemUnmap(ctypes.c_ulonglong(ptr), ctypes.c_size_t(size))
+    cu.cuMemAddressFree(ctypes.c_ulonglong(ptr), ctypes.c_size_t(size))
+    cu.cuMemRelease(ctypes.c_ulonglong(handle))
+
+
+class CudaShare:
+    """The allocator of one Context whose buffers torch sees: cl.Buffer int_ptr -> (device pointer, bytes)."""
+
+    def __init__(self, ctx, cuda_device=0):
+        self.ctx, self.device = ctx, cuda_device
+        self.cu = ctypes.CDLL("libcuda.so.1")
+        self.ocl = ctypes.CDLL("libOpenCL.so.1")
+        self.create = self.ocl.clCreateBufferWithProperties
+        self.create.restype = ctypes.c_void_p
+        self.create.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64), ctypes.c_uint64, ctypes.c_size_t,
+                                ctypes.c_void_p, ctypes.POINTER(ctypes.c_int32)]
+        self.prop = _AllocProp(type=_PINNED, requestedHandleTypes=_POSIX_FD, location=_Location(_ON_DEVICE,
+                                                                                               cuda_device))
+        gran = ctypes.c_size_t()
+        _check(self.cu.cuMemGetAllocationGranularity(ctypes.byref(gran), ctypes.byref(self.prop), 0), "granularity")
+        self.granularity = gran.value
+        self.pointers = {}
+
+    def alloc(self, nbytes):
+        """`nbytes` (rounded up to the granularity) of memory mapped in CUDA and imported by OpenCL."""
+        import os
+        cu, size = self.cu, -(-max(int(nbytes), 4) // self.granularity) * self.granularity
+        handle, ptr, fd = ctypes.c_ulonglong(), ctypes.c_ulonglong(), ctypes.c_int()
+        _check(cu.cuMemCreate(ctypes.byref(handle), ctypes.c_size_t(size), ctypes.byref(self.prop),
+                              ctypes.c_ulonglong(0)), "cuMemCreate")
+        _check(cu.cuMemExportToShareableHandle(ctypes.byref(fd), handle, _POSIX_FD, ctypes.c_ulonglong(0)), "export")
+        _check(cu.cuMemAddressReserve(ctypes.byref(ptr), ctypes.c_size_t(size), ctypes.c_size_t(0),
+                                      ctypes.c_ulonglong(0), ctypes.c_ulonglong(0)), "cuMemAddressReserve")
+        _check(cu.cuMemMap(ptr, ctypes.c_size_t(size), ctypes.c_size_t(0), handle, ctypes.c_ulonglong(0)), "cuMemMap")
+        access = _AccessDesc(_Location(_ON_DEVICE, self.device), _READ_WRITE)
+        _check(cu.cuMemSetAccess(ptr, ctypes.c_size_t(size), ctypes.byref(access), ctypes.c_size_t(1)), "access")
+        props = (ctypes.c_uint64 * 6)(_CL_EXTERNAL_MEMORY_HANDLE_OPAQUE_FD, fd.value, _CL_DEVICE_HANDLE_LIST,
+                                      self.ctx.device.int_ptr, _CL_DEVICE_HANDLE_LIST_END, 0)
+        err = ctypes.c_int32()
+        mem = self.create(self.ctx.cl.int_ptr, props, cl.mem_flags.READ_WRITE, size, None, ctypes.byref(err))
+        os.close(fd.value)  # (the import holds its own reference to the memory)
+        if err.value != 0:
+            _free(cu, ptr.value, size, handle.value)
+            raise RuntimeError(f"OpenCL could not import CUDA memory (clCreateBufferWithProperties: {err.value})")
+        buf = cl.Buffer.from_int_ptr(mem, retain=False)
+        self.pointers[buf.int_ptr] = (ptr.value, size, handle.value)
+        self.ctx.allocated_bytes += size
+        return buf
+
+    __call__ = alloc  # (Context.allocator)
+
+    def release(self, buf):
+        """Context.free's: the OpenCL buffer, then (its launches done) CUDA's mapping and memory."""
+        ptr, size, handle = self.pointers.pop(buf.int_ptr)
+        self.ctx.queue.finish()
+        buf.release()
+        _free(self.cu, ptr, size, handle)
+
+    def view(self, buf, byte_offset, shape, dtype):
+        """A torch tensor over `shape` elements of `dtype` at byte_offset in buf (no copy)."""
+        import torch
+        base, size, _ = self.pointers[buf.int_ptr]
+        dtype = np.dtype(dtype)
+        n = int(np.prod(shape, dtype=np.int64))
+        assert byte_offset + n * dtype.itemsize <= size, "a view past the end of a shared buffer"
+        holder = type("_Shared", (), {"__cuda_array_interface__": {
+            "shape": (n,), "typestr": dtype.str, "data": (base + byte_offset, False), "version": 3}})()
+        return torch.as_tensor(holder, device=f"cuda:{self.device}").view(tuple(shape))
+
+
+def share_with_torch(ctx):
+    """Make ctx's later allocations CUDA memory torch can view (ctx.allocator); the CudaShare, or None where ctx is
+    not an NVIDIA OpenCL device with EXTENSION, or torch has no CUDA device."""
+    if isinstance(ctx.allocator, CudaShare):
+        return ctx.allocator
+    try:
+        import torch
+        if not (ctx.is_nvidia and EXTENSION in ctx.device.extensions and torch.cuda.is_available()):
+            return None
+        torch.zeros(1, device="cuda")  # (CUDA's primary context, which the allocations belong to)
+        share = CudaShare(ctx, torch.cuda.current_device())
+    except (ImportError, OSError, AttributeError, RuntimeError):
+        return None
+    ctx.allocator = share
+    return share
+
+
+# ------------------------------------------------------------------- VJPPlan's halves on torch's tensors --------
+def _view(share, buf, elem_offset, value):
+    return share.view(buf, elem_offset * np.dtype(value.dtype).itemsize, value.shape, value.dtype)
+
+
+def shared_plan(share, plan):
+    """Does `plan` live in memory torch can view (its arenas allocated by `share`)?"""
+    return share is not None and all(b is None or b.int_ptr in share.pointers for b in (plan.act_buf, plan.const_buf))
+
+
+def _outputs(share, plan, indices):
+    import torch
+    outs = {}
+    for i in indices:
+        v, loc = plan.graph.outputs[i], plan.output_locs[i]
+        outs[i] = torch.as_tensor(np.array(v.const), device="cuda") if loc is None else \
+            _view(share, loc[0], loc[1], v).clone()
+    return outs
+
+
+def _hand_over(share, plan, start, stop):
+    """torch's writes done, dlnet's launches start..stop run, and done before torch reads."""
+    import torch
+    torch.cuda.current_stream().synchronize()
+    plan.run_launches(start, stop)
+    share.ctx.queue.finish()
+
+
+def vjp_forward(share, vjp, inputs, params):
+    """VJPPlan.forward on CUDA tensors: inputs and changed parameters (and running statistics) copied into the plan's
+    memory on the GPU."""
+    plan = vjp.plan
+    for i, t in enumerate(inputs):
+        _view(share, *plan.input_locs[i], plan.graph.inputs[i]).copy_(t)
+    for name, t in params.items():
+        value = vjp.constant(name)
+        share.view(plan.const_buf, plan.memory.const_offsets[value.id], value.shape, value.dtype).copy_(t)
+    _hand_over(share, plan, 0, vjp.split)
+    outs = _outputs(share, plan, range(vjp.n_out))
+    return [outs[i] for i in range(vjp.n_out)]
+
+
+def vjp_backward(share, vjp, dys):
+    """VJPPlan.backward on CUDA tensors: ({wrt name: gradient tensor}, [new running statistics])."""
+    import torch
+    plan = vjp.plan
+    for i, dy in enumerate(dys):
+        _view(share, *plan.input_locs[vjp.n_in + i], plan.graph.inputs[vjp.n_in + i]).copy_(dy)
+    _hand_over(share, plan, vjp.split, len(plan.launches))
+    outs = _outputs(share, plan, range(vjp.n_out, len(plan.graph.outputs)))
+    grads = {n: outs[vjp.grad_index[n]] if n in vjp.grad_index else
+             torch.zeros(vjp.grad_shapes[n], dtype=torch.float32, device="cuda") for n in vjp.wrt_names}
+    first_state = len(plan.graph.outputs) - vjp.n_states
+    return grads, [outs[i] for i in range(first_state, len(plan.graph.outputs))]

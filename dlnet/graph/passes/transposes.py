@@ -1,0 +1,89 @@
+"""Layout copies that need not run (inference graphs).
+
+ConvNeXt computes its depthwise convolutions channels-first (NCHW) and its LayerNorms and Linear layers channels-last,
+so every block permutes its activations there and back, and every LayerNorm2d (stem, downsampling, head) permutes
+around a LayerNorm: 80 Transpose copies in convnext_small. Here:
+
+- `layernorm_layouts`: Transpose -> LayerNorm over the axis the Transpose moved last is one LayerNormAxis that reads
+  x through strides (normalising x's axis) and writes the Transpose's layout; a Transpose after it that puts the axis
+  back cancels into it (LayerNorm2d: one LayerNormAxis over NCHW's channels, no copy).
+- `transposes_into_pointwise`: a Transpose whose only reader is a pointwise node or a Fused chain becomes that chain's
+  first member: the generated kernel reads its input through the permuted strides (the block's way back to NCHW,
+  read by its layer scale and residual Add).
+
+Both leave the products (Linear layers) as they are: on [N*H*W, C] rows, the GEMM cores' best layout.
+"""
+from ..ir import Node
+from ..ops.normalization import channels_last
+
+
+def _moved_last(perm):
+    """The axis a Transpose of `perm` moves last keeping the others in order, or None."""
+    perm = tuple(perm)
+    return perm[-1] if perm and perm == channels_last(len(perm), perm[-1]) else None
+
+
+def _moves_nothing(x, perm):
+    """A Transpose that keeps the order of the axes longer than 1 is a view (layout.transposes_as_views)."""
+    return [a for a in perm if x.shape[a] != 1] == [a for a in range(x.rank) if x.shape[a] != 1]
+
+
+def _only_user(graph, v):
+    users = [u for u in v.users if u in graph.nodes]
+    return users[0] if len(users) == 1 and v not in graph.outputs else None
+
+
+def layernorm_layouts(graph):
+    """Transpose(x, perm) -> LayerNorm (last axis) -> [Transpose back] as one LayerNormAxis over x's axis."""
+    changed = False
+    for node in list(graph.nodes):
+        if node.op != "Transpose" or node not in graph.nodes or node.inputs[0].const is not None:
+            continue
+        x, t = node.inputs[0], node.outputs[0]
+        axis = _moved_last(node.attrs["perm"])
+        ln = _only_user(graph, t)
+        if axis is None or axis == x.rank - 1 or ln is None or ln.op != "LayerNorm" or ln.inputs[0] is not t:
+            continue
+        if all(d == 1 for d in x.shape[axis + 1:]):  # (a view: layout.transposes_as_views, the row kernels)
+            continue
+        y, perm = ln.outputs[0], channels_last(x.rank, axis)
+        back = _only_user(graph, y)
+        if back is not None and back.op == "Transpose" and \
+                tuple(perm[p] for p in back.attrs["perm"]) == tuple(range(x.rank)):
+            graph.remove_node(back)
+            y, perm = back.outputs[0], ()
+        at = graph.nodes.index(ln)
+        graph.remove_node(ln)
+        graph.remove_node(node)
+        y.producer = None
+        graph.add_node(Node("LayerNormAxis", [x] + ln.inputs[1:], [y],
+                            {"epsilon": ln.attrs["epsilon"], "axis": axis, "perm": perm}, ln.name), at - 1)
+        changed = True
+    return changed
+
+
+def transposes_into_pointwise(graph):
+    """Transpose -> its only reader, pointwise or Fused: a Fused chain whose first member is the Transpose (the
+    chain's kernel reads the Transpose's input through permuted strides; elementwise.py)."""
+    changed = False
+    for node in list(graph.nodes):
+        if node.op != "Transpose" or node not in graph.nodes or node.inputs[0].const is not None:
+            continue
+        x, t = node.inputs[0], node.outputs[0]
+        user = _only_user(graph, t)
+        if _moves_nothing(x, node.attrs["perm"]) or user is None or len(user.outputs) != 1 or \
+                (user.op != "Fused" and user.spec.kind != "pointwise"):
+            continue
+        members = user.attrs["nodes"] if user.op == "Fused" else [user]
+        inputs = []  # (x also read as it is stays one operand: the kernel reads it both ways, elementwise.py)
+        for v in [v for v in user.inputs if v is not t] + [x]:
+            if v is not None and v not in inputs:
+                inputs.append(v)
+        at = graph.nodes.index(user)
+        graph.remove_node(user)
+        graph.remove_node(node)
+        out = user.outputs[0]
+        out.producer = None
+        graph.add_node(Node("Fused", inputs, [out], {"nodes": [node] + members}, user.name), at - 1)
+        changed = True
+    return changed

@@ -1,0 +1,125 @@
+// A residual Add and the LayerNorm after it, over the last axis of [rows, D] (graph/ops/transformer.py AddLayerNorm):
+// s = a + b, y = (s - mean) / sqrt(var + eps) * scale + bias, reading a and b once per pass over the row (they stay
+// in cache between the passes) and never reading s back: the Add's own launch and the LayerNorm's read of s go.
+// b repeats every b_rows rows (a position table added to every image of the batch; b_rows = rows where it does not).
+// KEEP_SUM: also write s (read later as the residual stream). RMS: RMSNorm (no centring, no bias).
+// (Kept apart from layernorm.cl, whose plain LayerNorm it repeats with the Add in front.)
+// A_HALF, B_HALF, Y_HALF, S_HALF (precision "fp16", kernels/half.py): that operand stored in half; the sums and the
+// statistics stay float
+#if defined(A_HALF)
+#define A_T half
+#define LDA(i) vload_half(i, a)
+#else
+#define A_T float
+#define LDA(i) a[i]
+#endif
+#if defined(B_HALF)
+#define B_T half
+#define LDB(i) vload_half(i, b)
+#else
+#define B_T float
+#define LDB(i) b[i]
+#endif
+#if defined(Y_HALF)
+#define Y_T half
+#define STY(i, v) vstore_half((v), (i), y)
+#else
+#define Y_T float
+#define STY(i, v) (y[i] = (v))
+#endif
+#if defined(S_HALF)
+#define S_T half
+#define STS(i, v) vstore_half((v), (i), s)
+#else
+#define S_T float
+#define STS(i, v) (s[i] = (v))
+#endif
+#ifdef RMS
+#define ALN_BIAS_ARGS
+#define ALN_BIAS(i) 0.0f
+#else
+#define ALN_BIAS_ARGS __global const float* bias, ulong bias_off,
+#define ALN_BIAS(i) bias[bias_off + (i)]
+#endif
+#ifdef KEEP_SUM
+#define SUM_ARGS , __global S_T* s, ulong s_off
+#define SUM_ROW(r) s += s_off + (r) * D
+#define STORE_SUM(i, v) STS(i, v)
+#else
+#define SUM_ARGS
+#define SUM_ROW(r) do { } while (0)
+#define STORE_SUM(i, v) do { } while (0)
+#endif
+
+// one work-item per row (CPUs)
+__kernel void add_layernorm(__global const A_T* a, ulong a_off, __global const B_T* b, ulong b_off, long b_rows,
+                            __global const float* scale, ulong scale_off, ALN_BIAS_ARGS
+                            __global Y_T* y, ulong y_off, long rows, int D, float eps SUM_ARGS) {
+    const long r = get_global_id(0);
+    if (r >= rows) return;
+    a += a_off + r * D;
+    b += b_off + (r % b_rows) * D;
+    y += y_off + r * D;
+    scale += scale_off;
+    SUM_ROW(r);
+    float total = 0.0f;
+    for (int i = 0; i < D; i++) {
+        const float v = LDA(i) + LDB(i);
+        STORE_SUM(i, v);
+        total += v;
+    }
+#ifdef RMS
+    const float mean = 0.0f;
+#else
+    const float mean = total / D;
+#endif
+    float var = 0.0f;
+    for (int i = 0; i < D; i++) { const float d = LDA(i) + LDB(i) - mean; var += d * d; }
+    const float inv = 1.0f / sqrt(var / D + eps);
+    for (int i = 0; i < D; i++) STY(i, (LDA(i) + LDB(i) - mean) * inv * scale[i] + ALN_BIAS(i));
+}
+
+#ifdef WG
+// one work-group of WG (a power of two) work-items per row (GPUs), as layernorm.cl's layernorm_wg
+inline float aln_group_sum(float v, __local float* part) {
+    const int l = get_local_id(0);
+    part[l] = v;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int h = WG / 2; h > 0; h >>= 1) {
+        if (l < h) part[l] += part[l + h];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    const float total = part[0];
+    barrier(CLK_LOCAL_MEM_FENCE);  // part is written again by the next sum
+    return total;
+}
+
+__kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
+void add_layernorm_wg(__global const A_T* a, ulong a_off, __global const B_T* b, ulong b_off, long b_rows,
+                      __global const float* scale, ulong scale_off, ALN_BIAS_ARGS
+                      __global Y_T* y, ulong y_off, long rows, int D, float eps SUM_ARGS) {
+    __local float part[WG];
+    const long r = get_group_id(0);
+    const int l = get_local_id(0);
+    a += a_off + r * D;
+    b += b_off + (r % b_rows) * D;
+    y += y_off + r * D;
+    scale += scale_off;
+    SUM_ROW(r);
+    float total = 0.0f;
+    for (int i = l; i < D; i += WG) {
+        const float v = LDA(i) + LDB(i);
+        STORE_SUM(i, v);
+        total += v;
+    }
+#ifdef RMS
+    const float mean = 0.0f;
+#else
+    const float mean = aln_group_sum(total, part) / D;
+#endif
+    float var = 0.0f;
+    for (int i = l; i < D; i += WG) { const float d = LDA(i) + LDB(i) - mean; var += d * d; }
+    const float inv = 1.0f / sqrt(aln_group_sum(var, part) / D + eps);
+    for (int i = l; i < D; i += WG) STY(i, (LDA(i) + LDB(i) - mean) * inv * scale[i] + ALN_BIAS(i));
+}
+#endif
