@@ -83,6 +83,7 @@ def test_ctrl_c_mid_epoch_resumes_exactly(tmp_path, uninterrupted, monkeypatch):
     path, out = digits_config(tmp_path, "sigint")
     real_step = dlnet.Trainer.step
     calls = []
+    before = signal.getsignal(signal.SIGINT)  # (Python's default, or SIG_IGN under a shell's background job)
 
     def step(self, feeds):
         calls.append(1)
@@ -97,7 +98,7 @@ def test_ctrl_c_mid_epoch_resumes_exactly(tmp_path, uninterrupted, monkeypatch):
     monkeypatch.setattr(dlnet.Trainer, "step", real_step)
     state = final_state(out)
     assert state["epoch"] == 0 and state["step"] == 5 and state["position"]["step"] == 5
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is put back
+    assert signal.getsignal(signal.SIGINT) is before  # the handler is put back
     train_cli.run_training(path, resume=True, echo=lambda line: None)
     assert_same_run(final_state(out), uninterrupted)
 
