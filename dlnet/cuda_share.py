@@ -11,6 +11,7 @@ queue finished before torch reads (about 0.15 ms each way on an H100: the GPU sw
     share_with_torch(ctx)  # ctx's later allocations are shared; False where the device or torch cannot
 """
 import ctypes
+import os
 
 import numpy as np
 
@@ -70,7 +71,6 @@ class CudaShare:
 
     def alloc(self, nbytes):
         """`nbytes` (rounded up to the granularity) of memory mapped in CUDA and imported by OpenCL."""
-        import os
         cu, size = self.cu, -(-max(int(nbytes), 4) // self.granularity) * self.granularity
         handle, ptr, fd = ctypes.c_ulonglong(), ctypes.c_ulonglong(), ctypes.c_int()
         _check(cu.cuMemCreate(ctypes.byref(handle), ctypes.c_size_t(size), ctypes.byref(self.prop),

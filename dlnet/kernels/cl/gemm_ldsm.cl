@@ -1,5 +1,6 @@
 // Tensor-core GEMM core for NVIDIA GPUs fed by ldmatrix: F16 (A and B stored as half, mma.sync m16n8k16) or TF32
 // (A and B float, mma.sync m16n8k8 on tf32, inputs rounded to nearest as mma_tf32.cl does); fp32 accumulation.
+// mma_tf32.cl comes first (MMA_F16, MMA_TF32, TF32_BITS).
 // Fragment layouts (PTX ISA), g = lane / 4, t = lane % 4:
 //   f16:  a0..a3 = A[g][2t..], A[g+8][2t..], A[g][2t+8..], A[g+8][2t+8..] (each register two halves along k);
 //         b0, b1 = B[2t..][g], B[2t+8..][g]
@@ -64,22 +65,14 @@
 #define LDSM_X4_T(r, addr) \
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];" \
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr))
+// the products: mma_tf32.cl's MMA_F16 / MMA_TF32 (it comes first), tf32 inputs rounded as it rounds them
 #if defined(F16)
-#define MMA_STEP(d, a, b0, b1) \
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 " \
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};" \
-                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]) \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), \
-                   "f"(d[0]), "f"(d[1]), "f"(d[2]), "f"(d[3]))
+#define MMA_STEP(d, a, b0, b1) MMA_F16(d, a, b0, b1)
 #define ROUND(r)
 #else
-#define MMA_STEP(d, a, b0, b1) \
-    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 " \
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};" \
-                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]) \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), \
-                   "f"(d[0]), "f"(d[1]), "f"(d[2]), "f"(d[3]))
-#define ROUND(r) { r[0] += 0x1000u; r[1] += 0x1000u; r[2] += 0x1000u; r[3] += 0x1000u; }  // (mma_tf32.cl's rounding)
+#define MMA_STEP(d, a, b0, b1) { const uint bb_[2] = {b0, b1}; MMA_TF32(d, a, bb_); }
+#define ROUND(r) { r[0] = TF32_BITS(as_float(r[0])); r[1] = TF32_BITS(as_float(r[1])); \
+                   r[2] = TF32_BITS(as_float(r[2])); r[3] = TF32_BITS(as_float(r[3])); }
 #endif
 #define LDSM_BYTES(left) (clamp((left), 0, CE) * EB)
 
