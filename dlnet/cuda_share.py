@@ -68,6 +68,7 @@ class CudaShare:
         _check(self.cu.cuMemGetAllocationGranularity(ctypes.byref(gran), ctypes.byref(self.prop), 0), "granularity")
         self.granularity = gran.value
         self.pointers = {}
+        self.views = {}  # (buffer, byte offset, shape, dtype) -> its torch tensor (made once: ~25 us each)
 
     def alloc(self, nbytes):
         """`nbytes` (rounded up to the granularity) of memory mapped in CUDA and imported by OpenCL."""
@@ -99,20 +100,26 @@ class CudaShare:
     def release(self, buf):
         """Context.free's: the OpenCL buffer, then (its launches done) CUDA's mapping and memory."""
         ptr, size, handle = self.pointers.pop(buf.int_ptr)
+        self.views = {k: v for k, v in self.views.items() if k[0] != buf.int_ptr}
         self.ctx.queue.finish()
         buf.release()
         _free(self.cu, ptr, size, handle)
 
     def view(self, buf, byte_offset, shape, dtype):
-        """A torch tensor over `shape` elements of `dtype` at byte_offset in buf (no copy)."""
+        """A torch tensor over `shape` elements of `dtype` at byte_offset in buf (no copy; the same tensor each time
+        until buf is released)."""
         import torch
-        base, size, _ = self.pointers[buf.int_ptr]
         dtype = np.dtype(dtype)
+        key = (buf.int_ptr, byte_offset, tuple(shape), dtype.str)
+        if key in self.views:
+            return self.views[key]
+        base, size, _ = self.pointers[buf.int_ptr]
         n = int(np.prod(shape, dtype=np.int64))
         assert byte_offset + n * dtype.itemsize <= size, "a view past the end of a shared buffer"
         holder = type("_Shared", (), {"__cuda_array_interface__": {
             "shape": (n,), "typestr": dtype.str, "data": (base + byte_offset, False), "version": 3}})()
-        return torch.as_tensor(holder, device=f"cuda:{self.device}").view(tuple(shape))
+        self.views[key] = torch.as_tensor(holder, device=f"cuda:{self.device}").view(tuple(shape))
+        return self.views[key]
 
 
 def share_with_torch(ctx):
@@ -142,14 +149,50 @@ def shared_plan(share, plan):
     return share is not None and all(b is None or b.int_ptr in share.pointers for b in (plan.act_buf, plan.const_buf))
 
 
-def _outputs(share, plan, indices):
+def copy_all(targets, sources):
+    """targets[i].copy_(sources[i]) for every i: pairs of one dtype, device and shape in torch's multi-tensor copy (a
+    few launches for all of them: its fast path takes only lists of one dtype), the rest one by one."""
     import torch
-    outs = {}
-    for i in indices:
-        v, loc = plan.graph.outputs[i], plan.output_locs[i]
-        outs[i] = torch.as_tensor(np.array(v.const), device="cuda") if loc is None else \
-            _view(share, loc[0], loc[1], v).clone()
-    return outs
+    groups, rest = {}, []
+    for t, s in zip(targets, sources):
+        if t.dtype == s.dtype and t.device == s.device and s.is_contiguous():
+            groups.setdefault(t.dtype, ([], []))
+            groups[t.dtype][0].append(t)
+            groups[t.dtype][1].append(s)
+        else:
+            rest.append((t, s))
+    for dst, src in groups.values():
+        if hasattr(torch, "_foreach_copy_"):
+            torch._foreach_copy_(dst, src)
+        else:
+            rest.extend(zip(dst, src))
+    for t, s in rest:
+        t.copy_(s)
+
+
+def _clones(tensors):
+    """New tensors equal to `tensors` (copied in a few launches)."""
+    import torch
+    out = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
+    copy_all(out, tensors)
+    return out
+
+
+class _PlanViews:
+    """A VJP plan's inputs (the dys included) and outputs as torch tensors over its memory, made once per plan;
+    outputs the plan does not compute (constants) as tensors of their values."""
+
+    def __init__(self, share, plan):
+        import torch
+        self.inputs = [_view(share, *plan.input_locs[i], v) for i, v in enumerate(plan.graph.inputs)]
+        self.outputs = [torch.as_tensor(np.array(v.const), device="cuda") if loc is None else
+                        _view(share, loc[0], loc[1], v) for v, loc in zip(plan.graph.outputs, plan.output_locs)]
+
+
+def _plan_views(share, vjp):
+    if getattr(vjp, "torch_views", None) is None:
+        vjp.torch_views = _PlanViews(share, vjp.plan)
+    return vjp.torch_views
 
 
 def _hand_over(share, plan, start, stop):
@@ -163,26 +206,25 @@ def _hand_over(share, plan, start, stop):
 def vjp_forward(share, vjp, inputs, params):
     """VJPPlan.forward on CUDA tensors: inputs and changed parameters (and running statistics) copied into the plan's
     memory on the GPU."""
-    plan = vjp.plan
-    for i, t in enumerate(inputs):
-        _view(share, *plan.input_locs[i], plan.graph.inputs[i]).copy_(t)
-    for name, t in params.items():
+    plan, views = vjp.plan, _plan_views(share, vjp)
+    targets = views.inputs[:len(inputs)]
+    for name in params:
         value = vjp.constant(name)
-        share.view(plan.const_buf, plan.memory.const_offsets[value.id], value.shape, value.dtype).copy_(t)
+        targets.append(share.view(plan.const_buf, plan.memory.const_offsets[value.id], value.shape, value.dtype))
+    copy_all(targets, list(inputs) + list(params.values()))
     _hand_over(share, plan, 0, vjp.split)
-    outs = _outputs(share, plan, range(vjp.n_out))
-    return [outs[i] for i in range(vjp.n_out)]
+    return _clones(views.outputs[:vjp.n_out])
 
 
 def vjp_backward(share, vjp, dys):
-    """VJPPlan.backward on CUDA tensors: ({wrt name: gradient tensor}, [new running statistics])."""
+    """VJPPlan.backward on CUDA tensors: ({wrt name: gradient tensor}, [new running statistics: views of the plan's
+    memory, to be copied before its next run])."""
     import torch
-    plan = vjp.plan
-    for i, dy in enumerate(dys):
-        _view(share, *plan.input_locs[vjp.n_in + i], plan.graph.inputs[vjp.n_in + i]).copy_(dy)
+    plan, views = vjp.plan, _plan_views(share, vjp)
+    copy_all(views.inputs[vjp.n_in:vjp.n_in + len(dys)], dys)
     _hand_over(share, plan, vjp.split, len(plan.launches))
-    outs = _outputs(share, plan, range(vjp.n_out, len(plan.graph.outputs)))
-    grads = {n: outs[vjp.grad_index[n]] if n in vjp.grad_index else
-             torch.zeros(vjp.grad_shapes[n], dtype=torch.float32, device="cuda") for n in vjp.wrt_names}
     first_state = len(plan.graph.outputs) - vjp.n_states
-    return grads, [outs[i] for i in range(first_state, len(plan.graph.outputs))]
+    grads = dict(zip(range(vjp.n_out, first_state), _clones(views.outputs[vjp.n_out:first_state])))
+    grads = {n: grads[vjp.grad_index[n]] if n in vjp.grad_index else
+             torch.zeros(vjp.grad_shapes[n], dtype=torch.float32, device="cuda") for n in vjp.wrt_names}
+    return grads, views.outputs[first_state:]

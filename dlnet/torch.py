@@ -196,12 +196,14 @@ class Function(torch.autograd.Function):
             grads, states = vjp.backward([d.detach().cpu().numpy() for d in dys])
             grads = {n: torch.from_numpy(g) for n, g in grads.items()}
             states = [torch.from_numpy(s) for s in states]
+        targets = [ctx.inputs[vjp.input_names.index(name)] if name in vjp.input_names[:ctx.n_inputs]
+                   else ctx.runner.buffers.get(name) for name in vjp.state_names]
+        pairs = [(t, v) for t, v in zip(targets, states) if t is not None]
         with torch.no_grad():  # BatchNorm's running statistics, updated in place as torch does
-            for name, value in zip(vjp.state_names, states):
-                target = ctx.inputs[vjp.input_names.index(name)] if name in vjp.input_names[:ctx.n_inputs] \
-                    else ctx.runner.buffers.get(name)
-                if target is not None:
-                    target.copy_(value.to(target.dtype))
+            if ctx.share is not None:  # (views of the plan's memory: copied on the GPU, in a few launches)
+                cuda_share.copy_all([t for t, _ in pairs], [v for _, v in pairs])
+            for target, value in pairs if ctx.share is None else ():
+                target.copy_(value.to(target.dtype))
         in_grads = [grads[n].to(dev) if n in grads else None for n, dev in zip(vjp.input_names, ctx.devices)]
         p_grads = [grads[n].to(dev) if n in grads else None
                    for n, dev in zip(vjp.param_names, ctx.devices[ctx.n_inputs:])]

@@ -25,15 +25,47 @@
 #define DX_T float
 #define ST_DX(i, v) dx[i] = (v)
 #endif
+#if defined(POOL_MAX)
+// Max pools first find each window's first maximum in scan order (as the forward pass and torch pick it), once per
+// window: at[window] = its index in the plane, -1 where the window holds no input element. pool_grad then gives each
+// input element the dy of the windows whose maximum it is.
+__kernel void pool_argmax(__global const X_T* x, ulong x_off, __global int* at, int H, int W, int OH, int OW,
+                          int KH, int KW, int SH, int SW, int PH, int PW, int DH, int DW, long total) {
+    const long i = get_global_id(0);
+    if (i >= total) return;
+    const int ox = i % OW; long t = i / OW;
+    const int oy = t % OH; const long nc = t / OH;
+    x += x_off + nc * H * W;
+    float best = -INFINITY;
+    int found = -1;
+    for (int wy = 0; wy < KH; wy++) {
+        const int yy = oy * SH - PH + wy * DH;
+        if (yy < 0 || yy >= H) continue;
+        for (int wx = 0; wx < KW; wx++) {
+            const int xx = ox * SW - PW + wx * DW;
+            if (xx < 0 || xx >= W) continue;
+            const float v = LD_X(yy * W + xx);
+            if (v > best || found < 0) { best = v; found = yy * W + xx; }
+        }
+    }
+    at[i] = found;
+}
+#define POOL_AT , __global const int* at
+#else
+#define POOL_AT
+#endif
+
 __kernel void pool_grad(__global const DY_T* dy, ulong dy_off, __global const X_T* x, ulong x_off,
                         __global DX_T* dx, ulong dx_off, int H, int W, int OH, int OW, int KH, int KW,
-                        int SH, int SW, int PH, int PW, int DH, int DW, int count_include_pad, long total) {
+                        int SH, int SW, int PH, int PW, int DH, int DW, int count_include_pad, long total POOL_AT) {
     const long i = get_global_id(0);
     if (i >= total) return;
     const int ix = i % W; long t = i / W;
     const int iy = t % H; const long nc = t / H;
     dy += dy_off + nc * OH * OW;
-    x += x_off + nc * H * W;
+#if defined(POOL_MAX)
+    at += nc * OH * OW;
+#endif
     float acc = 0.0f;
     for (int ky = 0; ky < KH; ky++) {
         const int ty = iy + PH - ky * DH;
@@ -46,20 +78,7 @@ __kernel void pool_grad(__global const DY_T* dy, ulong dy_off, __global const X_
             const int ox = tx / SW;
             if (ox >= OW) continue;
 #if defined(POOL_MAX)
-            // the window's first maximum in scan order takes the whole gradient (as the forward pass and torch)
-            float best = -INFINITY;
-            int by = -1, bx = -1;
-            for (int wy = 0; wy < KH; wy++) {
-                const int yy = oy * SH - PH + wy * DH;
-                if (yy < 0 || yy >= H) continue;
-                for (int wx = 0; wx < KW; wx++) {
-                    const int xx = ox * SW - PW + wx * DW;
-                    if (xx < 0 || xx >= W) continue;
-                    const float v = LD_X(yy * W + xx);
-                    if (v > best || by < 0) { best = v; by = yy; bx = xx; }
-                }
-            }
-            if (by == iy && bx == ix) acc += LD_DY(oy * OW + ox);
+            if (at[oy * OW + ox] == iy * W + ix) acc += LD_DY(oy * OW + ox);
 #else
             int n = 0;
             for (int wy = 0; wy < KH; wy++) {
