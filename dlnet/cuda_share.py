@@ -12,6 +12,7 @@ queue finished before torch reads (about 0.15 ms each way on an H100: the GPU sw
 """
 import ctypes
 import os
+import weakref
 
 import numpy as np
 
@@ -20,6 +21,7 @@ from .kernels.runtime import cl
 EXTENSION = "cl_khr_external_memory_opaque_fd"
 _CL_EXTERNAL_MEMORY_HANDLE_OPAQUE_FD, _CL_DEVICE_HANDLE_LIST, _CL_DEVICE_HANDLE_LIST_END = 0x2060, 0x2051, 0
 _POSIX_FD, _PINNED, _ON_DEVICE, _READ_WRITE = 1, 1, 1, 3
+_CU_WAIT_VALUE_GEQ = 0x0
 
 
 class _Location(ctypes.Structure):
@@ -55,7 +57,8 @@ class CudaShare:
     """The allocator of one Context whose buffers torch sees: cl.Buffer int_ptr -> (device pointer, bytes)."""
 
     def __init__(self, ctx, cuda_device=0):
-        self.ctx, self.device = ctx, cuda_device
+        self._ctx, self.device = weakref.ref(ctx), cuda_device  # (ctx.allocator is this: no cycle to wait for the
+        # garbage collector, which would tear the OpenCL context down at any later moment, a build's included)
         self.cu = ctypes.CDLL("libcuda.so.1")
         self.ocl = ctypes.CDLL("libOpenCL.so.1")
         self.create = self.ocl.clCreateBufferWithProperties
@@ -69,6 +72,22 @@ class CudaShare:
         self.granularity = gran.value
         self.pointers = {}
         self.views = {}  # (buffer, byte offset, shape, dtype) -> its torch tensor (made once: ~25 us each)
+        self._signal = None  # DeviceSignal; False where CUDA cannot wait on a value
+
+    def signal(self):
+        """The DeviceSignal of this context (made at the first call), or None."""
+        if self._signal is None:
+            self._signal = False
+            if self.ctx.options.cuda_device_wait:
+                try:
+                    self._signal = DeviceSignal(self)
+                except (RuntimeError, AttributeError, OSError):
+                    pass
+        return self._signal or None
+
+    @property
+    def ctx(self):
+        return self._ctx()
 
     def alloc(self, nbytes):
         """`nbytes` (rounded up to the granularity) of memory mapped in CUDA and imported by OpenCL."""
@@ -101,6 +120,8 @@ class CudaShare:
         """Context.free's: the OpenCL buffer, then (its launches done) CUDA's mapping and memory."""
         ptr, size, handle = self.pointers.pop(buf.int_ptr)
         self.views = {k: v for k, v in self.views.items() if k[0] != buf.int_ptr}
+        import torch
+        torch.cuda.synchronize()  # (torch's reads of it done, as well as the queue's)
         self.ctx.queue.finish()
         buf.release()
         _free(self.cu, ptr, size, handle)
@@ -120,6 +141,38 @@ class CudaShare:
             "shape": (n,), "typestr": dtype.str, "data": (base + byte_offset, False), "version": 3}})()
         self.views[key] = torch.as_tensor(holder, device=f"cuda:{self.device}").view(tuple(shape))
         return self.views[key]
+
+
+class DeviceSignal:
+    """dlnet's queue -> torch's stream without the host waiting: after the launches the queue writes a counter into
+    memory both share, and torch's stream waits for it on the GPU (cuStreamWaitValue32), so the host goes on with
+    torch's own work while the launches run. (The other way the host waits: NVIDIA's OpenCL imports semaphores but
+    exports none, and OpenCL has no wait on a value. bench/probes/cuda_semaphore.py checks and times both.)"""
+
+    def __init__(self, share):
+        self._share, self.count = weakref.ref(share), 0  # (share._signal is this: no cycle)
+        cu = share.cu
+        self._wait = getattr(cu, "cuStreamWaitValue32_v2", None) or cu.cuStreamWaitValue32
+        self._wait.argtypes = [ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_uint32, ctypes.c_uint]
+        self.buf = share.alloc(4)
+        self.ptr = share.pointers[self.buf.int_ptr][0]
+        cl.enqueue_fill_buffer(share.ctx.queue, self.buf, np.uint32(0), 0, 4)
+        share.ctx.queue.finish()
+
+    def to_torch(self):
+        """torch's later work waits (on the GPU) for the queue's commands so far."""
+        import torch
+        q = self._share().ctx.queue
+        if self.count == 0xFFFFFFFF:  # (the counter starts again, with nothing in flight)
+            torch.cuda.synchronize()
+            q.finish()
+            self.count = 0
+            cl.enqueue_fill_buffer(q, self.buf, np.uint32(0), 0, 4)
+        self.count += 1
+        cl.enqueue_fill_buffer(q, self.buf, np.uint32(self.count), 0, 4)
+        q.flush()
+        stream = torch.cuda.current_stream().cuda_stream
+        _check(self._wait(stream, self.ptr, self.count, _CU_WAIT_VALUE_GEQ), "cuStreamWaitValue32")
 
 
 def share_with_torch(ctx):
@@ -196,11 +249,16 @@ def _plan_views(share, vjp):
 
 
 def _hand_over(share, plan, start, stop):
-    """torch's writes done, dlnet's launches start..stop run, and done before torch reads."""
+    """dlnet's launches start..stop run after torch's writes so far (the host waits for torch's stream), and before
+    torch's later work: its stream waits for them on the GPU (DeviceSignal), else the host waits for the queue."""
     import torch
     torch.cuda.current_stream().synchronize()
     plan.run_launches(start, stop)
-    share.ctx.queue.finish()
+    signal = share.signal()
+    if signal is not None:
+        signal.to_torch()
+    else:
+        share.ctx.queue.finish()
 
 
 def vjp_forward(share, vjp, inputs, params):

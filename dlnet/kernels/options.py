@@ -26,6 +26,9 @@ class Options:
     # the CPU device's worker threads (PoCL's), fixed for the process by its first Context (0: one per core);
     # Context(threads=N) sets it, as onnxruntime's intra_op_num_threads does
     threads: int = 0
+    # the PyTorch bridge on NVIDIA (cuda_share.py): torch's stream waits for dlnet's launches on the GPU, not the
+    # host (False: the host waits for the queue)
+    cuda_device_wait: bool = True
 
     # --- matrix cores ---------------------------------------------------------------------------------------------
     # "portable" runs the GPU's tiled core (gemm_core.cl) on any device: tests keep that fallback covered on PoCL
