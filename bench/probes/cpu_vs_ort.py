@@ -1,6 +1,7 @@
 """Probe: where one CPU model's time goes in dlnet against onnxruntime, per op kind and per layer.
 
-    python bench/probes/cpu_vs_ort.py [--model squeezenet] [--iters 30] [--threads N] [--top 15]
+    python bench/probes/cpu_vs_ort.py [--model squeezenet|bert|gpt2|vit|...] [--iters 30] [--threads N] [--top 15]
+                                      [--layers 12]
 
 dlnet: each launch's median kernel time over --iters runs (OpenCL profiling events), and the median wall time of a
 run without profiling. onnxruntime (ORT_ENABLE_ALL): each node's median `kernel_time` from SessionOptions'
@@ -86,8 +87,15 @@ def main():
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--top", type=int, default=15)
+    ap.add_argument("--layers", type=int, default=12, help="the transformers' layers (bench/cpu.py: 12)")
     args = ap.parse_args()
-    model, feeds = cpu.cnn(args.model, 1)
+    if args.model in cpu.TRANSFORMERS:
+        import onnx
+        with tempfile.TemporaryDirectory(prefix="dlnet-probe-") as folder:
+            path, feeds = cpu.transformer(args.model, args.layers, folder)
+            model = onnx.load(path)
+    else:
+        model, feeds = cpu.cnn(args.model, 1)
     dl, dl_wall, n = dlnet_layers(model, feeds, args.iters, args.threads)
     ort, ort_wall = ort_layers(model, feeds, args.iters, args.threads)
     print(f"{args.model}: dlnet wall {dl_wall:.2f} ms, kernels {sum(dl.values()):.2f} ms in {n} launches; "

@@ -60,6 +60,9 @@ class Options:
     # its work-groups' warps, 16 query rows each: each K/V tile loaded once for more rows. H100, ViT-B/16 b16 (197
     # tokens, d 64), the 12 layers' attention: 1 warp 3.09 ms, 2 1.49, 4 1.07, 8 0.79 (the fp32 kernel 2.40)
     attention_mma_warps: int = 8
+    # CPUs: attention of at least 8 query rows with the rows in vector lanes (attention_cpu_rows; False:
+    # attention_cpu's 4 rows a work-item and a horizontal sum per score)
+    attention_cpu_lanes: bool = True
 
     # --- fully connected layers of few rows -----------------------------------------------------------------------
     # at most this many rows run as gemv (B streamed once): 16 x 4096 x 25088 0.179 ms against cuBLAS 0.231

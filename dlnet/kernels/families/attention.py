@@ -34,6 +34,8 @@ class AttentionTile:
 # decoding) and keys per block of scores. 2 cores (EPYC, PoCL), 8 heads of 512 x 64, best of 12: 2 rows 56 ms, 4 rows
 # 43, 8 rows 51 (the unfused products and softmax 74); 4 heads of 256 x 128: 15, 9.5, 10.3 (11.3).
 CPU_ROWS, CPU_KEYS = 4, 16
+# attention_cpu_rows: 8 query rows a work-item, one per float8 lane (where Tq has 8 rows; decoding keeps the above)
+CPU_LANE_ROWS = 8
 
 # The tile per device kind: GPUs take 64 work-items of 4 x 4 scores each and (a head dim of 128) 4 x 16 outputs in
 # registers; CPUs (PoCL runs a work-group's work-items as loops between barriers) the same grid. Halved along the
@@ -130,9 +132,11 @@ class AttentionFamily:
         if node.schedule["algo"] == "flash_cpu":  # (schedule.py; Lowerer.lower makes sure there is one)
             rows = max(1, min(CPU_ROWS, Tq))
             defs.update(RQ=rows, BK=CPU_KEYS)
-            self.record_tile(f"{rows}x{CPU_KEYS}")
-            self.emit(defines(defs) + kernel_source("cpu_math") + kernel_source("attention_cpu"), "attention_cpu", args,
-                      (max(-(-Tq // rows), 1), B * Hq), (1, 1), label)
+            lanes = Tq >= CPU_LANE_ROWS and self.options.attention_cpu_lanes
+            self.record_tile(f"{CPU_LANE_ROWS}x{CPU_KEYS}/lanes" if lanes else f"{rows}x{CPU_KEYS}")
+            self.emit(defines(defs) + kernel_source("cpu_math") + kernel_source("attention_cpu"),
+                      "attention_cpu_rows" if lanes else "attention_cpu", args,
+                      (max(-(-Tq // (CPU_LANE_ROWS if lanes else rows)), 1), B * Hq), (1, 1), label)
             return
         halves = [x.dtype == "float16" for x in (q, k, v)]
         mma = mma_tile(self.dev, self.options, D, DV, Tq, all(halves)) if all(halves) or not any(halves) else None
