@@ -136,6 +136,8 @@ CASES = {  # name: (norm, b's shape, the sum read again)
     "rmsnorm23-residual": ("rmsnorm23", (2, 5, 48), True),
     "rmsnorm23-alone": ("rmsnorm23", (5, 48), False),
     "layernorm17-sum-is-an-output": ("layernorm17", (2, 5, 48), "output"),
+    "layernorm17-d45-residual": ("layernorm17", (2, 5, 45), True),  # (rows of no whole number of 8-float chunks)
+    "rmsnorm23-d29-sum-is-an-output": ("rmsnorm23", (2, 5, 29), "output"),
 }
 
 
@@ -143,11 +145,12 @@ CASES = {  # name: (norm, b's shape, the sum read again)
 @pytest.mark.parametrize("case", list(CASES))
 def test_residual_norm_is_one_kernel(case, gpu):
     kind, b_shape, again = CASES[case]
-    feeds = {"a": rng.standard_normal((2, 5, 48)).astype(np.float32),
+    d = b_shape[-1]
+    feeds = {"a": rng.standard_normal((2, 5, d)).astype(np.float32),
              "b": rng.standard_normal(b_shape).astype(np.float32)}
-    inits = {"scale": rng.random(48).astype(np.float32) + 0.5}
+    inits = {"scale": rng.random(d).astype(np.float32) + 0.5}
     if kind == "layernorm17":
-        inits["bias"] = rng.standard_normal(48).astype(np.float32)
+        inits["bias"] = rng.standard_normal(d).astype(np.float32)
     nodes = [helper.make_node("Add", ["a", "b"], ["s"])] + _norm_nodes(kind, "s", "n")
     last = helper.make_node("Mul", ["s", "n"], ["y"]) if again is True else helper.make_node("Relu", ["n"], ["y"])
     nodes.append(last)
