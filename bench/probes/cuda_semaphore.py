@@ -31,7 +31,8 @@ def main():
     share = cuda_share.share_with_torch(ctx)
     ocl = share.ocl
     info = ocl.clGetDeviceInfo
-    info.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_size_t, ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)]
+    info.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_size_t, ctypes.c_void_p,
+                     ctypes.POINTER(ctypes.c_size_t)]
     for name, param in (("import", 0x204D), ("export", 0x204E)):
         vals = (ctypes.c_uint32 * 8)()
         n = ctypes.c_size_t()
