@@ -89,3 +89,40 @@ def test_torch_compile_training_step_on_cuda():
             opt.step()
     for (name, p), q in zip(model.named_parameters(), eager.parameters()):
         assert rel_l2(host(p), host(q)) < 1e-5, name
+
+
+class _TwoGraphs(nn.Module):
+    """Two dynamo graphs (a graph break between them): two dlnet partitions whose launches torch's stream waits for in
+    turn, each on its own context, forward and backward."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 6, 3, padding=1, bias=False)  # (a bias before BatchNorm has no gradient but noise,
+        self.bn = nn.BatchNorm2d(6)  # which Adam would scale up to lr either way)
+        self.fc = nn.Linear(6 * 10 * 10, 5)
+
+    def forward(self, x):
+        h = torch.relu(self.bn(self.conv(x)))
+        torch._dynamo.graph_break()
+        return self.fc(h.flatten(1))
+
+
+def test_torch_compile_training_across_a_graph_break_on_cuda():
+    gpu_context()
+    torch._dynamo.reset()
+    model, eager = _seeded(_TwoGraphs()).cuda().train(), _seeded(_TwoGraphs()).cuda().train()
+    eager.load_state_dict(model.state_dict())
+    compiled = torch.compile(model, backend=dt.backend)
+    x, y = torch.randn(4, 3, 10, 10, device="cuda"), torch.randint(0, 5, (4,), device="cuda")
+    opt_c = torch.optim.Adam(model.parameters(), lr=1e-2)
+    opt_e = torch.optim.Adam(eager.parameters(), lr=1e-2)
+    for _ in range(3):
+        out_c, out_e = compiled(x), eager(x)
+        assert rel_l2(host(out_c), host(out_e)) < 1e-5
+        for opt, out in ((opt_c, out_c), (opt_e, out_e)):
+            opt.zero_grad()
+            nn.functional.cross_entropy(out, y).backward()
+            opt.step()
+    for (name, p), q in zip(model.named_parameters(), eager.parameters()):
+        assert rel_l2(host(p), host(q)) < 1e-5, name
+    assert rel_l2(host(model.bn.running_mean), host(eager.bn.running_mean)) < 1e-6
