@@ -264,7 +264,7 @@ def cases(models, slow=()):
             for name in models for how in EXPORTS]
 
 
-@pytest.mark.parametrize("name,how", cases(MODELS))
+@pytest.mark.parametrize("name,how", cases(MODELS, slow=("mobilenetv3",)))
 def test_export_matches_torch(ctx, exported, name, how):
     module, path = exported(name, how)
     _, make_input, shape, shape2, _, _ = MODELS[name]
@@ -320,7 +320,7 @@ def torch_sgd_step(module, feeds, target, loss, lr):
     return before.item(), before.item() - after
 
 
-@pytest.mark.parametrize("name,how", cases(SGD_MODELS, slow=("unet",)))
+@pytest.mark.parametrize("name,how", cases(SGD_MODELS, slow=("unet", "mobilenetv3", "convnext")))
 def test_sgd_step_matches_torch(ctx, exported, name, how):
     """One SGD step through dlnet.Trainer (the module's parameters named, not the exporter's constants nor
     BatchNorm's statistics): torch's loss, and torch's drop in loss."""

@@ -66,7 +66,10 @@ def _halves(graph):
     return [v for v in graph.values() if v.dtype == "float16"]
 
 
-@pytest.mark.parametrize("which,core", [("cnn", "native"), ("cnn", "gpu"), ("vit", "native")])
+# (the GPU-core and ViT cases compile many kernels on a cold cache, 12-22 s each on 2 cores: CI runs them once, with
+# the slow cases)
+@pytest.mark.parametrize("which,core", [("cnn", "native"), pytest.param("cnn", "gpu", marks=pytest.mark.slow),
+                                        pytest.param("vit", "native", marks=pytest.mark.slow)])
 def test_fp16_training_follows_fp32(which, core):
     """The loss curve of fp16 training within 3% of fp32's at every step, with activations of the forward and
     backward graph stored in half and float32 weights; no step is skipped at GradScaler's initial scale. Measured on
