@@ -203,15 +203,15 @@ def shared_plan(share, plan):
 
 
 def copy_all(targets, sources):
-    """targets[i].copy_(sources[i]) for every i: pairs of one dtype, device and shape in torch's multi-tensor copy (a
-    few launches for all of them: its fast path takes only lists of one dtype), the rest one by one."""
+    """targets[i].copy_(sources[i]) for every i: pairs of one dtype and device in torch's multi-tensor copy (a few
+    launches for all of them: its fast path takes only lists of one dtype and device), the rest one by one."""
     import torch
     groups, rest = {}, []
     for t, s in zip(targets, sources):
         if t.dtype == s.dtype and t.device == s.device and s.is_contiguous():
-            groups.setdefault(t.dtype, ([], []))
-            groups[t.dtype][0].append(t)
-            groups[t.dtype][1].append(s)
+            dst, src = groups.setdefault((t.dtype, t.device), ([], []))
+            dst.append(t)
+            src.append(s)
         else:
             rest.append((t, s))
     for dst, src in groups.values():

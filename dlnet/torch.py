@@ -199,11 +199,9 @@ class Function(torch.autograd.Function):
         targets = [ctx.inputs[vjp.input_names.index(name)] if name in vjp.input_names[:ctx.n_inputs]
                    else ctx.runner.buffers.get(name) for name in vjp.state_names]
         pairs = [(t, v) for t, v in zip(targets, states) if t is not None]
-        with torch.no_grad():  # BatchNorm's running statistics, updated in place as torch does
-            if ctx.share is not None:  # (views of the plan's memory: copied on the GPU, in a few launches)
-                cuda_share.copy_all([t for t, _ in pairs], [v for _, v in pairs])
-            for target, value in pairs if ctx.share is None else ():
-                target.copy_(value.to(target.dtype))
+        with torch.no_grad():  # BatchNorm's running statistics, updated in place as torch does (on the GPU, from
+            # views of the plan's memory, in a few launches)
+            cuda_share.copy_all([t for t, _ in pairs], [v for _, v in pairs])
         in_grads = [grads[n].to(dev) if n in grads else None for n, dev in zip(vjp.input_names, ctx.devices)]
         p_grads = [grads[n].to(dev) if n in grads else None
                    for n, dev in zip(vjp.param_names, ctx.devices[ctx.n_inputs:])]

@@ -51,24 +51,46 @@
 #define STORE_SUM(i, v) do { } while (0)
 #endif
 
-// one work-item per row (CPUs)
-#if !defined(A_HALF) && !defined(B_HALF) && !defined(Y_HALF) && !defined(S_HALF)
-// float8 partial sums: a scalar running sum is one dependent add per element, which the compiler may not reorder
-// (ViT-B/16's 197 x 768 rows with s kept: 0.54 -> ms a launch on 2 cores, PoCL). Unaligned float8 pointer loads:
-// PoCL calls vload8 out of line.
+// one work-item per row (CPUs), 8 elements at a time: float8 partial sums, since a scalar running sum is one dependent
+// add per element, which the compiler may not reorder (ViT-B/16's 197 x 768 rows with s kept: 0.54 -> 0.09 ms a
+// launch on 2 cores, PoCL). Float operands load through unaligned float8 pointers (PoCL calls vload8 out of line).
 typedef float8 __attribute__((aligned(4))) aln_f8;
-#define LD8(p, i) (*(__global const aln_f8*)((p) + (i)))
-#define ST8(p, i, v) (*(__global aln_f8*)((p) + (i)) = (v))
+#if defined(A_HALF)
+#define LDA8(i) vload_half8(0, a + (i))
+#else
+#define LDA8(i) (*(__global const aln_f8*)(a + (i)))
+#endif
+#if defined(B_HALF)
+#define LDB8(i) vload_half8(0, b + (i))
+#else
+#define LDB8(i) (*(__global const aln_f8*)(b + (i)))
+#endif
+#if defined(Y_HALF)
+#define STY8(i, v) vstore_half8((v), 0, y + (i))
+#else
+#define STY8(i, v) (*(__global aln_f8*)(y + (i)) = (v))
+#endif
+#if defined(S_HALF)
+#define STS8(i, v) vstore_half8((v), 0, s + (i))
+#else
+#define STS8(i, v) (*(__global aln_f8*)(s + (i)) = (v))
+#endif
+#ifdef KEEP_SUM
+#define STORE_SUM8(i, v) STS8(i, v)
+#else
+#define STORE_SUM8(i, v) do { } while (0)
+#endif
+#ifdef RMS
+#define ALN_BIAS8(i) ((float8)(0.0f))
+#else
+#define ALN_BIAS8(i) (*(__global const aln_f8*)(bias + bias_off + (i)))
+#endif
 inline float aln_hsum8(float8 v) {
     const float4 h = v.lo + v.hi;
     const float2 q = h.lo + h.hi;
     return q.x + q.y;
 }
-#ifdef RMS
-#define ALN_BIAS8(i) ((float8)(0.0f))
-#else
-#define ALN_BIAS8(i) LD8(bias + bias_off, i)
-#endif
+
 __kernel void add_layernorm(__global const A_T* a, ulong a_off, __global const B_T* b, ulong b_off, long b_rows,
                             __global const float* scale, ulong scale_off, ALN_BIAS_ARGS
                             __global Y_T* y, ulong y_off, long rows, int D, float eps SUM_ARGS) {
@@ -82,45 +104,12 @@ __kernel void add_layernorm(__global const A_T* a, ulong a_off, __global const B
     const int D8 = D & ~7;
     float8 t8 = (float8)(0.0f);
     for (int i = 0; i < D8; i += 8) {
-        const float8 v = LD8(a, i) + LD8(b, i);
-#ifdef KEEP_SUM
-        ST8(s, i, v);
-#endif
+        const float8 v = LDA8(i) + LDB8(i);
+        STORE_SUM8(i, v);
         t8 += v;
     }
     float total = aln_hsum8(t8);
     for (int i = D8; i < D; i++) {
-        const float v = a[i] + b[i];
-        STORE_SUM(i, v);
-        total += v;
-    }
-#ifdef RMS
-    const float mean = 0.0f;
-#else
-    const float mean = total / D;
-#endif
-    float8 q8 = (float8)(0.0f);
-    for (int i = 0; i < D8; i += 8) { const float8 d = LD8(a, i) + LD8(b, i) - mean; q8 = d * d + q8; }
-    float var = aln_hsum8(q8);
-    for (int i = D8; i < D; i++) { const float d = a[i] + b[i] - mean; var += d * d; }
-    const float inv = 1.0f / sqrt(var / D + eps);
-    for (int i = 0; i < D8; i += 8)
-        ST8(y, i, (LD8(a, i) + LD8(b, i) - mean) * inv * LD8(scale, i) + ALN_BIAS8(i));
-    for (int i = D8; i < D; i++) STY(i, (a[i] + b[i] - mean) * inv * scale[i] + ALN_BIAS(i));
-}
-#else
-__kernel void add_layernorm(__global const A_T* a, ulong a_off, __global const B_T* b, ulong b_off, long b_rows,
-                            __global const float* scale, ulong scale_off, ALN_BIAS_ARGS
-                            __global Y_T* y, ulong y_off, long rows, int D, float eps SUM_ARGS) {
-    const long r = get_global_id(0);
-    if (r >= rows) return;
-    a += a_off + r * D;
-    b += b_off + (r % b_rows) * D;
-    y += y_off + r * D;
-    scale += scale_off;
-    SUM_ROW(r);
-    float total = 0.0f;
-    for (int i = 0; i < D; i++) {
         const float v = LDA(i) + LDB(i);
         STORE_SUM(i, v);
         total += v;
@@ -130,12 +119,15 @@ __kernel void add_layernorm(__global const A_T* a, ulong a_off, __global const B
 #else
     const float mean = total / D;
 #endif
-    float var = 0.0f;
-    for (int i = 0; i < D; i++) { const float d = LDA(i) + LDB(i) - mean; var += d * d; }
+    float8 q8 = (float8)(0.0f);
+    for (int i = 0; i < D8; i += 8) { const float8 d = LDA8(i) + LDB8(i) - mean; q8 = d * d + q8; }
+    float var = aln_hsum8(q8);
+    for (int i = D8; i < D; i++) { const float d = LDA(i) + LDB(i) - mean; var += d * d; }
     const float inv = 1.0f / sqrt(var / D + eps);
-    for (int i = 0; i < D; i++) STY(i, (LDA(i) + LDB(i) - mean) * inv * scale[i] + ALN_BIAS(i));
+    for (int i = 0; i < D8; i += 8)
+        STY8(i, (LDA8(i) + LDB8(i) - mean) * inv * *(__global const aln_f8*)(scale + i) + ALN_BIAS8(i));
+    for (int i = D8; i < D; i++) STY(i, (LDA(i) + LDB(i) - mean) * inv * scale[i] + ALN_BIAS(i));
 }
-#endif
 
 #ifdef WG
 // one work-group of WG (a power of two) work-items per row (GPUs), as layernorm.cl's layernorm_wg

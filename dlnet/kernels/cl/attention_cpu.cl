@@ -68,12 +68,23 @@ inline float8 chunk8h(__global const half* row, int c, int n) {
 #if defined(Y_HALF)
 #define Y_T half
 #define STY8(p, x) vstore_half8(x, 0, p)
-#define STY(i, x) vstore_half(x, i, y)
+#define STY(p, i, x) vstore_half(x, i, p)
 #else
 #define Y_T float
 #define STY8(p, x) *(__global float8u*)(p) = (x)
-#define STY(i, x) y[i] = (x)
+#define STY(p, i, x) (p)[i] = (x)
 #endif
+
+// chunk c of an output row of DV values (the kernels' last step)
+inline void store_chunk(__global Y_T* row, int c, float8 o) {
+    if ((c + 1) * 8 <= DV) {
+        STY8(row + 8 * c, o);
+    } else {
+        union { float8 v; float s[8]; } t;
+        t.v = o;
+        for (int i = 0; c * 8 + i < DV; i++) STY(row, c * 8 + i, t.s[i]);
+    }
+}
 
 inline float hsum8(float8 a) {
     const float4 b = a.lo + a.hi;
@@ -163,16 +174,7 @@ __kernel void attention_cpu(__global const Q_T* q, ulong q_off, __global const K
     }
     for (int r = 0; r < nq; r++) {
         const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-        for (int c = 0; c < DV8; c++) {
-            const float8 o = acc[r][c] * inv;
-            if ((c + 1) * 8 <= DV) {
-                STY8(y + r * yst + 8 * c, o);
-            } else {
-                union { float8 v; float s[8]; } t;
-                t.v = o;
-                for (int i = 0; c * 8 + i < DV; i++) STY(r * yst + c * 8 + i, t.s[i]);
-            }
-        }
+        for (int c = 0; c < DV8; c++) store_chunk(y + r * yst, c, acc[r][c] * inv);
     }
 }
 
@@ -285,7 +287,7 @@ __kernel void attention_cpu_rows(__global const Q_T* q, ulong q_off, __global co
         for (int jj = 0; jj < BK; jj++) top = st[jj] > top ? st[jj] : top;  // (NaN scores ignored, as fmax)
         const float8 mu = top == (float8)(-INFINITY) ? (float8)(0.0f) : top;  // nothing visible yet: e^-inf = 0
         union { float8 v[BK]; float s[BK * 8]; } p;
-        union { float8 v; float s[8]; } al, shift;
+        union { float8 v; float s[8]; } al;
         al.v = m - mu;
         for (int r = 0; r < 8; r++) al.s[r] = dl_exp_neg(al.s[r]);
         for (int jj = 0; jj < BK; jj++) p.v[jj] = st[jj] - mu;
@@ -320,15 +322,6 @@ __kernel void attention_cpu_rows(__global const Q_T* q, ulong q_off, __global co
     lu.v = l;
     for (int r = 0; r < nq; r++) {
         const float inv = lu.s[r] > 0.0f ? 1.0f / lu.s[r] : 0.0f;
-        for (int c = 0; c < DV8; c++) {
-            const float8 o = acc[r][c] * inv;
-            if ((c + 1) * 8 <= DV) {
-                STY8(y + r * yst + 8 * c, o);
-            } else {
-                union { float8 v; float s[8]; } t;
-                t.v = o;
-                for (int i = 0; c * 8 + i < DV; i++) STY(r * yst + c * 8 + i, t.s[i]);
-            }
-        }
+        for (int c = 0; c < DV8; c++) store_chunk(y + r * yst, c, acc[r][c] * inv);
     }
 }

@@ -58,14 +58,16 @@ class TrainingFamily:
         geometry = [H, W, OH, OW, KH, KW, s[0], s[1], p[0], p[1], d[0], d[1]]
         args = self.args(dy) + self.args(x) + self.args(dx) + _ints(geometry + [a.get("count_include_pad", 0)]) + \
             [np.int64(dx.size)]
-        if a["mode"] == "max":  # (each window's maximum found once, in scratch, instead of by every element under it)
-            self.emit(src, "pool_argmax", self.args(x) + self.dummy()[:1] + _ints(geometry) + [np.int64(dy.size)],
-                      (max(dy.size, 1),), None, f"{node.name} PoolGrad/argmax")
-            self.use_scratch(self.launches[-1].kernel, 2, 4 * max(dy.size, 1), "poolargmax")
-            args = args + self.dummy()[:1]
-        self.emit(src, "pool_grad", args, (max(dx.size, 1),), None, f"{node.name} PoolGrad")
-        if a["mode"] == "max":
-            self.use_scratch(self.launches[-1].kernel, len(args) - 1, 4 * max(dy.size, 1), "poolargmax")
+        if a["mode"] != "max":
+            self.emit(src, "pool_grad", args, (max(dx.size, 1),), None, f"{node.name} PoolGrad")
+            return
+        # max: each window's maximum found once (pool_argmax, into scratch), not by every element under it
+        windows = max(dy.size, 1)
+        self.emit(src, "pool_argmax", self.args(x) + self.dummy()[:1] + _ints(geometry) + [np.int64(dy.size)],
+                  (windows,), None, f"{node.name} PoolGrad/argmax")
+        self.use_scratch(self.launches[-1].kernel, 2, 4 * windows, "poolargmax")
+        self.emit(src, "pool_grad", args + self.dummy()[:1], (max(dx.size, 1),), None, f"{node.name} PoolGrad")
+        self.use_scratch(self.launches[-1].kernel, len(args), 4 * windows, "poolargmax")
 
 
 
