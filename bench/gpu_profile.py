@@ -1,12 +1,13 @@
 """Where the time goes: per-op-kind GPU time of one inference and one training step, from OpenCL profiling events.
 
     python3 bench/gpu_profile.py [--net resnet50] [--batch 16] [--precision tf32] [--no-train] [--top 20]
-                                 [--nodes ConvGradW]
+                                 [--nodes ConvGradW] [--set winograd_whole_bytes=0 ...]
 
 Prints two tables (inference, training step): kernel time grouped by the kind of node each launch belongs to, with
 launch counts and % of the total. Runs on the GPU machine (torchvision there); asserts nothing.
 """
 import argparse
+import ast
 import os
 import sys
 
@@ -62,15 +63,19 @@ def main():
     ap.add_argument("--no-train", action="store_true", help="inference only")
     ap.add_argument("--top", type=int, default=0, help="also list the N slowest launches")
     ap.add_argument("--nodes", default="", help="also list kernel time per node of the launches labelled so")
+    ap.add_argument("--set", nargs="*", default=[], help="dlnet.Options fields, name=value (Python literals)")
+    ap.add_argument("--no-infer", action="store_true", help="training only")
     args = ap.parse_args()
     ctx = dlnet.Context("gpu", precision=args.precision, profile=True)
+    ctx = ctx.with_options(**{k: ast.literal_eval(v) for k, v in (kv.split("=", 1) for kv in args.set)})
     model = torch_model(args.net)
     xs = np.random.default_rng(0).standard_normal((args.batch, 3, 224, 224)).astype(np.float32)
     proto = export(model, xs)
     net = dlnet.Net(ctx).load_onnx(proto)
-    net.run({net.inputs[0].name: xs})
-    table(f"{args.net} inference, batch {args.batch}, {args.precision}", net.launches, ctx.queue, top=args.top,
-          nodes=args.nodes)
+    if not args.no_infer:
+        net.run({net.inputs[0].name: xs})
+        table(f"{args.net} inference, batch {args.batch}, {args.precision}", net.launches, ctx.queue, top=args.top,
+              nodes=args.nodes)
     if args.no_train:
         return
     trainer = dlnet.Trainer(dlnet.Net(ctx).load_onnx(proto), loss="cross_entropy",

@@ -85,8 +85,11 @@ class Options:
     # F(4x4) only on layers of at least this many 4x4 tiles: its U is 36/9 of the weights (resnet18 tf32 b16 216 MiB
     # against PyTorch's 194 with F(4x4) everywhere, no faster)
     winograd_f4_min_tiles: int = 512
-    # a layer short of workspace runs in chunks of at least this many tiles (and an eighth of the layer's)
+    # a layer short of workspace runs in chunks of at least this many tiles (and an eighth of the layer's) ...
     winograd_min_tiles: int = 1024
+    # ... but takes the whole layer's up to this many bytes, the arena growing (H100, resnet18 b16 training step:
+    # layers ran in up to 3 chunks of 3 launches each; 10.71 -> 8.94 ms of kernel time, 661 -> 415 launches)
+    winograd_whole_bytes: int = 128 << 20
     # training: Winograd for convolutions and their input gradients, and for weight gradients
     winograd_training: bool = True
     winograd_dw: bool = True

@@ -11,11 +11,15 @@ from ..runtime import kernel_source
 def winograd_workspace(k, c, y_shape, options, on_device=False, m=2):
     """(all, least) bytes of a Winograd F(m x m, 3x3) convolution's workspace: V and M, (m + 2)^2 (C + K) floats
     per m x m output tile, all of them or at least an eighth of the layer's tiles (at most 8 chunks) and at least
-    options.winograd_min_tiles; before them U (16 K C floats) where it is made on the device every run."""
+    options.winograd_min_tiles (all of them up to options.winograd_whole_bytes); before them U (16 K C floats) where
+    it is made on the device every run."""
     tiles = y_shape[0] * -(-y_shape[2] // m) * -(-y_shape[3] // m)
     per_tile = 4 * (m + 2) ** 2 * (k + c)
     u = -(-64 * k * c // 256) * 256 if on_device else 0
-    return u + per_tile * tiles, u + per_tile * min(tiles, max(options.winograd_min_tiles, -(-tiles // 8)))
+    full = u + per_tile * tiles
+    if full <= options.winograd_whole_bytes:
+        return full, full
+    return full, u + per_tile * min(tiles, max(options.winograd_min_tiles, -(-tiles // 8)))
 
 
 def workspace(node, options):
