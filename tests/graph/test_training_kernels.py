@@ -34,7 +34,7 @@ def test_depthwise_conv_gradients(shape, stride, mult):
         assert rel_l2(g, r) < 1e-5
 
 
-@pytest.mark.parametrize("shape", [(16, 5, 37, 29), (64, 7)])
+@pytest.mark.parametrize("shape", [(16, 5, 37, 29), (64, 7), (8, 6, 12, 20)])  # (S = 240: float4 loads)
 def test_batchnorm_training_gradients(shape):
     rng = np.random.default_rng(2)
     C = shape[1]

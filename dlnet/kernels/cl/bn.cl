@@ -2,6 +2,9 @@
 // Per-channel sums run in two steps so small C still fills the device: bn_partial's work-group (g, c) sums a
 // slice of channel c into ws[c][g], bn_stats / bn_grad_stats add the G slices of each channel. The forward sums are
 // shifted by the channel's first element (var = E[(x-k)^2] - E[x-k]^2 stays accurate while k is near the mean).
+// No division per element: bn_partial steps through (image, position) pairs incrementally, and the elementwise
+// kernels take a 2-D grid of (position, image * C + channel) (a 64-bit i / S % C per element, and float loads, held
+// resnet50's 106 BatchNorm launches of a b16 training step at about a third of the memory bandwidth).
 #ifndef WG
 #define WG 256
 #endif
@@ -36,6 +39,27 @@
 #define ST_DX(p, i, v) (p)[i] = (v)
 #endif
 
+// V (1 or 4): elements per load; 4 where S and every operand's offset are multiples of 4 and nothing is stored in
+// half (the host checks)
+#ifndef V
+#define V 1
+#endif
+#if V == 4
+typedef float4 VT;
+#define LD_XV(p, at) (*(__global const float4*)((p) + (at)))
+#define LD_DYV(p, at) (*(__global const float4*)((p) + (at)))
+#define ST_YV(p, at, v) (*(__global float4*)((p) + (at)) = (v))
+#define ST_DXV(p, at, v) (*(__global float4*)((p) + (at)) = (v))
+#define HSUM(v) ((v).x + (v).y + (v).z + (v).w)
+#else
+typedef float VT;
+#define LD_XV(p, at) LD_X(p, at)
+#define LD_DYV(p, at) LD_DY(p, at)
+#define ST_YV(p, at, v) ST_Y(p, at, v)
+#define ST_DXV(p, at, v) ST_DX(p, at, v)
+#define HSUM(v) (v)
+#endif
+
 inline float2 wg_sum2(float2 v, __local float2* part) {
     const int l = get_local_id(0);
     part[l] = v;
@@ -49,12 +73,13 @@ inline float2 wg_sum2(float2 v, __local float2* part) {
 
 // GRAD unset: ws[c][g] = (sum(x - k), sum((x - k)^2)), k = x[0, c, 0].
 // GRAD set:   ws[c][g] = (sum(dy), sum(dy * (x - mean[c]))).
+// Work-item j of the G * WG over channel c takes vectors j, j + G * WG, ... of the channel's N * S / V, as
+// (image n, vector s) advanced by (dn, ds) per step.
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
 void bn_partial(__global const X_T* x, ulong x_off, __global const DY_T* dy, ulong dy_off,
                 __global const float* mean, ulong mean_off, int N, int C, int S, int G, __global float2* ws) {
     __local float2 part[WG];
     const int g = get_group_id(0), c = get_group_id(1);
-    const int count = N * S;
     x += x_off + (long)c * S;
     dy += dy_off + (long)c * S;
 #ifdef GRAD
@@ -62,19 +87,29 @@ void bn_partial(__global const X_T* x, ulong x_off, __global const DY_T* dy, ulo
 #else
     const float k = LD_X(x, 0);
 #endif
-    float2 acc = (float2)(0.0f, 0.0f);
-    for (int j = g * WG + get_local_id(0); j < count; j += G * WG) {
-        const int n = j / S;
-        const long at = (long)n * C * S + (j - n * S);
-        const float d = LD_X(x, at) - k;
+    const int SV = S / V, step = G * WG, dn = step / SV, ds = step - dn * SV;
+    const int j = g * WG + get_local_id(0);
+    int n = j / SV, s = j - n * SV;
+    VT a0 = (VT)(0.0f), a1 = (VT)(0.0f);
+    while (n < N) {
+        const long at = (long)n * C * S + s * V;
+        const VT d = LD_XV(x, at) - k;
 #ifdef GRAD
-        const float e = LD_DY(dy, at);
-        acc += (float2)(e, e * d);
+        const VT e = LD_DYV(dy, at);
+        a0 += e;
+        a1 += e * d;
 #else
-        acc += (float2)(d, d * d);
+        a0 += d;
+        a1 += d * d;
 #endif
+        s += ds;
+        n += dn;
+        if (s >= SV) {
+            s -= SV;
+            n++;
+        }
     }
-    acc = wg_sum2(acc, part);
+    const float2 acc = wg_sum2((float2)(HSUM(a0), HSUM(a1)), part);
     if (get_local_id(0) == 0) ws[(long)c * G + g] = acc;
 }
 
@@ -104,29 +139,32 @@ __kernel void bn_grad_stats(__global const float* var, ulong var_off, __global f
     dscale[dscale_off + c] = t.y * rsqrt(var[var_off + c] + eps);
 }
 
-// y = (x - mean) * rsqrt(var + eps) * scale + bias
+// y = (x - mean) * rsqrt(var + eps) * scale + bias; work-item (vector s, row n * C + c)
 __kernel void bn_apply(__global const X_T* x, ulong x_off, __global const float* mean, ulong mean_off,
                        __global const float* var, ulong var_off, __global const float* scale, ulong scale_off,
-                       __global const float* bias, ulong bias_off, __global Y_T* y, ulong y_off,
-                       int C, int S, long total, float eps) {
-    const long i = get_global_id(0);
-    if (i >= total) return;
-    const int c = (int)((i / S) % C);
+                       __global const float* bias, ulong bias_off, __global Y_T* y, ulong y_off, int C, int S,
+                       float eps) {
+    const int s = get_global_id(0), row = get_global_id(1);
+    if (s >= S / V) return;
+    const int c = row % C;
     const float a = rsqrt(var[var_off + c] + eps) * scale[scale_off + c];
-    ST_Y(y, y_off + i, (LD_X(x, x_off + i) - mean[mean_off + c]) * a + bias[bias_off + c]);
+    const long at = (long)row * S + s * V;
+    ST_YV(y + y_off, at, (LD_XV(x + x_off, at) - mean[mean_off + c]) * a + bias[bias_off + c]);
 }
 
-// dx = scale * inv * (dy - dbias / count - xhat * dscale / count), xhat = (x - mean) * inv, inv = rsqrt(var + eps)
+// dx = scale * inv * (dy - dbias / count - xhat * dscale / count), xhat = (x - mean) * inv, inv = rsqrt(var + eps);
+// work-item (vector s, row n * C + c)
 __kernel void bn_grad_apply(__global const DY_T* dy, ulong dy_off, __global const X_T* x, ulong x_off,
                             __global const float* mean, ulong mean_off, __global const float* var, ulong var_off,
                             __global const float* scale, ulong scale_off, __global const float* dscale,
                             ulong dscale_off, __global const float* dbias, ulong dbias_off, __global DX_T* dx,
-                            ulong dx_off, int C, int S, long total, float eps, float inv_count) {
-    const long i = get_global_id(0);
-    if (i >= total) return;
-    const int c = (int)((i / S) % C);
+                            ulong dx_off, int C, int S, float eps, float inv_count) {
+    const int s = get_global_id(0), row = get_global_id(1);
+    if (s >= S / V) return;
+    const int c = row % C;
     const float inv = rsqrt(var[var_off + c] + eps);
-    const float xhat = (LD_X(x, x_off + i) - mean[mean_off + c]) * inv;
-    ST_DX(dx, dx_off + i, scale[scale_off + c] * inv *
-          (LD_DY(dy, dy_off + i) - (dbias[dbias_off + c] + xhat * dscale[dscale_off + c]) * inv_count));
+    const long at = (long)row * S + s * V;
+    const VT xhat = (LD_XV(x + x_off, at) - mean[mean_off + c]) * inv;
+    ST_DXV(dx + dx_off, at, scale[scale_off + c] * inv *
+           (LD_DYV(dy + dy_off, at) - (dbias[dbias_off + c] + xhat * dscale[dscale_off + c]) * inv_count));
 }

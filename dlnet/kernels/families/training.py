@@ -17,14 +17,21 @@ def _bn_view(x):
     return x.shape[0], x.shape[1], int(np.prod(x.shape[2:], dtype=np.int64))
 
 
-def _bn_partial_launch(lw, node, x, dy, mean, grad, halves):
+def _bn_vector(lw, S, values, halves):
+    """bn.cl's V: 4 (float4 loads and stores) where S and each value's offset are multiples of 4 and nothing is
+    stored in half, else 1."""
+    return 4 if not halves and S % 4 == 0 and all(int(lw.args(v)[1]) % 4 == 0 for v in values) else 1
+
+
+def _bn_partial_launch(lw, node, x, dy, mean, grad, halves, vec):
     """bn_partial over every channel: returns the number of slices G per channel (its sums sit in scratch).
-    halves: the operands stored in half (precision "fp16": their -D X_HALF-style defines, for every bn.cl launch)."""
+    halves: the operands stored in half (precision "fp16": their -D X_HALF-style defines, for every bn.cl launch);
+    vec: bn.cl's V (_bn_vector)."""
     N, C, S = _bn_view(x)
     wg = 64 if lw.dev.is_cpu else 256
-    count = N * S
+    count = N * S // vec
     G = max(1, min(-(-8 * lw.dev.compute_units // C), -(-count // (4 * wg))))
-    src = f"#define WG {wg}\n" + ("#define GRAD 1\n" if grad else "") + \
+    src = f"#define WG {wg}\n#define V {vec}\n" + ("#define GRAD 1\n" if grad else "") + \
         "".join(f"#define {name} 1\n" for name in sorted(halves)) + kernel_source("bn")
     args = lw.args(x) + (lw.args(dy) if grad else lw.dummy()) + (lw.args(mean) if grad else lw.dummy()) + \
         _ints([N, C, S, G]) + [lw.dummy()[0]]
@@ -79,17 +86,27 @@ class TrainingFamily:
         self.emit(kernel_source("dropout"), "dropout", args, (max(y.size, 1),), None, f"{node.name} Dropout")
 
 
+    def _bn_rows(self, src, name, args, N, C, S, vec, label):
+        """An elementwise bn.cl kernel over work-items (vector s of a plane, row n * C + c); none for no elements."""
+        if N * C * S == 0:
+            return
+        SV = S // vec
+        local = min(256, -(-SV // 32) * 32)
+        self.emit(src, name, args, (-(-SV // local) * local, N * C), (local, 1), label)
+
     def batchnorm_train(self, node):
         x, scale, bias = node.inputs
         y, mean, var = node.outputs
         N, C, S = _bn_view(x)
-        src, G = _bn_partial_launch(self, node, x, None, None, False, half_defines(X=x, Y=y))
+        halves = half_defines(X=x, Y=y)
+        vec = _bn_vector(self, S, (x, y), halves)
+        src, G = _bn_partial_launch(self, node, x, None, None, False, halves, vec)
         args = self.args(x) + self.args(mean) + self.args(var) + _ints([N, C, S, G]) + [self.dummy()[0]]
         self.emit(src, "bn_stats", args, (C,), None, f"{node.name} BatchNormTrain/stats")
         self.use_scratch(self.launches[-1].kernel, len(args) - 1, 8 * C * G, "bnstat")
         args = self.args(x) + self.args(mean) + self.args(var) + self.args(scale) + self.args(bias) + self.args(y) + \
-            _ints([C, S]) + [np.int64(y.size), np.float32(node.attrs["epsilon"])]
-        self.emit(src, "bn_apply", args, (max(y.size, 1),), None, f"{node.name} BatchNormTrain")
+            _ints([C, S]) + [np.float32(node.attrs["epsilon"])]
+        self._bn_rows(src, "bn_apply", args, N, C, S, vec, f"{node.name} BatchNormTrain")
 
 
     def batchnorm_train_grad(self, node):
@@ -97,13 +114,14 @@ class TrainingFamily:
         dx, dscale, dbias = node.outputs
         N, C, S = _bn_view(x)
         eps = np.float32(node.attrs["epsilon"])
-        src, G = _bn_partial_launch(self, node, x, dy, mean, True, half_defines(X=x, DY=dy, DX=dx))
+        halves = half_defines(X=x, DY=dy, DX=dx)
+        vec = _bn_vector(self, S, (dy, x, dx), halves)
+        src, G = _bn_partial_launch(self, node, x, dy, mean, True, halves, vec)
         args = self.args(var) + self.args(dscale) + self.args(dbias) + _ints([C, G]) + [eps, self.dummy()[0]]
         self.emit(src, "bn_grad_stats", args, (C,), None, f"{node.name} BatchNormTrainGrad/stats")
         self.use_scratch(self.launches[-1].kernel, len(args) - 1, 8 * C * G, "bnstat")
         args = self.args(dy) + self.args(x) + self.args(mean) + self.args(var) + self.args(scale) + \
-            self.args(dscale) + self.args(dbias) + self.args(dx) + _ints([C, S]) + \
-            [np.int64(dx.size), eps, np.float32(1.0 / (N * S))]
-        self.emit(src, "bn_grad_apply", args, (max(dx.size, 1),), None, f"{node.name} BatchNormTrainGrad")
+            self.args(dscale) + self.args(dbias) + self.args(dx) + _ints([C, S]) + [eps, np.float32(1.0 / (N * S))]
+        self._bn_rows(src, "bn_grad_apply", args, N, C, S, vec, f"{node.name} BatchNormTrainGrad")
 
 
