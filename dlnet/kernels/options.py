@@ -99,6 +99,11 @@ class Options:
     # per slice of depth
     tap_major: bool = True
 
+    # --- training BatchNorm (bn.cl) ---------------------------------------------------------------------------------
+    # the normalisation launches add their channel's partial sums themselves: no statistics launch per layer and
+    # direction (sync_bn's layers keep it: it exchanges the statistics between the two)
+    bn_stats_in_apply: bool = True
+
     # --- input upload overlapped with the first layers (GPU inference) ------------------------------------------
     # slices of the batch (H100 9.6 MB from pinned memory then 4 kernels: 0.333 -> 0.224 ms in 4 chunks; 1: off)
     input_chunks: int = 4

@@ -34,8 +34,9 @@ def test_depthwise_conv_gradients(shape, stride, mult):
         assert rel_l2(g, r) < 1e-5
 
 
+@pytest.mark.parametrize("exchanged", [0, 1])  # 1: the statistics in launches of their own (sync_bn's form)
 @pytest.mark.parametrize("shape", [(16, 5, 37, 29), (64, 7), (8, 6, 12, 20)])  # (S = 240: float4 loads)
-def test_batchnorm_training_gradients(shape):
+def test_batchnorm_training_gradients(shape, exchanged):
     rng = np.random.default_rng(2)
     C = shape[1]
     x = rng.standard_normal(shape) * 3.0 + 5.0  # a mean far from 0: the shifted sums must stay accurate
@@ -43,7 +44,7 @@ def test_batchnorm_training_gradients(shape):
     fn = lambda a, s, b: torch.nn.functional.batch_norm(a, None, None, s, b, training=True, eps=1e-5)  # noqa: E731
     w = rng.standard_normal(shape)
     ref_loss, ref = torch_grads(fn, [x, scale, bias], w)
-    loss, grads = device_gradients("BatchNormTrain", {"epsilon": 1e-5}, [x, scale, bias], w)
+    loss, grads = device_gradients("BatchNormTrain", {"epsilon": 1e-5, "exchanged": exchanged}, [x, scale, bias], w)
     assert abs(loss - ref_loss) <= 1e-4 * max(1.0, abs(ref_loss))
     for g, r in zip(grads, ref):
         assert rel_l2(g, r) < 1e-4

@@ -85,11 +85,13 @@ def batchnorm_training(b, x, scale, bias, mean, var, epsilon, momentum, updates)
 def batchnorm_global_count(graph, ranks):
     """Synchronised BatchNorm over `ranks` equal shards (dlnet/sync_bn.py): the running variance's unbiasing
     factor of each BatchNormTrain that batchnorm_training made counts the global batch (ranks x the shard's
-    elements per channel), as torch's SyncBatchNorm does. Returns how many factors changed."""
+    elements per channel), as torch's SyncBatchNorm does; each is marked exchanged (its gradient copies the attrs).
+    Returns how many factors changed."""
     changed = 0
     for node in graph.nodes:
         if node.op != "BatchNormTrain":
             continue
+        node.attrs["exchanged"] = 1  # (its statistics and its gradient's sums cross the host between two launches)
         x = node.inputs[0]
         count = x.size // x.shape[1]
         total = count * ranks
@@ -109,7 +111,8 @@ class BatchNormTrain(Op):
     dscale = sum(dy * xhat), dbias = sum(dy)  (BatchNormTrainGrad)"""
     name = "BatchNormTrain"
     dtypes = ("float32",)
-    attrs = {"epsilon": REQUIRED}
+    # exchanged: sync_bn exchanges the statistics (and the backward's sums) between ranks before the normalisation
+    attrs = {"epsilon": REQUIRED, "exchanged": 0}
 
     def lower(self, node, lw):
         lw.batchnorm_train(node)
@@ -142,7 +145,7 @@ class BatchNormTrainGrad(Op):
     """dx, dscale, dbias of BatchNormTrain (inputs dy, x, scale, its batch mean and variance)"""
     name = "BatchNormTrainGrad"
     dtypes = ("float32",)
-    attrs = {"epsilon": REQUIRED}
+    attrs = {"epsilon": REQUIRED, "exchanged": 0}
 
     def lower(self, node, lw):
         lw.batchnorm_train_grad(node)

@@ -113,18 +113,31 @@ void bn_partial(__global const X_T* x, ulong x_off, __global const DY_T* dy, ulo
     if (get_local_id(0) == 0) ws[(long)c * G + g] = acc;
 }
 
-// mean[c], var[c] (biased) from the forward partial sums; one work-item per channel.
+// The forward statistics (mean, biased variance) of channel c from its G partial sums; xc: the channel's first
+// element (the shift k)
+inline float2 forward_stats(__global const X_T* xc, __global const float2* ws, int c, int G, float count) {
+    float2 t = (float2)(0.0f, 0.0f);
+    for (int g = 0; g < G; g++) t += ws[(long)c * G + g];
+    const float m = t.x / count;
+    const float v = t.y / count - m * m;
+    return (float2)(LD_X(xc, 0) + m, v < 0.0f ? 0.0f : v);  // (max() would turn a NaN into 0)
+}
+
+// (dbias, dscale) of channel c from its G gradient partial sums
+inline float2 grad_sums(__global const float2* ws, int c, int G, float inv) {
+    float2 t = (float2)(0.0f, 0.0f);
+    for (int g = 0; g < G; g++) t += ws[(long)c * G + g];
+    return (float2)(t.x, t.y * inv);
+}
+
+// mean[c], var[c] from the forward partial sums; one work-item per channel (sync_bn exchanges them before bn_apply)
 __kernel void bn_stats(__global const X_T* x, ulong x_off, __global float* mean, ulong mean_off,
                        __global float* var, ulong var_off, int N, int C, int S, int G, __global const float2* ws) {
     const int c = get_global_id(0);
     if (c >= C) return;
-    float2 t = (float2)(0.0f, 0.0f);
-    for (int g = 0; g < G; g++) t += ws[(long)c * G + g];
-    const float count = (float)N * S;
-    const float m = t.x / count;
-    mean[mean_off + c] = LD_X(x, x_off + (long)c * S) + m;
-    const float v = t.y / count - m * m;
-    var[var_off + c] = v < 0.0f ? 0.0f : v;  // (max() would turn a NaN into 0)
+    const float2 st = forward_stats(x + x_off + (long)c * S, ws, c, G, (float)N * S);
+    mean[mean_off + c] = st.x;
+    var[var_off + c] = st.y;
 }
 
 // dscale[c] = sum(dy * xhat), dbias[c] = sum(dy) from the gradient partial sums.
@@ -133,38 +146,58 @@ __kernel void bn_grad_stats(__global const float* var, ulong var_off, __global f
                             __global const float2* ws) {
     const int c = get_global_id(0);
     if (c >= C) return;
-    float2 t = (float2)(0.0f, 0.0f);
-    for (int g = 0; g < G; g++) t += ws[(long)c * G + g];
+    const float2 t = grad_sums(ws, c, G, rsqrt(var[var_off + c] + eps));
     dbias[dbias_off + c] = t.x;
-    dscale[dscale_off + c] = t.y * rsqrt(var[var_off + c] + eps);
+    dscale[dscale_off + c] = t.y;
 }
 
-// y = (x - mean) * rsqrt(var + eps) * scale + bias; work-item (vector s, row n * C + c)
-__kernel void bn_apply(__global const X_T* x, ulong x_off, __global const float* mean, ulong mean_off,
-                       __global const float* var, ulong var_off, __global const float* scale, ulong scale_off,
+// y = (x - mean) * rsqrt(var + eps) * scale + bias; work-item (vector s, row n * C + c). STATS_IN_APPLY: every
+// work-item adds its channel's partial sums itself (the same sums in the same order as bn_stats) and work-item
+// (0, c) writes mean and var: no bn_stats launch
+__kernel void bn_apply(__global const X_T* x, ulong x_off, __global float* mean, ulong mean_off,
+                       __global float* var, ulong var_off, __global const float* scale, ulong scale_off,
                        __global const float* bias, ulong bias_off, __global Y_T* y, ulong y_off, int C, int S,
-                       float eps) {
+                       float eps, int N, int G, __global const float2* ws) {
     const int s = get_global_id(0), row = get_global_id(1);
     if (s >= S / V) return;
     const int c = row % C;
-    const float a = rsqrt(var[var_off + c] + eps) * scale[scale_off + c];
+#if defined(STATS_IN_APPLY)
+    const float2 st = forward_stats(x + x_off + (long)c * S, ws, c, G, (float)N * S);
+    if (s == 0 && row == c) {
+        mean[mean_off + c] = st.x;
+        var[var_off + c] = st.y;
+    }
+#else
+    const float2 st = (float2)(mean[mean_off + c], var[var_off + c]);
+#endif
+    const float a = rsqrt(st.y + eps) * scale[scale_off + c];
     const long at = (long)row * S + s * V;
-    ST_YV(y + y_off, at, (LD_XV(x + x_off, at) - mean[mean_off + c]) * a + bias[bias_off + c]);
+    ST_YV(y + y_off, at, (LD_XV(x + x_off, at) - st.x) * a + bias[bias_off + c]);
 }
 
 // dx = scale * inv * (dy - dbias / count - xhat * dscale / count), xhat = (x - mean) * inv, inv = rsqrt(var + eps);
-// work-item (vector s, row n * C + c)
+// work-item (vector s, row n * C + c); STATS_IN_APPLY as bn_apply's (dbias and dscale: no bn_grad_stats launch)
 __kernel void bn_grad_apply(__global const DY_T* dy, ulong dy_off, __global const X_T* x, ulong x_off,
                             __global const float* mean, ulong mean_off, __global const float* var, ulong var_off,
-                            __global const float* scale, ulong scale_off, __global const float* dscale,
-                            ulong dscale_off, __global const float* dbias, ulong dbias_off, __global DX_T* dx,
-                            ulong dx_off, int C, int S, float eps, float inv_count) {
+                            __global const float* scale, ulong scale_off, __global float* dscale,
+                            ulong dscale_off, __global float* dbias, ulong dbias_off, __global DX_T* dx,
+                            ulong dx_off, int C, int S, float eps, float inv_count, int G,
+                            __global const float2* ws) {
     const int s = get_global_id(0), row = get_global_id(1);
     if (s >= S / V) return;
     const int c = row % C;
     const float inv = rsqrt(var[var_off + c] + eps);
+#if defined(STATS_IN_APPLY)
+    const float2 sums = grad_sums(ws, c, G, inv);
+    if (s == 0 && row == c) {
+        dbias[dbias_off + c] = sums.x;
+        dscale[dscale_off + c] = sums.y;
+    }
+#else
+    const float2 sums = (float2)(dbias[dbias_off + c], dscale[dscale_off + c]);
+#endif
     const long at = (long)row * S + s * V;
     const VT xhat = (LD_XV(x + x_off, at) - mean[mean_off + c]) * inv;
     ST_DXV(dx + dx_off, at, scale[scale_off + c] * inv *
-           (LD_DYV(dy + dy_off, at) - (dbias[dbias_off + c] + xhat * dscale[dscale_off + c]) * inv_count));
+           (LD_DYV(dy + dy_off, at) - (sums.x + xhat * sums.y) * inv_count));
 }

@@ -23,6 +23,12 @@ def _bn_vector(lw, S, values, halves):
     return 4 if not halves and S % 4 == 0 and all(int(lw.args(v)[1]) % 4 == 0 for v in values) else 1
 
 
+def _bn_fused(lw, node):
+    """Does the normalisation launch add the per-channel partial sums itself (bn.cl's STATS_IN_APPLY)? Not where
+    sync_bn exchanges the statistics between the two (attr exchanged)."""
+    return lw.options.bn_stats_in_apply and not node.attrs.get("exchanged")
+
+
 def _bn_partial_launch(lw, node, x, dy, mean, grad, halves, vec):
     """bn_partial over every channel: returns the number of slices G per channel (its sums sit in scratch).
     halves: the operands stored in half (precision "fp16": their -D X_HALF-style defines, for every bn.cl launch);
@@ -32,6 +38,7 @@ def _bn_partial_launch(lw, node, x, dy, mean, grad, halves, vec):
     count = N * S // vec
     G = max(1, min(-(-8 * lw.dev.compute_units // C), -(-count // (4 * wg))))
     src = f"#define WG {wg}\n#define V {vec}\n" + ("#define GRAD 1\n" if grad else "") + \
+        ("#define STATS_IN_APPLY 1\n" if _bn_fused(lw, node) else "") + \
         "".join(f"#define {name} 1\n" for name in sorted(halves)) + kernel_source("bn")
     args = lw.args(x) + (lw.args(dy) if grad else lw.dummy()) + (lw.args(mean) if grad else lw.dummy()) + \
         _ints([N, C, S, G]) + [lw.dummy()[0]]
@@ -86,13 +93,15 @@ class TrainingFamily:
         self.emit(kernel_source("dropout"), "dropout", args, (max(y.size, 1),), None, f"{node.name} Dropout")
 
 
-    def _bn_rows(self, src, name, args, N, C, S, vec, label):
-        """An elementwise bn.cl kernel over work-items (vector s of a plane, row n * C + c); none for no elements."""
+    def _bn_rows(self, src, name, args, N, C, S, G, vec, label):
+        """An elementwise bn.cl kernel over work-items (vector s of a plane, row n * C + c), its last argument the
+        partial sums (G per channel); none for no elements."""
         if N * C * S == 0:
             return
         SV = S // vec
         local = min(256, -(-SV // 32) * 32)
         self.emit(src, name, args, (-(-SV // local) * local, N * C), (local, 1), label)
+        self.use_scratch(self.launches[-1].kernel, len(args) - 1, 8 * C * G, "bnstat")
 
     def batchnorm_train(self, node):
         x, scale, bias = node.inputs
@@ -101,12 +110,13 @@ class TrainingFamily:
         halves = half_defines(X=x, Y=y)
         vec = _bn_vector(self, S, (x, y), halves)
         src, G = _bn_partial_launch(self, node, x, None, None, False, halves, vec)
-        args = self.args(x) + self.args(mean) + self.args(var) + _ints([N, C, S, G]) + [self.dummy()[0]]
-        self.emit(src, "bn_stats", args, (C,), None, f"{node.name} BatchNormTrain/stats")
-        self.use_scratch(self.launches[-1].kernel, len(args) - 1, 8 * C * G, "bnstat")
+        if not _bn_fused(self, node):
+            args = self.args(x) + self.args(mean) + self.args(var) + _ints([N, C, S, G]) + [self.dummy()[0]]
+            self.emit(src, "bn_stats", args, (C,), None, f"{node.name} BatchNormTrain/stats")
+            self.use_scratch(self.launches[-1].kernel, len(args) - 1, 8 * C * G, "bnstat")
         args = self.args(x) + self.args(mean) + self.args(var) + self.args(scale) + self.args(bias) + self.args(y) + \
-            _ints([C, S]) + [np.float32(node.attrs["epsilon"])]
-        self._bn_rows(src, "bn_apply", args, N, C, S, vec, f"{node.name} BatchNormTrain")
+            _ints([C, S]) + [np.float32(node.attrs["epsilon"])] + _ints([N, G]) + [self.dummy()[0]]
+        self._bn_rows(src, "bn_apply", args, N, C, S, G, vec, f"{node.name} BatchNormTrain")
 
 
     def batchnorm_train_grad(self, node):
@@ -117,11 +127,13 @@ class TrainingFamily:
         halves = half_defines(X=x, DY=dy, DX=dx)
         vec = _bn_vector(self, S, (dy, x, dx), halves)
         src, G = _bn_partial_launch(self, node, x, dy, mean, True, halves, vec)
-        args = self.args(var) + self.args(dscale) + self.args(dbias) + _ints([C, G]) + [eps, self.dummy()[0]]
-        self.emit(src, "bn_grad_stats", args, (C,), None, f"{node.name} BatchNormTrainGrad/stats")
-        self.use_scratch(self.launches[-1].kernel, len(args) - 1, 8 * C * G, "bnstat")
+        if not _bn_fused(self, node):
+            args = self.args(var) + self.args(dscale) + self.args(dbias) + _ints([C, G]) + [eps, self.dummy()[0]]
+            self.emit(src, "bn_grad_stats", args, (C,), None, f"{node.name} BatchNormTrainGrad/stats")
+            self.use_scratch(self.launches[-1].kernel, len(args) - 1, 8 * C * G, "bnstat")
         args = self.args(dy) + self.args(x) + self.args(mean) + self.args(var) + self.args(scale) + \
-            self.args(dscale) + self.args(dbias) + self.args(dx) + _ints([C, S]) + [eps, np.float32(1.0 / (N * S))]
-        self._bn_rows(src, "bn_grad_apply", args, N, C, S, vec, f"{node.name} BatchNormTrainGrad")
+            self.args(dscale) + self.args(dbias) + self.args(dx) + _ints([C, S]) + [eps, np.float32(1.0 / (N * S))] + \
+            _ints([G]) + [self.dummy()[0]]
+        self._bn_rows(src, "bn_grad_apply", args, N, C, S, G, vec, f"{node.name} BatchNormTrainGrad")
 
 
