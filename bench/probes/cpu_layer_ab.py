@@ -5,9 +5,12 @@ setting, and the outputs' relative difference. Asserts nothing.
 
     python bench/probes/cpu_layer_ab.py --flag conv_cpu_pixels_max --values 0,64 [--only conv] [--rounds 15]
     python bench/probes/cpu_layer_ab.py --flag pool_cpu_separable --values False,True --only pool
+    python bench/probes/cpu_layer_ab.py --flag define:PAD_SCALAR --values 0,1 --only s2  (a .cl file's variant)
+    python bench/probes/cpu_layer_ab.py --flag file:pool_cpu=/tmp/old_pool_cpu.cl --values 1,0 --only pool
 """
 import argparse
 import ast
+import contextlib
 import os
 import statistics
 import sys
@@ -16,6 +19,8 @@ import numpy as np
 from onnx import helper
 
 import dlnet
+from dlnet.kernels import runtime
+from dlnet.kernels.options import _split_items
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 from tests.conftest import make_model, rel_l2  # noqa: E402
@@ -27,11 +32,17 @@ CONVS = [("r50 3x3 512 7x7", 1, 512, 7, 7, 512, 3, 1, 1), ("r50 1x1 s2 1024->204
          ("inc 1x1 832->48 7x7", 1, 832, 7, 7, 48, 1, 1, 0), ("inc 3x3 192->384 7x7", 1, 192, 7, 7, 384, 3, 1, 1),
          ("inc 5x5 48->128 7x7", 1, 48, 7, 7, 128, 5, 1, 2), ("s2 r50 3x3 128 56->28", 1, 128, 56, 56, 128, 3, 2, 1),
          ("s2 r50 3x3 256 28->14", 1, 256, 28, 28, 256, 3, 2, 1), ("s2 r50 stem", 1, 3, 224, 224, 64, 7, 2, 3),
+         ("s2 sq11 stem", 1, 3, 224, 224, 64, 3, 2, 0),
+         ("sq 1x1 64->16 55x55", 1, 64, 55, 55, 16, 1, 1, 0), ("sq 1x1 16->64 55x55", 1, 16, 55, 55, 64, 1, 1, 0),
+         ("sq 1x1 384->48 13x13", 1, 384, 13, 13, 48, 1, 1, 0),
+         ("sq 1x1 512->1000 13x13", 1, 512, 13, 13, 1000, 1, 1, 0),
          ("14 r50 1x1 256->1024 14x14", 1, 256, 14, 14, 1024, 1, 1, 0),
          ("14 r50 1x1 s2 512->1024 28->14", 1, 512, 28, 28, 1024, 1, 2, 0)]
 # (name, input shape, pads, ceil_mode): MaxPool 3x3 stride 2
-POOLS = [("squeezenet pool1", (1, 96, 109, 109), 0, 1), ("squeezenet pool2", (1, 256, 54, 54), 0, 1),
-         ("squeezenet pool3", (1, 512, 27, 27), 0, 1), ("resnet50 pool", (1, 64, 112, 112), 1, 0)]
+POOLS = [("squeezenet1.1 pool1", (1, 64, 111, 111), 0, 0), ("squeezenet pool1", (1, 96, 109, 109), 0, 1),
+         ("squeezenet pool2", (1, 256, 54, 54), 0, 1),
+         ("squeezenet pool3", (1, 512, 27, 27), 0, 1), ("resnet50 pool", (1, 64, 112, 112), 1, 0),
+         ("shufflenet pool", (1, 24, 112, 112), 1, 0)]
 
 
 def conv_model(rng, n, cin, h, w, cout, k, s, p):
@@ -58,21 +69,52 @@ def kernel_ms(ctx, net):
     return sum((ev.profile.end - ev.profile.start) * 1e-6 for ev in events)
 
 
+@contextlib.contextmanager
+def swapped_source(flag, value):
+    """Kernels built inside see a .cl file changed, for A/B runs of a file's variants (a falsy value: as it is):
+    define:NAME puts `#define NAME value` ahead of every source; file:NAME=PATH reads cl/NAME.cl from PATH (an old
+    copy). The families' own imports of runtime.kernel_source are swapped."""
+    original = runtime.kernel_source
+    kind, _, what = flag.partition(":")
+    if kind == "define":
+        patched = lambda name: f"#define {what} {int(value)}\n" + original(name)  # noqa: E731
+    else:
+        name0, _, path = what.partition("=")
+        text = open(path).read()
+        patched = lambda name: text if name == name0 else original(name)  # noqa: E731
+    mods = [m for m in list(sys.modules.values()) if getattr(m, "kernel_source", None) is original] if value else []
+    for m in mods:
+        m.kernel_source = patched
+    try:
+        yield
+    finally:
+        for m in mods:
+            m.kernel_source = original
+
+
+def build(ctx, flag, value, model):
+    if flag.startswith(("define:", "file:")):
+        with swapped_source(flag, value):
+            return dlnet.Net(ctx).load_onnx(model)
+    return dlnet.Net(ctx.with_options(**{flag: value})).load_onnx(model)
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--flag", default="conv_cpu_pixels_max", help="a field of dlnet.Options")
+    ap.add_argument("--flag", default="conv_cpu_pixels_max",
+                    help="a field of dlnet.Options, define:NAME or file:NAME=PATH (swapped_source)")
     ap.add_argument("--values", default="0,64", help="its two settings, A then B (Python literals)")
     ap.add_argument("--only", default="conv,pool", help="conv, pool, or names' prefixes (r50, inc, ...)")
     ap.add_argument("--rounds", type=int, default=15)
     args = ap.parse_args()
-    a, b = (ast.literal_eval(v) for v in args.values.split(","))
+    a, b = (ast.literal_eval(v) for v in _split_items(args.values))  # (commas inside brackets stay)
     rng = np.random.default_rng(0)
     ctx = dlnet.Context("cpu", profile=True)
     only = args.only.split(",")
     cases = [(c[0], conv_model(rng, *c[1:])) for c in CONVS if "conv" in only or c[0].split()[0] in only] + \
         [(c[0], pool_model(rng, *c[1:])) for c in POOLS if "pool" in only]
     for name, (model, feeds) in cases:
-        nets = {v: dlnet.Net(ctx.with_options(**{args.flag: v})).load_onnx(model) for v in (a, b)}
+        nets = {v: build(ctx, args.flag, v, model) for v in (a, b)}
         outs = {v: next(iter(net.run(feeds).values())) for v, net in nets.items()}
         algos = {v: [n.schedule.get("algo") for n in net.graph.nodes if n.op == "Conv"] for v, net in nets.items()}
         times = {a: [], b: []}

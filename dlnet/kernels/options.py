@@ -143,7 +143,8 @@ class Options:
     # CPU pooling: rows of about this many outputs per work-item (192 x 56 rows of 56: 1.2 ms one row each)
     pool_cpu_rows: int = 64
     # MaxPool 3x3 stride 2: each input row's 3-wide maxima once, shared by the two output rows that read it
-    # (squeezenet's three 0.34 + 0.27 + 0.21 -> 0.27 + 0.24 + 0.14 ms, resnet50's 0.25 -> 0.20; a contended machine)
+    # (squeezenet's three 0.34 + 0.27 + 0.21 -> 0.27 + 0.24 + 0.14 ms, resnet50's 0.25 -> 0.20; a contended machine;
+    # then plain maxima with a NaN mask, pool_cpu.cl: squeezenet 1.1's pool1 0.187 -> 0.105 ms, resnet50's 0.20 -> 0.12)
     pool_cpu_separable: bool = True
     # CPU reductions: accumulators per output over interleaved elements (GlobalAveragePool 0.115 -> 0.039 ms)
     reduce_lanes: int = 4

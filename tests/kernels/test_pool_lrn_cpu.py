@@ -77,7 +77,9 @@ SEPARABLE = [  # MaxPool 3x3 stride 2 (pool_cpu.cl's pool_cpu_sep on CPUs): (inp
     ((1, 3, 40, 41), [1, 1], 0),    # interior vectors of 8 columns, then pool_row's last columns and edges
     ((2, 2, 23, 37), [0, 0], 1),    # ceil_mode: the last row's and column's windows clipped
     ((1, 2, 111, 111), [0, 0], 1),  # squeezenet's first pool: several work-items of rows per plane
-    ((1, 2, 7, 5), [1, 1], 0),      # too narrow for a vector: pool_row alone
+    ((1, 2, 7, 5), [1, 1], 0),      # too narrow for a vector: pool_col alone
+    ((1, 2, 9, 17), [0, 0], 0),     # one vector exactly, reading the rows' last column
+    ((1, 2, 12, 20), [2, 2], 1),    # pads of 2: two columns and rows of each edge window outside the image
 ]
 
 
@@ -103,3 +105,33 @@ def test_maxpool_3x3_stride2_both_paths(ctx, case, separable):
     nan = np.isnan(want)
     assert 0 < nan.sum() <= 4 and np.array_equal(np.isnan(got), nan)
     assert rel_l2(got[~nan], want[~nan]) < 1e-6
+
+
+@pytest.mark.parametrize("case", [((2, 3, 23, 37), [1, 1], 0), ((1, 4, 24, 40), [0, 0], 1),
+                                  ((1, 3, 15, 21), [2, 2], 0)], ids=["pads1", "ceil", "pads2"])
+def test_maxpool_3x3_stride2_nan_inf(ctx, case):
+    """NaNs at every column parity and at the edges, and infinities: a NaN in a window gives NaN, whatever else is
+    in it; the rest as NumPy's maxima (pool_cpu_sep keeps NaNs as a mask beside plain maxima)."""
+    shape, p, ceil = case
+    x = R.standard_normal(shape).astype(np.float32)
+    flat = x.reshape(-1)
+    picks = R.choice(flat.size, size=flat.size // 40, replace=False)
+    flat[picks[0::3]] = np.nan
+    flat[picks[1::3]] = np.inf
+    flat[picks[2::3]] = -np.inf
+    x[0, 0, :, 0] = np.nan  # a left edge column and a bottom row
+    x[-1, -1, -1, :] = -np.nan
+    model = make_model([helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2], pads=p + p,
+                                         ceil_mode=ceil)], {"x": x}, ["y"], opset=19)
+    net = dlnet.Net(ctx).load_onnx(model)
+    got = list(net.run({"x": x}).values())[0]
+    if ctx.is_cpu:
+        assert "pool_cpu_sep" in [launch.kernel.function_name for launch in net.launches]
+    rnd = np.ceil if ceil else np.floor
+    out = [int(rnd((shape[2 + i] + 2 * p[i] - 3) / 2)) + 1 for i in range(2)]
+    out = [o - 1 if ceil and (o - 1) * 2 >= shape[2 + i] + p[i] else o for i, o in enumerate(out)]
+    with np.errstate(invalid="ignore"):
+        want = pool_numpy(x.astype(np.float64), "max", [3, 3], [2, 2], p, [1, 1], out, 0)
+    assert got.shape == want.shape
+    assert np.isnan(want).any() and np.isinf(want).any()
+    np.testing.assert_array_equal(got, want.astype(np.float32))  # (NaN where NaN)

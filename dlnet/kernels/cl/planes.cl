@@ -25,6 +25,27 @@
     for (int j = 0; j < (lo); j++) (out)[j] = 0.0f; \
     for (int j = (lo); j < (hi); j++) (out)[j] = (in)[j * SWC]; \
     for (int j = (hi); j < (Wq); j++) (out)[j] = 0.0f; }
+typedef float8 __attribute__((aligned(4))) planes_f8u;  // unaligned vector loads and stores
+typedef float16 __attribute__((aligned(4))) planes_f16u;
+
+// PAD_ROW of stride 2 in pad_planes: eight columns at a time, a float16's even lanes, while that stays inside x's row
+// (in[n - 1] its last column); the last ones the odd lanes of the float16 that ends at the last column read. Against
+// PAD_ROW's strided element copies (2 cores, the pad launch alone): squeezenet 1.1's stem (3 x 224 x 224 into 12
+// planes) 0.062 -> 0.033 ms, resnet50's 0.077 -> 0.058, its 128 x 56 x 56 stride-2 layer's 0.096 -> 0.067. (Writing
+// both column phases of a row from one pass over it, where a work-item holds both, ran no faster; nor did more planes
+// per work-item. PAD_SCALAR builds PAD_ROW's copies for A/B runs: bench/probes/cpu_layer_ab.py --flag define:PAD_SCALAR.)
+inline void pad_row2(__global float* out, __global const float* in, int lo, int hi, int Wq, int n) {
+    int j = 0;
+    for (; j < lo; j++) out[j] = 0.0f;
+    for (; j + 8 <= hi && 2 * j + 16 <= n; j += 8)
+        *(__global planes_f8u*)(out + j) = (*(__global const planes_f16u*)(in + 2 * j)).even;
+    if (j < hi && hi - 8 > lo) {  // (in[2 (hi - 8) - 1] lies in the row: in[2 lo] is its first column or later)
+        *(__global planes_f8u*)(out + hi - 8) = (*(__global const planes_f16u*)(in + 2 * (hi - 8) - 1)).odd;
+        j = hi;
+    }
+    for (; j < hi; j++) out[j] = in[2 * j];
+    for (; j < Wq; j++) out[j] = 0.0f;
+}
 
 // One work-item per PER phase planes (phase ph of channel c, image img: cph = c * SHP * SWP + ph, CPH of them), row by
 // row (a work-item per row: 15k of them for 128 channels at 56x56 stride 2, 0.3 ms of PoCL's dispatch); the one with
@@ -43,6 +64,11 @@ void pad_planes(__global const float* x, ulong x_off, __global float* xp, int H,
     __global float* out = xp + img * xp_nstride + (long)get_global_id(0) * PER * Hq * Wq;
     for (int cph = get_global_id(0) * PER; cph < cph_end; cph++) {
         const int c = cph / (SHP * SWP), ph = cph - c * (SHP * SWP), py = ph / SWP, px = ph - py * SWP;
+#if defined(CHANNEL_MAP)
+        const long cx = cmap[cmap_off + c];
+#else
+        const long cx = c;
+#endif
         PHASE_COLS(lo, hi, px, PW, W, Wq)
         for (int i = 0; i < Hq; i++, out += Wq) {
             const int iy = i * SHC + py - PH;
@@ -50,12 +76,12 @@ void pad_planes(__global const float* x, ulong x_off, __global float* xp, int H,
                 for (int j = 0; j < Wq; j++) out[j] = 0.0f;
                 continue;
             }
-#if defined(CHANNEL_MAP)
-            const long cx = cmap[cmap_off + c];
+            __global const float* in = x + x_off + img * x_nstride + (cx * H + iy) * W + px - PW;
+#if SWC == 2 && !defined(PAD_SCALAR)
+            pad_row2(out, in, lo, hi, Wq, W - px + PW);
 #else
-            const long cx = c;
+            PAD_ROW(out, in, lo, hi, Wq)
 #endif
-            PAD_ROW(out, x + x_off + img * x_nstride + (cx * H + iy) * W + px - PW, lo, hi, Wq)
         }
     }
     if (cph_end == CPH)

@@ -63,9 +63,9 @@ class NormPoolFamily:
             kernel = "pool_cpu"
             if x.dtype == y.dtype == "float32":
                 window["VEC"] = 1
-                if self.options.pool_cpu_separable and mode == "max" and \
+                if self.options.pool_cpu_separable and mode == "max" and max(pads) < 3 and \
                         [window[n] for n in ("KH", "KW", "SH", "SW", "DH", "DW")] == [3, 3, 2, 2, 1, 1]:
-                    kernel = "pool_cpu_sep"  # (its interior vectors in place of VEC's)
+                    kernel = "pool_cpu_sep"  # (every window meets the image: its taps outside read one inside)
                     del window["VEC"]
                     window["SEPARABLE"] = 1
             args = self.args(x) + self.args(y) + [np.int32(v[d]) for v in (ins, outs, pad3(pads[:nsp], 0))
