@@ -12,6 +12,7 @@ import numpy as np
 from .errors import InputError
 from .graph.autodiff import gradients
 from .graph.ir import Builder
+from .kernels.tuner import tune_layers
 from .pipeline import training_import, training_passes
 from .plan import Plan
 
@@ -58,7 +59,10 @@ class VJPPlan:
         self.grad_shapes = {n: v.shape for n, v in zip(self.wrt_names, wrt)}
         training_passes(g, ctx)
         self.params = {n: named[n] for n in self.param_names}  # (device copies: set_param)
-        self.plan = Plan(ctx, g, chunk_inputs=False)
+        if ctx.options.tune_layers == "1":  # (DLNET_TUNE_LAYERS=1: each product's tile measured once, kept on disk)
+            self.plan, self.plan.tuning = tune_layers(ctx, lambda: Plan(ctx, g, chunk_inputs=False))
+        else:
+            self.plan = Plan(ctx, g, chunk_inputs=False)
         self.split = self._split(g)
 
     def _split(self, g):
