@@ -1,6 +1,7 @@
 """Probe: one CPU model under two settings of an Options field, both plans in one process, timed interleaved (15 rounds
-of 3 warm-up and 5 timed runs each); prints their outputs' relative difference, launch counts, best and median ms.
-Asserts nothing.
+of 3 warm-up and 5 timed runs each); prints their outputs' relative difference, launch counts, best and median ms;
+with --kernels also the summed kernel time of one run (OpenCL profiling events, a second pair of plans in a profiling
+context, interleaved the same way). Asserts nothing.
 
     python bench/probes/cpu_ab.py [--model shufflenet] [--flag DW_CPU_PAD_IN] [--values False,True]
 """
@@ -24,6 +25,7 @@ def main():
     ap.add_argument("--model", default="shufflenet")
     ap.add_argument("--flag", default="dw_cpu_pad_in", help="a field of dlnet.Options")
     ap.add_argument("--values", default="False,True", help="its two settings, A then B (Python literals)")
+    ap.add_argument("--kernels", action="store_true", help="also the summed kernel ms per run")
     args = ap.parse_args()
     args.flag = args.flag.lower()
     a, b = (ast.literal_eval(v) for v in args.values.split(","))
@@ -46,6 +48,22 @@ def main():
             times[v].append((time.perf_counter() - t0) / 5 * 1e3)
     for v, t in times.items():
         print(f"{args.flag}={v}: best {min(t):.2f} ms, median {statistics.median(t):.2f} ms")
+    if args.kernels:
+        pctx = dlnet.Context("cpu", profile=True)
+        pnets = {v: dlnet.Net(pctx.with_options(**{args.flag: v})).load_onnx(m, batch=1) for v in (a, b)}
+        for net in pnets.values():
+            net.run(feeds)
+        ktimes = {a: [], b: []}
+        for _ in range(15):
+            for v, net in pnets.items():
+                runs = []
+                for _ in range(4):
+                    events = [launch.enqueue(pctx.queue) for launch in net.launches]
+                    pctx.queue.finish()
+                    runs.append(sum((e.profile.end - e.profile.start) * 1e-6 for e in events))
+                ktimes[v].append(min(runs[1:]))
+        for v, t in ktimes.items():
+            print(f"{args.flag}={v}: kernel sum best {min(t):.3f} ms, median {statistics.median(t):.3f} ms")
 
 
 if __name__ == "__main__":

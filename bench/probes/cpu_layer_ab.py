@@ -1,4 +1,5 @@
-"""Probe: one-layer CPU models (resnet50's 7x7-stage convolutions, squeezenet's and resnet50's MaxPools 3x3 stride 2)
+"""Probe: one-layer CPU models (resnet50's 7x7-stage convolutions, shufflenet's depthwise layers, squeezenet's and
+shufflenet's first layers, squeezenet's and resnet50's MaxPools 3x3 stride 2)
 under two settings of an Options field, both plans in one process; each round runs every plan's launches back to
 back (OpenCL profiling events), interleaved over --rounds rounds; prints the median and best kernel ms per layer and
 setting, and the outputs' relative difference. Asserts nothing.
@@ -39,21 +40,48 @@ CONVS = [("r50 3x3 512 7x7", 1, 512, 7, 7, 512, 3, 1, 1), ("r50 1x1 s2 1024->204
          ("14 r50 1x1 256->1024 14x14", 1, 256, 14, 14, 1024, 1, 1, 0),
          ("14 r50 1x1 s2 512->1024 28->14", 1, 512, 28, 28, 1024, 1, 2, 0)]
 # (name, input shape, pads, ceil_mode): MaxPool 3x3 stride 2
+# (name, batch, C, H, W, stride, shuffled): shufflenet's depthwise 3x3 layers (pad 1, bias, no activation); shuffled:
+# a channel shuffle before it (folded into the layer's padding as a channel map)
+DWS = [("dw 136 28x28 shuffled", 1, 136, 28, 28, 1, True), ("dw 136 28x28", 1, 136, 28, 28, 1, False),
+       ("dw 272 14x14", 1, 272, 14, 14, 1, False), ("dw 544 7x7", 1, 544, 7, 7, 1, False),
+       ("dw s2 112 56->28", 1, 112, 56, 56, 2, False), ("dw s2 136 28->14", 1, 136, 28, 28, 2, False),
+       ("dw s2 272 14->7", 1, 272, 14, 14, 2, False)]
+# (name, batch, Cin, H, W, Cout, kernel, stride, pad): first layers, bias and Relu (no residual)
+STEMS = [("stem sq11 3->64 224", 1, 3, 224, 224, 64, 3, 2, 0), ("stem shuffle 3->24 224", 1, 3, 224, 224, 24, 3, 2, 1)]
 POOLS = [("squeezenet1.1 pool1", (1, 64, 111, 111), 0, 0), ("squeezenet pool1", (1, 96, 109, 109), 0, 1),
          ("squeezenet pool2", (1, 256, 54, 54), 0, 1),
          ("squeezenet pool3", (1, 512, 27, 27), 0, 1), ("resnet50 pool", (1, 64, 112, 112), 1, 0),
          ("shufflenet pool", (1, 24, 112, 112), 1, 0)]
 
 
-def conv_model(rng, n, cin, h, w, cout, k, s, p):
+def conv_model(rng, n, cin, h, w, cout, k, s, p, residual=True):
     x = rng.standard_normal((n, cin, h, w)).astype(np.float32)
     wt = (rng.standard_normal((cout, cin, k, k)) / np.sqrt(cin * k * k)).astype(np.float32)
     b = rng.standard_normal(cout).astype(np.float32)
     oh, ow = (h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1
     r = rng.standard_normal((n, cout, oh, ow)).astype(np.float32)
-    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], kernel_shape=[k, k], strides=[s, s], pads=[p] * 4),
-             helper.make_node("Add", ["c", "r"], ["a"]), helper.make_node("Relu", ["a"], ["y"])]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], kernel_shape=[k, k], strides=[s, s], pads=[p] * 4)]
+    if not residual:
+        nodes.append(helper.make_node("Relu", ["c"], ["y"]))
+        return make_model(nodes, {"x": x}, ["y"], {"w": wt, "b": b}), {"x": x}
+    nodes += [helper.make_node("Add", ["c", "r"], ["a"]), helper.make_node("Relu", ["a"], ["y"])]
     return make_model(nodes, {"x": x, "r": r}, ["y"], {"w": wt, "b": b}), {"x": x, "r": r}
+
+
+def dw_model(rng, n, c, h, w, s, shuffled):
+    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    inits = {"w": (rng.standard_normal((c, 1, 3, 3)) / 3).astype(np.float32),
+             "b": rng.standard_normal(c).astype(np.float32)}
+    nodes, v = [], "x"
+    if shuffled:  # Reshape -> Transpose -> Reshape over 4 groups, after a Relu (its own launch, the same in A and B)
+        inits.update(s5=np.array([n, 4, c // 4, h, w], np.int64), s4=np.array([n, c, h, w], np.int64))
+        nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Reshape", ["a", "s5"], ["a5"]),
+                 helper.make_node("Transpose", ["a5"], ["at"], perm=[0, 2, 1, 3, 4]),
+                 helper.make_node("Reshape", ["at", "s4"], ["as"])]
+        v = "as"
+    nodes.append(helper.make_node("Conv", [v, "w", "b"], ["y"], kernel_shape=[3, 3], strides=[s, s], pads=[1] * 4,
+                                  group=c))
+    return make_model(nodes, {"x": x}, ["y"], inits), {"x": x}
 
 
 def pool_model(rng, shape, p, ceil):
@@ -104,7 +132,7 @@ def main():
     ap.add_argument("--flag", default="conv_cpu_pixels_max",
                     help="a field of dlnet.Options, define:NAME or file:NAME=PATH (swapped_source)")
     ap.add_argument("--values", default="0,64", help="its two settings, A then B (Python literals)")
-    ap.add_argument("--only", default="conv,pool", help="conv, pool, or names' prefixes (r50, inc, ...)")
+    ap.add_argument("--only", default="conv,pool", help="conv, dw, stem, pool, or names' prefixes (r50, inc, ...)")
     ap.add_argument("--rounds", type=int, default=15)
     args = ap.parse_args()
     a, b = (ast.literal_eval(v) for v in _split_items(args.values))  # (commas inside brackets stay)
@@ -112,6 +140,8 @@ def main():
     ctx = dlnet.Context("cpu", profile=True)
     only = args.only.split(",")
     cases = [(c[0], conv_model(rng, *c[1:])) for c in CONVS if "conv" in only or c[0].split()[0] in only] + \
+        [(c[0], dw_model(rng, *c[1:])) for c in DWS if "dw" in only or c[0] in only] + \
+        [(c[0], conv_model(rng, *c[1:], residual=False)) for c in STEMS if "stem" in only or c[0] in only] + \
         [(c[0], pool_model(rng, *c[1:])) for c in POOLS if "pool" in only]
     for name, (model, feeds) in cases:
         nets = {v: build(ctx, args.flag, v, model) for v in (a, b)}

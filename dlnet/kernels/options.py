@@ -120,6 +120,9 @@ class Options:
     conv_cpu_direct: bool = True
     # ... their panels' rows copied to __local memory first (3x3 s2 64 -> 128 at 56x56: 157 against 137 GF/s)
     conv_cpu_direct_pack: bool = True
+    # ... their panels inside output rows where that computes no more positions (conv_cpu.cl's ROW_TILES,
+    # rules.direct_row_tiles: squeezenet 1.1's stem 0.350 -> 0.304 ms, shufflenet's 0.160 -> 0.138)
+    conv_cpu_direct_row_tiles: bool = True
     # fused Winograd F(2x2, 3x3) for 3x3 stride-1 layers (resnet50 50.9 -> 46.4 ms)
     conv_cpu_winograd: bool = True
     conv_cpu_winograd_min_channels: int = 16
@@ -134,8 +137,13 @@ class Options:
     # ... each work-item padding the rows it reads itself where they fit dw_pad_in_floats (shufflenet 4.82 -> 4.38)
     dw_cpu_pad_in: bool = True
     dw_pad_in_floats: int = 8192
-    # depthwise rows per work-item: at least this many outputs while the grid keeps dw_min_items work-items
-    dw_min_outputs: int = 256
+    # ... computed in blocks of about this many float8 accumulators: a row's vectors times rows (rules.dw_row_block;
+    # 0: one vector at a time). shufflenet's layers, 0 -> 4: 136 x 28 x 28 0.043 -> 0.031 ms, 272 x 14 x 14 0.032 ->
+    # 0.021, 544 x 7 x 7 0.027 -> 0.017, stride 2 112 x 56 -> 28 0.066 -> 0.053; 8 ran 0.031 -> 0.039 at 28 x 28
+    dw_cpu_row_accs: int = 4
+    # depthwise rows per work-item: at least this many outputs while the grid keeps dw_min_items work-items (256 ->
+    # 1024, whole 28 x 28 planes: 136 x 28 x 28 0.031 -> 0.027 ms, stride 2 112 x 56 -> 28 0.049 -> 0.045)
+    dw_min_outputs: int = 1024
     dw_min_items: int = 64
     # pad_planes: planes per work-item up to this many floats while the grid keeps pad_min_items
     pad_min_floats: int = 2048

@@ -195,6 +195,22 @@ def dw_rows(OH, OW, planes, options):
     return rows
 
 
+def direct_row_tiles(OW, Wq, NR):
+    """Panels of NR positions per output row for conv_cpu.cl's ROW_TILES, or 0: where they compute no more positions
+    than the planes' rows of Wq (stems: squeezenet 1.1's 3 -> 64 0.350 -> 0.304 ms, shufflenet's 3 -> 24 0.160 ->
+    0.138, resnet50's 1.48 -> 1.31; resnet50's 3x3 stride-2 56 -> 28, rows of 2 x 16 for 28 outputs, ran 1.25 ->
+    1.33)."""
+    tiles = -(-OW // NR)
+    return tiles if OW >= NR and tiles * NR <= Wq else 0
+
+
+def dw_row_block(OW, accs):
+    """(VC, RB) of dwconv_cpu.cl's row blocks for rows of OW outputs: VC float8s of a row by RB rows, about `accs`
+    accumulators (VC at most accs, RB rows of rows narrower)."""
+    vc = min(-(-OW // 8), accs)
+    return vc, max(1, accs // vc)
+
+
 def pick_splits(groups, target, K, k0=32, max_splits=SPLITK_MAX):
     """Slices of K for a grid of `groups` work-groups on `target` resident slots: the count with the least time in
     whole waves, waves(groups * s) * (K / s + k0) (k0: a tile's fixed cost, GPU_TILE_MODEL), where that beats one

@@ -165,8 +165,38 @@ def test_conv_direct_matches_onnxruntime(ctx, shape, weights_as_input, pack):
     check_conv(ctx, shape, weights_as_input, "conv2d_cpu_direct")
 
 
-def check_conv(ctx, shape, weights_as_input, kernel):
-    """Conv (+ bias) + residual Add + Relu of DIRECT's form against onnxruntime; on CPU devices `kernel` runs it."""
+ROW_TILES = [  # DIRECT's form, with panels inside output rows (rules.direct_row_tiles)
+    (1, 3, 63, 63, 20, (3, 3), [0, 0, 0, 0], 1, 1, 2),    # a stem: 31 outputs a row in 2 panels of 16, 4 row blocks
+    (2, 4, 11, 30, 13, (3, 3), [1, 1, 1, 1], 1, 1, 1),    # 30 a row, batch 2, 13 output channels: a ragged row block
+    (1, 6, 5, 8, 14, (3, 3), [1, 1, 1, 1], 1, 2, 1),      # 8 a row: one panel of 8 (12x8 tiles), 2 groups
+    (1, 3, 64, 64, 24, (3, 3), [1, 1, 1, 1], 1, 1, 2),    # shufflenet's stem: 32 a row, whole panels
+]
+
+
+@pytest.mark.parametrize("residual", [True, False], ids=["residual", "relu"])
+@pytest.mark.parametrize("row_tiles", [True, False], ids=["row-tiles", "position-panels"])
+@pytest.mark.parametrize("shape", ROW_TILES, ids=[direct_id(s) for s in ROW_TILES])
+def test_conv_direct_row_tiles(ctx, shape, row_tiles, residual):
+    """Panels of positions inside one output row (Options.conv_cpu_direct_row_tiles): without a residual the last
+    panel of a row ends at its end, overlapping the one before it; with one, its lanes past the row are dropped."""
+    from dlnet.kernels.rules import direct_row_tiles, pick_conv_cpu_tiles
+    n, cin, h, w, cout, (kh, kw), pads, d, g, st = shape
+    oh, ow = (h + pads[0] + pads[2] - kh) // st + 1, (w + pads[1] + pads[3] - kw) // st + 1
+    wq = -(-((ow - 1) * st + kw) // st)
+    assert direct_row_tiles(ow, wq, 8 * pick_conv_cpu_tiles(oh * wq)["NV"])  # (what the shapes are for)
+    ctx = ctx.with_options(conv_cpu_winograd=False, conv_cpu_direct_row_tiles=row_tiles)
+    check_conv(ctx, shape, False, "conv2d_cpu_direct", residual)
+
+
+def test_direct_row_tiles_rule():
+    from dlnet.kernels.rules import direct_row_tiles
+    assert direct_row_tiles(111, 112, 16) == 7 and direct_row_tiles(112, 113, 16) == 7
+    assert direct_row_tiles(28, 29, 16) == 0 and direct_row_tiles(7, 9, 8) == 0 and direct_row_tiles(8, 10, 8) == 1
+
+
+def check_conv(ctx, shape, weights_as_input, kernel, residual=True):
+    """Conv (+ bias) + residual Add (or not) + Relu of DIRECT's form against onnxruntime; on CPU devices `kernel` runs
+    it."""
     import onnxruntime as ort
     n, cin, h, w, cout, (kh, kw), pads, d, g, st = shape
     x = R.uniform(-1, 1, (n, cin, h, w)).astype(np.float32)
@@ -179,6 +209,9 @@ def check_conv(ctx, shape, weights_as_input, kernel):
                               strides=[st, st], group=g),
              helper.make_node("Add", ["c", "r"], ["a"]), helper.make_node("Relu", ["a"], ["y"])]
     feeds, inits = {"x": x, "r": r}, {"b": b}
+    if not residual:
+        nodes = [nodes[0], helper.make_node("Relu", ["c"], ["y"])]
+        del feeds["r"]
     (feeds if weights_as_input else inits)["w"] = wt
     model = make_model(nodes, feeds, ["y"], inits)
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]

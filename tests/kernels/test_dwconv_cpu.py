@@ -38,15 +38,22 @@ SHAPES += [
     (1, 6, 7, 7, 1, 3, 1, 1, 1),      # 7x7 planes (9 padded columns a row): vectors across rows
     (2, 3, 13, 12, 3, 3, 2, 1, 1),    # stride 2 over four phase planes, multiplier 3
     (1, 70, 5, 4, 1, 3, 1, 1, 1),     # small planes, several per work-item (and per pad_planes work-item)
+    (1, 3, 10, 45, 1, 3, 1, 1, 1),    # 45 outputs a row: 6 vectors, in row blocks of 4 and 2 (the last repeated)
+    (1, 4, 9, 16, 1, 3, 1, 1, 1),     # 16 a row: two whole vectors, blocks of 2 rows
+    (1, 3, 12, 8, 1, 3, 1, 1, 1),     # 8 a row: one vector, blocks of 4 rows
+    (1, 4, 23, 29, 1, 3, 2, 0, 1),    # stride 2 without pads: 14 a row (2 vectors, the second overlapping)
+    (1, 3, 20, 19, 1, 3, 2, 2, 1),    # stride 2, pads 2: both column phases from one row, borders of 2
 ]
 # over zero-padded planes, each work-item padding its own rows (Options.dw_cpu_pad_in) or after a pad_planes launch;
 # or with borders (Options.dw_cpu_planes off)
-VARIANTS = ["pad_in", "pad_planes", "borders"]
+# (pad_in: in row blocks (Options.dw_cpu_row_accs); pad_in_1: one vector at a time)
+VARIANTS = ["pad_in", "pad_planes", "borders", "pad_in_1"]
 
 
 def use_variant(ctx, variant, **changes):
     """ctx with the depthwise variant's options (and `changes`)."""
-    return ctx.with_options(dw_cpu_planes=variant != "borders", dw_cpu_pad_in=variant == "pad_in", **changes)
+    return ctx.with_options(dw_cpu_planes=variant != "borders", dw_cpu_pad_in=variant.startswith("pad_in"),
+                            dw_cpu_row_accs=0 if variant == "pad_in_1" else 4, **changes)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

@@ -336,6 +336,20 @@ void conv2d_cpu_pixels(__global const float* x, ulong x_off, __global const floa
         STORE_LANES(j, vec, oy * OW + ox, PADDED_AT);                                                                \
     }
 
+// ROW_TILES (panels per output row, NBI = OH * ROW_TILES): a panel lies in one output row, at ox0 = NR * (its index in
+// the row); without a residual the row's last one ends at the row's end (overlapping the one before it, whose
+// outputs it writes again with the same values), with one (y may be res) its outputs past the row are dropped. No
+// division per store and no lane by lane stores where a panel of positions crossed a row's end (squeezenet 1.1's
+// stem: 1 vector in 14).
+#define ROW_AT(e) (ox + (e) < OW ? (long)oy0 * OW + ox + (e) : -1L)
+#define STORE_TILE_ROW()                                                                                             \
+    _Pragma("unroll") for (int j = 0; j < NV; j++) {                                                                 \
+        const int ox = ox0 + 8 * j;                                                                                  \
+        if (ox >= OW) break;                                                                                         \
+        const bool vec = ox + 8 <= OW;                                                                               \
+        STORE_LANES(j, vec, oy0 * OW + ox, ROW_AT);                                                                  \
+    }
+
 // One work-item per (panel nb of NBI per image, share ms of the row blocks, group): MBS row blocks over NR positions,
 // B read in place from the planes xp (pad_planes' output, or x itself for a 1x1 stride-1 layer without pads).
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
@@ -344,7 +358,17 @@ void conv2d_cpu_direct(__global const float* xp, ulong xp_off, __global const fl
                        __global float* y, ulong y_off, int C, int K, int Hq, int Wq, int OH, int OW, int NBI,
                        long xp_nstride, long y_nstride, long res_nstride, int MBS) {
     const int nb = get_global_id(0), ms = get_global_id(1), g = get_global_id(2);
+#if defined(ROW_TILES)
+    const int img = nb / NBI, oy0 = (nb - img * NBI) / ROW_TILES;
+#if defined(HAS_RES)
+    const int ox0 = (nb - img * NBI - oy0 * ROW_TILES) * NR;
+#else
+    const int ox0 = (nb - img * NBI - oy0 * ROW_TILES) * NR < OW - NR ? (nb - img * NBI - oy0 * ROW_TILES) * NR : OW - NR;
+#endif
+    const int p0 = oy0 * Wq + ox0;
+#else
     const int img = nb / NBI, p0 = (nb - img * NBI) * NR;
+#endif
     const int MB = (K + MR - 1) / MR, KK = C * KHC * KWC, OHW = OH * OW;
     const long plane = (long)Hq * Wq;
     __global const float* xg = xp + xp_off + img * xp_nstride + g * C * SHP * SWP * plane + p0;
@@ -379,7 +403,11 @@ void conv2d_cpu_direct(__global const float* xp, ulong xp_off, __global const fl
                     FMA_STEP(__global const float8u, TAP_AT(xr, kx), k);
             }
 #endif
+#if defined(ROW_TILES)
+        STORE_TILE_ROW();
+#else
         STORE_TILE_PADDED();
+#endif
     }
 }
 #endif

@@ -111,7 +111,11 @@ void dwconv2d_cpu(__global const float* x, ulong x_off, __global const float* w,
 // per launch).
 #if defined(PAD_IN)
 #define XAS __private
+#if defined(RB)  // (row blocks of RB rows: the last one's rows past ROWS are computed from the buffer and dropped)
+#define BUF_ROWS ((ROWS + RB - 1) / RB * RB + (KHC - 1) * DHC / SHC)
+#else
 #define BUF_ROWS (ROWS + (KHC - 1) * DHC / SHC)
+#endif
 #else
 #define XAS __global
 #endif
@@ -174,6 +178,67 @@ void dwconv2d_cpu_planes(__global const float* xp, ulong xp_off, __global const 
 #endif
     __global float* yc = y + y_off + n * y_nstride + (long)co * OH * OW;
     __global const float* rc = res + res_off + n * res_nstride + (long)co * OH * OW;
+#if defined(RB)
+    // Row blocks (OWC, VC, RB: rules.dw_row_block): RB output rows x VC float8s of a row at once, VC * RB independent
+    // accumulators (one vector at a time, a chain of 9 dependent FMAs: shufflenet's 136 x 28 x 28 layer 0.043 against
+    // 0.031 ms); a row's
+    // vector j starts at VBASE(j), the last ending at the row's end (overlapping the one before it; those past the
+    // row's vectors repeat it). Overlapping vectors store all their lanes, the repeated ones the same values; with a
+    // residual (y may be res) they add rlast, the row's last 8 residuals read before any of the row's stores.
+#define NVR ((OWC + 7) / 8)
+#define VBASE(j) (8 * (j) + 8 <= OWC || OWC < 8 ? 8 * (j) : OWC - 8)
+    for (int oy = oy0; oy < oy_end; oy += RB) {
+#if defined(HAS_RES) && OWC >= 8
+        float8 rlast[RB];
+        _Pragma("unroll") for (int r = 0; r < RB; r++)
+            if (oy + r < oy_end) rlast[r] = *(__global const float8u*)(rc + (oy + r) * OW + OWC - 8);
+#endif
+        for (int c0 = 0; c0 < NVR; c0 += VC) {
+            float8 acc[RB][VC];
+            _Pragma("unroll") for (int r = 0; r < RB; r++)
+                _Pragma("unroll") for (int v = 0; v < VC; v++) acc[r][v] = (float8)(b);
+            _Pragma("unroll") for (int ky = 0; ky < KHC; ky++)
+                _Pragma("unroll") for (int kx = 0; kx < KWC; kx++) {
+                    const float8 wv = (float8)(wt[ky * KWC + kx]);
+                    _Pragma("unroll") for (int r = 0; r < RB; r++)
+                        _Pragma("unroll") for (int v = 0; v < VC; v++)
+                            acc[r][v] = wv * *(XAS const float8u*)(xc + (oy - qrow0 + r) * Wq + VBASE(c0 + v) +
+                                                                  TAP_OFF(ky, kx, plane, Wq)) + acc[r][v];
+                }
+#if OWC >= 8
+#if defined(HAS_RES)  // (every residual of the block read before its first store)
+            _Pragma("unroll") for (int r = 0; r < RB; r++)
+                _Pragma("unroll") for (int v = 0; v < VC; v++)
+                    if (oy + r < oy_end)
+                        acc[r][v] += VBASE(c0 + v) == 8 * (c0 + v) ?
+                            *(__global const float8u*)(rc + (oy + r) * OW + 8 * (c0 + v)) : rlast[r];
+#endif
+            _Pragma("unroll") for (int r = 0; r < RB; r++) {
+                if (oy + r >= oy_end) break;
+                _Pragma("unroll") for (int v = 0; v < VC; v++) {
+                    union { float8 v; float s[8]; } o;
+                    o.v = acc[r][v];
+                    _Pragma("unroll") for (int e = 0; e < 8; e++) o.s[e] = ACT(o.s[e]);
+                    *(__global float8u*)(yc + (oy + r) * OW + VBASE(c0 + v)) = o.v;
+                }
+            }
+#else  // rows shorter than a vector: OWC lanes each
+            _Pragma("unroll") for (int r = 0; r < RB; r++) {
+                if (oy + r >= oy_end) break;
+                union { float8 v; float s[8]; } o;
+                o.v = acc[r][0];
+                _Pragma("unroll") for (int e = 0; e < OWC; e++) {
+                    float t = o.s[e];
+#if defined(HAS_RES)
+                    t += rc[(oy + r) * OW + e];
+#endif
+                    yc[(oy + r) * OW + e] = ACT(t);
+                }
+            }
+#endif
+        }
+    }
+#else
     for (int oy = oy0; oy < oy_end; oy++)
         for (int ox = 0; ox < OW; ox += 8) {  // a row's last vector ends at its end, overlapping the one before
             const int base = ox + 8 <= OW || OW < 8 ? ox : OW - 8;
@@ -201,6 +266,7 @@ void dwconv2d_cpu_planes(__global const float* xp, ulong xp_off, __global const 
                 }
             }
         }
+#endif
     }
 }
 #endif

@@ -6,7 +6,7 @@ from ...errors import ModelError
 from ...graph.ops.nn import conv_geometry
 from ..emitter import act_macro, core_source, defines
 from ..half import half_defines, without_copies
-from ..rules import DW_TILED_MAX_TAPS, dw_rows, dw_tile, plane_phases, round_up
+from ..rules import DW_TILED_MAX_TAPS, dw_row_block, dw_rows, dw_tile, plane_phases, round_up
 from ..runtime import kernel_source
 
 
@@ -109,11 +109,14 @@ class ConvFamily:
         per = max(1, min(o.dw_min_outputs // (OH * OW), N * Cout // o.dw_min_items)) if rows == OH else 1
         defs = dict(geo, SW=strides[1], ROWS=rows)
         self.record_tile(f"{rows}x{OW}")
+        vc, rb = dw_row_block(OW, o.dw_cpu_row_accs) if o.dw_cpu_row_accs else (0, 1)
         pad_in = o.dw_cpu_pad_in and \
-            plane_phases(geo) * (rows + dil[0] * (KH - 1) // strides[0]) * Wq + 8 <= o.dw_pad_in_floats
+            plane_phases(geo) * (round_up(rows, rb) + dil[0] * (KH - 1) // strides[0]) * Wq + 8 <= o.dw_pad_in_floats
         if pad_in:  # each work-item pads the rows it reads itself (dwconv_cpu.cl's PAD_IN)
             xargs, xp_nstride, extra = self.args(x), Cin * H * W, [np.int32(v) for v in (H, W, pads[0], pads[1])]
             defs.update(PAD_IN=1, WQ=Wq)
+            if vc:  # blocks of rb rows by vc vectors
+                defs.update(OWC=OW, VC=vc, RB=rb)
             if node.attrs.get("in_perm") is not None:
                 defs["CHANNEL_MAP"] = 1
                 extra += [self.meta(np.asarray(node.attrs["in_perm"], np.int32), np.int32), np.uint64(0)]

@@ -6,7 +6,14 @@ from ...errors import ModelError
 from ...graph.passes.fuse import affine_chain
 from ...graph.passes.winograd import transform_weights
 from ..emitter import defines
-from ..rules import CONV_CPU_PIXEL_COLS, pick_conv_cpu_pixels, pick_conv_cpu_tiles, plane_phases, round_up
+from ..rules import (
+    CONV_CPU_PIXEL_COLS,
+    direct_row_tiles,
+    pick_conv_cpu_pixels,
+    pick_conv_cpu_tiles,
+    plane_phases,
+    round_up,
+)
 from ..runtime import kernel_source
 from .conv import conv_dims
 
@@ -78,6 +85,9 @@ class ConvCpuFamily:
         if direct:
             NBI = -(-(OH * Wq) // NR)
             tail = NBI * NR - OH * Wq + Wq - OW  # past the last plane: what the last panel's dropped columns read
+            row_tiles = direct_row_tiles(OW, Wq, NR) if self.options.conv_cpu_direct_row_tiles else 0
+            if row_tiles:  # panels inside output rows (ROW_TILES)
+                defs["ROW_TILES"], NBI, tail = row_tiles, OH * row_tiles, Wq  # (the last row: kx past Wq)
             geo = {"KHC": KH, "KWC": KW, "SHC": SH, "SWC": SW, "DHC": DH, "DWC": DW}
             xp_nstride = self.pad_planes(x, H, W, geo, Hq, Wq, PH, PW, tail, label, node.attrs.get("in_perm"))
             defs.update(geo)
