@@ -1,6 +1,6 @@
 """dlnet on the CPU (PoCL) against onnxruntime on the same machine, in one process and one run.
 
-    python bench/cpu.py [--models resnet50,bert,...] [--iters 5] [--rounds 3] [--batch 1] [--threads N] [--quick]
+    python bench/cpu.py [--models resnet50,bert,...] [--iters 5] [--rounds 5] [--batch 1] [--threads N] [--quick]
 
 Models: the reference CNNs the onnx package ships (real architectures). They build each weight with ConstantOfShape
 (one value repeated, which makes every channel alike and the error column trivially 0): those are replaced by
@@ -13,7 +13,9 @@ tied 50257-word embedding) and "vit" (ViT-B/16 at 224x224: 197 tokens, 12 layers
 LayerNorm, Gelu) and --threads as intra_op_num_threads; dlnet with Context(threads=--threads).
 
 Time of one inference includes the copies in and out; per engine, --rounds alternating blocks, each a 0.3 s pause
-(each engine's threads go idle), 0.25 s of warm-up calls and --iters timed calls; the median of all. Prints a table.
+(each engine's threads go idle), 0.25 s of warm-up calls and --iters timed calls. Each engine's ms: the median of
+all its calls; the ratio: the median over the rounds of onnxruntime's block median / dlnet's (the two blocks of a
+round are a second apart; "pooled", the ratio of the two medians, is printed too). Prints a table.
 """
 import argparse
 import itertools
@@ -78,14 +80,20 @@ def timed_ms(fn, iters, pause=0.3, warmup_s=0.25):
 
 
 def paired_medians(fns, iters, rounds):
-    """Each engine's median over `rounds` alternating blocks of `iters` calls: the machine's load changes over
-    seconds (a shared 2-core VM: squeezenet 5.3 to 11 ms within a minute), so one block each would compare two
-    different loads."""
+    """(each engine's median over `rounds` alternating blocks of `iters` calls, the median over the rounds of the
+    first engine's block median / the second's). The machine's load changes over seconds (a shared 2-core VM:
+    squeezenet 5.3 to 11 ms within a minute), so one block each would compare two different loads; and the medians
+    pooled over all rounds compare two loads too where a slow spell takes one engine's block but not the other's
+    (shufflenet's pooled ratio 0.43 and 1.28 in two runs of the same code, onnxruntime's median 2.72 and 5.63 ms), so
+    the ratio is taken within each round, whose two blocks are a second apart."""
     times = [[] for _ in fns]
+    ratios = []
     for _ in range(rounds):
-        for t, fn in zip(times, fns):
-            t += timed_ms(fn, iters)
-    return [statistics.median(t) for t in times]
+        blocks = [timed_ms(fn, iters) for fn in fns]
+        for t, block in zip(times, blocks):
+            t += block
+        ratios.append(statistics.median(blocks[0]) / statistics.median(blocks[-1]))
+    return [statistics.median(t) for t in times], statistics.median(ratios)
 
 
 def cnn(name, batch):
@@ -115,7 +123,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--iters", type=int, default=5)
-    ap.add_argument("--rounds", type=int, default=3, help="alternating blocks of --iters calls per engine")
+    ap.add_argument("--rounds", type=int, default=5, help="alternating blocks of --iters calls per engine")
     ap.add_argument("--batch", type=int, default=1, help="the CNNs' batch (transformers run batch 1)")
     ap.add_argument("--threads", type=int, default=0, help="both engines' threads (0: each one's default)")
     ap.add_argument("--quick", action="store_true", help="transformers with 2 of their 12 layers")
@@ -138,19 +146,22 @@ def main():
                 model, feeds = cnn(name, args.batch)
                 net = dlnet.Net(ctx).load_onnx(model, batch=args.batch)
                 sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-            t_ort, t_dl = paired_medians([lambda: sess.run(None, feeds), lambda: net.run(feeds)],
-                                         args.iters, args.rounds)
+            (t_ort, t_dl), ratio = paired_medians([lambda: sess.run(None, feeds), lambda: net.run(feeds)],
+                                                  args.iters, args.rounds)
             ref = sess.run(None, feeds)[0]
             got = list(net.run(feeds).values())[0]
             err = np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30)
-            rows.append((name, t_ort, t_dl, t_ort / t_dl, err))
-            print(f"{name:14s} onnxruntime {t_ort:9.2f} ms  dlnet {t_dl:9.2f} ms  ratio {t_ort / t_dl:5.2f}  "
-                  f"err {err:.1e}", flush=True)
+            rows.append((name, t_ort, t_dl, ratio, t_ort / t_dl, err))
+            print(f"{name:14s} onnxruntime {t_ort:9.2f} ms  dlnet {t_dl:9.2f} ms  ratio {ratio:5.2f}  "
+                  f"(pooled {t_ort / t_dl:5.2f})  err {err:.1e}", flush=True)
             net.release()
-    print(f"\n{'model':14s} {'ort ms':>9} {'dlnet ms':>9} {'ratio':>6} {'rel err':>8}")
+    print("\nratio: the median over the rounds of onnxruntime's block median / dlnet's (paired_medians); pooled: the "
+          "ratio of the medians over all rounds")
+    print(f"\n{'model':14s} {'ort ms':>9} {'dlnet ms':>9} {'ratio':>6} {'pooled':>6} {'rel err':>8}")
     for r in rows:
-        print(f"{r[0]:14s} {r[1]:9.2f} {r[2]:9.2f} {r[3]:6.2f} {r[4]:8.1e}")
-    print(f"median ratio {statistics.median(r[3] for r in rows):.2f}")
+        print(f"{r[0]:14s} {r[1]:9.2f} {r[2]:9.2f} {r[3]:6.2f} {r[4]:6.2f} {r[5]:8.1e}")
+    print(f"median ratio {statistics.median(r[3] for r in rows):.2f} "
+          f"(pooled {statistics.median(r[4] for r in rows):.2f})")
 
 
 if __name__ == "__main__":
