@@ -64,12 +64,14 @@ def batch_for(rank, shape, classes):
     return rng.standard_normal(shape).astype(np.float32), rng.integers(0, classes, shape[0]).astype(np.int64)
 
 
-def bench_dlnet(proto, x, y, args, comm):
-    """Median step seconds and the last step's timing of one rank (comm None: one process)."""
+def bench_dlnet(proto, x, y, args, comm, transport="auto"):
+    """Median step seconds and the last step's timing of one rank (comm None: one process), the gradients between
+    ranks through `transport` (Options.gradient_transport)."""
     import dlnet
     from dlnet.distributed import local_rank
     device = "cpu" if args.tiny else f"ocl:{local_rank()}" if args.device == "gpu" else args.device
-    with dlnet.Net(dlnet.Context(device)).load_onnx(proto) as net:
+    options = dlnet.Options.from_env().replace(gradient_transport=transport)
+    with dlnet.Net(dlnet.Context(device, options=options)).load_onnx(proto) as net:
         trainer = dlnet.Trainer(net, loss="cross_entropy", optimizer=dlnet.optim.Adam(lr=args.lr), comm=comm,
                                 sync_bn=args.sync_bn)
         feeds = {"input": x, "target": y}
@@ -123,7 +125,8 @@ def init_torch(args, comm):
 
 
 def run_model(name, args, comm):
-    """(dlnet 1 rank, dlnet 2 ranks, torch 1, torch 2) median step seconds, and dlnet's 2-rank timing."""
+    """{dlnet 1, dlnet 2 <transport> for each, torch 1, torch 2: median step seconds; timing <transport>: dlnet's
+    2-rank step}."""
     import onnx
     size = (3, 32, 32) if args.tiny else (3, 224, 224)
     classes = 10 if args.tiny else 1000
@@ -135,7 +138,10 @@ def run_model(name, args, comm):
     if comm.rank == 0:
         out["dlnet 1"], _ = bench_dlnet(proto, x, y, args, None)
     comm.barrier()
-    out["dlnet 2"], out["timing"] = bench_dlnet(proto, x, y, args, args.dlnet_comm)
+    for transport in args.transports:
+        out[f"dlnet 2 {transport}"], out[f"timing {transport}"] = bench_dlnet(proto, x, y, args, args.dlnet_comm,
+                                                                            transport)
+        comm.barrier()
     if comm.rank == 0:
         out["torch 1"] = bench_torch(tiny_model() if args.tiny else torch_model(name), x, y, args, 0, 1)
     comm.barrier()
@@ -143,22 +149,29 @@ def run_model(name, args, comm):
     return out
 
 
-def allreduce_ms(comm, mib, fp16=False, iters=10, ctx=None):
-    """(median, fastest) ms of one bucket's average over the ranks (GradientReducer: start, then finish), the ranks
-    aligned by a barrier first: the host side of a bucket, without the device copies; on the trainer's pinned host
-    buffers where ctx is given."""
-    from dlnet.distributed import GradientReducer
+def allreduce_ms(comm, mib, ctx, transport="mpi", fp16=False, iters=10):
+    """(median, fastest) ms of one bucket's average over the ranks as the trainer makes it, the ranks aligned by a
+    barrier first. "mpi": GradientReducer's start and finish on pinned host buffers (the host side alone, without
+    the device copies); "shm": SharedMemoryReducer's read from the device into the slot, start and finish (the
+    device -> host copy included)."""
+    from dlnet.distributed import make_reducer
     n = int(mib * 2 ** 20) // 4
-    pinned = None if ctx is None else (lambda k: ctx.pinned((k,), np.float32))
-    reducer = GradientReducer(comm, [n], fp16=fp16, alloc=pinned)
-    reducer.host[0][:] = np.random.default_rng(comm.rank).standard_normal(n, dtype=np.float32)
+    reducer = make_reducer(comm, [n], ctx, fp16=fp16, transport=transport)
+    data = np.random.default_rng(comm.rank).standard_normal(n, dtype=np.float32)
+    buf = ctx.alloc(4 * n)
+    ctx.upload(buf, data)
+    reducer.host[0][:] = data
     times = []
     for _ in range(iters + 1):
         comm.barrier()
         t = time.perf_counter()
+        if transport == "shm":
+            reducer.read(ctx.copy_queue, 0, 0, buf, 0, n).wait()
         reducer.start(0)
         reducer.finish(0)
         times.append(time.perf_counter() - t)
+    reducer.close()
+    ctx.free(buf)
     return statistics.median(times[1:]) * 1e3, min(times[1:]) * 1e3
 
 
@@ -211,7 +224,10 @@ def main(argv=None):
     ap.add_argument("--sync-bn", action="store_true", help="synchronised BatchNorm on 2 ranks (dlnet sync_bn; "
                     "torch SyncBatchNorm on GPUs)")
     ap.add_argument("--device", default="gpu", help="dlnet device: gpu (rank r: the r-th GPU), cpu or ocl:N")
+    ap.add_argument("--transports", default="auto", help="dlnet's 2-rank runs, one per gradient transport "
+                    "(Options.gradient_transport): comma-separated of auto, shm, mpi")
     args = ap.parse_args(argv)
+    args.transports = [t.strip() for t in args.transports.split(",") if t.strip()]
     args.batch = args.batch or (16 if args.tiny else 64)
     args.iters = args.iters or (5 if args.tiny else 10)
 
@@ -227,13 +243,15 @@ def main(argv=None):
               f"{'CPU (PoCL; torch gloo)' if args.tiny else 'GPUs (dlnet OpenCL; torch NCCL)'}", flush=True)
     sizes = (0.25, 1, 4, 25) if args.tiny else (1, 4, 25, 100)
     ctx = print_copies(args, comm, sizes)
-    cost = [(mib, allreduce_ms(comm, mib, ctx=ctx), allreduce_ms(comm, mib, fp16=True, ctx=ctx)) for mib in sizes]
+    cost = [(mib, allreduce_ms(comm, mib, ctx), allreduce_ms(comm, mib, ctx, fp16=True),
+             allreduce_ms(comm, mib, ctx, "shm")) for mib in sizes]
     if comm.rank == 0:
-        print("one bucket's average over the ranks on the host (MPI on pinned buffers, no device copies), median "
-              "(fastest) ms:")
-        for mib, (a, a_min), (h, h_min) in cost:
-            print(f"  {mib:>6} MiB: fp32 {a:8.2f} ({a_min:.2f}, {mib * 2 ** 20 / a_min / 1e6:.2f} GB/s)   "
-                  f"fp16 {h:8.2f} ({h_min:.2f})", flush=True)
+        print("one bucket's average over the ranks, median (fastest) ms: MPI on pinned buffers (the host side, no "
+              "device copies), fp32 and fp16; shared memory (the device -> host copy, the slots' sum)")
+        for mib, (a, a_min), (h, h_min), (m, m_min) in cost:
+            print(f"  {mib:>6} MiB: MPI fp32 {a:8.2f} ({a_min:.2f}, {mib * 2 ** 20 / a_min / 1e6:.2f} GB/s)   "
+                  f"MPI fp16 {h:8.2f} ({h_min:.2f})   shm {m:8.2f} ({m_min:.2f}, {mib * 2 ** 20 / m_min / 1e6:.2f} "
+                  "GB/s)", flush=True)
     rows = []
     for name in nets:
         try:
@@ -242,27 +260,32 @@ def main(argv=None):
             traceback.print_exc()
             rows.append((name, {}, f"{type(e).__name__}: {str(e).splitlines()[0][:80]}"))
     if comm.rank == 0:
-        print_table(rows, args.batch)
+        print_table(rows, args.batch, args.transports)
     import torch.distributed as dist
     dist.destroy_process_group()
 
 
-def print_table(rows, batch):
+def print_table(rows, batch, transports):
+    """One row per (net, engine): images/s on 1 and 2 ranks, scaling efficiency, dlnet / torch DDP at 2 ranks, and
+    dlnet's last 2-rank step (forward+backward ms, buckets, each bucket's reduction ms)."""
     nan = float("nan")
     print()
-    print(f"images/s, {batch} images per rank (efficiency = 2 ranks / (2 x 1 rank); dlnet/torch at 2 ranks)")
-    print(f"{'net':<10} {'dlnet 1':>9} {'dlnet 2':>9} {'eff':>6} {'torch 1':>9} {'torch 2':>9} {'eff':>6} "
-          f"{'dlnet/torch':>11}  dlnet 2-rank step: fwd+bwd ms, buckets, reduce ms (each)  note")
+    print(f"images/s, {batch} images per rank (eff = 2 ranks / (2 x 1 rank); vs DDP = 2-rank images/s / torch DDP's)")
+    print(f"{'net':<10} {'engine':<11} {'1 rank':>8} {'2 ranks':>8} {'eff':>7} {'vs DDP':>7}  "
+          "2-rank step: fwd+bwd ms, buckets (MiB), reduce ms each  note")
     for name, r, note in rows:
-        ips = {k: (batch * int(k[-1]) / r[k] if k in r else nan) for k in ("dlnet 1", "dlnet 2", "torch 1", "torch 2")}
-        t = r.get("timing", {})
-        buckets = ", ".join(f"{s * 1e3:.1f}" for s in t.get("bucket_s", []))
-        mib = sum(t.get("bucket_bytes", [])) / 2 ** 20
-        sync = f"; sync_bn {t['sync_bn_s'] * 1e3:.1f} ms at {t['sync_bn_points']} points" if "sync_bn_s" in t else ""
-        print(f"{name:<10} {ips['dlnet 1']:>9.1f} {ips['dlnet 2']:>9.1f} {ips['dlnet 2'] / 2 / ips['dlnet 1']:>6.1%} "
-              f"{ips['torch 1']:>9.1f} {ips['torch 2']:>9.1f} {ips['torch 2'] / 2 / ips['torch 1']:>6.1%} "
-              f"{ips['dlnet 2'] / ips['torch 2']:>11.3f}  {t.get('forward_backward_s', nan) * 1e3:.1f}, "
-              f"{len(t.get('bucket_s', []))} ({mib:.1f} MiB), {buckets}{sync}  {note}")
+        ips = {k: batch * (2 if k.startswith("dlnet 2") or k == "torch 2" else 1) / r[k] if k in r else nan
+               for k in ["dlnet 1", "torch 1", "torch 2"] + [f"dlnet 2 {t}" for t in transports]}
+        for engine, one, two, t in [(f"dlnet {tr}", "dlnet 1", f"dlnet 2 {tr}", r.get(f"timing {tr}", {}))
+                                    for tr in transports] + [("torch DDP", "torch 1", "torch 2", {})]:
+            buckets = ", ".join(f"{s * 1e3:.1f}" for s in t.get("bucket_s", []))
+            mib = sum(t.get("bucket_bytes", [])) / 2 ** 20
+            sync = (f"; sync_bn {t['sync_bn_s'] * 1e3:.1f} ms at {t['sync_bn_points']} points" if "sync_bn_s" in t
+                    else "")
+            step = (f"{t['forward_backward_s'] * 1e3:.1f}, {len(t['bucket_s'])} ({mib:.1f}), {buckets}{sync} "
+                    f"[{t.get('transport')}]" if t else "")
+            print(f"{name:<10} {engine:<11} {ips[one]:>8.1f} {ips[two]:>8.1f} {ips[two] / 2 / ips[one]:>7.1%} "
+                  f"{ips[two] / ips['torch 2']:>7.3f}  {step}  {note}")
 
 
 if __name__ == "__main__":

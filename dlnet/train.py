@@ -146,10 +146,11 @@ class _TrainPlan:
             early = all(not self.params[i][2].users for i in members)
             self.buckets.append((max(grads[i][2] for i in members), rows, early))
         sizes = [sum(r[3] for r in rows) for _, rows, _ in self.buckets]
-        # the buckets' host buffers are page-locked (Context.pinned): the copy queue reads into them, MPI reduces
-        # them in place, and the averages go up from them
-        self.reducer = distributed.GradientReducer(trainer.comm, sizes, trainer.fp16_gradients,
-                                                   alloc=lambda n: trainer.ctx.pinned((n,), np.float32))
+        # the averages go up from page-locked host buffers (Context.pinned); ranks of one host exchange the
+        # gradients through shared memory, others through MPI (distributed.make_reducer)
+        opts = trainer.ctx.options
+        self.reducer = distributed.make_reducer(trainer.comm, sizes, trainer.ctx, trainer.fp16_gradients,
+                                                opts.gradient_transport, opts.reduce_threads)
         if trainer.sync_bn:
             self.bn_sync = BatchNormSync(trainer.comm, self.graph, self.plan)
         self.timing = {}
@@ -217,8 +218,7 @@ class _TrainPlan:
             marker = cl.enqueue_marker(q)
             q.flush()
             for buf, off, at, n in rows:
-                event = cl.enqueue_copy(copy_q, reducer.host[k][at:at + n], buf, src_offset=4 * off,
-                                        wait_for=[marker], is_blocking=False)
+                event = reducer.read(copy_q, k, at, buf, off, n, wait_for=[marker])
             copy_q.flush()
             self.reads.append(event)
         self._advance(q, done, len(self.plan.launches))
@@ -253,7 +253,7 @@ class _TrainPlan:
         self._update(trainer, loss_read=loss[0])
         self.timing = {"forward_backward_s": backward, "step_s": time.perf_counter() - t0,
                        "bucket_s": list(reducer.seconds), "bucket_bytes": [4 * h.size for h in reducer.host],
-                       "uploaded_early": len(early)}
+                       "uploaded_early": len(early), "transport": reducer.transport}
         if self.bn_sync is not None:
             self.timing.update(sync_bn_s=self.bn_sync.seconds, sync_bn_points=len(self.bn_sync.points))
         return float(distributed.average(trainer.comm, loss)[0])
@@ -292,6 +292,8 @@ class _TrainPlan:
         if self.partial is not None:
             ctx.free(self.partial)
             self.partial = None
+        if self.reducer is not None:
+            self.reducer.close()
         self.reducer = None  # (its pinned buffers unmap as their arrays go)
 
 

@@ -182,7 +182,8 @@ for sync in (True, False):
         part = slice(comm.rank * 16 // comm.size, (comm.rank + 1) * 16 // comm.size)
         losses = [trainer.step({"x": x[part], "target": y[part]}) for x, y in data]
         trainer.check_weights()
-        np.savez(f"{out}/{'sync' if sync else 'local'}-{comm.size}-rank{comm.rank}.npz", losses=np.array(losses),
+        how = getattr(trainer._active, "timing", {}).get("transport", "one")  # shm, mpi; one process: one
+        np.savez(f"{out}/{'sync' if sync else 'local'}-{how}-rank{comm.rank}.npz", losses=np.array(losses),
                  **net.state_dict())
 comm.finalize()
 """
@@ -215,28 +216,30 @@ def small_cnn(path):
 
 def test_sync_bn_two_ranks_train_as_one_process_on_the_global_batch(tmp_path):
     """mpirun -np 2, each rank's half of every batch with other statistics: with sync_bn every step's loss and the
-    final weights (running statistics too) are one process's on the global batch; without it they differ."""
+    final weights (running statistics too) are one process's on the global batch; without it they differ. The
+    gradients go between the ranks through shared memory (the default on one host) and through MPI's all-reduce."""
     import subprocess
     model, script = small_cnn(tmp_path / "cnn.onnx"), tmp_path / "job.py"
     script.write_text(SYNC_BN_JOB)
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", DLNET_DEVICE="cpu")
-    for prefix in (mpirun(2), ()):
+    for prefix, options in ((mpirun(2), ""), (mpirun(2), "gradient_transport=mpi"), ((), "")):
         r = subprocess.run([*prefix, sys.executable, str(script), model, str(tmp_path)], capture_output=True,
-                           text=True, timeout=300, env=env)
+                           text=True, timeout=300, env=dict(env, DLNET_OPTIONS=options))
         assert r.returncode == 0, r.stderr
-    one = np.load(tmp_path / "sync-1-rank0.npz")  # (sync_bn changes nothing on one process)
-    assert np.array_equal(one["losses"], np.load(tmp_path / "local-1-rank0.npz")["losses"])
-    sync0, sync1 = np.load(tmp_path / "sync-2-rank0.npz"), np.load(tmp_path / "sync-2-rank1.npz")
-    local = np.load(tmp_path / "local-2-rank0.npz")
-    rel = np.abs(sync0["losses"] - one["losses"]) / np.abs(one["losses"])
-    assert rel.max() <= 1e-5, rel
+    one = np.load(tmp_path / "sync-one-rank0.npz")  # (sync_bn changes nothing on one process)
+    assert np.array_equal(one["losses"], np.load(tmp_path / "local-one-rank0.npz")["losses"])
     assert len(one.files) == 13
-    for k in one.files:
-        assert np.array_equal(sync0[k], sync1[k]), k
-        if k != "losses":
-            assert rel_l2(sync0[k], one[k]) <= 1e-5, k
-    assert (np.abs(local["losses"] - one["losses"]) / np.abs(one["losses"])).max() > 1e-3
-    assert rel_l2(local["c1"], one["c1"]) > 1e-3 and rel_l2(local["var1"], one["var1"]) > 1e-3
+    for how in ("shm", "mpi"):
+        sync0, sync1 = np.load(tmp_path / f"sync-{how}-rank0.npz"), np.load(tmp_path / f"sync-{how}-rank1.npz")
+        local = np.load(tmp_path / f"local-{how}-rank0.npz")
+        rel = np.abs(sync0["losses"] - one["losses"]) / np.abs(one["losses"])
+        assert rel.max() <= 1e-5, (how, rel)
+        for k in one.files:
+            assert np.array_equal(sync0[k], sync1[k]), (how, k)
+            if k != "losses":
+                assert rel_l2(sync0[k], one[k]) <= 1e-5, (how, k)
+        assert (np.abs(local["losses"] - one["losses"]) / np.abs(one["losses"])).max() > 1e-3
+        assert rel_l2(local["c1"], one["c1"]) > 1e-3 and rel_l2(local["var1"], one["var1"]) > 1e-3
 
 
 def test_each_rank_takes_its_device(monkeypatch):

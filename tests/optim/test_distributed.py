@@ -16,8 +16,9 @@ class ThreadGroup:
     """Ranks as threads: each collective is numbered in the order a rank calls it (every rank calls them in the
     same order, as MPI requires) and sums in rank order. `log` has rank 0's collectives: (kind, elements)."""
 
-    def __init__(self, size):
-        self.size, self.slots, self.log = size, {}, []
+    def __init__(self, size, shared=False):
+        # shared: the ranks say they share a host (Trainer's "auto" transport then takes shared memory)
+        self.size, self.slots, self.log, self.shared = size, {}, [], shared
         self.cond = threading.Condition()
 
     def comms(self):
@@ -84,6 +85,9 @@ class FakeComm:
     def __init__(self, group, rank):
         self.group, self.rank, self.size, self.calls = group, rank, group.size, 0
 
+    def same_host(self):
+        return self.group.shared
+
     def _key(self, kind, n):
         self.calls += 1
         if self.rank == 0:
@@ -108,6 +112,14 @@ class FakeComm:
         def done(parts):
             recv[:] = np.stack(parts)
         return FakeRequest(self.group, key, done)
+
+    def ibarrier(self):
+        key = self._key("ibarrier", 0)
+        self.group.put(key, self.rank, None)
+        return FakeRequest(self.group, key, lambda parts: None)
+
+    def barrier(self):
+        self.ibarrier().Wait()
 
     def bcast(self, obj, root=0):
         return self.group.exchange(self._key("bcast", 0), self.rank, obj)[root]
@@ -146,6 +158,55 @@ def test_reducer_averages_alike_on_every_rank(fp16):
         assert np.array_equal(out[0][k], expected)
         exact = np.mean([g[k].astype(np.float64) for g in grads], axis=0)
         assert rel_l2(out[0][k], exact) <= (1e-3 if fp16 else 1e-6)
+
+
+def test_shared_memory_reducer_averages_alike_on_every_rank(monkeypatch):
+    """Three ranks (threads, each its own CPU context) copy two buckets from the device into their slots (the second
+    from two places of the buffer) and get the same average, summed in rank order, on chunks of several threads."""
+    monkeypatch.setattr(distributed, "SUM_CHUNK", 64)
+    rng = np.random.default_rng(5)
+    grads = [rng.standard_normal(7 + 1000).astype(np.float32) for _ in range(3)]
+
+    def rank(comm):
+        ctx = dlnet.Context("cpu")
+        buf = ctx.alloc(4 * grads[0].size)
+        ctx.upload(buf, grads[comm.rank])
+        reducer = distributed.make_reducer(comm, [7, 1000], ctx, transport="shm", threads=3)
+        assert isinstance(reducer, distributed.SharedMemoryReducer)
+        reducer.read(ctx.copy_queue, 0, 0, buf, 0, 7)
+        reducer.read(ctx.copy_queue, 1, 0, buf, 7, 400)
+        event = reducer.read(ctx.copy_queue, 1, 400, buf, 407, 600)
+        event.wait()
+        for k in (0, 1):
+            reducer.start(k)
+        for k in (1, 0):
+            reducer.finish(k)
+        reducer.close()
+        ctx.free(buf)
+        return [h.copy() for h in reducer.host]
+
+    out = ThreadGroup(3, shared=True).run(rank)
+    whole = (grads[0] + grads[1] + grads[2]) * np.float32(1 / 3)  # fp32, in rank order
+    for r in (0, 1, 2):
+        assert np.array_equal(np.concatenate(out[r]), whole)
+
+
+def test_shared_memory_that_cannot_be_made_falls_back_to_mpi(monkeypatch, tmp_path):
+    """Where the segment cannot be made (here: no such folder), "auto" warns and reduces through the communicator;
+    "shm" is an error on every rank."""
+    monkeypatch.setattr(distributed, "SHARED_DIR", str(tmp_path / "absent"))
+
+    def rank(comm, transport):
+        ctx = dlnet.Context("cpu")
+        if transport == "shm":
+            with pytest.raises(dlnet.errors.DeviceError, match="rank 0 could not reserve .*absent"):
+                distributed.make_reducer(comm, [10], ctx, transport="shm")
+            return None
+        return type(distributed.make_reducer(comm, [10], ctx, transport="auto"))
+
+    with pytest.warns(UserWarning, match="averaging the gradients through MPI instead"):  # (the threads' warnings)
+        assert ThreadGroup(2, shared=True).run(lambda c: rank(c, "auto")) == [distributed.GradientReducer] * 2
+    assert ThreadGroup(2, shared=True).run(lambda c: rank(c, "shm")) == [None] * 2
 
 
 def test_check_same_names_the_rank_that_differs():
@@ -202,17 +263,19 @@ def train(path, comm, data, **kw):
         return losses, net.state_dict(), trainer._active
 
 
-@pytest.mark.parametrize("fp16", [False, True])
-def test_two_thread_ranks_train_as_one_process(tmp_path, fp16):
+@pytest.mark.parametrize("fp16,shared", [(False, False), (True, False), (False, True)])
+def test_two_thread_ranks_train_as_one_process(tmp_path, fp16, shared):
     """Rank 1 starts from other weights and gets rank 0's; every step's loss and the final weights are those of one
-    process on the whole batch; one bucket per gradient (bucket_mb tiny) in reverse layer order."""
+    process on the whole batch; one bucket per gradient (bucket_mb tiny) in reverse layer order. shared: the ranks
+    share a host, so the gradients go through a shared-memory segment, not the communicator's all-reduce."""
     data = batches(6)
     path0, path1 = mlp(tmp_path / "m0.onnx", 0), mlp(tmp_path / "m1.onnx", 1)
     one_losses, one_weights, _ = train(path0, None, data)
-    group = ThreadGroup(2)
+    group = ThreadGroup(2, shared=shared)
     out = group.run(lambda comm: train(path0 if comm.rank == 0 else path1, comm, data, bucket_mb=1e-6,
                                        fp16_gradients=fp16))
     (l0, w0, plan), (l1, w1, _) = out
+    assert plan.timing["transport"] == ("shm" if shared else "mpi")
     assert l0 == l1
     for name in one_weights:
         assert np.array_equal(w0[name], w1[name]), name
@@ -223,9 +286,13 @@ def test_two_thread_ranks_train_as_one_process(tmp_path, fp16):
         [(n, gv.nbytes, plan.plan.node_launches[plan.graph.nodes.index(gv.producer)][1])
          for n, _, gv in plan.params], 1)]
     assert order[0][0] in ("b2", "w2") and order[-1][0] in ("w1", "b1")  # the last layer's gradients first
+    sizes = {"w1": 192, "b1": 16, "w2": 80, "b2": 5}
+    if shared:  # the buckets, in that order; nothing summed by the communicator
+        assert [b // 4 for b in plan.timing["bucket_bytes"]] == [sizes[b[0]] for b in order]
+        assert not [k for k, n in group.log if k in ("iallreduce", "iallgather") and n > 1]  # (the loss: 1)
+        return
     kind = "iallgather" if fp16 else "iallreduce"
     step = [n for k, n in group.log if k == kind][:4]
-    sizes = {"w1": 192, "b1": 16, "w2": 80, "b2": 5}
     assert step == [sizes[b[0]] for b in order]
 
 
@@ -277,9 +344,10 @@ def test_sync_bn_trains_two_ranks_as_one_process_on_the_global_batch(tmp_path):
     assert rel_l2(lw["w1"], one_weights["w1"]) > 1e-3 and rel_l2(lw["var"], one_weights["var"]) > 1e-3
 
 
-def test_buckets_are_staged_in_pinned_host_memory(tmp_path):
+@pytest.mark.parametrize("shared", [False, True])
+def test_buckets_are_staged_in_pinned_host_memory(tmp_path, shared):
     """Each bucket's host buffer is a mapped ALLOC_HOST_PTR buffer (Context.pinned), the average lands in it, and
-    every rank's average is the mean of the ranks' gradients."""
+    every rank's average is the mean of the ranks' gradients (through MPI's all-reduce, or shared memory)."""
     from dlnet.kernels.runtime import cl
     path = mlp(tmp_path / "m.onnx", 0)
     x, y = batches(1)[0]
@@ -291,7 +359,7 @@ def test_buckets_are_staged_in_pinned_host_memory(tmp_path):
             plan = trainer._active
             return [h.copy() for h in plan.reducer.host], [isinstance(h.base, cl.MemoryMap) for h in plan.reducer.host]
 
-    (h0, pinned0), (h1, _) = ThreadGroup(2).run(rank)
+    (h0, pinned0), (h1, _) = ThreadGroup(2, shared=shared).run(rank)
     assert pinned0 == [True] * 4
     with dlnet.Net(dlnet.Context("cpu")).load_onnx(path) as net:  # the whole batch's gradients on one process
         trainer = dlnet.Trainer(net, optimizer=dlnet.optim.SGD(lr=0.0))
