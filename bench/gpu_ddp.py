@@ -150,25 +150,20 @@ def run_model(name, args, comm):
 
 
 def allreduce_ms(comm, mib, ctx, transport="mpi", fp16=False, iters=10):
-    """(median, fastest) ms of one bucket's average over the ranks as the trainer makes it, the ranks aligned by a
-    barrier first. "mpi": GradientReducer's start and finish on pinned host buffers (the host side alone, without
-    the device copies); "shm": SharedMemoryReducer's read from the device into the slot, start and finish (the
-    device -> host copy included)."""
-    from dlnet.distributed import make_reducer
+    """(median, fastest) ms of one bucket's way as the trainer makes it, the ranks aligned by a barrier first: from
+    the device to the host (read), the average over the ranks (start, write) and back into the device's buffer."""
+    from dlnet.allreduce import make_reducer
     n = int(mib * 2 ** 20) // 4
     reducer = make_reducer(comm, [n], ctx, fp16=fp16, transport=transport)
-    data = np.random.default_rng(comm.rank).standard_normal(n, dtype=np.float32)
     buf = ctx.alloc(4 * n)
-    ctx.upload(buf, data)
-    reducer.host[0][:] = data
+    ctx.upload(buf, np.random.default_rng(comm.rank).standard_normal(n, dtype=np.float32))
     times = []
     for _ in range(iters + 1):
         comm.barrier()
         t = time.perf_counter()
-        if transport == "shm":
-            reducer.read(ctx.copy_queue, 0, 0, buf, 0, n).wait()
+        reducer.read(ctx.copy_queue, 0, 0, buf, 0, n).wait()
         reducer.start(0)
-        reducer.finish(0)
+        reducer.write(0, [(buf, 0, 0, n)], ctx.queue).wait()
         times.append(time.perf_counter() - t)
     reducer.close()
     ctx.free(buf)
@@ -225,7 +220,7 @@ def main(argv=None):
                     "torch SyncBatchNorm on GPUs)")
     ap.add_argument("--device", default="gpu", help="dlnet device: gpu (rank r: the r-th GPU), cpu or ocl:N")
     ap.add_argument("--transports", default="auto", help="dlnet's 2-rank runs, one per gradient transport "
-                    "(Options.gradient_transport): comma-separated of auto, shm, mpi")
+                    "(Options.gradient_transport): comma-separated of auto, shm, shm-device, mpi")
     args = ap.parse_args(argv)
     args.transports = [t.strip() for t in args.transports.split(",") if t.strip()]
     args.batch = args.batch or (16 if args.tiny else 64)
@@ -243,15 +238,15 @@ def main(argv=None):
               f"{'CPU (PoCL; torch gloo)' if args.tiny else 'GPUs (dlnet OpenCL; torch NCCL)'}", flush=True)
     sizes = (0.25, 1, 4, 25) if args.tiny else (1, 4, 25, 100)
     ctx = print_copies(args, comm, sizes)
-    cost = [(mib, allreduce_ms(comm, mib, ctx), allreduce_ms(comm, mib, ctx, fp16=True),
-             allreduce_ms(comm, mib, ctx, "shm")) for mib in sizes]
+    ways = ["mpi", "mpi fp16", "shm", "shm-device"]
+    cost = [(mib, [allreduce_ms(comm, mib, ctx, w.split()[0], fp16=w.endswith("fp16")) for w in ways])
+            for mib in sizes]
     if comm.rank == 0:
-        print("one bucket's average over the ranks, median (fastest) ms: MPI on pinned buffers (the host side, no "
-              "device copies), fp32 and fp16; shared memory (the device -> host copy, the slots' sum)")
-        for mib, (a, a_min), (h, h_min), (m, m_min) in cost:
-            print(f"  {mib:>6} MiB: MPI fp32 {a:8.2f} ({a_min:.2f}, {mib * 2 ** 20 / a_min / 1e6:.2f} GB/s)   "
-                  f"MPI fp16 {h:8.2f} ({h_min:.2f})   shm {m:8.2f} ({m_min:.2f}, {mib * 2 ** 20 / m_min / 1e6:.2f} "
-                  "GB/s)", flush=True)
+        print("one bucket from the device, averaged over the ranks, back on the device: median (fastest) ms and "
+              "GB/s of the bucket's bytes by the fastest")
+        for mib, times in cost:
+            print(f"  {mib:>6} MiB: " + "   ".join(f"{w} {a:7.2f} ({b:.2f}, {mib * 2 ** 20 / b / 1e6:.1f} GB/s)"
+                                                    for w, (a, b) in zip(ways, times)), flush=True)
     rows = []
     for name in nets:
         try:
@@ -271,7 +266,7 @@ def print_table(rows, batch, transports):
     nan = float("nan")
     print()
     print(f"images/s, {batch} images per rank (eff = 2 ranks / (2 x 1 rank); vs DDP = 2-rank images/s / torch DDP's)")
-    print(f"{'net':<10} {'engine':<11} {'1 rank':>8} {'2 ranks':>8} {'eff':>7} {'vs DDP':>7}  "
+    print(f"{'net':<10} {'engine':<16} {'1 rank':>8} {'2 ranks':>8} {'eff':>7} {'vs DDP':>7}  "
           "2-rank step: fwd+bwd ms, buckets (MiB), reduce ms each  note")
     for name, r, note in rows:
         ips = {k: batch * (2 if k.startswith("dlnet 2") or k == "torch 2" else 1) / r[k] if k in r else nan
@@ -284,7 +279,7 @@ def print_table(rows, batch, transports):
                     else "")
             step = (f"{t['forward_backward_s'] * 1e3:.1f}, {len(t['bucket_s'])} ({mib:.1f}), {buckets}{sync} "
                     f"[{t.get('transport')}]" if t else "")
-            print(f"{name:<10} {engine:<11} {ips[one]:>8.1f} {ips[two]:>8.1f} {ips[two] / 2 / ips[one]:>7.1%} "
+            print(f"{name:<10} {engine:<16} {ips[one]:>8.1f} {ips[two]:>8.1f} {ips[two] / 2 / ips[one]:>7.1%} "
                   f"{ips[two] / ips['torch 2']:>7.3f}  {step}  {note}")
 
 

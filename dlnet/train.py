@@ -9,12 +9,12 @@ import time
 import numpy as np
 from onnx import TensorProto
 
-from . import distributed, losses
+from . import allreduce, distributed, losses
 from .errors import InputError, ModelError
 from .graph.autodiff import gradients
 from .graph.ir import Builder
 from .graph.ops.grad_nn import batchnorm_global_count
-from .kernels.launch import Launch
+from .kernels.launch import Launch, chunk_table
 from .kernels.runtime import cl, kernel_source
 from .optim import SGD, LossScaler
 from .pipeline import training_import, training_passes
@@ -115,8 +115,7 @@ class _TrainPlan:
     def _table(self, ctx, rows):
         """Rows (offsets..., elements) per tensor -> (device table of the same rows per chunk of CHUNK elements,
         its number of rows)."""
-        chunks = [(a + c, b + c, s + c, min(CHUNK, n - c)) for a, b, s, n in rows for c in range(0, n, CHUNK)]
-        table = np.array(chunks, np.int64).reshape(-1, 4)
+        table = chunk_table(rows, CHUNK)
         buf = ctx.alloc(table.nbytes)
         ctx.upload(buf, table)
         self.tables.append(buf)
@@ -147,10 +146,12 @@ class _TrainPlan:
             self.buckets.append((max(grads[i][2] for i in members), rows, early))
         sizes = [sum(r[3] for r in rows) for _, rows, _ in self.buckets]
         # the averages go up from page-locked host buffers (Context.pinned); ranks of one host exchange the
-        # gradients through shared memory, others through MPI (distributed.make_reducer)
+        # gradients through shared memory, others through MPI (allreduce.make_reducer)
         opts = trainer.ctx.options
-        self.reducer = distributed.make_reducer(trainer.comm, sizes, trainer.ctx, trainer.fp16_gradients,
-                                                opts.gradient_transport, opts.reduce_threads)
+        self.reducer = allreduce.make_reducer(trainer.comm, sizes, trainer.ctx, trainer.fp16_gradients,
+                                              opts.gradient_transport, opts.reduce_threads)
+        # the averages of buckets no launch reads go up on a queue of their own while the backward pass runs on
+        self.upload_queue = cl.CommandQueue(trainer.ctx.cl, trainer.ctx.device)
         if trainer.sync_bn:
             self.bn_sync = BatchNormSync(trainer.comm, self.graph, self.plan)
         self.timing = {}
@@ -229,10 +230,8 @@ class _TrainPlan:
         finished, early = [False] * len(self.reads), []
 
         def upload(k, queue):
-            reducer.finish(k)
             finished[k] = True
-            for buf, off, at, n in self.buckets[k][1]:
-                event = cl.enqueue_copy(queue, buf, reducer.host[k][at:at + n], dst_offset=4 * off, is_blocking=False)
+            event = reducer.write(k, self.buckets[k][1], queue)
             queue.flush()
             return event
 
@@ -240,19 +239,19 @@ class _TrainPlan:
             if k >= self.started:
                 _wait_polling(event, reducer if k else None)
                 reducer.start(k)
-            for j in range(k):  # averages already done go up on the copy queue while the backward runs on
+            for j in range(k):  # averages already done go up on the upload queue while the backward runs on
                 if not finished[j] and self.buckets[j][2] and reducer.done(j):
-                    early.append(upload(j, copy_q))
+                    early.append(upload(j, self.upload_queue))
         loss_event.wait()
         backward = time.perf_counter() - t0
         for k in range(len(self.reads)):
             if not finished[k]:
                 upload(k, q)
-        if early:  # the update launches wait for the copy queue's uploads
+        if early:  # the update launches wait for the upload queue's averages
             cl.enqueue_barrier(q, wait_for=early[-1:])
         self._update(trainer, loss_read=loss[0])
         self.timing = {"forward_backward_s": backward, "step_s": time.perf_counter() - t0,
-                       "bucket_s": list(reducer.seconds), "bucket_bytes": [4 * h.size for h in reducer.host],
+                       "bucket_s": list(reducer.seconds), "bucket_bytes": [4 * n for n in reducer.sizes],
                        "uploaded_early": len(early), "transport": reducer.transport}
         if self.bn_sync is not None:
             self.timing.update(sync_bn_s=self.bn_sync.seconds, sync_bn_points=len(self.bn_sync.points))

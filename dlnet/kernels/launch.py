@@ -2,6 +2,8 @@
 the device's context exists."""
 from dataclasses import dataclass
 
+import numpy as np
+
 from .runtime import cl
 
 
@@ -55,3 +57,11 @@ class Launch:
         """events: {(input index, chunk): the upload's event} of a run whose inputs went up in chunks."""
         wait = [events[self.wait]] if events and self.wait in events else None
         return cl.enqueue_nd_range_kernel(queue, self.kernel, self.gsize, self.lsize, wait_for=wait)
+
+
+def chunk_table(rows, chunk):
+    """Rows (offset, offset, offset, elements) of tensors -> the int64 table [-1, 4] of the same rows cut into chunks
+    of at most `chunk` elements, each offset moved along: the table kernels that give work-group r row r read
+    (optim.cl, reduce_ranks.cl)."""
+    chunks = [(a + c, b + c, s + c, min(chunk, n - c)) for a, b, s, n in rows for c in range(0, n, chunk)]
+    return np.array(chunks, np.int64).reshape(-1, 4)

@@ -8,7 +8,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import dlnet
-from dlnet import distributed, sync_bn
+from dlnet import allreduce, distributed, sync_bn
 from tests.conftest import rel_l2
 
 
@@ -141,7 +141,7 @@ def test_reducer_averages_alike_on_every_rank(fp16):
     grads = [[rng.standard_normal(n).astype(np.float32) for n in (7, 300)] for _ in range(3)]
 
     def rank(comm):
-        reducer = distributed.GradientReducer(comm, [7, 300], fp16=fp16)
+        reducer = allreduce.GradientReducer(comm, [7, 300], fp16=fp16)
         for k in (0, 1):
             reducer.host[k][:] = grads[comm.rank][k]
             reducer.start(k)
@@ -160,52 +160,57 @@ def test_reducer_averages_alike_on_every_rank(fp16):
         assert rel_l2(out[0][k], exact) <= (1e-3 if fp16 else 1e-6)
 
 
-def test_shared_memory_reducer_averages_alike_on_every_rank(monkeypatch):
+@pytest.mark.parametrize("transport", ["shm", "shm-device"])
+def test_shared_memory_reducers_average_alike_on_every_rank(monkeypatch, transport):
     """Three ranks (threads, each its own CPU context) copy two buckets from the device into their slots (the second
-    from two places of the buffer) and get the same average, summed in rank order, on chunks of several threads."""
-    monkeypatch.setattr(distributed, "SUM_CHUNK", 64)
+    from two places of the buffer), and write() leaves the same average, summed in rank order, in those places on
+    every rank: summed on host threads in chunks, or on the device."""
+    monkeypatch.setattr(allreduce, "SUM_CHUNK", 64)
     rng = np.random.default_rng(5)
     grads = [rng.standard_normal(7 + 1000).astype(np.float32) for _ in range(3)]
+    rows = [[(0, 0, 7)], [(7, 0, 400), (407, 400, 600)]]  # (element offset in buf, element in the bucket, elements)
 
     def rank(comm):
         ctx = dlnet.Context("cpu")
         buf = ctx.alloc(4 * grads[0].size)
         ctx.upload(buf, grads[comm.rank])
-        reducer = distributed.make_reducer(comm, [7, 1000], ctx, transport="shm", threads=3)
-        assert isinstance(reducer, distributed.SharedMemoryReducer)
-        reducer.read(ctx.copy_queue, 0, 0, buf, 0, 7)
-        reducer.read(ctx.copy_queue, 1, 0, buf, 7, 400)
-        event = reducer.read(ctx.copy_queue, 1, 400, buf, 407, 600)
+        reducer = allreduce.make_reducer(comm, [7, 1000], ctx, transport=transport, threads=3)
+        assert reducer.transport == transport
+        for k in (0, 1):
+            for off, at, n in rows[k]:
+                event = reducer.read(ctx.copy_queue, k, at, buf, off, n)
         event.wait()
         for k in (0, 1):
             reducer.start(k)
         for k in (1, 0):
-            reducer.finish(k)
+            reducer.write(k, [(buf, off, at, n) for off, at, n in rows[k]], ctx.queue)
+        out = np.empty_like(grads[0])
+        ctx.download(buf, out)
         reducer.close()
         ctx.free(buf)
-        return [h.copy() for h in reducer.host]
+        return out
 
     out = ThreadGroup(3, shared=True).run(rank)
     whole = (grads[0] + grads[1] + grads[2]) * np.float32(1 / 3)  # fp32, in rank order
     for r in (0, 1, 2):
-        assert np.array_equal(np.concatenate(out[r]), whole)
+        assert np.array_equal(out[r], whole), r
 
 
 def test_shared_memory_that_cannot_be_made_falls_back_to_mpi(monkeypatch, tmp_path):
     """Where the segment cannot be made (here: no such folder), "auto" warns and reduces through the communicator;
     "shm" is an error on every rank."""
-    monkeypatch.setattr(distributed, "SHARED_DIR", str(tmp_path / "absent"))
+    monkeypatch.setattr(allreduce, "SHARED_DIR", str(tmp_path / "absent"))
 
     def rank(comm, transport):
         ctx = dlnet.Context("cpu")
         if transport == "shm":
             with pytest.raises(dlnet.errors.DeviceError, match="rank 0 could not reserve .*absent"):
-                distributed.make_reducer(comm, [10], ctx, transport="shm")
+                allreduce.make_reducer(comm, [10], ctx, transport="shm")
             return None
-        return type(distributed.make_reducer(comm, [10], ctx, transport="auto"))
+        return type(allreduce.make_reducer(comm, [10], ctx, transport="auto"))
 
     with pytest.warns(UserWarning, match="averaging the gradients through MPI instead"):  # (the threads' warnings)
-        assert ThreadGroup(2, shared=True).run(lambda c: rank(c, "auto")) == [distributed.GradientReducer] * 2
+        assert ThreadGroup(2, shared=True).run(lambda c: rank(c, "auto")) == [allreduce.GradientReducer] * 2
     assert ThreadGroup(2, shared=True).run(lambda c: rank(c, "shm")) == [None] * 2
 
 
@@ -250,10 +255,11 @@ def batches(steps, batch=16, seed=7):
     return [(rng.standard_normal((batch, 12)).astype(np.float32), rng.integers(0, 5, batch)) for _ in range(steps)]
 
 
-def train(path, comm, data, **kw):
+def train(path, comm, data, transport="auto", **kw):
     """Steps on this rank's half of each batch (the whole batch on one process): (losses, weights, trainer's plan)."""
     rank, size = (comm.rank, comm.size) if comm is not None else (0, 1)
-    with dlnet.Net(dlnet.Context("cpu")).load_onnx(path) as net:
+    ctx = dlnet.Context("cpu", options=dlnet.Options.from_env().replace(gradient_transport=transport))
+    with dlnet.Net(ctx).load_onnx(path) as net:
         trainer = dlnet.Trainer(net, optimizer=dlnet.optim.Adam(lr=1e-2), comm=comm, **kw)
         losses = []
         for x, y in data:
@@ -263,19 +269,21 @@ def train(path, comm, data, **kw):
         return losses, net.state_dict(), trainer._active
 
 
-@pytest.mark.parametrize("fp16,shared", [(False, False), (True, False), (False, True)])
-def test_two_thread_ranks_train_as_one_process(tmp_path, fp16, shared):
+@pytest.mark.parametrize("fp16,shared,transport", [(False, False, "auto"), (True, False, "auto"),
+                                                    (False, True, "auto"), (False, True, "shm-device")])
+def test_two_thread_ranks_train_as_one_process(tmp_path, fp16, shared, transport):
     """Rank 1 starts from other weights and gets rank 0's; every step's loss and the final weights are those of one
     process on the whole batch; one bucket per gradient (bucket_mb tiny) in reverse layer order. shared: the ranks
-    share a host, so the gradients go through a shared-memory segment, not the communicator's all-reduce."""
+    share a host, so the gradients go through a shared-memory segment (summed on the host, or with "shm-device" on
+    the device), not the communicator's all-reduce."""
     data = batches(6)
     path0, path1 = mlp(tmp_path / "m0.onnx", 0), mlp(tmp_path / "m1.onnx", 1)
     one_losses, one_weights, _ = train(path0, None, data)
     group = ThreadGroup(2, shared=shared)
-    out = group.run(lambda comm: train(path0 if comm.rank == 0 else path1, comm, data, bucket_mb=1e-6,
+    out = group.run(lambda comm: train(path0 if comm.rank == 0 else path1, comm, data, transport, bucket_mb=1e-6,
                                        fp16_gradients=fp16))
     (l0, w0, plan), (l1, w1, _) = out
-    assert plan.timing["transport"] == ("shm" if shared else "mpi")
+    assert plan.timing["transport"] == ("mpi" if not shared else "shm" if transport == "auto" else transport)
     assert l0 == l1
     for name in one_weights:
         assert np.array_equal(w0[name], w1[name]), name
