@@ -62,8 +62,7 @@ class ConvCpuFamily:
         matrix first; constant weights are packed here, once."""
         x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
         H, W, OH, OW, KH, KW, SH, SW, PH, PW, DH, DW = (int(v) for v in geo)
-        N, Cin = x.shape[0], x.shape[1]
-        KK, OHW = C * KH * KW, OH * OW
+        N, Cin, KK, OHW = x.shape[0], x.shape[1], C * KH * KW, OH * OW
         NN = N * OHW
         pointwise = KH == KW == SH == SW == 1 and PH == PW == 0
         direct = algo == "cpu_direct"
@@ -72,8 +71,7 @@ class ConvCpuFamily:
         tiles = pick_conv_cpu_tiles(OH * Wq if direct else NN)
         MR, NR = tiles["MR"], 8 * tiles["NV"]
         MB, NB = -(-K // MR), -(-NN // NR)
-        defs = dict(tiles)
-        label = f"{node.name} Conv"
+        defs, label = dict(tiles), f"{node.name} Conv"
         self.record_tile(f"{MR}x{NR}")
         if algo == "cpu_winograd":
             self._conv_cpu_winograd(node, head, bargs, rargs, C, K, PH, PW, y_nstride, label)
