@@ -165,7 +165,8 @@ def test_shared_memory_reducers_average_alike_on_every_rank(monkeypatch, transpo
     """Three ranks (threads, each its own CPU context) copy two buckets from the device into their slots (the second
     from two places of the buffer), and write() leaves the same average, summed in rank order, in those places on
     every rank: summed on host threads in chunks, or on the device."""
-    monkeypatch.setattr(allreduce, "SUM_CHUNK", 64)
+    monkeypatch.setattr(allreduce, "SUM_CHUNK", 64)  # (several threads' chunks, each in several blocks)
+    monkeypatch.setattr(allreduce, "SUM_BLOCK", 48)
     rng = np.random.default_rng(5)
     grads = [rng.standard_normal(7 + 1000).astype(np.float32) for _ in range(3)]
     rows = [[(0, 0, 7)], [(7, 0, 400), (407, 400, 600)]]  # (element offset in buf, element in the bucket, elements)
