@@ -164,6 +164,12 @@ class _Slots:
         self.requests[k].Wait()
         self.requests[k] = None
 
+    def close(self):
+        """Let go of the slots' device buffers (the segment unmaps once nothing holds it)."""
+        for buf in self.buffers.values():
+            buf.release()
+        self.buffers, self.buffer = {}, None
+
 
 class SharedMemoryReducer(_Slots, _HostAverage):
     """Ranks of one host: finish(k) waits for bucket k's barrier and sums every rank's slot in rank order into
@@ -207,6 +213,7 @@ class SharedMemoryReducer(_Slots, _HostAverage):
         if self.pool is not None:
             self.pool.shutdown()
             self.pool = None
+        _Slots.close(self)
 
 
 class DeviceSumReducer(_Slots, _Requests):
@@ -264,6 +271,7 @@ class DeviceSumReducer(_Slots, _Requests):
         if self.scratch is not None:
             self.ctx.free(self.scratch)
             self.scratch = None
+        _Slots.close(self)
 
 
 def shared_segment(comm, nbytes):
