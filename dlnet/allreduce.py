@@ -17,7 +17,7 @@ gradients' places on the device. The sum's order is fixed, so every rank gets th
 - `DeviceSumReducer` ("shm-device"): the same segment, but the sums run on the device: after the barrier the other
   ranks' slots go up into device scratch (a USE_HOST_PTR buffer over each slot: the bus's speed) and one kernel per
   bucket averages them in rank order into the gradients (reduce_ranks.cl). The host adds nothing: vgg16's 392 MiB
-  fc6 bucket cost its host sums about 70 ms a step.
+  fc6 bucket cost its host sums about 70 ms a step; summed here resnet50 and vgg16 b64 scale 97% on 2 H200s.
 
 `make_reducer` chooses by Options.gradient_transport.
 """
@@ -309,18 +309,24 @@ def shared_segment(comm, nbytes):
 
 def make_reducer(comm, sizes, ctx, fp16=False, transport="auto", threads=0):
     """The buckets' reducer for Options.gradient_transport: "shm" SharedMemoryReducer, "shm-device"
-    DeviceSumReducer, "mpi" GradientReducer over MPI on pinned buffers; "auto" "shm" where every rank is on this
-    host and fp16 is off (fp16 halves the bytes on a network; one host has none), else "mpi", and "mpi" with a
-    warning where the shared segment cannot be made."""
+    DeviceSumReducer, "mpi" GradientReducer over MPI on pinned buffers; "auto" where every rank is on this host and
+    fp16 is off (fp16 halves the bytes on a network; one host has none) "shm-device" on a GPU (2 H200s, b64:
+    resnet50 and vgg16 scale 97%, against 90% and 75% summed on the host) and "shm" on the CPU device (its kernels
+    would run on the same cores as the host's sums), else "mpi", and "mpi" with a warning where the shared segment
+    cannot be made."""
     if transport not in TRANSPORTS:
         raise DeviceError(f"gradient_transport {transport!r}: expected one of {', '.join(TRANSPORTS)}")
-    if transport != "mpi" and (transport != "auto" or (not fp16 and comm.same_host())):
+    if transport == "auto" and not fp16 and comm.same_host():
+        transport, fallback = ("shm" if ctx.dev.is_cpu else "shm-device"), True
+    else:
+        fallback = False
+    if transport != "mpi" and transport != "auto":
         try:
             if transport == "shm-device":
                 return DeviceSumReducer(comm, sizes, ctx)
             return SharedMemoryReducer(comm, sizes, ctx, threads)
         except DeviceError as e:
-            if transport != "auto":
+            if not fallback:
                 raise
             warnings.warn(f"{e}; averaging the gradients through MPI instead", stacklevel=2)
     return GradientReducer(comm, sizes, fp16, alloc=lambda n: ctx.pinned((n,), np.float32))

@@ -215,6 +215,23 @@ def test_shared_memory_that_cannot_be_made_falls_back_to_mpi(monkeypatch, tmp_pa
     assert ThreadGroup(2, shared=True).run(lambda c: rank(c, "shm")) == [None] * 2
 
 
+def test_auto_transport_sums_on_the_device_of_a_gpu_and_on_the_host_of_the_cpu_device():
+    """One host, fp32: "auto" is "shm-device" where the device is a GPU (its kernels sum; 97% scaling on 2 H200s
+    against 90%/75% summed on the host), "shm" on the CPU device, and "mpi" with fp16 gradients."""
+    def rank(comm, gpu, fp16=False):
+        ctx = dlnet.Context("cpu")
+        if gpu:
+            ctx.is_cpu = False  # what Device.resolve reads: a GPU's choice, on PoCL's buffers
+        reducer = allreduce.make_reducer(comm, [10, 300], ctx, fp16=fp16, transport="auto")
+        transport = reducer.transport
+        reducer.close()
+        return transport
+
+    assert ThreadGroup(2, shared=True).run(lambda c: rank(c, gpu=True)) == ["shm-device"] * 2
+    assert ThreadGroup(2, shared=True).run(lambda c: rank(c, gpu=False)) == ["shm"] * 2
+    assert ThreadGroup(2, shared=True).run(lambda c: rank(c, gpu=True, fp16=True)) == ["mpi"] * 2
+
+
 def test_check_same_names_the_rank_that_differs():
     w = {"w": np.linspace(0, 1, 10, dtype=np.float32)}
     assert ThreadGroup(3).run(lambda comm: distributed.check_same(comm, w, "here")) == [None] * 3
