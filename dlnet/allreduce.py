@@ -13,7 +13,7 @@ gradients' places on the device. The sum's order is fixed, so every rank gets th
   rank's slot of a /dev/shm segment every rank maps (a USE_HOST_PTR buffer over the slot, which NVIDIA's driver
   pins: 50 GB/s, as fast as Context.pinned), a barrier says every slot holds it, and every rank sums the slots in
   rank order on its host threads into a pinned buffer that goes up. On 2 H200s MPI moved 25 MiB at 1.9 GB/s and
-  100 MiB at 0.7 (`bench/probes/host_reduce.py`); resnet50 b64 scaled 45% through MPI, 79% through this.
+  100 MiB at 0.7 (`bench/probes/host_reduce.py`); resnet50 b64 scaled 45% through MPI, 90% through this.
 - `DeviceSumReducer` ("shm-device"): the same segment, but the sums run on the device: after the barrier the other
   ranks' slots go up into device scratch (a USE_HOST_PTR buffer over each slot: the bus's speed) and one kernel per
   bucket averages them in rank order into the gradients (reduce_ranks.cl). The host adds nothing: vgg16's 392 MiB
