@@ -250,27 +250,15 @@ def _plan_views(share, vjp):
 
 def _hand_over(share, plan, start, stop):
     """dlnet's launches start..stop run after torch's writes so far (the host waits for torch's stream), and before
-    torch's later work: its stream waits for them on the GPU (DeviceSignal), else the host waits for the queue.
-    With Options.cuda_gate the launches are enqueued behind a user event first, and the event is set once torch's
-    stream is done: the host's enqueueing overlaps torch's last kernels."""
+    torch's later work: its stream waits for them on the GPU (DeviceSignal), else the host waits for the queue."""
     import torch
-    q = share.ctx.queue
-    gate = cl.UserEvent(q.context) if share.ctx.options.cuda_gate else None
-    if gate is None:
-        torch.cuda.current_stream().synchronize()
-    else:
-        cl.enqueue_barrier(q, wait_for=[gate])
-    try:
-        plan.run_launches(start, stop)
-    finally:
-        if gate is not None:
-            torch.cuda.current_stream().synchronize()
-            gate.set_status(cl.command_execution_status.COMPLETE)
+    torch.cuda.current_stream().synchronize()
+    plan.run_launches(start, stop)
     signal = share.signal()
     if signal is not None:
         signal.to_torch()
     else:
-        q.finish()
+        share.ctx.queue.finish()
 
 
 def vjp_forward(share, vjp, inputs, params):

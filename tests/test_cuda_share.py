@@ -17,11 +17,11 @@ from .conftest import rel_l2  # noqa: E402
 from .test_torch_bridge import ConvNet, _seeded  # noqa: E402
 
 
-def gpu_context(**options):
+def gpu_context():
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     try:
-        ctx = dlnet.Context("gpu", options=dlnet.Options(**options))
+        ctx = dlnet.Context("gpu")
         if not ctx.is_nvidia or cuda_share.EXTENSION not in ctx.device.extensions:
             pytest.skip("no NVIDIA OpenCL device with cl_khr_external_memory_opaque_fd")
     except dlnet.errors.DeviceError:
@@ -107,14 +107,12 @@ class _TwoGraphs(nn.Module):
         return self.fc(h.flatten(1))
 
 
-@pytest.mark.parametrize("gate", [False, True], ids=["host-waits", "cuda-gate"])
-def test_torch_compile_training_across_a_graph_break_on_cuda(gate):
-    """With Options.cuda_gate the launches are enqueued behind a user event before torch's stream is done."""
-    ctx = gpu_context(cuda_gate=gate)
+def test_torch_compile_training_across_a_graph_break_on_cuda():
+    gpu_context()
     torch._dynamo.reset()
     model, eager = _seeded(_TwoGraphs()).cuda().train(), _seeded(_TwoGraphs()).cuda().train()
     eager.load_state_dict(model.state_dict())
-    compiled = torch.compile(model, backend=lambda gm, ex: dt.backend(gm, ex, ctx=ctx))
+    compiled = torch.compile(model, backend=dt.backend)
     x, y = torch.randn(4, 3, 10, 10, device="cuda"), torch.randint(0, 5, (4,), device="cuda")
     opt_c = torch.optim.Adam(model.parameters(), lr=1e-2)
     opt_e = torch.optim.Adam(eager.parameters(), lr=1e-2)

@@ -29,10 +29,6 @@ class Options:
     # the PyTorch bridge on NVIDIA (cuda_share.py): torch's stream waits for dlnet's launches on the GPU, not the
     # host (False: the host waits for the queue)
     cuda_device_wait: bool = True
-    # the bridge on NVIDIA: dlnet's launches are enqueued behind a user event while torch's stream still runs, and
-    # the event is set once the host has seen that stream finish (False: the host waits for torch's stream first,
-    # then enqueues, and the GPU idles while it does)
-    cuda_gate: bool = False
     # data-parallel gradients (allreduce.py): "auto" is, where every rank is on one host, "shm-device" on GPUs and
     # "shm" on the CPU device, else "mpi" (MPI's all-reduce on pinned host buffers). "shm": a shared-memory segment,
     # summed on the host; "shm-device": the same segment, summed on the device. 2 H200s, b64, scaling efficiency:
