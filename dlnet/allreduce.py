@@ -228,7 +228,7 @@ class DeviceSumReducer(_Slots, _Requests):
         super().__init__(comm, sizes, ctx)
         self.others = [r for r in range(comm.size) if r != comm.rank]
         self.scratch = ctx.alloc(4 * self.slot * len(self.others))
-        self.tables, self.kernels = {}, {}
+        self.tables, self.kernels = [], {}  # (the chunk tables' device buffers, freed on close)
 
     def _launches(self, k, rows):
         """Bucket k's average launches, one per gradient buffer among rows (made on first use, then kept)."""
@@ -241,7 +241,7 @@ class DeviceSumReducer(_Slots, _Requests):
                 table = chunk_table(group, CHUNK)
                 device_table = self.ctx.alloc(table.nbytes)
                 self.ctx.upload(device_table, table)
-                self.tables[(k, buf.int_ptr)] = device_table
+                self.tables.append(device_table)
                 kernel = self.ctx.kernel(kernel_source("reduce_ranks"), "average_ranks", (f"-DLOCAL={LOCAL}",))
                 kernel.set_args(buf, self.scratch, device_table, np.int32(self.comm.size), np.int32(self.comm.rank),
                                 np.int64(self.slot), np.float32(1.0 / self.comm.size))
@@ -265,9 +265,9 @@ class DeviceSumReducer(_Slots, _Requests):
         return event if event is not None else cl.enqueue_marker(queue)
 
     def close(self):
-        for buf in self.tables.values():
+        for buf in self.tables:
             self.ctx.free(buf)
-        self.tables, self.kernels = {}, {}
+        self.tables, self.kernels = [], {}
         if self.scratch is not None:
             self.ctx.free(self.scratch)
             self.scratch = None
