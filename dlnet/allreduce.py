@@ -19,6 +19,11 @@ gradients' places on the device. The sum's order is fixed, so every rank gets th
   bucket averages them in rank order into the gradients (reduce_ranks.cl). The host adds nothing: vgg16's 392 MiB
   fc6 bucket cost its host sums about 70 ms a step; summed here resnet50 and vgg16 b64 scale 97% on 2 H200s.
 
+- `HostTreeReducer` ("shm-mpi"): ranks on several hosts: each host's ranks sum through their own segment as "shm"
+  does, and each host's first rank all-reduces the host's sum with the other hosts' through MPI, so only one
+  rank's bytes per host cross the network. (Tested on the CPU device with ranks that say they are on 2 hosts;
+  not measured across real hosts.)
+
 `make_reducer` chooses by Options.gradient_transport.
 """
 import mmap
@@ -39,7 +44,7 @@ SUM_CHUNK = 1 << 18  # floats a host thread sums at least: below that one thread
 # floats a host thread sums and scales at a time: 100 MiB of 2 slots in 17-19 ms against 31 as whole passes (a copy, an
 # add, a scale) on one thread, 12-13 against 15-21 on two (2 EPYC cores)
 SUM_BLOCK = 1 << 17
-TRANSPORTS = ("auto", "mpi", "shm", "shm-device")
+TRANSPORTS = ("auto", "mpi", "shm", "shm-device", "shm-mpi")
 LOCAL = 256  # reduce_ranks.cl's work-group size
 CHUNK = 32 * LOCAL  # elements a work-group averages
 
@@ -127,12 +132,12 @@ class _Slots:
     buffer is the host's memory) on a queue of its own and starts a barrier. A rank writes its slot of a bucket
     again only in the next step, after the loss's average, which every rank reaches after reading every slot."""
 
-    def __init__(self, comm, sizes, ctx):
+    def __init__(self, comm, sizes, ctx, extra=0):
         self.comm, self.ctx, self.sizes = comm, ctx, list(sizes)
         self.offsets = [int(o) for o in np.cumsum([0] + [-(-n // 16) * 16 for n in sizes])]  # 64-byte aligned
         self.slot = -(-self.offsets[-1] // 1024) * 1024 or 1024  # whole pages
-        self.segment = shared_segment(comm, comm.size * self.slot * 4)
-        self.slots = np.frombuffer(self.segment, np.float32).reshape(comm.size, self.slot)
+        self.segment = shared_segment(comm, (comm.size + extra) * self.slot * 4)  # (extra: slots of the reducer's own)
+        self.slots = np.frombuffer(self.segment, np.float32).reshape(comm.size + extra, self.slot)
         self.buffers = {}
         self.buffer = self.slot_buffer(comm.rank)
         self.map_queue = cl.CommandQueue(ctx.cl, ctx.device)
@@ -171,25 +176,15 @@ class _Slots:
         self.buffers, self.buffer = {}, None
 
 
-class SharedMemoryReducer(_Slots, _HostAverage):
-    """Ranks of one host: finish(k) waits for bucket k's barrier and sums every rank's slot in rank order into
-    host[k] (page-locked, where the average goes up from), then scales by 1 / size, on `threads` host threads:
-    every rank computes the same bits."""
+class _HostSums:
+    """Sums of shared slots on `threads` host threads (0: cores / ranks of this host, at most 4)."""
 
-    transport = "shm"
-
-    def __init__(self, comm, sizes, ctx, threads=0):
-        super().__init__(comm, sizes, ctx)
-        self.host = [ctx.pinned((n,), np.float32) for n in sizes]
-        self.threads = threads or max(1, min(4, (os.cpu_count() or 1) // comm.size))
+    def __init__(self, threads, ranks):
+        self.threads = threads or max(1, min(4, (os.cpu_count() or 1) // ranks))
         self.pool = ThreadPoolExecutor(self.threads) if self.threads > 1 else None
 
-    def finish(self, k):
-        self.wait(k)
-        out, at = self.host[k], self.offsets[k]
-        parts = self.slots[:, at:at + out.size]
-        inverse = np.float32(1.0 / self.comm.size)
-
+    def sum_slots(self, parts, out, scale=None):
+        """out = (parts[0] + parts[1] + ...) (x scale), in rank order, float32."""
         def chunk(i, j):  # in cache-sized blocks: each block's sum and scale read and write it once from memory
             for a in range(i, j, SUM_BLOCK):
                 b = min(a + SUM_BLOCK, j)
@@ -200,19 +195,124 @@ class SharedMemoryReducer(_Slots, _HostAverage):
                     np.add(parts[0, a:b], parts[1, a:b], out=o)
                 for r in range(2, len(parts)):
                     np.add(o, parts[r, a:b], out=o)
-                np.multiply(o, inverse, out=o)
+                if scale is not None:
+                    np.multiply(o, scale, out=o)
 
         step = max(SUM_CHUNK, -(-out.size // self.threads))
         if self.pool is None or out.size <= step:
             chunk(0, out.size)
         else:
             list(self.pool.map(lambda i: chunk(i, min(i + step, out.size)), range(0, out.size, step)))
-        self.seconds[k] = time.perf_counter() - self.started[k]
 
     def close(self):
         if self.pool is not None:
             self.pool.shutdown()
             self.pool = None
+
+
+class SharedMemoryReducer(_Slots, _HostSums, _HostAverage):
+    """Ranks of one host: finish(k) waits for bucket k's barrier and sums every rank's slot in rank order into
+    host[k] (page-locked, where the average goes up from), then scales by 1 / size, on host threads: every rank
+    computes the same bits."""
+
+    transport = "shm"
+
+    def __init__(self, comm, sizes, ctx, threads=0):
+        _Slots.__init__(self, comm, sizes, ctx)
+        _HostSums.__init__(self, threads, comm.size)
+        self.host = [ctx.pinned((n,), np.float32) for n in sizes]
+
+    def finish(self, k):
+        self.wait(k)
+        out, at = self.host[k], self.offsets[k]
+        self.sum_slots(self.slots[:, at:at + out.size], out, np.float32(1.0 / self.comm.size))
+        self.seconds[k] = time.perf_counter() - self.started[k]
+
+    def close(self):
+        _HostSums.close(self)
+        _Slots.close(self)
+
+
+class HostTreeReducer(_Slots, _HostSums):
+    """Ranks on several hosts: within each host as SharedMemoryReducer (a segment of this host's ranks' slots),
+    across hosts through MPI between each host's first rank. Bucket k goes through four stages: this host's ranks'
+    barrier (every slot written); the host's first rank sums the slots in rank order into the segment's result
+    slot and all-reduces it with the other hosts' first ranks (MPI, host sums in host order), then scales by
+    1 / ranks; a second barrier of the host (the result is there); every rank copies the result up. The barriers
+    of the two kinds run on communicators of their own, and buckets pass the stages that start a collective in
+    bucket order, so every rank starts its collectives in the same order. Every rank gets the same bits."""
+
+    transport = "shm-mpi"
+
+    def __init__(self, comm, sizes, ctx, threads=0):
+        local, self.leaders = comm.split_host()
+        self.world, self.result_barriers = comm, local.dup()
+        _Slots.__init__(self, local, sizes, ctx, extra=1)
+        _HostSums.__init__(self, threads, local.size)
+        self.result = self.slots[local.size]
+        self.result_buffer = self.slot_buffer(local.size)
+        self.stage = [0] * len(sizes)  # 1 barrier, 2 hosts' sum, 3 result barrier, 4 done (0: not started)
+        self.tree = [None] * len(sizes)  # the hosts' all-reduce (first ranks), then the result barrier
+
+    def start(self, k):
+        _Slots.start(self, k)
+        self.stage[k] = 1
+
+    def _advance(self, k, block):
+        """Move bucket k on by one stage where it can (block: waiting); whether it moved."""
+        stage = self.stage[k]
+        if stage == 0 or stage == 4 or (k and self.stage[k - 1] < 3 and stage == 1):
+            return False
+        request = self.requests[k] if stage == 1 else self.tree[k]
+        if request is not None:
+            if block:
+                request.Wait()
+            elif not request.Test():
+                return False
+        at, n = self.offsets[k], self.sizes[k]
+        if stage == 1:
+            self.requests[k] = None
+            if self.leaders is not None:
+                self.sum_slots(self.slots[:self.comm.size, at:at + n], self.result[at:at + n])
+                self.tree[k] = self.leaders.iallreduce(self.result[at:at + n]) if self.leaders.size > 1 else None
+        elif stage == 2:
+            if self.leaders is not None:
+                np.multiply(self.result[at:at + n], np.float32(1.0 / self.world.size), out=self.result[at:at + n])
+            self.tree[k] = self.result_barriers.ibarrier()
+        else:
+            self.tree[k] = None
+            self.seconds[k] = time.perf_counter() - self.started[k]
+        self.stage[k] = stage + 1
+        return True
+
+    def poll(self):
+        for k in range(len(self.sizes)):
+            while self._advance(k, block=False):
+                pass
+
+    def done(self, k):
+        self.poll()
+        return self.stage[k] == 4
+
+    def write(self, k, rows, queue):
+        """Wait for bucket k's average (and the buckets' before it), then enqueue its copies from the result slot
+        into rows on queue; the last copy's event."""
+        for j in range(k + 1):
+            while self._advance(j, block=True):
+                pass
+        at, n = self.offsets[k], self.sizes[k]
+        event = None
+        if n:  # (the host wrote the result: a map that invalidates says so)
+            view, _ = cl.enqueue_map_buffer(queue, self.result_buffer, cl.map_flags.WRITE_INVALIDATE_REGION, 4 * at,
+                                            (n,), np.float32, is_blocking=False)
+            view.base.release(queue)
+            for buf, off, a, m in rows:
+                event = cl.enqueue_copy(queue, buf, self.result_buffer, src_offset=4 * (at + a), dst_offset=4 * off,
+                                        byte_count=4 * m)
+        return event if event is not None else cl.enqueue_marker(queue)
+
+    def close(self):
+        _HostSums.close(self)
         _Slots.close(self)
 
 
@@ -309,7 +409,8 @@ def shared_segment(comm, nbytes):
 
 def make_reducer(comm, sizes, ctx, fp16=False, transport="auto", threads=0):
     """The buckets' reducer for Options.gradient_transport: "shm" SharedMemoryReducer, "shm-device"
-    DeviceSumReducer, "mpi" GradientReducer over MPI on pinned buffers; "auto" where every rank is on this host and
+    DeviceSumReducer, "shm-mpi" HostTreeReducer (shared memory within each host, MPI between hosts), "mpi"
+    GradientReducer over MPI on pinned buffers; "auto" where every rank is on this host and
     fp16 is off (fp16 halves the bytes on a network; one host has none) "shm-device" on a GPU (2 H200s, b64:
     resnet50 and vgg16 scale 97%, against 90% and 75% summed on the host) and "shm" on the CPU device (its kernels
     would run on the same cores as the host's sums), else "mpi", and "mpi" with a warning where the shared segment
@@ -324,6 +425,8 @@ def make_reducer(comm, sizes, ctx, fp16=False, transport="auto", threads=0):
         try:
             if transport == "shm-device":
                 return DeviceSumReducer(comm, sizes, ctx)
+            if transport == "shm-mpi":
+                return HostTreeReducer(comm, sizes, ctx, threads)
             return SharedMemoryReducer(comm, sizes, ctx, threads)
         except DeviceError as e:
             if not fallback:

@@ -10,6 +10,8 @@ identity) share one small interface, which is all `dlnet.Trainer(net, ..., comm=
     barrier()                       wait for every rank
     ibarrier()                      start a barrier; a request (Test, Wait)
     same_host()                     whether every rank runs on this host (shared memory reaches them all)
+    split_host()                    (this host's ranks, the hosts' first ranks or None on the others): communicators
+    dup()                           a communicator of the same ranks whose collectives match only each other
     abort(code)                     end every rank of the job
     finalize()                      end MPI in this process (every rank calls it)
 
@@ -64,6 +66,12 @@ class Single:
     def same_host(self):
         return True
 
+    def split_host(self):
+        return Single(), Single()
+
+    def dup(self):
+        return Single()
+
     def abort(self, code=1):
         raise SystemExit(code)
 
@@ -110,6 +118,15 @@ class MPI:
             self._same_host = node.Get_size() == self.size
             node.Free()
         return self._same_host
+
+    def split_host(self):
+        node = self.comm.Split_type(self._mpi.COMM_TYPE_SHARED, key=self.rank)
+        first = node.Get_rank() == 0
+        leaders = self.comm.Split(0 if first else self._mpi.UNDEFINED, key=self.rank)
+        return MPI(node), (MPI(leaders) if first else None)
+
+    def dup(self):
+        return MPI(self.comm.Dup())
 
     def abort(self, code=1):
         self.comm.Abort(code)

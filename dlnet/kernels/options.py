@@ -32,7 +32,8 @@ class Options:
     # data-parallel gradients (allreduce.py): "auto" is, where every rank is on one host, "shm-device" on GPUs and
     # "shm" on the CPU device, else "mpi" (MPI's all-reduce on pinned host buffers). "shm": a shared-memory segment,
     # summed on the host; "shm-device": the same segment, summed on the device. 2 H200s, b64, scaling efficiency:
-    # resnet50 48% (mpi), 90% (shm), 97% (shm-device); vgg16 15%, 75%, 97%
+    # resnet50 48% (mpi), 90% (shm), 97% (shm-device); vgg16 15%, 75%, 97%. "shm-mpi" (not chosen by auto): shared
+    # memory within each host, MPI between the hosts' first ranks
     gradient_transport: str = "auto"
     # host threads a rank sums the shared slots on (0: cores / ranks, at most 4; 4 threads 24 GB/s against 8 on one)
     reduce_threads: int = 0

@@ -218,20 +218,22 @@ def test_sync_bn_two_ranks_train_as_one_process_on_the_global_batch(tmp_path):
     """mpirun -np 2, each rank's half of every batch with other statistics: with sync_bn every step's loss and the
     final weights (running statistics too) are one process's on the global batch; without it they differ. The
     gradients go between the ranks through shared memory (the default on one host; summed on the host, or on the
-    device) and through MPI's all-reduce."""
+    device), through MPI's all-reduce, and host by host ("shm-mpi": MPI's host and first-rank communicators, here
+    one host)."""
     import subprocess
     model, script = small_cnn(tmp_path / "cnn.onnx"), tmp_path / "job.py"
     script.write_text(SYNC_BN_JOB)
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", DLNET_DEVICE="cpu")
     for prefix, options in ((mpirun(2), ""), (mpirun(2), "gradient_transport=mpi"),
-                            (mpirun(2), "gradient_transport=shm-device"), ((), "")):
+                            (mpirun(2), "gradient_transport=shm-device"), (mpirun(2), "gradient_transport=shm-mpi"),
+                            ((), "")):
         r = subprocess.run([*prefix, sys.executable, str(script), model, str(tmp_path)], capture_output=True,
                            text=True, timeout=300, env=dict(env, DLNET_OPTIONS=options))
         assert r.returncode == 0, r.stderr
     one = np.load(tmp_path / "sync-one-rank0.npz")  # (sync_bn changes nothing on one process)
     assert np.array_equal(one["losses"], np.load(tmp_path / "local-one-rank0.npz")["losses"])
     assert len(one.files) == 13
-    for how in ("shm", "mpi", "shm-device"):
+    for how in ("shm", "mpi", "shm-device", "shm-mpi"):
         sync0, sync1 = np.load(tmp_path / f"sync-{how}-rank0.npz"), np.load(tmp_path / f"sync-{how}-rank1.npz")
         local = np.load(tmp_path / f"local-{how}-rank0.npz")
         rel = np.abs(sync0["losses"] - one["losses"]) / np.abs(one["losses"])

@@ -16,10 +16,18 @@ class ThreadGroup:
     """Ranks as threads: each collective is numbered in the order a rank calls it (every rank calls them in the
     same order, as MPI requires) and sums in rank order. `log` has rank 0's collectives: (kind, elements)."""
 
-    def __init__(self, size, shared=False):
-        # shared: the ranks say they share a host (Trainer's "auto" transport then takes shared memory)
+    def __init__(self, size, shared=False, hosts=None):
+        # shared: the ranks say they share a host (Trainer's "auto" transport then takes shared memory); hosts: the
+        # host of each rank, where they say they are on several (split_host's communicators follow it)
         self.size, self.slots, self.log, self.shared = size, {}, [], shared
+        self.hosts = list(hosts) if hosts is not None else [0] * size
         self.cond = threading.Condition()
+        self.children = {}
+
+    def child(self, key, size):
+        """The group of a communicator split_host or dup made (every rank that is in it gets the same one)."""
+        with self.cond:
+            return self.children.setdefault(key, ThreadGroup(size, shared=True))
 
     def comms(self):
         return [FakeComm(self, r) for r in range(self.size)]
@@ -86,7 +94,21 @@ class FakeComm:
         self.group, self.rank, self.size, self.calls = group, rank, group.size, 0
 
     def same_host(self):
-        return self.group.shared
+        return self.group.shared and len(set(self.group.hosts)) == 1
+
+    def split_host(self):
+        self.calls += 1
+        hosts = self.group.hosts
+        mine = [r for r in range(self.size) if hosts[r] == hosts[self.rank]]
+        firsts = sorted(hosts.index(h) for h in set(hosts))
+        local = FakeComm(self.group.child(("host", self.calls, hosts[self.rank]), len(mine)), mine.index(self.rank))
+        leaders = (FakeComm(self.group.child(("first ranks", self.calls), len(firsts)), firsts.index(self.rank))
+                   if self.rank in firsts else None)
+        return local, leaders
+
+    def dup(self):
+        self.calls += 1
+        return FakeComm(self.group.child(("dup", self.calls), self.size), self.rank)
 
     def _key(self, kind, n):
         self.calls += 1
@@ -160,11 +182,12 @@ def test_reducer_averages_alike_on_every_rank(fp16):
         assert rel_l2(out[0][k], exact) <= (1e-3 if fp16 else 1e-6)
 
 
-@pytest.mark.parametrize("transport", ["shm", "shm-device"])
+@pytest.mark.parametrize("transport", ["shm", "shm-device", "shm-mpi"])
 def test_shared_memory_reducers_average_alike_on_every_rank(monkeypatch, transport):
     """Three ranks (threads, each its own CPU context) copy two buckets from the device into their slots (the second
     from two places of the buffer), and write() leaves the same average, summed in rank order, in those places on
-    every rank: summed on host threads in chunks, or on the device."""
+    every rank: summed on host threads in chunks, or on the device, or ("shm-mpi", ranks 0 and 1 on one host, rank 2
+    on another) by each host's first rank, whose sums the communicator adds: (g0 + g1) + g2, the same bits."""
     monkeypatch.setattr(allreduce, "SUM_CHUNK", 64)  # (several threads' chunks, each in several blocks)
     monkeypatch.setattr(allreduce, "SUM_BLOCK", 48)
     rng = np.random.default_rng(5)
@@ -191,7 +214,7 @@ def test_shared_memory_reducers_average_alike_on_every_rank(monkeypatch, transpo
         ctx.free(buf)
         return out
 
-    out = ThreadGroup(3, shared=True).run(rank)
+    out = ThreadGroup(3, shared=True, hosts=[0, 0, 1] if transport == "shm-mpi" else None).run(rank)
     whole = (grads[0] + grads[1] + grads[2]) * np.float32(1 / 3)  # fp32, in rank order
     for r in (0, 1, 2):
         assert np.array_equal(out[r], whole), r
@@ -230,6 +253,30 @@ def test_auto_transport_sums_on_the_device_of_a_gpu_and_on_the_host_of_the_cpu_d
     assert ThreadGroup(2, shared=True).run(lambda c: rank(c, gpu=True)) == ["shm-device"] * 2
     assert ThreadGroup(2, shared=True).run(lambda c: rank(c, gpu=False)) == ["shm"] * 2
     assert ThreadGroup(2, shared=True).run(lambda c: rank(c, gpu=True, fp16=True)) == ["mpi"] * 2
+
+
+def test_four_ranks_on_two_hosts_train_as_one_process(tmp_path):
+    """"shm-mpi": ranks 0-1 and 2-3 say they are on two hosts; each host sums its ranks' gradients through its own
+    segment, the hosts' first ranks add the two sums through the communicator (one all-reduce per bucket, of the
+    bucket's size, from 2 of the 4 ranks), and every rank ends with the weights of one process on the whole batch."""
+    data = batches(5)
+    path = mlp(tmp_path / "m.onnx", 0)
+    one_losses, one_weights, _ = train(path, None, data)
+    group = ThreadGroup(4, shared=True, hosts=[0, 0, 1, 1])
+    out = group.run(lambda comm: train(path, comm, data, "shm-mpi", bucket_mb=1e-6))
+    plan = out[0][2]
+    assert plan.timing["transport"] == "shm-mpi" and len(plan.timing["bucket_bytes"]) == 4
+    for losses, weights, _ in out[1:]:
+        assert losses == out[0][0]
+        for name in one_weights:
+            assert np.array_equal(weights[name], out[0][1][name]), name
+    for name in one_weights:
+        assert rel_l2(out[0][1][name], one_weights[name]) <= 1e-5, name
+    assert rel_l2(np.array(out[0][0]), np.array(one_losses)) <= 1e-6
+    assert not [k for k, n in group.log if k in ("iallreduce", "iallgather") and n > 1]  # (the world's: the loss)
+    leaders = [g for key, g in group.children.items() if key[0] == "first ranks"]
+    assert len(leaders) == 1  # one all-reduce per bucket and step between the hosts
+    assert sorted(n for k, n in leaders[0].log if k == "iallreduce") == sorted([5, 16, 80, 192] * len(data))
 
 
 def test_check_same_names_the_rank_that_differs():
