@@ -12,6 +12,7 @@ identity) share one small interface, which is all `dlnet.Trainer(net, ..., comm=
     same_host()                     whether every rank runs on this host (shared memory reaches them all)
     split_host()                    (this host's ranks, the hosts' first ranks or None on the others): communicators
     dup()                           a communicator of the same ranks whose collectives match only each other
+    free()                          let go of a communicator split_host() or dup() made (every rank of it calls it)
     abort(code)                     end every rank of the job
     finalize()                      end MPI in this process (every rank calls it)
 
@@ -72,6 +73,9 @@ class Single:
     def dup(self):
         return Single()
 
+    def free(self):
+        return None
+
     def abort(self, code=1):
         raise SystemExit(code)
 
@@ -127,6 +131,9 @@ class MPI:
 
     def dup(self):
         return MPI(self.comm.Dup())
+
+    def free(self):
+        self.comm.Free()
 
     def abort(self, code=1):
         self.comm.Abort(code)

@@ -110,6 +110,9 @@ class FakeComm:
         self.calls += 1
         return FakeComm(self.group.child(("dup", self.calls), self.size), self.rank)
 
+    def free(self):
+        return None
+
     def _key(self, kind, n):
         self.calls += 1
         if self.rank == 0:
