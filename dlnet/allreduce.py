@@ -314,10 +314,11 @@ class HostTreeReducer(_Slots, _HostSums):
     def close(self):
         _HostSums.close(self)
         _Slots.close(self)
-        for comm in (self.result_barriers, self.leaders, self.comm):
-            if comm is not None:
-                comm.free()
-        self.result_barriers = self.leaders = None
+        if self.result_barriers is not None:  # (once)
+            for comm in (self.result_barriers, self.leaders, self.comm):
+                if comm is not None:
+                    comm.free()
+            self.result_barriers = self.leaders = None
 
 
 class DeviceSumReducer(_Slots, _Requests):
