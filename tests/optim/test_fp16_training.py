@@ -120,8 +120,9 @@ def _gradients(model, feeds, ctx):
     return {n: before[n].astype(np.float64) - w for n, w in after.items() if n in before}, graph
 
 
-@pytest.mark.parametrize("which,core", [("cnn", "native"), ("cnn", "gpu"), ("vit", "native")])
-def test_fp16_gradients_match_fp32(which, core):
+@pytest.mark.parametrize("which,core", [("cnn", "native"), pytest.param("cnn", "gpu", marks=pytest.mark.slow),
+                                        pytest.param("vit", "native", marks=pytest.mark.slow)])
+def test_fp16_gradients_match_fp32(which, core):  # (slow as test_fp16_training_follows_fp32's: 31-48 s cold)
     """Every weight's gradient of the first step within 2% (relative L2) of fp32's: each backward kernel that reads
     or writes half is on the way to some weight (measured on PoCL: at most 0.15% for the CNN, 0.22% on the GPU
     kernels, 0.14% for the ViT)."""
