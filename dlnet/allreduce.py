@@ -165,6 +165,13 @@ class _Slots:
             view.base.release(self.map_queue)
         self.requests[k] = self.comm.ibarrier()
 
+    def host_wrote(self, queue, buffer, at, n):
+        """Tell the driver that the host (another rank, or this one's sums) wrote n floats of a slot's buffer from
+        element `at`, before the device reads them on queue: a map that invalidates, then its release."""
+        view, _ = cl.enqueue_map_buffer(queue, buffer, cl.map_flags.WRITE_INVALIDATE_REGION, 4 * at, (n,), np.float32,
+                                        is_blocking=False)
+        view.base.release(queue)
+
     def wait(self, k):
         self.requests[k].Wait()
         self.requests[k] = None
@@ -302,10 +309,8 @@ class HostTreeReducer(_Slots, _HostSums):
                 pass
         at, n = self.offsets[k], self.sizes[k]
         event = None
-        if n:  # (the host wrote the result: a map that invalidates says so)
-            view, _ = cl.enqueue_map_buffer(queue, self.result_buffer, cl.map_flags.WRITE_INVALIDATE_REGION, 4 * at,
-                                            (n,), np.float32, is_blocking=False)
-            view.base.release(queue)
+        if n:
+            self.host_wrote(queue, self.result_buffer, at, n)
             for buf, off, a, m in rows:
                 event = cl.enqueue_copy(queue, buf, self.result_buffer, src_offset=4 * (at + a), dst_offset=4 * off,
                                         byte_count=4 * m)
@@ -358,10 +363,8 @@ class DeviceSumReducer(_Slots, _Requests):
         n, at = self.sizes[k], self.offsets[k]
         event = None
         if n:
-            for j, r in enumerate(self.others):  # (the host wrote them: a map that invalidates says so)
-                view, _ = cl.enqueue_map_buffer(queue, self.slot_buffer(r), cl.map_flags.WRITE_INVALIDATE_REGION,
-                                                4 * at, (n,), np.float32, is_blocking=False)
-                view.base.release(queue)
+            for j, r in enumerate(self.others):
+                self.host_wrote(queue, self.slot_buffer(r), at, n)
                 cl.enqueue_copy(queue, self.scratch, self.slot_buffer(r), src_offset=4 * at,
                                 dst_offset=4 * (j * self.slot + at), byte_count=4 * n)
             for kernel, n_rows in self._launches(k, rows):
