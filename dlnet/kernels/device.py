@@ -25,6 +25,9 @@ class Device:
     compute_units: int
     local_mem: int  # bytes of __local memory a work-group may take
     core: str  # the matrix core convolutions and products run on: "gemm_vec" or "gemm_core"
+    # products and convolutions on the tf32 tensor-core core (gemm_mma.cl) on NVIDIA: precision "tf32", and "fp16"
+    # (options.fp16_mma), whose half operands are exact in tf32 (its f16 products: gemm_ldsm.cl where that applies)
+    mma: bool = False
 
     @property
     def tensor_cores(self):
@@ -58,7 +61,8 @@ class Device:
         nv = is_nvidia(info.vendor, info.platform) if nvidia is None else bool(nvidia)
         local = info.device.local_mem_size if info.device is not None else 48 << 10
         core = "gemm_core" if not cpu or options.matrix_core == "portable" else "gemm_vec"
-        return Device(info.name, cpu, nv, precision, info.compute_units, local, core)
+        mma = nv and (precision == "tf32" or precision == "fp16" and options.fp16_mma)
+        return Device(info.name, cpu, nv, precision, info.compute_units, local, core, mma)
 
 
 # PoCL's CPU device runs kernels on this many worker threads, read once, when the OpenCL platform starts in the

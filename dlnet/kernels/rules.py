@@ -234,9 +234,10 @@ def wino_chunk(T, nbytes, C, K, options, nx=16):
 
 
 def tf32_core(dev, options, M, N, K):
-    """Does an M x N x K product run on the tensor cores (tf32 mode on NVIDIA; small, shallow ones stay fp32)?"""
+    """Does an M x N x K product run on the tensor cores (tf32 and fp16 modes on NVIDIA; small, shallow ones stay
+    fp32)?"""
     lo, hi = options.tf32_fp32_k
-    return dev.tensor_cores and min(M, N) >= 32 and not lo <= K < hi
+    return dev.mma and min(M, N) >= 32 and not lo <= K < hi
 
 
 def ldsm_product(dev, options, M, N, K):
@@ -286,12 +287,12 @@ def rule_shape(dev, options, M, N, K, batches, deep, tile_model=GPU_TILE_MODEL):
 
 def tile_options(dev, M, N, deep, tile_model=GPU_TILE_MODEL):
     """The tiles (as "gpu:shape" / "tf32:shape") a product may take where measured (tuner.tune_layers): the fp32
-    GPU core's shapes, and on NVIDIA in tf32 mode the tensor-core ones (the tall tile only where slices of 32 along K
-    are fine); none where the device runs no tiled core (CPUs' gemm_vec)."""
+    GPU core's shapes, and on NVIDIA in tf32 and fp16 modes the tensor-core ones (the tall tile only where slices of
+    32 along K are fine); none where the device runs no tiled core (CPUs' gemm_vec)."""
     if not dev.tiled:
         return ()
     options = tuple(f"gpu:{s}" for s in tile_model)
-    if dev.tensor_cores and min(M, N) >= 32:
+    if dev.mma and min(M, N) >= 32:
         options += tuple(f"tf32:{s}" for s in ("huge", "huge96", "big", "wide") + (("tall",) if deep else ()))
     return options
 

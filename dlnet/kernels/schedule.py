@@ -248,7 +248,7 @@ def device_passes(graph, ctx, training=False):
     dev, o = ctx.dev, ctx.options
     core = dev.core
     min_channels, wino_m = o.winograd_min_channels, o.winograd_m
-    if dev.tensor_cores:
+    if dev.mma:  # (tf32, and fp16 on the tf32 core)
         min_channels, wino_m = max(min_channels, o.winograd_min_channels_tf32), o.winograd_m_tf32
     if training:
         if core == "gemm_core" and o.winograd_training:

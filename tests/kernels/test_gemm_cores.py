@@ -228,7 +228,7 @@ def test_tf32_wide_tile(M, N):
 
 
 # an NVIDIA device of 132 compute units in tf32 mode, as rules.pick_tiles sees it
-FAKE_NVIDIA = Device("fake", False, True, "tf32", 132, 48 << 10, "gemm_core")
+FAKE_NVIDIA = Device("fake", False, True, "tf32", 132, 48 << 10, "gemm_core", mma=True)
 
 
 @pytest.mark.parametrize("M,N,K,deep,shape", [

@@ -123,7 +123,7 @@ def test_with_options_while_the_device_opens():
 
 def test_device_facts():
     """Device.resolve: a CPU runs gemm_vec unless the options ask for the portable tiled core; tf32 is the tensor
-    cores' only on NVIDIA."""
+    cores' only on NVIDIA, where fp16's products share their core."""
     info = context().info
     if info.type != "CPU":
         pytest.skip("the CPU device's facts")
@@ -133,7 +133,13 @@ def test_device_facts():
     portable = Device.resolve(info, "fp32", Options(matrix_core="portable"))
     assert portable.core == "gemm_core" and portable.tiled and portable.is_cpu
     gpu = Device.resolve(info, "tf32", Options(), is_cpu=False, nvidia=True)
-    assert gpu.kind == "gpu" and gpu.core == "gemm_core" and gpu.tensor_cores and gpu.cp_async
+    assert gpu.kind == "gpu" and gpu.core == "gemm_core" and gpu.tensor_cores and gpu.cp_async and gpu.mma
+    # fp16 on NVIDIA: the products that are not f16 ones run on the tf32 core (half is exact in tf32), unless asked not
+    half = Device.resolve(info, "fp16", Options(), is_cpu=False, nvidia=True)
+    assert half.mma and not half.tensor_cores and half.half_storage
+    assert not Device.resolve(info, "fp16", Options(fp16_mma=False), is_cpu=False, nvidia=True).mma
+    assert not Device.resolve(info, "fp16", Options(), is_cpu=False, nvidia=False).mma
+    assert not Device.resolve(info, "fp32", Options(), is_cpu=False, nvidia=True).mma
 
 
 def conv3x3(c=16, k=24):

@@ -7,7 +7,7 @@
 // for both mma are one float4 in the k-contiguous A tile.
 //
 // Tiles come from global memory by cp.async (gemm_fetch.cl's ISSUE), STAGES - 1 slices of TK ahead, straight into
-// __local memory. A's rows are AS_STRIDE floats apart (16 mod 32: the float4 reads of 8 lanes hit 32 distinct
+// __local memory (or through registers: below). A's rows are AS_STRIDE floats apart (16 mod 32: the float4 reads of 8 lanes hit 32 distinct
 // banks). B's rows are TN floats. The columns of B are free to permute too, as long as the outputs follow: lane g's
 // column of the warp's block j is column (j / 4) * 32 + 4 g + j % 4 of the warp's TN / WARPS_N, so a lane's B
 // fragments at one k are NI / 4 float4 reads (not NI scalar ones); BS_SWZ moves each 4-float chunk of row k by
@@ -17,8 +17,17 @@
 // Epilogue: the accumulators go through __local memory (the pipeline's, once it is drained), so that the stores
 // run along n, 32 consecutive columns per warp (a lane's own columns are 4 apart: stored straight from registers,
 // every store touched 32 sectors).
-#if !defined(TM) || !defined(TN) || !defined(TK) || !defined(WARPS_M) || !defined(WARPS_N) || !defined(STAGES)
-#error "gemm_mma.cl needs TM TN TK WARPS_M WARPS_N STAGES"
+//
+// Without STAGES (precision "fp16": an operand stored in half, which cp.async cannot convert, half.without_copies),
+// the tiles come through registers instead, as in gemm_core.cl: gemm_fetch.cl's FETCH (LOAD_A / LOAD_B, half loads
+// included) reads the next slice while the current one is multiplied, then stores it into the other of two buffers.
+// A half value is exact in tf32 (both keep 10 bits of mantissa), so these products are the f16 tensor-core ones.
+#if !defined(STAGES)
+#define REG_STAGED
+#define STAGES 2
+#endif
+#if !defined(TM) || !defined(TN) || !defined(TK) || !defined(WARPS_M) || !defined(WARPS_N)
+#error "gemm_mma.cl needs TM TN TK WARPS_M WARPS_N"
 #endif
 #define NTHREADS (32 * WARPS_M * WARPS_N)
 #define MI (TM / (16 * WARPS_M))
@@ -68,18 +77,40 @@ void KERNEL_NAME(KERNEL_ARGS, __global float* ws, ulong ws_off) {
     // "slice t has landed"; the barrier after it publishes every thread's copies and retires the buffer that the
     // next copy overwrites (slice t - 1's).
     const int ntiles = kend > kbeg ? (kend - kbeg + TK - 1) / TK : 0;
+#if defined(REG_STAGED)
+    float ra[LA], rb[LB];
+#define STASH(buf) \
+    for (int l = 0; l < LA; l++) { \
+        const int e = tid + l * NTHREADS; AS_AT(buf, A_MM(e), A_KK(e)) = ra[l]; } \
+    for (int l = 0; l < LB; l++) { \
+        const int e = tid + l * NTHREADS; BS_AT(buf, B_KK(e), B_NN(e)) = rb[l]; }
+    if (ntiles) {
+        FETCH(kbeg)
+        STASH(0)
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+#else
     #pragma unroll
     for (int s = 0; s < STAGES - 1; s++) {
         if (s < ntiles) ISSUE(s, kbeg + s * TK)
         CP_COMMIT();
     }
+#endif
     for (int t = 0; t < ntiles; t++) {
+#if defined(REG_STAGED)
+        const int buf = t & 1;
+        const bool more = t + 1 < ntiles;
+        if (more) {
+            FETCH(kbeg + (t + 1) * TK)
+        }
+#else
         CP_WAIT(STAGES - 2);
         barrier(CLK_LOCAL_MEM_FENCE);
         const int tn = t + STAGES - 1;
         if (tn < ntiles) ISSUE(tn % STAGES, kbeg + tn * TK)
         CP_COMMIT();
         const int buf = t % STAGES;
+#endif
         #pragma unroll
         for (int kq = 0; kq < TK; kq += 16) {
             uint a[2][MI][4], b[2][NI][2];
@@ -109,10 +140,18 @@ void KERNEL_NAME(KERNEL_ARGS, __global float* ws, ulong ws_off) {
                     for (int j = 0; j < NI; j++)
                         MMA_TF32(acc[i][j], a[h][i], b[h][j]);
         }
+#if defined(REG_STAGED)
+        if (more) {
+            STASH(buf ^ 1)
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+#endif
     }
     // Every copy has landed and every warp is past its last fragment read before the tile is overwritten. (Without
     // the wait, split-K's products came out wrong now and then: copies were still landing here.)
+#if !defined(REG_STAGED)
     CP_WAIT(0);
+#endif
     barrier(CLK_LOCAL_MEM_FENCE);
     #pragma unroll
     for (int i = 0; i < MI; i++)
