@@ -35,11 +35,12 @@ def contexts(core):
     if core not in _CONTEXTS:
         base = context()
         base.queue  # (the device opened before a second Context looks for it)
-        options = base.options.replace(input_chunks=1)
+        # (fp16_mma off: on NVIDIA the tensor cores keep convolutions' x and w in float32; these tests check the
+        # kernels' half I/O, which test_fp16_on_nvidias_tensor_cores checks there)
+        options = base.options.replace(input_chunks=1, fp16_mma=False)
         if core == "winograd":
             options = options.replace(winograd_min_channels=1, winograd_min_layer_tiles=0, winograd_m=4,
-                                      winograd_f4_min_tiles=32,  # (the first layer F(4x4), the second F(2x2))
-                                      fp16_mma=False)  # (NVIDIA: the fp32 core's Winograd choices, not tf32's)
+                                      winograd_f4_min_tiles=32)  # (the first layer F(4x4), the second F(2x2))
         c32, c16 = base.with_options(options), dlnet.Context(base.info, precision="fp16", options=options)
         if core != "native":
             c32.is_cpu = c16.is_cpu = False
@@ -315,22 +316,25 @@ def test_tensor_core_products_in_half(M, K, N, trans_b):
 
 
 @pytest.mark.parametrize("mma", [True, False])
-def test_fp16_products_take_the_tf32_tensor_cores_on_nvidia(mma):
-    """NVIDIA, precision "fp16": convolutions (implicit GEMM, a 1x1 and a strided 3x3) and a product with half
-    operands run on gemm_mma.cl through registers (half is exact in tf32); Options(fp16_mma=False) keeps the fp32
-    core. Both against float64."""
+def test_fp16_on_nvidias_tensor_cores(mma):
+    """NVIDIA, precision "fp16" (Options.fp16_mma): convolutions (implicit GEMM, a 1x1 and a strided 3x3) run on the
+    tf32 tensor cores with x and w in float32 (their cp.async pipeline) and write half; a product of half operands
+    that gemm_ldsm.cl does not take (N not whole 16-byte rows) runs there too, through registers (half is exact in
+    tf32). fp16_mma=False: all on the fp32 core, x and w in half. Both against float64."""
     base = context()
     if not base.is_nvidia:
         pytest.skip("the tf32 core needs an NVIDIA device (inline PTX mma.sync)")
     r = _rng(7)
     x = r.standard_normal((2, 256, 15, 15)).astype(np.float32)  # (depths under 200 stay fp32: tf32_fp32_k)
     w1 = (r.standard_normal((96, 256, 1, 1)) / 16).astype(np.float32)
-    w3 = (r.standard_normal((128, 96, 3, 3)) / 30).astype(np.float32)
-    wg = (r.standard_normal((128 * 8 * 8, 40)) / 90).astype(np.float32)
+    w3 = (r.standard_normal((256, 96, 3, 3)) / 30).astype(np.float32)
+    wg = (r.standard_normal((256, 90)) / 16).astype(np.float32)
     nodes = [helper.make_node("Conv", ["x", "w1"], ["a"]), helper.make_node("Relu", ["a"], ["b"]),
              helper.make_node("Conv", ["b", "w3"], ["c"], pads=[1, 1, 1, 1], strides=[2, 2]),
-             helper.make_node("Flatten", ["c"], ["f"]), helper.make_node("MatMul", ["f", "wg"], ["y"])]
-    model = make_model(nodes, {"x": x}, ["y"], {"w1": w1, "w3": w3, "wg": wg})
+             helper.make_node("Relu", ["c"], ["d"]), helper.make_node("Transpose", ["d"], ["t"], perm=[0, 2, 3, 1]),
+             helper.make_node("Reshape", ["t", "shape"], ["f"]), helper.make_node("MatMul", ["f", "wg"], ["y"])]
+    model = make_model(nodes, {"x": x}, ["y"], {"w1": w1, "w3": w3, "wg": wg,
+                                                 "shape": np.array([128, 256], np.int64)})
     ctx = dlnet.Context(base.info, precision="fp16", options=base.options.replace(input_chunks=1, fp16_mma=mma))
     net = dlnet.Net(ctx).load_onnx(model)
     y = net.run({"x": x})["y"]
@@ -338,8 +342,13 @@ def test_fp16_products_take_the_tf32_tensor_cores_on_nvidia(mma):
     ap = np.pad(a, ((0, 0), (0, 0), (1, 1), (1, 1)))
     c = sum(np.einsum("nchw,kc->nkhw", ap[:, :, i:i + 15:2, j:j + 15:2], w3[:, :, i, j].astype(np.float64))
             for i in range(3) for j in range(3))
-    assert rel_l2(y, c.reshape(2, -1) @ wg) < 3e-3
+    want = np.maximum(c, 0).transpose(0, 2, 3, 1).reshape(128, 256) @ wg
+    assert rel_l2(y, want) < 3e-3
     convs = [n for n in net.graph.nodes if n.op == "Conv"]
-    assert len(convs) == 2 and convs[1].inputs[0].dtype == "float16"  # (the first reads the model's float32 input)
-    tiles = [launch.tile[1] for launch in net.launches if launch.tile and launch.layer.endswith(" Conv")]
-    assert len(tiles) >= 2 and all(t.startswith("tf32:" if mma else "gpu:") for t in tiles), tiles
+    assert len(convs) == 2 and convs[1].inputs[0].dtype == ("float32" if mma else "float16")
+    assert convs[1].inputs[1].dtype == ("float32" if mma else "float16") and convs[1].outputs[0].dtype == "float16"
+    gemm = next(n for n in net.graph.nodes if n.op == "Gemm")
+    assert gemm.inputs[0].dtype == "float16"
+    tiles = [launch.tile[1] for launch in net.launches if launch.tile and launch.layer.split(" ")[-1] in
+             ("Conv", "Gemm")]
+    assert len(tiles) >= 3 and all(t.startswith("tf32:" if mma else "gpu:") for t in tiles), tiles

@@ -15,19 +15,22 @@ def _depthwise(group, cin, c):
     return group == cin and c == 1 and group > 1
 
 
-def half_io(node):
+def half_io(node, dev):
     """precision "fp16": the GEMM paths read dy (and dW's x) and write dX in half (dW, a weight's gradient, in
-    float32); the depthwise (dwconv_grad.cl) and Winograd paths take float32."""
+    float32); the depthwise (dwconv_grad.cl) and Winograd paths take float32. On the tensor cores (dev.mma) they read
+    float32, for the cp.async pipeline (as schedule.ImplicitGemm), and dX is still written in half."""
     out, other = node.outputs[0], node.inputs[1]
     x_shape, w_shape = (other.shape, out.shape) if node.op == "ConvGradW" else (out.shape, other.shape)
     group = node.attrs.get("group", 1)
     if node.attrs.get("winograd") or _depthwise(group, x_shape[1], w_shape[1]):
         return NONE
-    return HalfIO((0, 1)) if node.op == "ConvGradW" else HalfIO((0,), True)
+    if node.op == "ConvGradW":
+        return NONE if dev.mma else HalfIO((0, 1))
+    return HalfIO((), True) if dev.mma else HalfIO((0,), True)
 
 
 class ConvGradFamily:
-    HALF_IO = {"ConvGradW": half_io, "ConvGradX": half_io}  # (node -> HalfIO: it depends on the path)
+    HALF_IO = {"ConvGradW": half_io, "ConvGradX": half_io}  # ((node, dev) -> HalfIO: it depends on the path)
 
     def conv_grad(self, node, which):
         """dW (which="dw") or dX ("dx") of a 1-D/2-D convolution as a GEMM on the device's core."""
