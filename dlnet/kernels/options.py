@@ -126,6 +126,10 @@ class Options:
     chunk_flops_per_byte: dict = field(default_factory=lambda: {"fp32": 1000, "tf32": 2000, "fp16": 2000})
     chunk_min_pixels: dict = field(default_factory=lambda: {"fp32": 2048, "tf32": 8192, "fp16": 8192})
 
+    # --- CPU products (gemm_cpu.cl) --------------------------------------------------------------------------------
+    # A's rows contiguous: its loads indexed by k itself, not by k * sak from MR stepped pointers
+    gemm_cpu_unit_k: bool = True
+
     # --- CPU convolutions (conv_cpu.cl, dwconv_cpu.cl) -----------------------------------------------------------
     # im2col panels packed per panel in __local memory above this im2col size (densenet 56x56 128->32: 9.3 -> 4.1 ms)
     conv_cpu_local_min_bytes: int = 2 << 20

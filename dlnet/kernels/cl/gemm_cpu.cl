@@ -34,6 +34,13 @@
 #define STORE_Y(i, v) y[i] = (v)
 #endif
 typedef float8 __attribute__((aligned(4))) float8u;
+// A_UNIT_K: A's rows are contiguous (sak == 1), so its loads index the MR row pointers by k itself (one induction
+// variable, not MR pointers stepped by sak each k)
+#if defined(A_UNIT_K)
+#define A_K(k) (k)
+#else
+#define A_K(k) ((k) * sak)
+#endif
 
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void gemm_cpu(__global const A_T* a, ulong a_off, __global const float* bp, ulong bp_off,
@@ -51,7 +58,7 @@ void gemm_cpu(__global const A_T* a, ulong a_off, __global const float* bp, ulon
         float8 bv[NV];
         _Pragma("unroll") for (int j = 0; j < NV; j++) bv[j] = *(__global const float8u*)(b + k * NR + 8 * j);
         _Pragma("unroll") for (int i = 0; i < MR; i++) {
-            const float8 av = (float8)(LOAD_A(ar[i], k * sak));
+            const float8 av = (float8)(LOAD_A(ar[i], A_K(k)));
             _Pragma("unroll") for (int j = 0; j < NV; j++) acc[i][j] = av * bv[j] + acc[i][j];
         }
     }

@@ -216,6 +216,8 @@ class MatmulFamily:
         self.record_tile(f"{MR}x{NR}")
         if c is not None:
             defs["HAS_C"] = 1
+        if sak == 1 and self.options.gemm_cpu_unit_k:
+            defs["A_UNIT_K"] = 1
         act = act_macro(at.get("act"))  # (a GELU epilogue: cpu_math.cl's erf, not PoCL's out-of-line one)
         src = defines(defs) + cpu_math(act) + act + kernel_source("gemm_cpu")
         args = self.args(a) + [self.meta(packed.ravel(), np.float32), np.uint64(0)] + \
