@@ -46,7 +46,10 @@ def test_erf_tanh_gelu_match_numpy_everywhere(ctx, op):
     assert (np.isnan(got) == np.isnan(want)).all()
     assert (got[~finite & ~np.isnan(want)] == want[~finite & ~np.isnan(want)]).all()
     assert rel_l2(got[finite], want[finite]) < 1e-6
-    assert np.max(np.abs(got[finite] - want[finite]) / np.maximum(np.abs(want[finite]), 1.0)) < 1e-6
+    # Gelu = 0.5 s (1 + erf): erf's float32 error near -1 (an ulp of 1 is 1.2e-7) is scaled by 0.5 |s|, up to 6 here,
+    # so its absolute error may pass 1e-6 (1.06e-6 seen once in fresh random inputs)
+    bound = 2e-6 if op == "Gelu" else 1e-6
+    assert np.max(np.abs(got[finite] - want[finite]) / np.maximum(np.abs(want[finite]), 1.0)) < bound
     tiny = finite & (np.abs(s) < 1e-2) & (s != 0)  # relative accuracy where the values are small
     assert np.max(np.abs(got[tiny] - want[tiny]) / np.abs(want[tiny])) < 1e-5
 
