@@ -3,13 +3,15 @@ of 3 warm-up and 5 timed runs each); prints their outputs' relative difference, 
 with --kernels also the summed kernel time of one run (OpenCL profiling events, a second pair of plans in a profiling
 context, interleaved the same way). Asserts nothing.
 
-    python bench/probes/cpu_ab.py [--model shufflenet] [--flag DW_CPU_PAD_IN] [--values False,True]
+    python bench/probes/cpu_ab.py [--model shufflenet|...|bert|gpt2|vit] [--flag DW_CPU_PAD_IN] [--values False,True]
+                                  [--layers 12]
 """
 import argparse
 import ast
 import os
 import statistics
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -26,14 +28,21 @@ def main():
     ap.add_argument("--flag", default="dw_cpu_pad_in", help="a field of dlnet.Options")
     ap.add_argument("--values", default="False,True", help="its two settings, A then B (Python literals)")
     ap.add_argument("--kernels", action="store_true", help="also the summed kernel ms per run")
+    ap.add_argument("--layers", type=int, default=12, help="transformers (bert, gpt2, vit): blocks of their 12")
     args = ap.parse_args()
     args.flag = args.flag.lower()
     a, b = (ast.literal_eval(v) for v in args.values.split(","))
-    m, feeds = cpu.cnn(args.model, 1)  # (the old models list their weights as inputs too)
+    folder = tempfile.mkdtemp(prefix="dlnet-ab-")
+    if args.model in cpu.TRANSFORMERS:  # (bench/cpu.py's, --layers of their 12 blocks)
+        m, feeds = cpu.transformer(args.model, args.layers, folder)
+        batch = None
+    else:
+        m, feeds = cpu.cnn(args.model, 1)  # (the old models list their weights as inputs too)
+        batch = 1
     ctx = dlnet.Context("cpu")
     nets = {}
     for v in (a, b):
-        nets[v] = dlnet.Net(ctx.with_options(**{args.flag: v})).load_onnx(m, batch=1)
+        nets[v] = dlnet.Net(ctx.with_options(**{args.flag: v})).load_onnx(m, batch=batch)
     outs = {v: next(iter(net.run(feeds).values())) for v, net in nets.items()}
     print(f"rel diff {np.linalg.norm(outs[b] - outs[a]) / np.linalg.norm(outs[a]):.1e}, launches "
           f"{len(nets[a].launches)} -> {len(nets[b].launches)}")
@@ -50,7 +59,7 @@ def main():
         print(f"{args.flag}={v}: best {min(t):.2f} ms, median {statistics.median(t):.2f} ms")
     if args.kernels:
         pctx = dlnet.Context("cpu", profile=True)
-        pnets = {v: dlnet.Net(pctx.with_options(**{args.flag: v})).load_onnx(m, batch=1) for v in (a, b)}
+        pnets = {v: dlnet.Net(pctx.with_options(**{args.flag: v})).load_onnx(m, batch=batch) for v in (a, b)}
         for net in pnets.values():
             net.run(feeds)
         ktimes = {a: [], b: []}
