@@ -62,7 +62,7 @@ def main():
         kind = layer.split(" ")[-1] if layer else "-"
         kinds[kind] = kinds.get(kind, 0.0) + sum(t for _, t in parts)
     ops = args.op.split(",")
-    print(f"{args.net} b{args.batch} training step: {total / 1:.2f} ms of kernel time in {len(launches)} launches")
+    print(f"{args.net} b{args.batch} training step: {total:.2f} ms of kernel time in {len(launches)} launches")
     print(f"{'node':14s} {'op':10s} {'x':>16s} {'w':>18s} {'s':>3s} {'path':10s} {'ms':>7s} {'TFLOP/s':>8s}  launches")
     sums = {}
     for node in active.graph.nodes:
