@@ -2,7 +2,7 @@
 batch 16 (fp32): is the convolution path's fetch (window tables, implicit columns) what holds the 1x1 layers at
 15-25 TFLOP/s, or the GEMM core itself?
 
-    python3 bench/probes/pointwise_gemm.py [--batch 16] [--iters 10] [--precision fp32]
+    python3 bench/probes/pointwise_gemm.py [--batch 16] [--iters 10] [--precision fp32] [--device gpu]
 
 Per shape: kernel time (median of --iters runs, profiling events) and TFLOP/s of Conv(x, w) with x [N, C, H, W],
 and of MatMul(w [K, C], x [N, C, H*W]) (batched, w broadcast); the tile each took. Runs on the GPU machine;
@@ -44,8 +44,9 @@ def main():
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--precision", default="fp32")
+    ap.add_argument("--device", default="gpu", help="dlnet device: gpu, cpu or ocl:N")
     args = ap.parse_args()
-    ctx = dlnet.Context(os.environ.get("DLNET_PROBE_DEVICE", "gpu"), precision=args.precision, profile=True)
+    ctx = dlnet.Context(args.device, precision=args.precision, profile=True)
     rng = np.random.default_rng(0)
     n = args.batch
     print(f"{'C -> K at HxW':20s} {'conv ms':>8s} {'TFLOP/s':>8s} {'matmul ms':>9s} {'TFLOP/s':>8s}  tiles, launches")

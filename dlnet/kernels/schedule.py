@@ -58,7 +58,7 @@ class Winograd(Algo):
     def half_io(node, dev):  # winograd.cl's transforms (conv_half.cl) and the GEMM's A (U); V and M stay float
         if node.attrs.get("winograd") != 1:
             return half.NONE
-        return half.HalfIO((0,), True) if dev.mma else half.EVERY  # (tensor cores: U float, for cp.async)
+        return half.copy_pipeline_io(dev, half.EVERY, reads=(0,))  # (x, read by the transform, not the GEMM)
 
 
 class DepthwisePlanesCpu(Algo):
@@ -103,10 +103,8 @@ class ImplicitGemm(Algo):
     name = "implicit_gemm"
 
     @staticmethod
-    def half_io(node, dev):
-        # a half x or w takes the register-staged path on NVIDIA (half.without_copies), 2.4x slower on the tensor
-        # cores than their cp.async pipeline (vgg16 features.7 fp16 1.37 ms against 0.58): there x and w stay float
-        return half.HalfIO((), True) if dev.mma else half.EVERY
+    def half_io(node, dev):  # (a half x or w takes the register-staged path on NVIDIA: half.without_copies)
+        return half.copy_pipeline_io(dev, half.EVERY)
 
 
 class GemmCpu(Algo):

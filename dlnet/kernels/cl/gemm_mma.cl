@@ -7,8 +7,8 @@
 // for both mma are one float4 in the k-contiguous A tile.
 //
 // Tiles come from global memory by cp.async (gemm_fetch.cl's ISSUE), STAGES - 1 slices of TK ahead, straight into
-// __local memory (or through registers: below). A's rows are AS_STRIDE floats apart (16 mod 32: the float4 reads of 8 lanes hit 32 distinct
-// banks). B's rows are TN floats. The columns of B are free to permute too, as long as the outputs follow: lane g's
+// __local memory (or through registers: below). A's rows are AS_STRIDE floats apart (16 mod 32: the float4 reads
+// of 8 lanes hit 32 distinct banks). B's rows are TN floats. The columns of B are free to permute too, as long as the outputs follow: lane g's
 // column of the warp's block j is column (j / 4) * 32 + 4 g + j % 4 of the warp's TN / WARPS_N, so a lane's B
 // fragments at one k are NI / 4 float4 reads (not NI scalar ones); BS_SWZ moves each 4-float chunk of row k by
 // 2 ((k / 4) % 4) chunks, so the rows 4t + s that the lanes of one 8-lane phase read fall in distinct banks.

@@ -6,7 +6,7 @@ import numpy as np
 from ...graph.ops.nn import conv_geometry
 from ..device import TILED_CORES
 from ..emitter import act_macro, core_source, defines
-from ..half import NONE, HalfIO, half_defines, without_copies
+from ..half import NONE, HalfIO, copy_pipeline_io, half_defines, without_copies
 from ..rules import round_up
 from ..runtime import kernel_source
 
@@ -17,16 +17,14 @@ def _depthwise(group, cin, c):
 
 def half_io(node, dev):
     """precision "fp16": the GEMM paths read dy (and dW's x) and write dX in half (dW, a weight's gradient, in
-    float32); the depthwise (dwconv_grad.cl) and Winograd paths take float32. On the tensor cores (dev.mma) they read
-    float32, for the cp.async pipeline (as schedule.ImplicitGemm), and dX is still written in half."""
+    float32); the depthwise (dwconv_grad.cl) and Winograd paths take float32; on the tensor cores the GEMM paths read
+    float32 (half.copy_pipeline_io)."""
     out, other = node.outputs[0], node.inputs[1]
     x_shape, w_shape = (other.shape, out.shape) if node.op == "ConvGradW" else (out.shape, other.shape)
     group = node.attrs.get("group", 1)
     if node.attrs.get("winograd") or _depthwise(group, x_shape[1], w_shape[1]):
         return NONE
-    if node.op == "ConvGradW":
-        return NONE if dev.mma else HalfIO((0, 1))
-    return HalfIO((), True) if dev.mma else HalfIO((0,), True)
+    return copy_pipeline_io(dev, HalfIO((0, 1)) if node.op == "ConvGradW" else HalfIO((0,), True))
 
 
 class ConvGradFamily:
