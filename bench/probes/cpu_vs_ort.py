@@ -16,6 +16,8 @@ import sys
 import tempfile
 import time
 
+import numpy as np
+
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import cpu  # noqa: E402
 
@@ -66,11 +68,36 @@ def ort_layers(model, feeds, iters, threads):
             sess.run(None, feeds)
         with open(sess.end_profiling()) as f:
             events = json.load(f)
-    times = collections.defaultdict(list)
+    times, shapes = collections.defaultdict(list), {}
     for e in events:
         if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
-            times[f"{e['name'][:-12]} ({e['args'].get('op_name')})"].append(e["dur"] * 1e-3)
-    return {k: statistics.median(v[2:] or v) for k, v in times.items()}, wall
+            key = f"{e['name'][:-12]} ({e['args'].get('op_name')})"
+            times[key].append(e["dur"] * 1e-3)
+            shapes[key] = tuple(tuple(next(iter(t.values()))) for t in e["args"].get("input_type_shape", [])[:2])
+    return {k: statistics.median(v[2:] or v) for k, v in times.items()}, wall, shapes
+
+
+def by_shape(model, feeds, dl, ort, ort_shapes):
+    """Conv layers matched by (x shape, w shape): {key: [dlnet ms, ort ms, layers, MFLOP per layer]}, dlnet's
+    launches summed per ONNX node (its label's node name), onnxruntime's nodes by their input shapes."""
+    net = dlnet.Net(dlnet.Context("cpu")).load_onnx(model, batch=1)
+    graph = net.build_graph({k: v.shape for k, v in feeds.items()}, passes=False)
+    rows = collections.defaultdict(lambda: [0.0, 0.0, 0, 0.0])
+    node_key = {}
+    for node in graph.nodes:
+        if node.op == "Conv":
+            x, w, y = (tuple(t.shape) for t in (node.inputs[0], node.inputs[1], node.outputs[0]))
+            node_key[node.name] = (x, w)
+            rows[(x, w)][2] += 1
+            rows[(x, w)][3] = 2e-6 * np.prod(y) * np.prod(w[1:])
+    for label, ms in dl.items():
+        key = node_key.get(label.split()[1])
+        if key:
+            rows[key][0] += ms
+    for label, ms in ort.items():
+        if ort_shapes.get(label, ()) in rows:
+            rows[ort_shapes[label]][1] += ms
+    return rows
 
 
 def kind(label):
@@ -88,6 +115,7 @@ def main():
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--top", type=int, default=15)
     ap.add_argument("--layers", type=int, default=12, help="the transformers' layers (bench/cpu.py: 12)")
+    ap.add_argument("--by-shape", action="store_true", help="Conv layers side by side, matched by x and w shapes")
     args = ap.parse_args()
     if args.model in cpu.TRANSFORMERS:
         import onnx
@@ -97,7 +125,7 @@ def main():
     else:
         model, feeds = cpu.cnn(args.model, 1)
     dl, dl_wall, n = dlnet_layers(model, feeds, args.iters, args.threads)
-    ort, ort_wall = ort_layers(model, feeds, args.iters, args.threads)
+    ort, ort_wall, ort_shapes = ort_layers(model, feeds, args.iters, args.threads)
     print(f"{args.model}: dlnet wall {dl_wall:.2f} ms, kernels {sum(dl.values()):.2f} ms in {n} launches; "
           f"onnxruntime wall {ort_wall:.2f} ms, nodes {sum(ort.values()):.2f} ms in {len(ort)} nodes")
     kinds = collections.defaultdict(lambda: [0.0, 0, 0.0, 0])
@@ -110,6 +138,13 @@ def main():
     print(f"{'kind':24s} {'dlnet ms':>9} {'n':>4} {'ort ms':>9} {'n':>4}")
     for k, (a, na, b, nb) in sorted(kinds.items(), key=lambda kv: -max(kv[1][0], kv[1][2])):
         print(f"{k:24s} {a:9.3f} {na:4d} {b:9.3f} {nb:4d}")
+    if args.by_shape:
+        rows = by_shape(model, feeds, dl, ort, ort_shapes)
+        print(f"\n{'x shape':18s} {'w shape':18s} {'n':>3} {'dlnet ms':>9} {'ort ms':>8} {'ratio':>6} {'dl GF/s':>8} "
+              f"{'ort GF/s':>8}")
+        for (x, w), (a, b, n, mf) in sorted(rows.items(), key=lambda kv: -kv[1][0]):
+            print(f"{str(list(x)):18s} {str(list(w)):18s} {n:3d} {a:9.3f} {b:8.3f} {b / a if a else 0:6.2f} "
+                  f"{n * mf / a if a else 0:8.1f} {n * mf / b if b else 0:8.1f}")
     for title, table in (("dlnet", dl), ("onnxruntime", ort)):
         print(f"\n{title}: top {args.top} layers")
         for label, ms in sorted(table.items(), key=lambda kv: -kv[1])[:args.top]:

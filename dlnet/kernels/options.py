@@ -131,6 +131,8 @@ class Options:
     gemm_cpu_unit_k: bool = True
 
     # --- CPU convolutions (conv_cpu.cl, dwconv_cpu.cl) -----------------------------------------------------------
+    # work-items per core that a register-tiled convolution's tiles are split into (row or channel blocks shared out)
+    conv_cpu_items_per_core: int = 8
     # im2col panels packed per panel in __local memory above this im2col size (densenet 56x56 128->32: 9.3 -> 4.1 ms)
     conv_cpu_local_min_bytes: int = 2 << 20
     # layers of several taps read zero-padded planes, not im2col (densenet121 63 -> 47 ms)
@@ -149,6 +151,8 @@ class Options:
     # columns (conv2d_cpu_pixels), packed from x without pads (0: never). resnet50's 7x7 3x3 512 layer 1.48 -> 1.39 ms,
     # its 1x1 stride-2 1024 -> 2048 1.48 -> 1.17; at 14x14 (196) a 1x1 256 -> 1024 ran 1.01 -> 1.18: not there
     conv_cpu_pixels_max: int = 64
+    # ... every pixel panel packed once, then the weights stationary: each channel panel runs over all the pixel blocks
+    conv_cpu_pixels_packed: bool = True
     # depthwise layers over zero-padded planes (shufflenet 5.76 -> 5.02 ms)
     dw_cpu_planes: bool = True
     # ... each work-item padding the rows it reads itself where they fit dw_pad_in_floats (shufflenet 4.82 -> 4.38)

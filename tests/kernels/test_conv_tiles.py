@@ -96,13 +96,15 @@ PIXELS = [  # (batch, Cin, H, W, Cout, kernel, stride, pad, group): few pixels, 
 ]
 
 
-@pytest.mark.parametrize("pixels", [False, True], ids=["panels", "pixels"])
+@pytest.mark.parametrize("pixels,packed", [(False, False), (True, False), (True, True)],
+                         ids=["panels", "pixels", "pixels-packed"])
 @pytest.mark.parametrize("shape", PIXELS, ids=["x".join(map(str, s)) for s in PIXELS])
-def test_conv_pixel_rows_match_onnxruntime(ctx, shape, pixels):
+def test_conv_pixel_rows_match_onnxruntime(ctx, shape, pixels, packed):
     """Small maps on CPU devices: pixels as rows and output channels as 16-column panels (cpu_pixels, packed from x
-    with its borders as zeros), or the pixel panels of the other paths, with the fused epilogue."""
+    with its borders as zeros: per work-item, or all at once with the weights stationary), or the pixel panels of
+    the other paths, with the fused epilogue."""
     import onnxruntime as ort
-    ctx = ctx.with_options(conv_cpu_pixels_max=64 if pixels else 0)
+    ctx = ctx.with_options(conv_cpu_pixels_max=64 if pixels else 0, conv_cpu_pixels_packed=packed)
     model, feeds = conv_model(*shape, False)
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     net = dlnet.Net(ctx).load_onnx(model)
@@ -112,6 +114,7 @@ def test_conv_pixel_rows_match_onnxruntime(ctx, shape, pixels):
         if pixels:
             assert "algo=cpu_pixels tile=" in str(net.graph)
             assert not any(launch.label.endswith(" pad") for launch in net.launches)
+            assert any(launch.label.endswith(" pack") for launch in net.launches) == packed
     got = list(net.run(feeds).values())[0]
     assert rel_l2(got, want) < 1e-5
     net.release()

@@ -248,11 +248,109 @@ void conv2d_cpu_local(__global const float* x, ulong x_off, __global const float
 
 // Small maps with many channels (resnet50's 7x7 stage, PIXEL_ROWS): the product turned around, MR output pixels as
 // rows and NR output channels as columns, so the pixels pad only up to MR (49 = 7 x 7: none) where NR-column panels of
-// pixels padded 49 to 56 or 64. One work-item per (block mb of MR pixels, share ns of the channel panels, group)
-// packs its KK x MR pixel panel into __local memory from x (zero outside it: no padded copy of x) and runs NBS panels
-// of weights on it, packed as wq[g][nb][k][NR] (K a multiple of NR). Each row of the tile stores its 8-channel
-// vectors lane by lane (a pixel's channels lie OHW apart in y).
-#if defined(PIXEL_ROWS) && defined(B_LOCAL)
+// pixels padded 49 to 56 or 64. The weights are packed as wq[g][nb][k][NR] (K a multiple of NR). Each row of a tile
+// stores its 8-channel vectors lane by lane (a pixel's channels lie OHW apart in y).
+#if defined(PIXEL_ROWS)
+// The KK x MR panel of pixels p0.. (pixel panel block) from x: zero outside x and past NN; no padded copy of x.
+#define PACK_PIXELS(panel)                                                                                           \
+    do {                                                                                                             \
+        long cb[MR];                                                                                                 \
+        int iy0[MR], ix0[MR];                                                                                        \
+        _Pragma("unroll") for (int e = 0; e < MR; e++) {  /* per pixel: its image's offset, its window's corner */    \
+            const int n = p0 + e < NN ? p0 + e : NN - 1;                                                             \
+            const int img = n / OHW, p = n - img * OHW, oy = p / OW, ox = p - oy * OW;                               \
+            cb[e] = img * x_nstride;                                                                                 \
+            iy0[e] = p0 + e < NN ? oy * SH - PH : -(1 << 30);                                                        \
+            ix0[e] = ox * SW - PW;                                                                                   \
+        }                                                                                                            \
+        int kx = 0, ky = 0;                                                                                          \
+        long coff = 0;                                                                                               \
+        for (int k = 0; k < KK; k++) {                                                                               \
+            const int dy = ky * DH, dx = kx * DW;                                                                    \
+            _Pragma("unroll") for (int e = 0; e < MR; e++) {                                                         \
+                const int iy = iy0[e] + dy, ix = ix0[e] + dx;                                                        \
+                const bool inside = (uint)iy < (uint)H && (uint)ix < (uint)W;                                        \
+                panel[k * MR + e] = inside ? xg[cb[e] + coff + iy * W + ix] : 0.0f;                                  \
+            }                                                                                                        \
+            if (++kx == KW) {                                                                                        \
+                kx = 0;                                                                                              \
+                if (++ky == KH) { ky = 0; coff += H * W; }                                                           \
+            }                                                                                                        \
+        }                                                                                                            \
+    } while (0)
+
+// The MR x NR tile of pixels p0.. and channel panel nb: NV vectors of channels times MR broadcast pixels of `panel`,
+// weights at bp (y, res, bias at the tile's group).
+#define PIXEL_TILE(panel, bp)                                                                                        \
+    do {                                                                                                             \
+        float8 acc[MR][NV];                                                                                          \
+        _Pragma("unroll") for (int i = 0; i < MR; i++)                                                               \
+            _Pragma("unroll") for (int j = 0; j < NV; j++) acc[i][j] = (float8)(0.0f);                               \
+        for (int k = 0; k < KK; k++) {  /* the hot loop */                                                           \
+            float8 b[NV];                                                                                            \
+            _Pragma("unroll") for (int j = 0; j < NV; j++) b[j] = *(__global const float8*)((bp) + k * NR + 8 * j);  \
+            _Pragma("unroll") for (int i = 0; i < MR; i++) {                                                         \
+                const float8 a = (float8)((panel)[k * MR + i]);                                                      \
+                _Pragma("unroll") for (int j = 0; j < NV; j++) acc[i][j] = a * b[j] + acc[i][j];                     \
+            }                                                                                                        \
+        }                                                                                                            \
+        _Pragma("unroll") for (int i = 0; i < MR; i++) {                                                             \
+            const int n = p0 + i;                                                                                    \
+            if (n >= NN) break;                                                                                      \
+            const int img = n / OHW, p = n - img * OHW;                                                              \
+            _Pragma("unroll") for (int j = 0; j < NV; j++) {                                                         \
+                const int m0 = nb * NR + 8 * j;                                                                      \
+                union { float8 v; float s[8]; } t;                                                                   \
+                t.v = acc[i][j];                                                                                     \
+                _Pragma("unroll") for (int e = 0; e < 8; e++) {                                                      \
+                    float v = t.s[e];                                                                                \
+                    ADD_BIAS(v, m0 + e);                                                                             \
+                    ADD_RES(v, img * res_nstride + (long)(m0 + e) * OHW + p);                                        \
+                    y[img * y_nstride + (long)(m0 + e) * OHW + p] = ACT(v);                                          \
+                }                                                                                                    \
+            }                                                                                                        \
+        }                                                                                                            \
+    } while (0)
+
+#if defined(PIXELS_PACKED)
+// The weights stay, the pixels pass: every pixel panel packed once, by pixels_pack into xp[g][mb][k][MR], then one
+// work-item per (NBS channel panels, share ps of the pixel blocks, group) runs its panels of weights over the pixel
+// blocks, each weight panel (KK x NR floats) read from memory once and then from cache. Weights read once per pixel
+// block (the __local path) came from memory every time inside a network (resnet50's 3x3 512 at 7 x 7: 9.4 MB of
+// weights, 10 blocks of 5 pixels).
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void pixels_pack(__global const float* x, ulong x_off, __global float* xp, int C, int KK, int OHW, int NN, int H,
+                 int W, int OW, int KH, int KW, int SH, int SW, int PH, int PW, int DH, int DW, long x_nstride) {
+    const int mb = get_global_id(0), g = get_global_id(1), MB = get_global_size(0);
+    const int p0 = mb * MR;
+    __global const float* xg = x + x_off + (long)g * C * H * W;
+    __global float* panel = xp + ((long)g * MB + mb) * KK * MR;
+    PACK_PIXELS(panel);
+}
+
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void conv2d_cpu_pixels(__global const float* xp, ulong xp_off, __global const float* w, ulong w_off,
+                       __global const float* bias, ulong bias_off, __global const float* res, ulong res_off,
+                       __global float* y, ulong y_off, int K, int KK, int OHW, int NN, long y_nstride,
+                       long res_nstride, int NBS, int MBS) {
+    const int ns = get_global_id(0), ps = get_global_id(1), g = get_global_id(2);
+    const int NB = K / NR, MB = (NN + MR - 1) / MR;
+    y += y_off + (long)g * K * OHW;
+    res += res_off + (long)g * K * OHW;
+    bias += bias_off + g * K;
+    const int nb_end = (ns + 1) * NBS < NB ? (ns + 1) * NBS : NB, mb_end = (ps + 1) * MBS < MB ? (ps + 1) * MBS : MB;
+    for (int nb = ns * NBS; nb < nb_end; nb++) {
+        __global const float* bp = w + w_off + ((long)g * NB + nb) * KK * NR;
+        for (int mb = ps * MBS; mb < mb_end; mb++) {
+            const int p0 = mb * MR;
+            __global const float* panel = xp + xp_off + ((long)g * MB + mb) * KK * MR;
+            PIXEL_TILE(panel, bp);
+        }
+    }
+}
+#elif defined(B_LOCAL)
+// One work-item per (block mb of MR pixels, share ns of the channel panels, group) packs its KK x MR pixel panel into
+// __local memory and runs NBS panels of weights on it.
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void conv2d_cpu_pixels(__global const float* x, ulong x_off, __global const float* w, ulong w_off,
                        __global const float* bias, ulong bias_off, __global const float* res, ulong res_off,
@@ -262,65 +360,18 @@ void conv2d_cpu_pixels(__global const float* x, ulong x_off, __global const floa
     __local float panel[B_LOCAL];  // [KK][MR]
     const int mb = get_global_id(0), ns = get_global_id(1), g = get_global_id(2);
     const int p0 = mb * MR, NB = K / NR;
-    long cb[MR];
-    int iy0[MR], ix0[MR];
-    _Pragma("unroll") for (int e = 0; e < MR; e++) {  // per pixel: its image's offset and its window's corner
-        const int n = p0 + e < NN ? p0 + e : NN - 1;
-        const int img = n / OHW, p = n - img * OHW, oy = p / OW, ox = p - oy * OW;
-        cb[e] = img * x_nstride;
-        iy0[e] = p0 + e < NN ? oy * SH - PH : -(1 << 30);
-        ix0[e] = ox * SW - PW;
-    }
     __global const float* xg = x + x_off + (long)g * C * H * W;
-    int kx = 0, ky = 0;
-    long coff = 0;
-    for (int k = 0; k < KK; k++) {
-        const int dy = ky * DH, dx = kx * DW;
-        _Pragma("unroll") for (int e = 0; e < MR; e++) {
-            const int iy = iy0[e] + dy, ix = ix0[e] + dx;
-            const bool inside = (uint)iy < (uint)H && (uint)ix < (uint)W;
-            panel[k * MR + e] = inside ? xg[cb[e] + coff + iy * W + ix] : 0.0f;
-        }
-        if (++kx == KW) {
-            kx = 0;
-            if (++ky == KH) { ky = 0; coff += H * W; }
-        }
-    }
+    PACK_PIXELS(panel);
     y += y_off + (long)g * K * OHW;
     res += res_off + (long)g * K * OHW;
     bias += bias_off + g * K;
     const int nb_end = (ns + 1) * NBS < NB ? (ns + 1) * NBS : NB;
     for (int nb = ns * NBS; nb < nb_end; nb++) {
-        float8 acc[MR][NV];
-        _Pragma("unroll") for (int i = 0; i < MR; i++)
-            _Pragma("unroll") for (int j = 0; j < NV; j++) acc[i][j] = (float8)(0.0f);
         __global const float* bp = w + w_off + ((long)g * NB + nb) * KK * NR;
-        for (int k = 0; k < KK; k++) {  // the hot loop: NV vectors of channels times MR broadcast pixels
-            float8 b[NV];
-            _Pragma("unroll") for (int j = 0; j < NV; j++) b[j] = *(__global const float8*)(bp + k * NR + 8 * j);
-            _Pragma("unroll") for (int i = 0; i < MR; i++) {
-                const float8 a = (float8)(panel[k * MR + i]);
-                _Pragma("unroll") for (int j = 0; j < NV; j++) acc[i][j] = a * b[j] + acc[i][j];
-            }
-        }
-        _Pragma("unroll") for (int i = 0; i < MR; i++) {
-            const int n = p0 + i;
-            if (n >= NN) break;
-            const int img = n / OHW, p = n - img * OHW;
-            _Pragma("unroll") for (int j = 0; j < NV; j++) {
-                const int m0 = nb * NR + 8 * j;
-                union { float8 v; float s[8]; } t;
-                t.v = acc[i][j];
-                _Pragma("unroll") for (int e = 0; e < 8; e++) {
-                    float v = t.s[e];
-                    ADD_BIAS(v, m0 + e);
-                    ADD_RES(v, img * res_nstride + (long)(m0 + e) * OHW + p);
-                    y[img * y_nstride + (long)(m0 + e) * OHW + p] = ACT(v);
-                }
-            }
-        }
+        PIXEL_TILE(panel, bp);
     }
 }
+#endif
 #endif
 
 // Convolutions without im2col read zero-padded planes (planes.cl, prepended to this file where KHC is defined).

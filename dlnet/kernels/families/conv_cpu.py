@@ -92,7 +92,7 @@ class ConvCpuFamily:
             if self.options.conv_cpu_direct_pack and 4 * KK * NR <= self.dev.local_mem:
                 defs["B_LOCAL"] = self.dev.local_mem // 4
             src = defines(defs) + head + kernel_source("planes") + kernel_source("conv_cpu")
-            splits = min(MB, -(-8 * self.dev.compute_units // (N * NBI * group)))
+            splits = min(MB, -(-self.options.conv_cpu_items_per_core * self.dev.compute_units // (N * NBI * group)))
             MBS = -(-MB // splits)
             self.emit(src, "conv2d_cpu_direct", [self.dummy()[0], np.uint64(0)] + wargs + bargs + rargs +
                       self.args(y) + [np.int32(v) for v in (C, K, Hq, Wq, OH, OW, NBI)] + [
@@ -109,7 +109,7 @@ class ConvCpuFamily:
             defs["B_LOCAL"] = self.dev.local_mem // 4
             if pointwise:
                 defs["PACK_1X1"] = 1
-            splits = min(MB, -(-8 * self.dev.compute_units // (NB * group)))
+            splits = min(MB, -(-self.options.conv_cpu_items_per_core * self.dev.compute_units // (NB * group)))
             MBS = -(-MB // splits)
             splits = -(-MB // MBS)
         else:
@@ -156,7 +156,7 @@ class ConvCpuFamily:
         u = np.zeros((16, MB * MR, C), np.float32)
         u[:, :K] = transform_weights(w.const, 2).reshape(16, K, C)
         u = u.reshape(16, MB, MR, C).transpose(0, 1, 3, 2)
-        splits = min(MB, -(-8 * self.dev.compute_units // (N * NBI)))
+        splits = min(MB, -(-self.options.conv_cpu_items_per_core * self.dev.compute_units // (N * NBI)))
         MBS = -(-MB // splits)
         self.emit(src, "conv2d_cpu_wino", [self.dummy()[0], np.uint64(0), self.meta(u.ravel(), np.float32),
                                            np.uint64(0)] + bargs + rargs + self.args(y) + [
@@ -166,8 +166,9 @@ class ConvCpuFamily:
         self.use_scratch(self.launches[-1].kernel, 0, 4 * N * xp_nstride, "work")
 
     def _conv_cpu_pixels(self, node, head, bargs, rargs, group, C, K, geo, y_nstride, label):
-        """conv_cpu.cl's conv2d_cpu_pixels: MR output pixels as rows, 16 output channels as columns, the pixel panel
-        packed from x (zeros outside it) per work-item, the weights packed here as wq[g][nb][k][16]."""
+        """conv_cpu.cl's conv2d_cpu_pixels: MR output pixels as rows, 16 output channels as columns, the weights packed
+        here as wq[g][nb][k][16]. With Options.conv_cpu_pixels_packed, every pixel panel packed once (pixels_pack,
+        into the plan's work scratch) and the weights stationary; else each work-item packs its own pixel panel."""
         x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
         H, W, OH, OW, KH, KW, SH, SW, PH, PW, DH, DW = (int(v) for v in geo)
         N, Cin = x.shape[0], x.shape[1]
@@ -178,12 +179,30 @@ class ConvCpuFamily:
         MB, NB = -(-NN // MR), K // NR
         self.record_tile(f"{MR}x{NR}")
         a = np.asarray(w.const, np.float32).reshape(group, NB, NR, KK).transpose(0, 1, 3, 2)
-        splits = min(NB, -(-8 * self.dev.compute_units // (MB * group)))  # about 8 work-items per core
+        items = self.options.conv_cpu_items_per_core * self.dev.compute_units
+        xgeo = [np.int32(v) for v in (H, W, OW, KH, KW, SH, SW, PH, PW, DH, DW)] + [np.int64(Cin * H * W)]
+        wargs = [self.meta(a.ravel(), np.float32), np.uint64(0)]
+        if self.options.conv_cpu_pixels_packed:
+            defs = dict(MR=MR, NV=NR // 8, PIXEL_ROWS=1, PIXELS_PACKED=1)
+            src = defines(defs) + head + kernel_source("conv_cpu")
+            self.emit(src, "pixels_pack", self.args(x) + [self.dummy()[0]] + [
+                np.int32(v) for v in (C, KK, OHW, NN)] + xgeo, (MB, group), (1, 1), label + " pack")
+            self.use_scratch(self.launches[-1].kernel, 2, 4 * group * MB * KK * MR, "work")
+            shares = min(NB, -(-items // group))  # channel panels shared out first, then the pixel blocks
+            NBS = -(-NB // shares)
+            MBS = -(-MB // min(MB, -(-items // (shares * group))))
+            self.emit(src, "conv2d_cpu_pixels", [self.dummy()[0], np.uint64(0)] + wargs + bargs + rargs +
+                      self.args(y) + [np.int32(v) for v in (K, KK, OHW, NN)] + [
+                          np.int64(y_nstride), np.int64(y_nstride), np.int32(NBS), np.int32(MBS)],
+                      (-(-NB // NBS), -(-MB // MBS), group), (1, 1, 1), label)
+            self.use_scratch(self.launches[-1].kernel, 0, 0, "work")
+            return
+        splits = min(NB, -(-items // (MB * group)))
         NBS = -(-NB // splits)
         defs = dict(MR=MR, NV=NR // 8, PIXEL_ROWS=1, B_LOCAL=self.dev.local_mem // 4)
-        args = self.args(x) + [self.meta(a.ravel(), np.float32), np.uint64(0)] + bargs + rargs + self.args(y) + [
-            np.int32(v) for v in (C, K, KK, OHW, NN)] + [np.int64(y_nstride), np.int64(y_nstride)] + [
-            np.int32(v) for v in (H, W, OW, KH, KW, SH, SW, PH, PW, DH, DW)] + [np.int64(Cin * H * W), np.int32(NBS)]
+        args = self.args(x) + wargs + bargs + rargs + self.args(y) + [
+            np.int32(v) for v in (C, K, KK, OHW, NN)] + [np.int64(y_nstride), np.int64(y_nstride)] + xgeo + [
+            np.int32(NBS)]
         self.emit(defines(defs) + head + kernel_source("conv_cpu"), "conv2d_cpu_pixels", args,
                   (MB, -(-NB // NBS), group), (1, 1, 1), label)
 
