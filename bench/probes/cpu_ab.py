@@ -1,13 +1,16 @@
 """Probe: one CPU model under two settings of an Options field, both plans in one process, timed interleaved (15 rounds
 of 3 warm-up and 5 timed runs each); prints their outputs' relative difference, launch counts, best and median ms;
 with --kernels also the summed kernel time of one run (OpenCL profiling events, a second pair of plans in a profiling
-context, interleaved the same way). Asserts nothing.
+context, interleaved the same way); with --by-shape (CNNs) also each Conv shape's median kernel ms in both settings
+(cpu_vs_ort.by_shape; separate processes or contexts per setting gave one setting 18% against itself). Asserts
+nothing.
 
     python bench/probes/cpu_ab.py [--model shufflenet|...|bert|gpt2|vit] [--flag DW_CPU_PAD_IN] [--values False,True]
                                   [--layers 12]
 """
 import argparse
 import ast
+import collections
 import os
 import statistics
 import sys
@@ -17,7 +20,9 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cpu
+import cpu_vs_ort
 
 import dlnet
 
@@ -29,6 +34,7 @@ def main():
     ap.add_argument("--values", default="False,True", help="its two settings, A then B (Python literals)")
     ap.add_argument("--kernels", action="store_true", help="also the summed kernel ms per run")
     ap.add_argument("--layers", type=int, default=12, help="transformers (bert, gpt2, vit): blocks of their 12")
+    ap.add_argument("--by-shape", action="store_true", help="also per Conv shape (CNNs), with --kernels")
     args = ap.parse_args()
     args.flag = args.flag.lower()
     a, b = (ast.literal_eval(v) for v in args.values.split(","))
@@ -63,16 +69,28 @@ def main():
         for net in pnets.values():
             net.run(feeds)
         ktimes = {a: [], b: []}
+        layers = {a: collections.defaultdict(list), b: collections.defaultdict(list)}
         for _ in range(15):
             for v, net in pnets.items():
                 runs = []
                 for _ in range(4):
-                    events = [launch.enqueue(pctx.queue) for launch in net.launches]
+                    events = [(f"{i:3d} {launch.label}", launch.enqueue(pctx.queue))
+                              for i, launch in enumerate(net.launches)]
                     pctx.queue.finish()
-                    runs.append(sum((e.profile.end - e.profile.start) * 1e-6 for e in events))
+                    runs.append(sum((e.profile.end - e.profile.start) * 1e-6 for _, e in events))
+                    for key, e in events:
+                        layers[v][key].append((e.profile.end - e.profile.start) * 1e-6)
                 ktimes[v].append(min(runs[1:]))
         for v, t in ktimes.items():
             print(f"{args.flag}={v}: kernel sum best {min(t):.3f} ms, median {statistics.median(t):.3f} ms")
+        if args.by_shape and batch is not None:
+            rows = {v: cpu_vs_ort.by_shape(m, feeds, {k: statistics.median(t) for k, t in layers[v].items()}, {}, {})
+                    for v in (a, b)}
+            print(f"\n{'x shape':20s} {'w shape':20s} {'n':>3} {'A ms':>8} {'B ms':>8} {'B/A':>5}")
+            for key in sorted(rows[a], key=lambda k: -rows[a][k][0]):
+                ta, tb = rows[a][key][0], rows[b].get(key, [0.0])[0]
+                print(f"{str(list(key[0])):20s} {str(list(key[1])):20s} {rows[a][key][2]:3d} {ta:8.3f} {tb:8.3f} "
+                      f"{tb / ta if ta else 0:5.2f}")
 
 
 if __name__ == "__main__":

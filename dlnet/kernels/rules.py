@@ -121,6 +121,8 @@ def pick_conv_cpu_tiles(NN):
 # faster than the pixel panels there (bench/RESULTS.md, cpu4).
 CONV_CPU_PIXEL_ROWS = (6, 5)
 CONV_CPU_PIXEL_COLS = 16
+# ... the last panel's channels past K zero, where that pads K by at most this factor (1000 -> 1008)
+CONV_CPU_PIXEL_PAD = 1.02
 # ... where each packed pixel panel serves at least 8 channel panels (K >= 128), and 1x1 stride-1 layers (whose pixel
 # panels the other path packs as vectors) from 512 channels: one-layer kernel times at 7x7, pixels against panels,
 # densenet121's 3x3 128 -> 32 0.065 -> 0.130 ms, inception's 1x1 832 -> 48 0.064 -> 0.134 and 832 -> 384 0.382 ->
@@ -131,10 +133,11 @@ CONV_CPU_PIXEL_MIN_K_1X1 = 512
 
 def pick_conv_cpu_pixels(NN, K, KK, pointwise, max_pixels, local_mem):
     """MR (pixels per tile) for conv2d_cpu_pixels with NN output pixels, K output channels (per group), KK taps, a
-    1x1 stride-1 layer or not; or None where it does not apply: more pixels than max_pixels, K not whole panels of
-    CONV_CPU_PIXEL_COLS or under the minimum, or a KK x MR panel over local memory."""
+    1x1 stride-1 layer or not; or None where it does not apply: more pixels than max_pixels, K padded to whole panels
+    of CONV_CPU_PIXEL_COLS by more than CONV_CPU_PIXEL_PAD or under the minimum, or a KK x MR panel over local
+    memory."""
     min_k = CONV_CPU_PIXEL_MIN_K_1X1 if pointwise else CONV_CPU_PIXEL_MIN_K
-    if NN > max_pixels or K % CONV_CPU_PIXEL_COLS or K < min_k:
+    if NN > max_pixels or round_up(K, CONV_CPU_PIXEL_COLS) > CONV_CPU_PIXEL_PAD * K or K < min_k:
         return None
     mr = min(CONV_CPU_PIXEL_ROWS, key=lambda r: (round_up(NN, r), -r))
     return mr if 4 * KK * mr <= local_mem else None

@@ -93,6 +93,7 @@ PIXELS = [  # (batch, Cin, H, W, Cout, kernel, stride, pad, group): few pixels, 
     (1, 32, 8, 8, 256, 1, 2, 0, 2),      # 1x1 stride 2 (resnet50's shortcut), 2 groups of 128 channels
     (1, 12, 9, 9, 144, 3, 2, 1, 1),      # stride 2 with pads: 25 pixels, 9 panels of channels
     (1, 40, 6, 6, 512, 1, 1, 0, 1),      # 1x1 stride 1 over 36 pixels in blocks of 6
+    (1, 16, 5, 5, 1000, 1, 1, 0, 1),     # 1000 channels: the last panel's 8 past K are zero weights, not stored
 ]
 
 
@@ -122,8 +123,8 @@ def test_conv_pixel_rows_match_onnxruntime(ctx, shape, pixels, packed):
 
 def test_pixel_rows_rule():
     """rules.pick_conv_cpu_pixels: the rows that pad the pixels least (49: 5, 36: 6); None past the pixel limit, for
-    channels that are not whole 16-column panels or too few (fewer for 1x1 stride-1 layers), or for a panel over
-    local memory."""
+    channels that whole 16-column panels would pad by more than 2%, or too few (fewer for 1x1 stride-1 layers), or
+    for a panel over local memory."""
     from dlnet.kernels.rules import pick_conv_cpu_pixels
     assert pick_conv_cpu_pixels(49, 512, 4608, False, 64, 1 << 20) == 5
     assert pick_conv_cpu_pixels(36, 2048, 512, True, 64, 1 << 20) == 6
@@ -131,7 +132,8 @@ def test_pixel_rows_rule():
     assert pick_conv_cpu_pixels(49, 112, 1152, False, 64, 1 << 20) is None
     assert pick_conv_cpu_pixels(49, 384, 832, True, 64, 1 << 20) is None
     assert pick_conv_cpu_pixels(100, 512, 4608, False, 64, 1 << 20) is None
-    assert pick_conv_cpu_pixels(49, 520, 4608, False, 64, 1 << 20) is None
+    assert pick_conv_cpu_pixels(49, 200, 4608, False, 64, 1 << 20) is None  # 208 panel columns: 4% padded
+    assert pick_conv_cpu_pixels(169, 1000, 512, True, 196, 1 << 20) == 5  # 1008: 0.8% padded
     assert pick_conv_cpu_pixels(49, 512, 4608, False, 64, 4 * 4608 * 5 - 4) is None
 
 

@@ -248,7 +248,7 @@ void conv2d_cpu_local(__global const float* x, ulong x_off, __global const float
 
 // Small maps with many channels (resnet50's 7x7 stage, PIXEL_ROWS): the product turned around, MR output pixels as
 // rows and NR output channels as columns, so the pixels pad only up to MR (49 = 7 x 7: none) where NR-column panels of
-// pixels padded 49 to 56 or 64. The weights are packed as wq[g][nb][k][NR] (K a multiple of NR). Each row of a tile
+// pixels padded 49 to 56 or 64. The weights are packed as wq[g][nb][k][NR] (channels past K zero). Each row of a tile
 // stores its 8-channel vectors lane by lane (a pixel's channels lie OHW apart in y).
 #if defined(PIXEL_ROWS)
 // The KK x MR panel of pixels p0.. (pixel panel block) from x: zero outside x and past NN; no padded copy of x.
@@ -303,6 +303,7 @@ void conv2d_cpu_local(__global const float* x, ulong x_off, __global const float
                 union { float8 v; float s[8]; } t;                                                                   \
                 t.v = acc[i][j];                                                                                     \
                 _Pragma("unroll") for (int e = 0; e < 8; e++) {                                                      \
+                    if (m0 + e >= K) break;  /* (channels past K: the last panel's zero weights) */                  \
                     float v = t.s[e];                                                                                \
                     ADD_BIAS(v, m0 + e);                                                                             \
                     ADD_RES(v, img * res_nstride + (long)(m0 + e) * OHW + p);                                        \
@@ -334,7 +335,7 @@ void conv2d_cpu_pixels(__global const float* xp, ulong xp_off, __global const fl
                        __global float* y, ulong y_off, int K, int KK, int OHW, int NN, long y_nstride,
                        long res_nstride, int NBS, int MBS) {
     const int ns = get_global_id(0), ps = get_global_id(1), g = get_global_id(2);
-    const int NB = K / NR, MB = (NN + MR - 1) / MR;
+    const int NB = (K + NR - 1) / NR, MB = (NN + MR - 1) / MR;
     y += y_off + (long)g * K * OHW;
     res += res_off + (long)g * K * OHW;
     bias += bias_off + g * K;
@@ -359,7 +360,7 @@ void conv2d_cpu_pixels(__global const float* x, ulong x_off, __global const floa
                        int DW, long x_nstride, int NBS) {
     __local float panel[B_LOCAL];  // [KK][MR]
     const int mb = get_global_id(0), ns = get_global_id(1), g = get_global_id(2);
-    const int p0 = mb * MR, NB = K / NR;
+    const int p0 = mb * MR, NB = (K + NR - 1) / NR;
     __global const float* xg = x + x_off + (long)g * C * H * W;
     PACK_PIXELS(panel);
     y += y_off + (long)g * K * OHW;

@@ -176,9 +176,11 @@ class ConvCpuFamily:
         NN = N * OHW
         pointwise = KH == KW == SH == SW == 1 and PH == PW == 0
         MR = pick_conv_cpu_pixels(NN, K, KK, pointwise, self.options.conv_cpu_pixels_max, self.dev.local_mem)
-        MB, NB = -(-NN // MR), K // NR
+        MB, NB = -(-NN // MR), -(-K // NR)
         self.record_tile(f"{MR}x{NR}")
-        a = np.asarray(w.const, np.float32).reshape(group, NB, NR, KK).transpose(0, 1, 3, 2)
+        a = np.zeros((group, NB * NR, KK), np.float32)
+        a[:, :K] = np.asarray(w.const, np.float32).reshape(group, K, KK)
+        a = a.reshape(group, NB, NR, KK).transpose(0, 1, 3, 2)
         items = self.options.conv_cpu_items_per_core * self.dev.compute_units
         xgeo = [np.int32(v) for v in (H, W, OW, KH, KW, SH, SW, PH, PW, DH, DW)] + [np.int64(Cin * H * W)]
         wargs = [self.meta(a.ravel(), np.float32), np.uint64(0)]
