@@ -53,8 +53,10 @@ class Options:
     # its cp.async pipeline (products of half operands through registers): fp16 kernel time at b16 on an H200,
     # alexnet 1.25 -> 0.62 ms, resnet50 6.41 -> 3.34, vgg16 14.00 -> 4.18
     fp16_mma: bool = True
-    # tf32: products of depth in [lo, hi) stay on the fp32 core (resnet50 tf32 b16 kernel time 3.80 -> 3.54 ms)
-    tf32_fp32_k: tuple = (32, 200)
+    # tf32: products of depth in [lo, hi) stay on the fp32 core (resnet50 tf32 b16 kernel time 3.80 -> 3.54 ms at
+    # (32, 200)); from depth 96 on the tensor cores (convnext_small tf32 b16, whose first stage's Linear layers are
+    # 50176 x 384 x 96: 7.50 -> 7.03 ms; resnet50 3.35 / 3.39, wide_resnet50_2 5.57 / 5.64, resnext50 5.14 / 5.24)
+    tf32_fp32_k: tuple = (32, 96)
     # tf32: 128x128 tiles only where their grid fills this many waves (else 64x64 before split-K)
     tf32_huge_fill: float = 1.0
     # tf32 work-groups a compute unit holds when split-K fills the device; the tall tile's (resnet50 128 x 12544 x
