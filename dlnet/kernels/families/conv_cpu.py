@@ -92,7 +92,7 @@ class ConvCpuFamily:
             if self.options.conv_cpu_direct_pack and 4 * KK * NR <= self.dev.local_mem:
                 defs["B_LOCAL"] = self.dev.local_mem // 4
             src = defines(defs) + head + kernel_source("planes") + kernel_source("conv_cpu")
-            splits = min(MB, -(-self.options.conv_cpu_items_per_core * self.dev.compute_units // (N * NBI * group)))
+            splits = min(MB, -(-self.cpu_items() // (N * NBI * group)))
             MBS = -(-MB // splits)
             self.emit(src, "conv2d_cpu_direct", [self.dummy()[0], np.uint64(0)] + wargs + bargs + rargs +
                       self.args(y) + [np.int32(v) for v in (C, K, Hq, Wq, OH, OW, NBI)] + [
@@ -109,7 +109,7 @@ class ConvCpuFamily:
             defs["B_LOCAL"] = self.dev.local_mem // 4
             if pointwise:
                 defs["PACK_1X1"] = 1
-            splits = min(MB, -(-self.options.conv_cpu_items_per_core * self.dev.compute_units // (NB * group)))
+            splits = min(MB, -(-self.cpu_items() // (NB * group)))
             MBS = -(-MB // splits)
             splits = -(-MB // MBS)
         else:
@@ -156,7 +156,7 @@ class ConvCpuFamily:
         u = np.zeros((16, MB * MR, C), np.float32)
         u[:, :K] = transform_weights(w.const, 2).reshape(16, K, C)
         u = u.reshape(16, MB, MR, C).transpose(0, 1, 3, 2)
-        splits = min(MB, -(-self.options.conv_cpu_items_per_core * self.dev.compute_units // (N * NBI)))
+        splits = min(MB, -(-self.cpu_items() // (N * NBI)))
         MBS = -(-MB // splits)
         self.emit(src, "conv2d_cpu_wino", [self.dummy()[0], np.uint64(0), self.meta(u.ravel(), np.float32),
                                            np.uint64(0)] + bargs + rargs + self.args(y) + [
@@ -164,6 +164,10 @@ class ConvCpuFamily:
             np.int64(xp_nstride), np.int64(y_nstride), np.int64(y_nstride), np.int32(MBS)],
             (N * NBI, -(-MB // MBS)), (1, 1), f"{node.name} Conv winograd")
         self.use_scratch(self.launches[-1].kernel, 0, 4 * N * xp_nstride, "work")
+
+    def cpu_items(self):
+        """Work-items a CPU convolution's tiles are shared out into: Options.conv_cpu_items_per_core per core."""
+        return self.options.conv_cpu_items_per_core * self.dev.compute_units
 
     def _conv_cpu_pixels(self, node, head, bargs, rargs, group, C, K, geo, y_nstride, label):
         """conv_cpu.cl's conv2d_cpu_pixels: MR output pixels as rows, 16 output channels as columns, the weights packed
@@ -181,7 +185,7 @@ class ConvCpuFamily:
         a = np.zeros((group, NB * NR, KK), np.float32)
         a[:, :K] = np.asarray(w.const, np.float32).reshape(group, K, KK)
         a = a.reshape(group, NB, NR, KK).transpose(0, 1, 3, 2)
-        items = self.options.conv_cpu_items_per_core * self.dev.compute_units
+        items = self.cpu_items()
         xgeo = [np.int32(v) for v in (H, W, OW, KH, KW, SH, SW, PH, PW, DH, DW)] + [np.int64(Cin * H * W)]
         wargs = [self.meta(a.ravel(), np.float32), np.uint64(0)]
         if self.options.conv_cpu_pixels_packed:
