@@ -207,6 +207,34 @@ def test_pooling_between_half_values(core):
     assert len(pools) == 2 and all(v.dtype == "float16" for n in pools for v in n.inputs + n.outputs)
 
 
+@pytest.mark.parametrize("core", CORES_SLOW_GPU)
+@pytest.mark.parametrize("back", [False, True], ids=["channels-last", "nchw"])
+def test_layernorm_over_channels_in_half(core, back):
+    """ConvNeXt's LayerNorm over NCHW's channels (Transpose -> LayerNorm [-> Transpose back]: one LayerNormAxis,
+    layernorm_axis.cl) reads its input and writes its output in half, as LayerNorm does, so the product after it
+    reads half A too; its statistics stay float."""
+    r = _rng(9)
+    nodes = [helper.make_node("Conv", ["x", "wc"], ["c"]), helper.make_node("Relu", ["c"], ["a"]),
+             helper.make_node("Transpose", ["a"], ["t"], perm=[0, 2, 3, 1]),
+             helper.make_node("LayerNormalization", ["t", "s", "b"], ["n"], axis=-1, epsilon=1e-6)]
+    inits = {"wc": (r.standard_normal((24, 16, 1, 1)) / 4).astype(np.float32),
+             "s": (1 + 0.1 * r.standard_normal(24)).astype(np.float32),
+             "b": (0.1 * r.standard_normal(24)).astype(np.float32)}
+    if back:  # LayerNorm2d: NCHW again, then Flatten -> Gemm
+        nodes += [helper.make_node("Transpose", ["n"], ["nb"], perm=[0, 3, 1, 2]),
+                  helper.make_node("Flatten", ["nb"], ["f"]), helper.make_node("Gemm", ["f", "wg"], ["y"])]
+        inits["wg"] = (r.standard_normal((24 * 30, 10)) / 27).astype(np.float32)
+    else:  # channels-last into a Linear layer (ConvNeXt's block)
+        nodes.append(helper.make_node("MatMul", ["n", "wg"], ["y"]))
+        inits["wg"] = (r.standard_normal((24, 10)) / 5).astype(np.float32)
+    model = make_model(nodes, {"x": ("float32", [2, 16, 5, 6])}, ["y"], inits, opset=17)
+    _, _, _, n16 = _compare(model, {"x": r.standard_normal((2, 16, 5, 6), np.float32)}, core)
+    ln = next(n for n in n16.graph.nodes if n.op == "LayerNormAxis")
+    assert ln.outputs[0].dtype == "float16"
+    # (conv_cpu.cl writes float32; the GPU convolutions write half)
+    assert ln.inputs[0].dtype == ("float32" if contexts(core)[1].is_cpu else "float16")
+
+
 def _transformer(name):
     pytest.importorskip("torch")
     from tests.onnx.test_transformers import _model
@@ -325,7 +353,7 @@ def test_fp16_on_nvidias_tensor_cores(mma):
     if not base.is_nvidia:
         pytest.skip("the tf32 core needs an NVIDIA device (inline PTX mma.sync)")
     r = _rng(7)
-    x = r.standard_normal((2, 256, 15, 15)).astype(np.float32)  # (depths under 200 stay fp32: tf32_fp32_k)
+    x = r.standard_normal((2, 256, 15, 15)).astype(np.float32)  # (depths 32-95 stay fp32: tf32_fp32_k)
     w1 = (r.standard_normal((96, 256, 1, 1)) / 16).astype(np.float32)
     w3 = (r.standard_normal((256, 96, 3, 3)) / 30).astype(np.float32)
     wg = (r.standard_normal((256, 90)) / 16).astype(np.float32)

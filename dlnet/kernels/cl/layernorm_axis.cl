@@ -4,6 +4,26 @@
 // of squared deviations), as layernorm.cl. A work-group is TP rows of consecutive i (x's loads coalesce across them)
 // by TD work-items along each row (GPUs: parallelism where inner is small, ConvNeXt's 7 x 7 stage), whose partial
 // sums meet in local memory; TD = 1 on CPUs (no barriers).
+// X_HALF, Y_HALF (precision "fp16", kernels/half.py): x, y stored in half; the statistics stay float (autocast's
+// fp32 list), y in half as the product after it would cast it.
+#if defined(X_HALF)
+#define X_T half
+#define LDX(p, i) vload_half((i), (p))
+#define LDX8(p) vload_half8(0, (p))
+#else
+#define X_T float
+#define LDX(p, i) (p)[i]
+#define LDX8(p) vload8(0, (p))
+#endif
+#if defined(Y_HALF)
+#define Y_T half
+#define STY(p, i, v) vstore_half((v), (i), (p))
+#define STY8(p, v) vstore_half8((v), 0, (p))
+#else
+#define Y_T float
+#define STY(p, i, v) ((p)[i] = (v))
+#define STY8(p, v) vstore8((v), 0, (p))
+#endif
 #if TD > 1
 #define ROW_SUM(s, out) do { part[t][p] = (s); barrier(CLK_LOCAL_MEM_FENCE); out = 0.0f; \
                              for (int k = 0; k < TD; k++) out += part[k][p]; \
@@ -12,8 +32,8 @@
 #define ROW_SUM(s, out) out = (s)
 #endif
 
-__kernel void layernorm_axis(__global const float* x, ulong x_off, __global const float* scale, ulong scale_off,
-                             __global const float* bias, ulong bias_off, __global float* y, ulong y_off,
+__kernel void layernorm_axis(__global const X_T* x, ulong x_off, __global const float* scale, ulong scale_off,
+                             __global const float* bias, ulong bias_off, __global Y_T* y, ulong y_off,
                              int inner, int D, long xs_o, long xs_d, long ys_o, long ys_i, long ys_d, float eps) {
     const int p = get_local_id(0), t = get_local_id(1);
     const int i = get_global_id(0);
@@ -23,16 +43,16 @@ __kernel void layernorm_axis(__global const float* x, ulong x_off, __global cons
     __local float part[TD][TP];
 #endif
     x += x_off + o * xs_o + (live ? i : 0);
-    __global float* const rows = y + y_off + o * ys_o + (long)(i - p) * ys_i;  // the work-group's first row
+    __global Y_T* const rows = y + y_off + o * ys_o + (long)(i - p) * ys_i;  // the work-group's first row
     y = rows + (live ? p : 0) * ys_i;
     scale += scale_off;
     bias += bias_off;
     float s = 0.0f, mean, var;
-    if (live) for (int d = t; d < D; d += TD) s += x[d * xs_d];
+    if (live) for (int d = t; d < D; d += TD) s += LDX(x, d * xs_d);
     ROW_SUM(s, mean);
     mean /= D;
     s = 0.0f;
-    if (live) for (int d = t; d < D; d += TD) { const float v = x[d * xs_d] - mean; s += v * v; }
+    if (live) for (int d = t; d < D; d += TD) { const float v = LDX(x, d * xs_d) - mean; s += v * v; }
     ROW_SUM(s, var);
     const float inv = 1.0f / sqrt(var / D + eps);
 #ifdef CL_OUT
@@ -42,16 +62,16 @@ __kernel void layernorm_axis(__global const float* x, ulong x_off, __global cons
     const int f = t * TP + p;
     for (int c0 = 0; c0 < D; c0 += 32) {
         for (int d = c0 + t; d < min(c0 + 32, D); d += TD)
-            tile[d - c0][p] = live ? (x[d * xs_d] - mean) * inv * scale[d] + bias[d] : 0.0f;
+            tile[d - c0][p] = live ? (LDX(x, d * xs_d) - mean) * inv * scale[d] + bias[d] : 0.0f;
         barrier(CLK_LOCAL_MEM_FENCE);
         for (int e = f; e < TP * 32; e += TP * TD) {
             const int pp = e / 32, dd = e % 32;
-            if (i - p + pp < inner && c0 + dd < D) rows[(long)pp * ys_i + c0 + dd] = tile[dd][pp];
+            if (i - p + pp < inner && c0 + dd < D) STY(rows, (long)pp * ys_i + c0 + dd, tile[dd][pp]);
         }
         barrier(CLK_LOCAL_MEM_FENCE);
     }
 #else
-    if (live) for (int d = t; d < D; d += TD) y[d * ys_d] = (x[d * xs_d] - mean) * inv * scale[d] + bias[d];
+    if (live) for (int d = t; d < D; d += TD) STY(y, d * ys_d, (LDX(x, d * xs_d) - mean) * inv * scale[d] + bias[d]);
 #endif
 }
 
@@ -59,15 +79,15 @@ __kernel void layernorm_axis(__global const float* x, ulong x_off, __global cons
 // vload8 at each d), so the three passes over the row run in vector registers; rows past the last multiple of 8 one
 // by one. y written with vstore8 where its rows are consecutive too (ys_i == 1), else element by element.
 #define LNA_ROW(i) do { \
-        __global const float* xr = x + (i); __global float* yr = y + (long)(i) * ys_i; \
-        float s1 = 0.0f; for (int d = 0; d < D; d++) s1 += xr[d * xs_d]; \
+        __global const X_T* xr = x + (i); __global Y_T* yr = y + (long)(i) * ys_i; \
+        float s1 = 0.0f; for (int d = 0; d < D; d++) s1 += LDX(xr, d * xs_d); \
         const float m1 = s1 / D; float v1 = 0.0f; \
-        for (int d = 0; d < D; d++) { const float e = xr[d * xs_d] - m1; v1 += e * e; } \
+        for (int d = 0; d < D; d++) { const float e = LDX(xr, d * xs_d) - m1; v1 += e * e; } \
         const float inv1 = 1.0f / sqrt(v1 / D + eps); \
-        for (int d = 0; d < D; d++) yr[d * ys_d] = (xr[d * xs_d] - m1) * inv1 * scale[d] + bias[d]; } while (0)
+        for (int d = 0; d < D; d++) STY(yr, d * ys_d, (LDX(xr, d * xs_d) - m1) * inv1 * scale[d] + bias[d]); } while (0)
 
-__kernel void layernorm_axis_rows8(__global const float* x, ulong x_off, __global const float* scale,
-                                   ulong scale_off, __global const float* bias, ulong bias_off, __global float* y,
+__kernel void layernorm_axis_rows8(__global const X_T* x, ulong x_off, __global const float* scale,
+                                   ulong scale_off, __global const float* bias, ulong bias_off, __global Y_T* y,
                                    ulong y_off, int inner, int D, long xs_o, long xs_d, long ys_o, long ys_i,
                                    long ys_d, float eps) {
     const int i0 = get_global_id(0) * 8;
@@ -83,19 +103,19 @@ __kernel void layernorm_axis_rows8(__global const float* x, ulong x_off, __globa
     x += i0;
     y += (long)i0 * ys_i;
     float8 s = 0.0f;
-    for (int d = 0; d < D; d++) s += vload8(0, x + d * xs_d);
+    for (int d = 0; d < D; d++) s += LDX8(x + d * xs_d);
     const float8 mean = s / (float)D;
     float8 v = 0.0f;
-    for (int d = 0; d < D; d++) { const float8 e = vload8(0, x + d * xs_d) - mean; v += e * e; }
+    for (int d = 0; d < D; d++) { const float8 e = LDX8(x + d * xs_d) - mean; v += e * e; }
     const float8 inv = 1.0f / sqrt(v / (float)D + eps);
     for (int d = 0; d < D; d++) {
-        const float8 r = (vload8(0, x + d * xs_d) - mean) * inv * scale[d] + bias[d];
+        const float8 r = (LDX8(x + d * xs_d) - mean) * inv * scale[d] + bias[d];
         if (ys_i == 1) {
-            vstore8(r, 0, y + d * ys_d);
+            STY8(y + d * ys_d, r);
         } else {
-            __global float* yd = y + d * ys_d;
-            yd[0] = r.s0; yd[ys_i] = r.s1; yd[2 * ys_i] = r.s2; yd[3 * ys_i] = r.s3;
-            yd[4 * ys_i] = r.s4; yd[5 * ys_i] = r.s5; yd[6 * ys_i] = r.s6; yd[7 * ys_i] = r.s7;
+            __global Y_T* yd = y + d * ys_d;
+            STY(yd, 0, r.s0); STY(yd, ys_i, r.s1); STY(yd, 2 * ys_i, r.s2); STY(yd, 3 * ys_i, r.s3);
+            STY(yd, 4 * ys_i, r.s4); STY(yd, 5 * ys_i, r.s5); STY(yd, 6 * ys_i, r.s6); STY(yd, 7 * ys_i, r.s7);
         }
     }
 }

@@ -34,7 +34,8 @@ class NormPoolFamily:
     HALF_IO = {"Softmax": half.HalfIO((0,)), "LogSoftmax": half.HalfIO((0,)), "LayerNorm": half.HalfIO((0,), True),
                "LayerNormStats": half.HalfIO((0,)), "RMSNorm": half.HalfIO((0,), True),
                "MaxPool": half.EVERY, "AveragePool": half.EVERY,  # (pool.cl, pool_cpu.cl: float sums)
-               "AddLayerNorm": half.HalfIO((0, 1), True)}  # (a, b; y and s: add_layernorm.cl)
+               "AddLayerNorm": half.HalfIO((0, 1), True),  # (a, b; y and s: add_layernorm.cl)
+               "LayerNormAxis": half.HalfIO((0,), True)}  # (layernorm_axis.cl)
 
     def pool(self, node, mode):
         x, y = node.inputs[0], node.outputs[0]
@@ -170,12 +171,12 @@ class NormPoolFamily:
             np.float32(node.attrs["epsilon"])]
         label = f"{node.name} {node.op}"
         if not self.dev.tiled:  # (the GPU form on PoCL too where the GPU cores run there: matrix_core="portable")
-            src = defines({"TP": 1, "TD": 1}) + kernel_source("layernorm_axis")
+            src = defines({"TP": 1, "TD": 1, **half.half_defines(X=x, Y=y)}) + kernel_source("layernorm_axis")
             self.emit(src, "layernorm_axis_rows8", args, (max(-(-inner // 8), 1), max(outer, 1)), None, label)
             return
         tp, td = LAYERNORM_AXIS_GROUP
         tp = min(tp, 1 << max(0, (inner - 1).bit_length()))
-        defs = {"TP": tp, "TD": td, **({"CL_OUT": 1} if node.attrs["perm"] else {})}
+        defs = {"TP": tp, "TD": td, **({"CL_OUT": 1} if node.attrs["perm"] else {}), **half.half_defines(X=x, Y=y)}
         self.emit(defines(defs) + kernel_source("layernorm_axis"), "layernorm_axis", args,
                   (-(-inner // tp) * tp, td, max(outer, 1)), (tp, td, 1), label)
 
