@@ -84,7 +84,8 @@ def main():
         for v, t in ktimes.items():
             print(f"{args.flag}={v}: kernel sum best {min(t):.3f} ms, median {statistics.median(t):.3f} ms")
         if args.by_shape and batch is not None:
-            rows = {v: cpu_vs_ort.by_shape(m, feeds, {k: statistics.median(t) for k, t in layers[v].items()}, {}, {})
+            shapes = cpu_vs_ort.conv_shapes(m, feeds)  # (one graph for both settings)
+            rows = {v: cpu_vs_ort.by_shape(shapes, {k: statistics.median(t) for k, t in layers[v].items()}, {}, {})
                     for v in (a, b)}
             print(f"\n{'x shape':20s} {'w shape':20s} {'n':>3} {'A ms':>8} {'B ms':>8} {'B/A':>5}")
             for key in sorted(rows[a], key=lambda k: -rows[a][k][0]):

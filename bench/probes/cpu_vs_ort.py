@@ -77,19 +77,28 @@ def ort_layers(model, feeds, iters, threads):
     return {k: statistics.median(v[2:] or v) for k, v in times.items()}, wall, shapes
 
 
-def by_shape(model, feeds, dl, ort, ort_shapes):
-    """Conv layers matched by (x shape, w shape): {key: [dlnet ms, ort ms, layers, MFLOP per layer]}, dlnet's
-    launches summed per ONNX node (its label's node name), onnxruntime's nodes by their input shapes."""
+def conv_shapes(model, feeds):
+    """({dlnet node name: (x shape, w shape)}, {(x shape, w shape): MFLOP of one such layer}) of model's Conv
+    layers, from its graph before the passes."""
     net = dlnet.Net(dlnet.Context("cpu")).load_onnx(model, batch=1)
     graph = net.build_graph({k: v.shape for k, v in feeds.items()}, passes=False)
-    rows = collections.defaultdict(lambda: [0.0, 0.0, 0, 0.0])
-    node_key = {}
+    node_key, mflop = {}, {}
     for node in graph.nodes:
         if node.op == "Conv":
             x, w, y = (tuple(t.shape) for t in (node.inputs[0], node.inputs[1], node.outputs[0]))
             node_key[node.name] = (x, w)
-            rows[(x, w)][2] += 1
-            rows[(x, w)][3] = 2e-6 * np.prod(y) * np.prod(w[1:])
+            mflop[(x, w)] = 2e-6 * np.prod(y) * np.prod(w[1:])
+    return node_key, mflop
+
+
+def by_shape(shapes, dl, ort, ort_shapes):
+    """Conv layers matched by (x shape, w shape) (shapes: conv_shapes'): {key: [dlnet ms, ort ms, layers, MFLOP per
+    layer]}, dlnet's launches summed per ONNX node (its label's node name), onnxruntime's nodes by their input
+    shapes."""
+    node_key, mflop = shapes
+    rows = {key: [0.0, 0.0, 0, mf] for key, mf in mflop.items()}
+    for key in node_key.values():
+        rows[key][2] += 1
     for label, ms in dl.items():
         key = node_key.get(label.split()[1])
         if key:
@@ -139,7 +148,7 @@ def main():
     for k, (a, na, b, nb) in sorted(kinds.items(), key=lambda kv: -max(kv[1][0], kv[1][2])):
         print(f"{k:24s} {a:9.3f} {na:4d} {b:9.3f} {nb:4d}")
     if args.by_shape:
-        rows = by_shape(model, feeds, dl, ort, ort_shapes)
+        rows = by_shape(conv_shapes(model, feeds), dl, ort, ort_shapes)
         print(f"\n{'x shape':18s} {'w shape':18s} {'n':>3} {'dlnet ms':>9} {'ort ms':>8} {'ratio':>6} {'dl GF/s':>8} "
               f"{'ort GF/s':>8}")
         for (x, w), (a, b, n, mf) in sorted(rows.items(), key=lambda kv: -kv[1][0]):
