@@ -135,6 +135,10 @@ class Options:
     # --- CPU convolutions (conv_cpu.cl, dwconv_cpu.cl) -----------------------------------------------------------
     # work-items per core that a register-tiled convolution's tiles are split into (row or channel blocks shared out)
     conv_cpu_items_per_core: int = 8
+    # consecutive panels per work-item (conv_cpu.cl's local and direct paths), up to this many bytes of them (an L1
+    # share), each row block running over them in turn: a row's 64-byte lines that two panels share (planes of an
+    # odd size such as 55 x 55) are then written one tile after the other, not once per panel's pass over the rows
+    conv_cpu_panel_bytes: int = 24 << 10
     # im2col panels packed per panel in __local memory above this im2col size (densenet 56x56 128->32: 9.3 -> 4.1 ms)
     conv_cpu_local_min_bytes: int = 2 << 20
     # layers of several taps read zero-padded planes, not im2col (densenet121 63 -> 47 ms)

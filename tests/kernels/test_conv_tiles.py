@@ -325,3 +325,37 @@ def test_channel_shuffle_folds_into_padded_planes(ctx, n, pad_in):
         assert len(maps) == 2 and all(len(n.attrs["in_perm"]) == 12 for n in maps) and text.count("Transpose") == 1
     assert rel_l2(net.run({"x": x})["y"], want) < 1e-5
     net.release()
+
+
+SEVERAL_PANELS = [  # DIRECT's form: odd planes, batches whose panels cross images, groups, ragged row blocks
+    (1, 16, 15, 15, 40, (1, 1), [0, 0, 0, 0], 1, 1, 1),   # 1x1, 225 positions: 15 panels, the last of one column
+    (2, 6, 9, 7, 22, (1, 1), [0, 0, 0, 0], 1, 2, 1),      # 1x1, batch 2, 2 groups: a panel across the two images
+    (1, 3, 47, 47, 13, (3, 3), [0, 0, 0, 0], 1, 1, 2),    # a stem: 23 outputs a row (row tiles), 13 channels
+    (2, 6, 21, 19, 18, (3, 3), [1, 1, 1, 1], 1, 2, 2),    # stride 2, batch 2, 2 groups, panels of positions
+    (1, 8, 12, 12, 10, (5, 5), [2, 2, 2, 2], 1, 1, 1),    # 5x5 (no Winograd): rows of 12 in planes of 16
+]
+
+
+@pytest.mark.parametrize("path", ["local", "direct", "direct-in-place"])
+@pytest.mark.parametrize("shape", SEVERAL_PANELS, ids=[direct_id(s) for s in SEVERAL_PANELS])
+def test_conv_several_panels_per_item(ctx, shape, path):
+    """CPU devices' conv2d_cpu_local and conv2d_cpu_direct with several consecutive panels per work-item
+    (Options.conv_cpu_panel_bytes; 2 work-items per core here, so even these small layers take several), each row
+    block running over them in turn: the last work-item's panels ragged, panels across images and groups."""
+    opts = dict(conv_cpu_items_per_core=1, conv_cpu_panel_bytes=1 << 20, conv_cpu_winograd=False)
+    if path == "local":
+        opts.update(conv_cpu_direct=False, conv_cpu_local_min_bytes=0)
+    else:
+        opts.update(conv_cpu_direct_pack=path == "direct")
+    ctx = ctx.with_options(**opts)
+    kernel = "conv2d_cpu_local" if path == "local" or shape[5] == (1, 1) else "conv2d_cpu_direct"
+    check_conv(ctx, shape, False, kernel)
+    if ctx.is_cpu:  # (what the test is for: fewer work-items than panels)
+        one = ctx.with_options(conv_cpu_panel_bytes=0)
+        model = make_model([helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=list(shape[5]), pads=shape[6],
+                                             strides=[shape[9]] * 2, group=shape[8])],
+                           {"x": np.zeros(shape[:4], np.float32)}, ["y"],
+                           {"w": np.ones((shape[4], shape[1] // shape[8]) + shape[5], np.float32)})
+        items = [[launch.gsize[0] for launch in dlnet.Net(c).load_onnx(model).launches
+                  if launch.kernel.function_name == kernel] for c in (ctx, one)]
+        assert items[0][0] < items[1][0]

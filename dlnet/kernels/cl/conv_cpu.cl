@@ -174,28 +174,16 @@ void conv2d_cpu_local(__global const float* x, ulong x_off, __global const float
                       __global const float* bias, ulong bias_off, __global const float* res, ulong res_off,
                       __global float* y, ulong y_off, int C, int K, int KK, int OHW, int NN, long y_nstride,
                       long res_nstride, int H, int W, int OW, int KH, int KW, int SH, int SW, int PH, int PW, int DH,
-                      int DW, long x_nstride, int MBS
+                      int DW, long x_nstride, int MBS, int NPW
 #if defined(PROLOGUE)
                       , __global const float* pro, ulong pro_off
 #endif
                       ) {
-    __local float panel[B_LOCAL];
-    const int nb = get_global_id(0), ms = get_global_id(1), g = get_global_id(2);
-    const int n0 = nb * NR;
-    const int MB = (K + MR - 1) / MR;
-    // per column: its image's offset and the window's top-left corner; columns past NN read nothing
-    long cb[NR];
-    int iy0[NR], ix0[NR];
-    _Pragma("unroll") for (int e = 0; e < NR; e++) {
-        const int n = n0 + e < NN ? n0 + e : NN - 1;
-        const int img = n / OHW, p = n - img * OHW, oy = p / OW, ox = p - oy * OW;
-        cb[e] = img * x_nstride;
-        iy0[e] = n0 + e < NN ? oy * SH - PH : -(1 << 30);
-        ix0[e] = ox * SW - PW;
-    }
+    __local float panels[B_LOCAL];
+    const int ns = get_global_id(0), ms = get_global_id(1), g = get_global_id(2);
+    const int MB = (K + MR - 1) / MR, NB = (NN + NR - 1) / NR;
+    const int nb0 = ns * NPW, nb_end = nb0 + NPW < NB ? nb0 + NPW : NB;
     __global const float* xg = x + x_off + (long)g * C * H * W;
-    int kx = 0, ky = 0;
-    long coff = 0;
 // PROLOGUE (1x1 layers): x is first taken through relu?(x * scale[c] + shift[c]) (pro: scale [C * groups], then
 // shift), a pointwise producer folded in (densenet's BatchNorm + Relu before each 1x1 layer); PRO_RELU: the Relu
 #if defined(PROLOGUE)
@@ -210,38 +198,59 @@ void conv2d_cpu_local(__global const float* x, ulong x_off, __global const float
 #else
 #define PRO(T, v, c) (v)
 #endif
+    for (int nb = nb0; nb < nb_end; nb++) {  // pack the work-item's NPW panels, one after the other
+        __local float* panel = panels + (nb - nb0) * KK * NR;
+        const int n0 = nb * NR;
 #if defined(PACK_1X1)  // 1x1, stride 1, no pads: a whole panel of one image is NR consecutive floats of each channel
-    const int img0 = n0 / OHW;
-    if (n0 + NR <= NN && (n0 + NR - 1) / OHW == img0) {
-        __global const float* xp = xg + img0 * x_nstride + (n0 - img0 * OHW);
-        for (int k = 0; k < KK; k++)
-            _Pragma("unroll") for (int j = 0; j < NV; j++) {
-                const float8 v = *(__global const float8u*)(xp + (long)k * OHW + 8 * j);
-                *(__local float8*)(panel + k * NR + 8 * j) = PRO(float8, v, k);
-            }
-    } else
-#endif
-    for (int k = 0; k < KK; k++) {  // (a prologue only comes with PACK_1X1: channel k)
-        const int dy = ky * DH, dx = kx * DW;
-        _Pragma("unroll") for (int e = 0; e < NR; e++) {
-            const int iy = iy0[e] + dy, ix = ix0[e] + dx;
-            const bool inside = (uint)iy < (uint)H && (uint)ix < (uint)W;
-            panel[k * NR + e] = inside ? PRO(float, xg[cb[e] + coff + iy * W + ix], k) : 0.0f;
+        const int img0 = n0 / OHW;
+        if (n0 + NR <= NN && (n0 + NR - 1) / OHW == img0) {
+            __global const float* xp = xg + img0 * x_nstride + (n0 - img0 * OHW);
+            for (int k = 0; k < KK; k++)
+                _Pragma("unroll") for (int j = 0; j < NV; j++) {
+                    const float8 v = *(__global const float8u*)(xp + (long)k * OHW + 8 * j);
+                    *(__local float8*)(panel + k * NR + 8 * j) = PRO(float8, v, k);
+                }
+            continue;
         }
-        if (++kx == KW) {
-            kx = 0;
-            if (++ky == KH) { ky = 0; coff += H * W; }
+#endif
+        // per column: its image's offset and the window's top-left corner; columns past NN read nothing
+        long cb[NR];
+        int iy0[NR], ix0[NR];
+        _Pragma("unroll") for (int e = 0; e < NR; e++) {
+            const int n = n0 + e < NN ? n0 + e : NN - 1;
+            const int img = n / OHW, p = n - img * OHW, oy = p / OW, ox = p - oy * OW;
+            cb[e] = img * x_nstride;
+            iy0[e] = n0 + e < NN ? oy * SH - PH : -(1 << 30);
+            ix0[e] = ox * SW - PW;
+        }
+        int kx = 0, ky = 0;
+        long coff = 0;
+        for (int k = 0; k < KK; k++) {  // (a prologue only comes with PACK_1X1: channel k)
+            const int dy = ky * DH, dx = kx * DW;
+            _Pragma("unroll") for (int e = 0; e < NR; e++) {
+                const int iy = iy0[e] + dy, ix = ix0[e] + dx;
+                const bool inside = (uint)iy < (uint)H && (uint)ix < (uint)W;
+                panel[k * NR + e] = inside ? PRO(float, xg[cb[e] + coff + iy * W + ix], k) : 0.0f;
+            }
+            if (++kx == KW) {
+                kx = 0;
+                if (++ky == KH) { ky = 0; coff += H * W; }
+            }
         }
     }
     y += y_off + (long)g * K * OHW;
     res += res_off + (long)g * K * OHW;
     bias += bias_off + g * K;
     const int mb_end = (ms + 1) * MBS < MB ? (ms + 1) * MBS : MB;
-    for (int mb = ms * MBS; mb < mb_end; mb++) {
-        const int m0 = mb * MR;
-        TILE_START();
-        for (int k = 0; k < KK; k++) FMA_STEP(__local const float8, panel + k * NR, k);
-        STORE_TILE();
+    for (int mb = ms * MBS; mb < mb_end; mb++) {  // each row block over the panels in turn: a row's output lines
+        const int m0 = mb * MR;                   // that two panels share are written one tile after the other
+        for (int nb = nb0; nb < nb_end; nb++) {
+            const int n0 = nb * NR;
+            __local const float* panel = panels + (nb - nb0) * KK * NR;
+            TILE_START();
+            for (int k = 0; k < KK; k++) FMA_STEP(__local const float8, panel + k * NR, k);
+            STORE_TILE();
+        }
     }
 }
 #endif
@@ -402,64 +411,79 @@ void conv2d_cpu_pixels(__global const float* x, ulong x_off, __global const floa
         STORE_LANES(j, vec, oy0 * OW + ox, ROW_AT);                                                                  \
     }
 
-// One work-item per (panel nb of NBI per image, share ms of the row blocks, group): MBS row blocks over NR positions,
-// B read in place from the planes xp (pad_planes' output, or x itself for a 1x1 stride-1 layer without pads).
+// One work-item per (NPW consecutive panels of the NBT, NBI per image; share ms of the row blocks; group): MBS row
+// blocks over NR positions each, each row block over the panels in turn (a row's 64-byte lines that two panels share,
+// in planes of an odd size, are written one tile after the other). B read in place from the planes xp (pad_planes'
+// output), or first copied into __local memory (B_LOCAL).
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void conv2d_cpu_direct(__global const float* xp, ulong xp_off, __global const float* w, ulong w_off,
-                       __global const float* bias, ulong bias_off, __global const float* res, ulong res_off,
-                       __global float* y, ulong y_off, int C, int K, int Hq, int Wq, int OH, int OW, int NBI,
-                       long xp_nstride, long y_nstride, long res_nstride, int MBS) {
-    const int nb = get_global_id(0), ms = get_global_id(1), g = get_global_id(2);
-#if defined(ROW_TILES)
-    const int img = nb / NBI, oy0 = (nb - img * NBI) / ROW_TILES;
-#if defined(HAS_RES)
-    const int ox0 = (nb - img * NBI - oy0 * ROW_TILES) * NR;
-#else
-    const int ox0 = (nb - img * NBI - oy0 * ROW_TILES) * NR < OW - NR ? (nb - img * NBI - oy0 * ROW_TILES) * NR : OW - NR;
-#endif
-    const int p0 = oy0 * Wq + ox0;
-#else
-    const int img = nb / NBI, p0 = (nb - img * NBI) * NR;
-#endif
+                       __global const float* bias, ulong bias_off, __global const float* res_base, ulong res_off,
+                       __global float* y_base, ulong y_off, int C, int K, int Hq, int Wq, int OH, int OW, int NBI,
+                       long xp_nstride, long y_nstride, long res_nstride, int MBS, int NPW, int NBT) {
+    const int ns = get_global_id(0), ms = get_global_id(1), g = get_global_id(2);
+    const int nb0 = ns * NPW, nb_end = nb0 + NPW < NBT ? nb0 + NPW : NBT;
     const int MB = (K + MR - 1) / MR, KK = C * KHC * KWC, OHW = OH * OW;
     const long plane = (long)Hq * Wq;
-    __global const float* xg = xp + xp_off + img * xp_nstride + g * C * SHP * SWP * plane + p0;
-    y += y_off + img * y_nstride + (long)g * K * OHW;
-    res += res_off + img * res_nstride + (long)g * K * OHW;
+    __global const float* x0 = xp + xp_off + g * C * SHP * SWP * plane;
     bias += bias_off + g * K;
-    const int mb_end = (ms + 1) * MBS < MB ? (ms + 1) * MBS : MB;
+// Panel nb: its image, first position p0 in the planes' rows of Wq, and (ROW_TILES) its output row oy0 and column ox0
+#if defined(ROW_TILES)
+#if defined(HAS_RES)
+#define PANEL_OX(t) ((t) * NR)
+#else
+#define PANEL_OX(t) ((t) * NR < OW - NR ? (t) * NR : OW - NR)
+#endif
+#define PANEL(nb)                                                                                                    \
+    const int img = (nb) / NBI, oy0 = ((nb) - img * NBI) / ROW_TILES;                                               \
+    const int ox0 = PANEL_OX((nb) - img * NBI - oy0 * ROW_TILES), p0 = oy0 * Wq + ox0
+#else
+#define PANEL(nb) const int img = (nb) / NBI, p0 = ((nb) - img * NBI) * NR
+#endif
 // B row k of tap (c, ky, kx): NR floats at TAP_AT(xr, kx) with xr at (c, ky)
 #define TAP_ROWS(c, ky) (xg + (c) * SHP * SWP * plane + TAP_OFF(ky, 0, plane, Wq))
 #define TAP_AT(xr, kx) ((xr) + TAP_OFF(0, kx, plane, Wq))
-#if defined(B_LOCAL)  // copy the panel's B rows into __local memory first: one contiguous KK x NR block
-    __local float panel[B_LOCAL];
-    for (int c = 0, k = 0; c < C; c++)
-        _Pragma("nounroll") for (int ky = 0; ky < KHC; ky++) {
-            __global const float* xr = TAP_ROWS(c, ky);
-            _Pragma("unroll") for (int kx = 0; kx < KWC; kx++, k++)
-                _Pragma("unroll") for (int j = 0; j < NV; j++)
-                    *(__local float8*)(panel + k * NR + 8 * j) = *(__global const float8u*)(TAP_AT(xr, kx) + 8 * j);
-        }
-#endif
-    for (int mb = ms * MBS; mb < mb_end; mb++) {
-        const int m0 = mb * MR;
-        TILE_START();
-#if defined(B_LOCAL)
-        for (int k = 0; k < KK; k++) FMA_STEP(__local const float8, panel + k * NR, k);
-#else
-        int k = 0;
-        for (int c = 0; c < C; c++)
-            _Pragma("nounroll") for (int ky = 0; ky < KHC; ky++) {  // unrolled, a 5x5 layer ran at half speed
+#if defined(B_LOCAL)  // copy each panel's B rows into __local memory first: one contiguous KK x NR block each
+    __local float panels[B_LOCAL];
+    for (int nb = nb0; nb < nb_end; nb++) {
+        PANEL(nb);
+        __global const float* xg = x0 + img * xp_nstride + p0;
+        __local float* panel = panels + (nb - nb0) * KK * NR;
+        for (int c = 0, k = 0; c < C; c++)
+            _Pragma("nounroll") for (int ky = 0; ky < KHC; ky++) {
                 __global const float* xr = TAP_ROWS(c, ky);
                 _Pragma("unroll") for (int kx = 0; kx < KWC; kx++, k++)
-                    FMA_STEP(__global const float8u, TAP_AT(xr, kx), k);
+                    _Pragma("unroll") for (int j = 0; j < NV; j++)
+                        *(__local float8*)(panel + k * NR + 8 * j) = *(__global const float8u*)(TAP_AT(xr, kx) + 8 * j);
             }
+    }
+#endif
+    const int mb_end = (ms + 1) * MBS < MB ? (ms + 1) * MBS : MB;
+    for (int mb = ms * MBS; mb < mb_end; mb++) {
+        const int m0 = mb * MR;
+        for (int nb = nb0; nb < nb_end; nb++) {
+            PANEL(nb);
+            __global float* y = y_base + y_off + img * y_nstride + (long)g * K * OHW;
+            __global const float* res = res_base + res_off + img * res_nstride + (long)g * K * OHW;
+            TILE_START();
+#if defined(B_LOCAL)
+            __local const float* panel = panels + (nb - nb0) * KK * NR;
+            for (int k = 0; k < KK; k++) FMA_STEP(__local const float8, panel + k * NR, k);
+#else
+            __global const float* xg = x0 + img * xp_nstride + p0;
+            int k = 0;
+            for (int c = 0; c < C; c++)
+                _Pragma("nounroll") for (int ky = 0; ky < KHC; ky++) {  // unrolled, a 5x5 layer ran at half speed
+                    __global const float* xr = TAP_ROWS(c, ky);
+                    _Pragma("unroll") for (int kx = 0; kx < KWC; kx++, k++)
+                        FMA_STEP(__global const float8u, TAP_AT(xr, kx), k);
+                }
 #endif
 #if defined(ROW_TILES)
-        STORE_TILE_ROW();
+            STORE_TILE_ROW();
 #else
-        STORE_TILE_PADDED();
+            STORE_TILE_PADDED();
 #endif
+        }
     }
 }
 #endif

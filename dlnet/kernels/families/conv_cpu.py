@@ -92,12 +92,14 @@ class ConvCpuFamily:
             if self.options.conv_cpu_direct_pack and 4 * KK * NR <= self.dev.local_mem:
                 defs["B_LOCAL"] = self.dev.local_mem // 4
             src = defines(defs) + head + kernel_source("planes") + kernel_source("conv_cpu")
-            splits = min(MB, -(-self.cpu_items() // (N * NBI * group)))
+            npw = self.cpu_panels(N * NBI, group, KK, NR)
+            NBW = -(-N * NBI // npw)
+            splits = min(MB, -(-self.cpu_items() // (NBW * group)))
             MBS = -(-MB // splits)
             self.emit(src, "conv2d_cpu_direct", [self.dummy()[0], np.uint64(0)] + wargs + bargs + rargs +
                       self.args(y) + [np.int32(v) for v in (C, K, Hq, Wq, OH, OW, NBI)] + [
-                          np.int64(xp_nstride), np.int64(y_nstride), np.int64(y_nstride), np.int32(MBS)],
-                      (N * NBI, -(-MB // MBS), group), (1, 1, 1), label)
+                          np.int64(xp_nstride), np.int64(y_nstride), np.int64(y_nstride)] + [
+                          np.int32(v) for v in (MBS, npw, N * NBI)], (NBW, -(-MB // MBS), group), (1, 1, 1), label)
             self.use_scratch(self.launches[-1].kernel, 0, 4 * N * xp_nstride, "work")
             return
         col_bytes = 4 * group * NB * NR * KK
@@ -109,7 +111,9 @@ class ConvCpuFamily:
             defs["B_LOCAL"] = self.dev.local_mem // 4
             if pointwise:
                 defs["PACK_1X1"] = 1
-            splits = min(MB, -(-self.cpu_items() // (NB * group)))
+            npw = self.cpu_panels(NB, group, KK, NR)
+            NBW = -(-NB // npw)
+            splits = min(MB, -(-self.cpu_items() // (NBW * group)))
             MBS = -(-MB // splits)
             splits = -(-MB // MBS)
         else:
@@ -122,12 +126,12 @@ class ConvCpuFamily:
                 np.int32(C), np.int32(K), np.int32(KK), np.int32(OHW), np.int32(NN), np.int64(y_nstride),
                 np.int64(y_nstride), np.int32(H), np.int32(W), np.int32(OW), np.int32(KH), np.int32(KW), np.int32(SH),
                 np.int32(SW), np.int32(PH), np.int32(PW), np.int32(DH), np.int32(DW), np.int64(Cin * H * W),
-                np.int32(MBS)]
+                np.int32(MBS), np.int32(npw)]
             if node.attrs.get("prologue"):  # fuse_conv_prologues: relu?(x * scale + shift) as each panel is packed
                 _, scale, shift, relu = affine_chain(node.attrs["prologue"], x.shape)
                 defs.update(PROLOGUE=1, **({"PRO_RELU": 1} if relu else {}))
                 args += [self.meta(np.concatenate([scale, shift]).astype(np.float32), np.float32), np.uint64(0)]
-            self.emit(defines(defs) + head + kernel_source("conv_cpu"), "conv2d_cpu_local", args, (NB, splits, group),
+            self.emit(defines(defs) + head + kernel_source("conv_cpu"), "conv2d_cpu_local", args, (NBW, splits, group),
                       (1, 1, 1), label)
             return
         args = self.args(x) + wargs + bargs + rargs + self.args(y) + [
@@ -164,6 +168,12 @@ class ConvCpuFamily:
             np.int64(xp_nstride), np.int64(y_nstride), np.int64(y_nstride), np.int32(MBS)],
             (N * NBI, -(-MB // MBS)), (1, 1), f"{node.name} Conv winograd")
         self.use_scratch(self.launches[-1].kernel, 0, 4 * N * xp_nstride, "work")
+
+    def cpu_panels(self, NB, group, KK, NR):
+        """Consecutive panels (of NB per group, KK x NR floats each) per work-item of conv2d_cpu_local and _direct: as
+        many as Options.conv_cpu_panel_bytes holds while there are cpu_items() work-items; each row block of outputs
+        then runs over them in turn."""
+        return max(1, min(self.options.conv_cpu_panel_bytes // (4 * KK * NR), NB * group // self.cpu_items()))
 
     def cpu_items(self):
         """Work-items a CPU convolution's tiles are shared out into: Options.conv_cpu_items_per_core per core."""
