@@ -259,15 +259,19 @@ def test_conv_winograd_matches_onnxruntime(ctx, shape):
     check_conv(ctx, shape, False, "conv2d_cpu_wino")
 
 
+@pytest.mark.parametrize("panels", ["one", "several"])
 @pytest.mark.parametrize("relu", [True, False], ids=["relu", "affine"])
 @pytest.mark.parametrize("n,cin,h,w,cout,g", [(1, 24, 14, 14, 40, 1), (2, 12, 5, 7, 18, 3), (1, 9, 3, 3, 5, 1)],
                          ids=["one-image", "batch2-groups", "tiny"])
-def test_conv_prologue_matches_onnxruntime(ctx, n, cin, h, w, cout, g, relu):
+def test_conv_prologue_matches_onnxruntime(ctx, n, cin, h, w, cout, g, relu, panels):
     """A 1x1 layer whose input a per-channel Mul, Add, Mul, Add (+ Relu) chain produces (densenet's BatchNorm + Relu
     before each 1x1 layer): on CPU devices that chain runs as the layer packs its panels (fuse_conv_prologues); panels
-    within and across images, groups, a panel longer than the image. A Mul along the width is not per channel and
-    stays a kernel of its own."""
+    within and across images, groups, a panel longer than the image; one panel per work-item, or several
+    (Options.conv_cpu_panel_bytes, 2 work-items per core). A Mul along the width is not per channel and stays a
+    kernel of its own."""
     import onnxruntime as ort
+    if panels == "several":
+        ctx = ctx.with_options(conv_cpu_items_per_core=1, conv_cpu_panel_bytes=1 << 20)
     x = R.uniform(-1, 1, (n, cin, h, w)).astype(np.float32)
     def u(lo, hi, *shape):
         return R.uniform(lo, hi, shape).astype(np.float32)
@@ -336,9 +340,10 @@ SEVERAL_PANELS = [  # DIRECT's form: odd planes, batches whose panels cross imag
 ]
 
 
+@pytest.mark.parametrize("weights_as_input", [False, True], ids=["const-w", "input-w"])
 @pytest.mark.parametrize("path", ["local", "direct", "direct-in-place"])
 @pytest.mark.parametrize("shape", SEVERAL_PANELS, ids=[direct_id(s) for s in SEVERAL_PANELS])
-def test_conv_several_panels_per_item(ctx, shape, path):
+def test_conv_several_panels_per_item(ctx, shape, path, weights_as_input):
     """CPU devices' conv2d_cpu_local and conv2d_cpu_direct with several consecutive panels per work-item
     (Options.conv_cpu_panel_bytes; 2 work-items per core here, so even these small layers take several), each row
     block running over them in turn: the last work-item's panels ragged, panels across images and groups."""
@@ -349,7 +354,7 @@ def test_conv_several_panels_per_item(ctx, shape, path):
         opts.update(conv_cpu_direct_pack=path == "direct")
     ctx = ctx.with_options(**opts)
     kernel = "conv2d_cpu_local" if path == "local" or shape[5] == (1, 1) else "conv2d_cpu_direct"
-    check_conv(ctx, shape, False, kernel)
+    check_conv(ctx, shape, weights_as_input, kernel)
     if ctx.is_cpu:  # (what the test is for: fewer work-items than panels)
         one = ctx.with_options(conv_cpu_panel_bytes=0)
         model = make_model([helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=list(shape[5]), pads=shape[6],
