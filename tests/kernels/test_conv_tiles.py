@@ -337,6 +337,7 @@ SEVERAL_PANELS = [  # DIRECT's form: odd planes, batches whose panels cross imag
     (1, 3, 47, 47, 13, (3, 3), [0, 0, 0, 0], 1, 1, 2),    # a stem: 23 outputs a row (row tiles), 13 channels
     (2, 6, 21, 19, 18, (3, 3), [1, 1, 1, 1], 1, 2, 2),    # stride 2, batch 2, 2 groups, panels of positions
     (1, 8, 12, 12, 10, (5, 5), [2, 2, 2, 2], 1, 1, 1),    # 5x5 (no Winograd): rows of 12 in planes of 16
+    (1, 2048, 14, 13, 8, (1, 1), [0, 0, 0, 0], 1, 1, 1),  # panels of 128 KiB: 4 of the 12 fill local memory
 ]
 
 
@@ -361,6 +362,10 @@ def test_conv_several_panels_per_item(ctx, shape, path, weights_as_input):
                                              strides=[shape[9]] * 2, group=shape[8])],
                            {"x": np.zeros(shape[:4], np.float32)}, ["y"],
                            {"w": np.ones((shape[4], shape[1] // shape[8]) + shape[5], np.float32)})
-        items = [[launch.gsize[0] for launch in dlnet.Net(c).load_onnx(model).launches
-                  if launch.kernel.function_name == kernel] for c in (ctx, one)]
+        nets = [dlnet.Net(c).load_onnx(model) for c in (ctx, one)]
+        items = [[launch.gsize[0] for launch in net.launches if launch.kernel.function_name == kernel] for net in nets]
         assert items[0][0] < items[1][0]
+        tile = nets[0]._last.graph.nodes[0].schedule["tile"]  # (6x16/p4: 4 panels a work-item, in the IR)
+        panels = int(tile.split("/p")[1])
+        if path != "direct-in-place":  # (packed panels fit the __local memory they go to)
+            assert panels * shape[1] // shape[8] * shape[5][0] * shape[5][1] * 16 * 4 <= ctx.dev.local_mem, tile

@@ -92,7 +92,7 @@ class ConvCpuFamily:
             if self.options.conv_cpu_direct_pack and 4 * KK * NR <= self.dev.local_mem:
                 defs["B_LOCAL"] = self.dev.local_mem // 4
             src = defines(defs) + head + kernel_source("planes") + kernel_source("conv_cpu")
-            npw = self.cpu_panels(N * NBI, group, KK, NR)
+            npw = self.cpu_panels(N * NBI, group, KK, NR, defs.get("B_LOCAL"))
             NBW = -(-N * NBI // npw)
             splits = min(MB, -(-self.cpu_items() // (NBW * group)))
             MBS = -(-MB // splits)
@@ -111,7 +111,7 @@ class ConvCpuFamily:
             defs["B_LOCAL"] = self.dev.local_mem // 4
             if pointwise:
                 defs["PACK_1X1"] = 1
-            npw = self.cpu_panels(NB, group, KK, NR)
+            npw = self.cpu_panels(NB, group, KK, NR, defs["B_LOCAL"])
             NBW = -(-NB // npw)
             splits = min(MB, -(-self.cpu_items() // (NBW * group)))
             MBS = -(-MB // splits)
@@ -169,11 +169,18 @@ class ConvCpuFamily:
             (N * NBI, -(-MB // MBS)), (1, 1), f"{node.name} Conv winograd")
         self.use_scratch(self.launches[-1].kernel, 0, 4 * N * xp_nstride, "work")
 
-    def cpu_panels(self, NB, group, KK, NR):
+    def cpu_panels(self, NB, group, KK, NR, local_floats=None):
         """Consecutive panels (of NB per group, KK x NR floats each) per work-item of conv2d_cpu_local and _direct: as
-        many as Options.conv_cpu_panel_bytes holds while there are cpu_items() work-items; each row block of outputs
-        then runs over them in turn."""
-        return max(1, min(self.options.conv_cpu_panel_bytes // (4 * KK * NR), NB * group // self.cpu_items()))
+        many as Options.conv_cpu_panel_bytes holds while there are cpu_items() work-items, and where they are packed
+        into __local memory, as many as its local_floats hold; each row block of outputs then runs over them in turn.
+        Recorded on the node's tile as /p<panels> where more than one."""
+        fit = self.options.conv_cpu_panel_bytes // (4 * KK * NR)
+        if local_floats is not None:
+            fit = min(fit, local_floats // (KK * NR))
+        npw = max(1, min(fit, NB * group // self.cpu_items()))
+        if npw > 1:  # (printed in the IR: tile=6x16/p4)
+            self.record_tile(f"{self.node.schedule['tile']}/p{npw}")
+        return npw
 
     def cpu_items(self):
         """Work-items a CPU convolution's tiles are shared out into: Options.conv_cpu_items_per_core per core."""
