@@ -109,6 +109,7 @@ class Plan:
             self.node_launches = lw.node_launches  # node index -> (first launch, end)
             self.input_locs = [lw.loc(v) for v in graph.inputs]
             self._dests = None  # (input_locs as byte ranges, made by the first _bind_kept)
+            self._clobbers = {}  # _clobbered's answers, per place of a kept value and the input it feeds
             self.input_chunks = lw.input_chunks  # {input index: [(first, end) element of each chunk]}
             self.output_locs = [None if v.const is not None else lw.loc(v) for v in graph.outputs]
             ctx.finish()
@@ -227,8 +228,7 @@ class Plan:
         copied = False
         for k in list(self.issued):
             i = own.get(id(k))
-            if k.owner is self and (i is None or any(_overlaps(d, k) for j, d in enumerate(dests)
-                                                     if j != i or not _same(d, k))):
+            if k.owner is self and (i is None or self._clobbered(k, i, dests)):
                 k.materialize()
                 copied = True
         for i, k in kept_in.items():
@@ -243,6 +243,17 @@ class Plan:
             if k.owner is self:  # this run's launches overwrite it: consumed
                 k.consume()
         return copied
+
+    def _clobbered(self, k, i, dests):
+        """Whether a place this run's inputs are written to, other than input i's own where k already lies there,
+        overlaps kept value k (in this plan's arena). The places are the plan's, so the answer is kept per (k's place,
+        i): a decode step asks it of each of its cached keys and values against each input (24 x 26 pairs for a
+        12-layer decoder, 0.46 ms of a step's host time under cProfile)."""
+        key = (id(k.buf), k.offset, k.nbytes, i)
+        hit = self._clobbers.get(key)
+        if hit is None:
+            hit = self._clobbers[key] = any(_overlaps(d, k) for j, d in enumerate(dests) if j != i or not _same(d, k))
+        return hit
 
 
 class StagedPlan:
