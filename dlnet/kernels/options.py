@@ -78,6 +78,9 @@ class Options:
     # CPUs: attention of at least 8 query rows with the rows in vector lanes (attention_cpu_rows; False:
     # attention_cpu's 4 rows a work-item and a horizontal sum per score)
     attention_cpu_lanes: bool = True
+    # decoding (attention.cl's tile of a few query rows): the keys split over up to this many work-groups per head,
+    # each a run of whole key tiles, merged by attention_combine (FlashDecoding; 1: one work-group streams them all)
+    attention_decode_splits: int = 32
 
     # --- fully connected layers of few rows -----------------------------------------------------------------------
     # at most this many rows run as gemv (B streamed once): 16 x 4096 x 25088 0.179 ms against cuBLAS 0.231

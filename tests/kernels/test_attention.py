@@ -217,21 +217,37 @@ def test_tile_shrinks_to_local_memory():
         attention_tile(_Dev("gpu", 48 << 10), 4096, 4096)
 
 
-@pytest.mark.parametrize("case", ["one-key", "decode-one-query-gqa-mask", "decode-3-rows-causal-d128"])
-def test_decode_tile_matches_float64(case):
+@pytest.mark.parametrize("splits", [32, 2, 1])
+@pytest.mark.parametrize("case", ["one-key", "decode-one-query-gqa-mask", "decode-3-rows-causal-d128",
+                                  "decode-gpt2-step", "decode-causal-splits-unseen", "decode-hidden-row-dv48"])
+def test_decode_tile_matches_float64(case, splits):
     """attention.cl with the decoding tile (a few query rows: one row of 64 work-items over 64 keys), on the test
-    device (PoCL: the GPU kernel through the portable core)."""
+    device (PoCL: the GPU kernel through the portable core); its key tiles split over up to `splits` work-groups per
+    head (Options.attention_decode_splits, runs of whole tiles, attention_combine merging them), or streamed by one.
+    A causal step whose last splits see no key, a row that a bool mask hides whole (0), dv apart from d."""
     qs, hk, tk, dv, mask_spec, attrs = DECODE_CASES.get(case) or CASES[case]
     rng = np.random.default_rng(sum(map(ord, case)))
     lead = qs[:-3] + (hk,)
-    q, k, v = _normal(rng, *qs), _normal(rng, *(lead + (tk, qs[-1]))), _normal(rng, *(lead + (tk, qs[-1])))
-    mask = rng.random(mask_spec[0]) > 0.4 if mask_spec else None
-    got, schedule = run_attention(q, k, v, mask, "flash", **attrs)
+    q, k, v = _normal(rng, *qs), _normal(rng, *(lead + (tk, qs[-1]))), _normal(rng, *(lead + (tk, dv or qs[-1])))
+    mask = None
+    if mask_spec:
+        mask = rng.random(mask_spec[0]) > 0.4
+        mask.reshape(-1, mask.shape[-1])[0] = False
+    ctx = algo_context("flash").with_options(attention_decode_splits=splits)
+    got, schedule = run_attention(q, k, v, mask, "flash", ctx=ctx, **attrs)
     want = oracle(q, k, v, mask, None, attrs.get("causal", 0), attrs.get("causal_offset", 0), 0.0)
-    assert rel_l2(got, want) <= 2e-6 and schedule["tile"].endswith("x64/1x64")
+    assert np.isfinite(got).all() and rel_l2(got, want) <= 2e-6, rel_l2(got, want)
+    tiles = -(-tk // 64)  # (the tile: 64 keys a tile, then the splits where there are several)
+    want_splits = -(-tiles // -(-tiles // min(tiles, splits)))
+    assert schedule["tile"].endswith("x64/1x64" + (f"/s{want_splits}" if want_splits > 1 else "")), schedule["tile"]
 
 
-DECODE_CASES = {"decode-3-rows-causal-d128": ((1, 2, 3, 128), 2, 70, None, None, {"causal": 1, "causal_offset": 67})}
+DECODE_CASES = {
+    "decode-3-rows-causal-d128": ((1, 2, 3, 128), 2, 70, None, None, {"causal": 1, "causal_offset": 67}),
+    "decode-gpt2-step": ((1, 12, 1, 64), 12, 136, None, None, {}),  # (bench/gpu_decode.py's: 3 tiles of keys)
+    "decode-causal-splits-unseen": ((2, 4, 2, 32), 2, 300, None, None, {"causal": 1, "causal_offset": 90}),
+    "decode-hidden-row-dv48": ((2, 2, 1, 64), 2, 200, 48, ((2, 1, 1, 200), "bool"), {}),
+}
 
 
 def test_mask_strides_broadcast():

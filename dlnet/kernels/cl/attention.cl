@@ -73,18 +73,31 @@
 #define Y_T float
 #define STY(i, x) y[i] = (x)
 #endif
+// SPLITS (decoding, FlashDecoding's split of the keys): SPLITS work-groups per block of query rows, split s taking
+// the key tiles from s * KS to (s + 1) * KS; each writes its rows' running maximum m, sum l and unnormalised output
+// to `part` (per row of all B * Hq * Tq and split: DV + 2 floats), and attention_combine merges the splits. A decoding
+// step's few query rows made one work-group per head, streaming every key tile in turn (12 of 132 SMs busy).
 __kernel __attribute__((reqd_work_group_size(NT, 1, 1)))
 void attention(__global const Q_T* q, ulong q_off, __global const K_T* k, ulong k_off,
                __global const V_T* v, ulong v_off, __global const MASK_T* mask, ulong mask_off,
                __global Y_T* y, ulong y_off, int Tq, int Tk, int Hq, int Hk, float scale, float softcap,
                int causal_offset, long msb, long msh, long msq, long msk, long qsb, long qsh, long qst, long ksb, long ksh,
-               long kst, long vsb, long vsh, long vst, long ysb, long ysh, long yst) {
+               long kst, long vsb, long vsh, long vst, long ysb, long ysh, long yst
+#if defined(SPLITS)
+               , __global float* part, int KS
+#endif
+               ) {
     __local float qs[BQ * DP];
     __local float kvs[BK * KV_ROW];
     __local float ps[BQ * BKP];  // the scores of a tile, then their exponentials; at the end the partial sums
     const int lid = get_local_id(0);
     const int tr = lid / NTC, tc = lid % NTC;
+#if defined(SPLITS)
+    const int split = get_group_id(0) % SPLITS;
+    const int q0 = get_group_id(0) / SPLITS * BQ;
+#else
     const int q0 = get_group_id(0) * BQ;
+#endif
     const long bh = get_group_id(1);
     const long b = bh / Hq;
     const int h = bh % Hq;
@@ -112,7 +125,12 @@ void attention(__global const Q_T* q, ulong q_off, __global const K_T* k, ulong 
 #else
     const int kv_end = Tk;
 #endif
-    for (int k0 = 0; k0 < kv_end; k0 += BK) {
+#if defined(SPLITS)
+    const int kv_lo = split * KS, kv_hi = min(kv_end, kv_lo + KS);
+#else
+    const int kv_lo = 0, kv_hi = kv_end;
+#endif
+    for (int k0 = kv_lo; k0 < kv_hi; k0 += BK) {
         const int nk = min(BK, Tk - k0);
         barrier(CLK_LOCAL_MEM_FENCE);  // the last tile's readers of kvs and ps are done (the first time: qs written)
         for (int e = lid; e < BK * D; e += NT) {
@@ -199,10 +217,46 @@ void attention(__global const Q_T* q, ulong q_off, __global const K_T* k, ulong 
         if (r >= nq) continue;
         float total = 0.0f;
         for (int t = 0; t < NTC; t++) total += ps[r * BKP + t];
+#if defined(SPLITS)
+        __global float* pr = part + ((bh * Tq + q0 + r) * SPLITS + split) * (DV + 2);
+        if (tc == 0) {
+            pr[0] = m[i];
+            pr[1] = total;
+        }
+        for (int c = 0; c < CV; c++) {
+            const int col = tc + NTC * c;
+            if (col < DV) pr[2 + col] = acc[i][c];
+        }
+#else
         const float inv = total > 0.0f ? 1.0f / total : 0.0f;
         for (int c = 0; c < CV; c++) {
             const int col = tc + NTC * c;
             if (col < DV) STY(r * yst + col, acc[i][c] * inv);
         }
+#endif
     }
 }
+
+#if defined(SPLITS)
+// The splits' partials of one output element (row R of the B * Hq * Tq, column col): y = sum_s e^(m_s - M) acc_s /
+// sum_s e^(m_s - M) l_s with M the largest m_s; a row that no split saw a key for writes 0.
+__kernel void attention_combine(__global const float* part, __global Y_T* y, ulong y_off, int Tq, int Hq,
+                                long ysb, long ysh, long yst) {
+    const int col = get_global_id(0);
+    const long R = get_global_id(1);
+    if (col >= DV) return;
+    __global const float* pr = part + R * SPLITS * (DV + 2);
+    float top = -INFINITY;
+    for (int s = 0; s < SPLITS; s++) top = fmax(top, pr[s * (DV + 2)]);
+    float num = 0.0f, den = 0.0f;
+    if (top != -INFINITY)
+        for (int s = 0; s < SPLITS; s++) {
+            const float w = exp(pr[s * (DV + 2)] - top);  // (a split with no visible key: m = -inf, w = 0)
+            den += w * pr[s * (DV + 2) + 1];
+            num += w * pr[s * (DV + 2) + 2 + col];
+        }
+    const long bh = R / Tq, t = R % Tq;
+    y += y_off + bh / Hq * ysb + bh % Hq * ysh + t * yst;
+    STY(col, den > 0.0f ? num / den : 0.0f);
+}
+#endif
