@@ -137,6 +137,15 @@ class Emitter:
         self.keepalive.append(buf)
         return buf
 
+    def state(self, count, dtype=np.int32):
+        """A device buffer of `count` zeros that this plan's kernels may write and that stays theirs from run to run
+        (attention's counts of finished splits, which the last split sets back to 0)."""
+        arr = np.zeros(max(count, 1), dtype)
+        buf = Deferred(lambda: cl.Buffer(self.ctx.cl, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR,
+                                         hostbuf=arr))
+        self.keepalive.append(buf)
+        return buf
+
     def emit(self, source, name, args, gsize, lsize=None, label="", options=()):
         """Append a launch; its program is built in finish(), with every other program of the plan."""
         k = PendingKernel(source, name, options)

@@ -63,7 +63,8 @@ def algo_context(algo):
     return ctx.with_options(matrix_core="portable") if algo == "flash" and not ctx.dev.tiled else ctx
 
 
-def run_attention(q, k, v, mask=None, algo="flash_cpu", ctx=None, **attrs):
+def run_attention(q, k, v, mask=None, algo="flash_cpu", ctx=None, more_q=(), **attrs):
+    """(y, the node's schedule); with more_q, (the list of y for q and for each of more_q, one plan run again)."""
     ctx = ctx or algo_context(algo)
     g = Graph("attention")
     b = Builder(g)
@@ -73,7 +74,10 @@ def run_attention(q, k, v, mask=None, algo="flash_cpu", ctx=None, **attrs):
     g.outputs, g.output_names = [y], ["y"]
     plan = Plan(ctx, g)
     try:
-        return plan.run(arrays)[0], y.producer.schedule
+        got = plan.run(arrays)[0]
+        if more_q:
+            got = [got] + [plan.run([q2] + arrays[1:])[0] for q2 in more_q]
+        return got, y.producer.schedule
     finally:
         plan.release()
 
@@ -223,8 +227,9 @@ def test_tile_shrinks_to_local_memory():
 def test_decode_tile_matches_float64(case, splits):
     """attention.cl with the decoding tile (a few query rows: one row of 64 work-items over 64 keys), on the test
     device (PoCL: the GPU kernel through the portable core); its key tiles split over up to `splits` work-groups per
-    head (Options.attention_decode_splits, runs of whole tiles, attention_combine merging them), or streamed by one.
-    A causal step whose last splits see no key, a row that a bool mask hides whole (0), dv apart from d."""
+    head (Options.attention_decode_splits, runs of whole tiles, the last to finish merging them), or streamed by one;
+    the plan run three times. A causal step whose last splits see no key, a row a bool mask hides whole (0), dv
+    apart from d."""
     qs, hk, tk, dv, mask_spec, attrs = DECODE_CASES.get(case) or CASES[case]
     rng = np.random.default_rng(sum(map(ord, case)))
     lead = qs[:-3] + (hk,)
@@ -234,9 +239,11 @@ def test_decode_tile_matches_float64(case, splits):
         mask = rng.random(mask_spec[0]) > 0.4
         mask.reshape(-1, mask.shape[-1])[0] = False
     ctx = algo_context("flash").with_options(attention_decode_splits=splits)
-    got, schedule = run_attention(q, k, v, mask, "flash", ctx=ctx, **attrs)
-    want = oracle(q, k, v, mask, None, attrs.get("causal", 0), attrs.get("causal_offset", 0), 0.0)
-    assert np.isfinite(got).all() and rel_l2(got, want) <= 2e-6, rel_l2(got, want)
+    qs2 = [_normal(rng, *qs) for _ in range(2)]  # (the same plan again: the splits' counts start at 0 each run)
+    gots, schedule = run_attention(q, k, v, mask, "flash", ctx=ctx, more_q=qs2, **attrs)
+    for qi, got in zip([q] + qs2, gots, strict=True):
+        want = oracle(qi, k, v, mask, None, attrs.get("causal", 0), attrs.get("causal_offset", 0), 0.0)
+        assert np.isfinite(got).all() and rel_l2(got, want) <= 2e-6, rel_l2(got, want)
     tiles = -(-tk // 64)  # (the tile: 64 keys a tile, then the splits where there are several)
     want_splits = -(-tiles // -(-tiles // min(tiles, splits)))
     assert schedule["tile"].endswith("x64/1x64" + (f"/s{want_splits}" if want_splits > 1 else "")), schedule["tile"]

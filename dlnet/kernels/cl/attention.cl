@@ -75,8 +75,10 @@
 #endif
 // SPLITS (decoding, FlashDecoding's split of the keys): SPLITS work-groups per block of query rows, split s taking
 // the key tiles from s * KS to (s + 1) * KS; each writes its rows' running maximum m, sum l and unnormalised output
-// to `part` (per row of all B * Hq * Tq and split: DV + 2 floats), and attention_combine merges the splits. A decoding
-// step's few query rows made one work-group per head, streaming every key tile in turn (12 of 132 SMs busy).
+// to `part` (per row of all B * Hq * Tq and split: DV + 2 floats), then counts itself in `done` (one int per block of
+// rows, zero between runs); the last of a block's splits merges them into y and sets its count back to 0. A decoding
+// step's few query rows made one work-group per head, streaming every key tile in turn (12 of 132 SMs busy); a
+// second kernel to merge cost a launch a layer.
 __kernel __attribute__((reqd_work_group_size(NT, 1, 1)))
 void attention(__global const Q_T* q, ulong q_off, __global const K_T* k, ulong k_off,
                __global const V_T* v, ulong v_off, __global const MASK_T* mask, ulong mask_off,
@@ -84,7 +86,7 @@ void attention(__global const Q_T* q, ulong q_off, __global const K_T* k, ulong 
                int causal_offset, long msb, long msh, long msq, long msk, long qsb, long qsh, long qst, long ksb, long ksh,
                long kst, long vsb, long vsh, long vst, long ysb, long ysh, long yst
 #if defined(SPLITS)
-               , __global float* part, int KS
+               , __global volatile float* part, int KS, __global volatile int* done
 #endif
                ) {
     __local float qs[BQ * DP];
@@ -218,7 +220,7 @@ void attention(__global const Q_T* q, ulong q_off, __global const K_T* k, ulong 
         float total = 0.0f;
         for (int t = 0; t < NTC; t++) total += ps[r * BKP + t];
 #if defined(SPLITS)
-        __global float* pr = part + ((bh * Tq + q0 + r) * SPLITS + split) * (DV + 2);
+        __global volatile float* pr = part + ((bh * Tq + q0 + r) * SPLITS + split) * (DV + 2);
         if (tc == 0) {
             pr[0] = m[i];
             pr[1] = total;
@@ -235,28 +237,31 @@ void attention(__global const Q_T* q, ulong q_off, __global const K_T* k, ulong 
         }
 #endif
     }
-}
-
 #if defined(SPLITS)
-// The splits' partials of one output element (row R of the B * Hq * Tq, column col): y = sum_s e^(m_s - M) acc_s /
-// sum_s e^(m_s - M) l_s with M the largest m_s; a row that no split saw a key for writes 0.
-__kernel void attention_combine(__global const float* part, __global Y_T* y, ulong y_off, int Tq, int Hq,
-                                long ysb, long ysh, long yst) {
-    const int col = get_global_id(0);
-    const long R = get_global_id(1);
-    if (col >= DV) return;
-    __global const float* pr = part + R * SPLITS * (DV + 2);
-    float top = -INFINITY;
-    for (int s = 0; s < SPLITS; s++) top = fmax(top, pr[s * (DV + 2)]);
-    float num = 0.0f, den = 0.0f;
-    if (top != -INFINITY)
-        for (int s = 0; s < SPLITS; s++) {
-            const float w = exp(pr[s * (DV + 2)] - top);  // (a split with no visible key: m = -inf, w = 0)
-            den += w * pr[s * (DV + 2) + 1];
-            num += w * pr[s * (DV + 2) + 2 + col];
-        }
-    const long bh = R / Tq, t = R % Tq;
-    y += y_off + bh / Hq * ysb + bh % Hq * ysh + t * yst;
-    STY(col, den > 0.0f ? num / den : 0.0f);
-}
+    // the block's last split to finish merges them all: y = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s, M the
+    // largest m_s (a row no split saw a key for: 0)
+    __local int last;
+    mem_fence(CLK_GLOBAL_MEM_FENCE);  // (this work-item's partials out before the block's count)
+    barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);
+    __global volatile int* count = done + bh * get_num_groups(0) / SPLITS + q0 / BQ;
+    if (lid == 0) last = atomic_inc(count) == SPLITS - 1;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (!last) return;
+    mem_fence(CLK_GLOBAL_MEM_FENCE);
+    for (int e = lid; e < nq * DV; e += NT) {
+        const int r = e / DV, col = e % DV;
+        __global volatile const float* pr = part + (bh * Tq + q0 + r) * SPLITS * (DV + 2);
+        float top = -INFINITY;
+        for (int t = 0; t < SPLITS; t++) top = fmax(top, pr[t * (DV + 2)]);
+        float num = 0.0f, den = 0.0f;
+        if (top != -INFINITY)
+            for (int t = 0; t < SPLITS; t++) {
+                const float w = exp(pr[t * (DV + 2)] - top);  // (a split that saw no key: m = -inf, w = 0)
+                den += w * pr[t * (DV + 2) + 1];
+                num += w * pr[t * (DV + 2) + 2 + col];
+            }
+        STY(r * yst + col, den > 0.0f ? num / den : 0.0f);
+    }
+    if (lid == 0) *count = 0;  // (ready for the next run)
 #endif
+}

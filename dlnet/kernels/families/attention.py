@@ -153,20 +153,15 @@ class AttentionFamily:
         blocks = max(-(-Tq // tile.bq), 1)
         tiles = -(-Tk // tile.bk)
         splits = min(tiles, self.options.attention_decode_splits) if Tq <= DECODE_ROWS and tile.ntr == 1 else 1
-        if splits > 1:  # decoding: the key tiles shared out in runs of `per`, the runs' partials merged after
+        if splits > 1:  # decoding: the key tiles shared out in runs of `per`, their partials merged by the last run
             per = -(-tiles // splits)
             splits = -(-tiles // per)
             defs["SPLITS"] = splits
             self.record_tile(f"{tile.label}/s{splits}")
-            src = defines(defs) + kernel_source("attention")
-            self.emit(src, "attention", args + [self.dummy()[0], np.int32(per * tile.bk)],
-                      (blocks * splits * nt, B * Hq), (nt, 1), label)
-            nbytes = 4 * B * Hq * Tq * splits * (DV + 2)
-            self.use_scratch(self.launches[-1].kernel, len(args), nbytes, "work")
-            ys = operand_strides(y.shape, layout[3], element_strides(y))
-            self.emit(src, "attention_combine", [self.dummy()[0]] + self.args(y) + [np.int32(Tq), np.int32(Hq)] + [
-                np.int64(s) for s in ys], (-(-DV // 32) * 32, B * Hq * Tq), (32, 1), label + " combine")
-            self.use_scratch(self.launches[-1].kernel, 0, nbytes, "work")
+            self.emit(defines(defs) + kernel_source("attention"), "attention", args + [
+                self.dummy()[0], np.int32(per * tile.bk), self.state(B * Hq * blocks)],
+                (blocks * splits * nt, B * Hq), (nt, 1), label)
+            self.use_scratch(self.launches[-1].kernel, len(args), 4 * B * Hq * Tq * splits * (DV + 2), "work")
             return
         self.record_tile(tile.label)
         self.emit(defines(defs) + kernel_source("attention"), "attention", args,
