@@ -88,15 +88,17 @@ def test_layer_normalization_runs_as_one_kernel(ctx):
     assert [launch.label.split()[-1] for launch in net.launches] == ["LayerNorm"]
 
 
+@pytest.mark.parametrize("rows", [7, 40])
 @pytest.mark.parametrize("D", [5, 37, 300, 2051])
-def test_layer_normalization_on_a_gpu(D):
+def test_layer_normalization_on_a_gpu(D, rows):
     """On GPUs each row takes a work-group (a CPU context told it is a GPU runs that kernel here), rows shorter than
-    the group or no multiple of it too, with the statistics outputs."""
+    the group or no multiple of it too, with the statistics outputs; a few rows (decoding) take larger groups."""
     from dlnet.kernels.families.norm_pool import layernorm_group
     ctx = context().with_options(input_chunks=1)
     ctx.is_cpu = False
-    assert layernorm_group(5) == 32 and layernorm_group(300) == 32 and layernorm_group(2051) == 256
-    x = normal(7, D) * 3 + 2
+    assert layernorm_group(5, 40) == 32 and layernorm_group(300, 40) == 32 and layernorm_group(2051, 40) == 256
+    assert layernorm_group(768, 3152) == 64 and layernorm_group(768, 1) == 256 and layernorm_group(300, 7) == 128
+    x = normal(rows, D) * 3 + 2
     node = helper.make_node("LayerNormalization", ["x", "scale", "B"], ["y", "mean", "inv"], epsilon=1e-4)
     net = check([node], {"x": x}, ["y", "mean", "inv"], 17, {"scale": normal(D), "B": normal(D)}, ctx=ctx)
     assert [launch.kernel.function_name for launch in net.launches] == ["layernorm_wg"]

@@ -12,6 +12,9 @@ from ..runtime import DTYPE_TO_C, kernel_source
 # 256 rows of 4096 in 10 us (256 work-items) against 2.6 ms. CPUs (PoCL) keep a work-item per row: 3152 x 32 in
 # 157 us against 870 us in groups of 32.
 LAYERNORM_GROUP = (32, 256)
+# ... and where there are at most this many rows (decoding's one token a step), the largest power of two <= D / 2
+# within them: a lone row's work-group is the whole launch, so its time is each work-item's chain of loads and sums
+LAYERNORM_FEW_ROWS = 16
 
 
 # LayerNormAxis on GPUs (layernorm_axis.cl): a work-group of TP = 32 consecutive rows (pixels: x's loads coalesce) by
@@ -22,9 +25,10 @@ LAYERNORM_GROUP = (32, 256)
 LAYERNORM_AXIS_GROUP = (32, 8)
 
 
-def layernorm_group(D):
+def layernorm_group(D, rows):
     lo, hi = LAYERNORM_GROUP
-    return max(lo, min(hi, 1 << max(0, (D // 8).bit_length() - 1)))
+    per = 2 if rows <= LAYERNORM_FEW_ROWS else 8
+    return max(lo, min(hi, 1 << max(0, (D // per).bit_length() - 1)))
 
 
 class NormPoolFamily:
@@ -124,7 +128,7 @@ class NormPoolFamily:
         if len(node.outputs) > 1:
             defs["STATS"] = 1
             args += self.args(node.outputs[1]) + self.args(node.outputs[2])
-        wg = 0 if self.dev.is_cpu else layernorm_group(D)
+        wg = 0 if self.dev.is_cpu else layernorm_group(D, rows)
         label = f"{node.name} {node.op}"
         if wg:
             defs["WG"] = wg
@@ -148,7 +152,7 @@ class NormPoolFamily:
         if len(node.outputs) > 1:
             defs["KEEP_SUM"] = 1
             args += self.args(node.outputs[1])
-        wg = 0 if self.dev.is_cpu else layernorm_group(D)
+        wg = 0 if self.dev.is_cpu else layernorm_group(D, rows)
         label = f"{node.name} AddLayerNorm"
         if wg:
             defs["WG"] = wg
