@@ -81,26 +81,7 @@ class ConvCpuFamily:
             return
         wargs = self.conv_cpu_weights(w, group, K, KK, MR, defs)
         if direct:
-            NBI = -(-(OH * Wq) // NR)
-            tail = NBI * NR - OH * Wq + Wq - OW  # past the last plane: what the last panel's dropped columns read
-            row_tiles = direct_row_tiles(OW, Wq, NR) if self.options.conv_cpu_direct_row_tiles else 0
-            if row_tiles:  # panels inside output rows (ROW_TILES)
-                defs["ROW_TILES"], NBI, tail = row_tiles, OH * row_tiles, Wq  # (the last row: kx past Wq)
-            geo = {"KHC": KH, "KWC": KW, "SHC": SH, "SWC": SW, "DHC": DH, "DWC": DW}
-            xp_nstride = self.pad_planes(x, H, W, geo, Hq, Wq, PH, PW, tail, label, node.attrs.get("in_perm"))
-            defs.update(geo)
-            if self.options.conv_cpu_direct_pack and 4 * KK * NR <= self.dev.local_mem:
-                defs["B_LOCAL"] = self.dev.local_mem // 4
-            src = defines(defs) + head + kernel_source("planes") + kernel_source("conv_cpu")
-            npw = self.cpu_panels(N * NBI, group, KK, NR, defs.get("B_LOCAL"))
-            NBW = -(-N * NBI // npw)
-            splits = min(MB, -(-self.cpu_items() // (NBW * group)))
-            MBS = -(-MB // splits)
-            self.emit(src, "conv2d_cpu_direct", [self.dummy()[0], np.uint64(0)] + wargs + bargs + rargs +
-                      self.args(y) + [np.int32(v) for v in (C, K, Hq, Wq, OH, OW, NBI)] + [
-                          np.int64(xp_nstride), np.int64(y_nstride), np.int64(y_nstride)] + [
-                          np.int32(v) for v in (MBS, npw, N * NBI)], (NBW, -(-MB // MBS), group), (1, 1, 1), label)
-            self.use_scratch(self.launches[-1].kernel, 0, 4 * N * xp_nstride, "work")
+            self._conv_cpu_direct(node, head, wargs, bargs, rargs, group, C, K, geo, (Hq, Wq), y_nstride, defs, label)
             return
         col_bytes = 4 * group * NB * NR * KK
         local = algo == "cpu_local"
@@ -111,11 +92,7 @@ class ConvCpuFamily:
             defs["B_LOCAL"] = self.dev.local_mem // 4
             if pointwise:
                 defs["PACK_1X1"] = 1
-            npw = self.cpu_panels(NB, group, KK, NR, defs["B_LOCAL"])
-            NBW = -(-NB // npw)
-            splits = min(MB, -(-self.cpu_items() // (NBW * group)))
-            MBS = -(-MB // splits)
-            splits = -(-MB // MBS)
+            npw, NBW, MBS = self.cpu_shares(NB, MB, group, KK, NR, defs["B_LOCAL"])
         else:
             args = self.args(x) + [self.dummy()[0], np.int32(C)] + geo + [np.int64(Cin * H * W), np.int32(NN)]
             self.emit(defines(defs) + head + kernel_source("conv_cpu"), "im2col_pack", args, (KK, group), (1, 1),
@@ -131,8 +108,8 @@ class ConvCpuFamily:
                 _, scale, shift, relu = affine_chain(node.attrs["prologue"], x.shape)
                 defs.update(PROLOGUE=1, **({"PRO_RELU": 1} if relu else {}))
                 args += [self.meta(np.concatenate([scale, shift]).astype(np.float32), np.float32), np.uint64(0)]
-            self.emit(defines(defs) + head + kernel_source("conv_cpu"), "conv2d_cpu_local", args, (NBW, splits, group),
-                      (1, 1, 1), label)
+            self.emit(defines(defs) + head + kernel_source("conv_cpu"), "conv2d_cpu_local", args,
+                      (NBW, -(-MB // MBS), group), (1, 1, 1), label)
             return
         args = self.args(x) + wargs + bargs + rargs + self.args(y) + [
             self.dummy()[0], np.int32(C), np.int32(K), np.int32(KK), np.int32(OHW), np.int32(NN),
@@ -140,6 +117,33 @@ class ConvCpuFamily:
         self.emit(defines(defs) + head + kernel_source("conv_cpu"), "conv2d_cpu", args, (MB, NB, group), (1, 1, 1),
                   label)
         self.use_scratch(self.launches[-1].kernel, 10, 0, "work")
+
+    def _conv_cpu_direct(self, node, head, wargs, bargs, rargs, group, C, K, geo, planes, y_nstride, defs, label):
+        """conv_cpu.cl's conv2d_cpu_direct: the layer's taps read from zero-padded (phase) planes of Hq x Wq
+        (planes), which pad_planes writes into the work scratch first; panels of positions along the planes' rows,
+        or inside output rows (ROW_TILES)."""
+        x, y = node.inputs[0], node.outputs[0]
+        H, W, OH, OW, KH, KW, SH, SW, PH, PW, DH, DW = (int(v) for v in geo)
+        (Hq, Wq), N, KK = planes, x.shape[0], C * KH * KW
+        MR, NR = defs["MR"], 8 * defs["NV"]
+        MB = -(-K // MR)
+        NBI = -(-(OH * Wq) // NR)
+        tail = NBI * NR - OH * Wq + Wq - OW  # past the last plane: what the last panel's dropped columns read
+        row_tiles = direct_row_tiles(OW, Wq, NR) if self.options.conv_cpu_direct_row_tiles else 0
+        if row_tiles:  # panels inside output rows (ROW_TILES)
+            defs["ROW_TILES"], NBI, tail = row_tiles, OH * row_tiles, Wq  # (the last row: kx past Wq)
+        taps = {"KHC": KH, "KWC": KW, "SHC": SH, "SWC": SW, "DHC": DH, "DWC": DW}
+        xp_nstride = self.pad_planes(x, H, W, taps, Hq, Wq, PH, PW, tail, label, node.attrs.get("in_perm"))
+        defs.update(taps)
+        if self.options.conv_cpu_direct_pack and 4 * KK * NR <= self.dev.local_mem:
+            defs["B_LOCAL"] = self.dev.local_mem // 4
+        src = defines(defs) + head + kernel_source("planes") + kernel_source("conv_cpu")
+        npw, NBW, MBS = self.cpu_shares(N * NBI, MB, group, KK, NR, defs.get("B_LOCAL"))
+        self.emit(src, "conv2d_cpu_direct", [self.dummy()[0], np.uint64(0)] + wargs + bargs + rargs + self.args(y) + [
+            np.int32(v) for v in (C, K, Hq, Wq, OH, OW, NBI)] + [np.int64(xp_nstride), np.int64(y_nstride),
+                                                                 np.int64(y_nstride)] + [
+            np.int32(v) for v in (MBS, npw, N * NBI)], (NBW, -(-MB // MBS), group), (1, 1, 1), label)
+        self.use_scratch(self.launches[-1].kernel, 0, 4 * N * xp_nstride, "work")
 
     def _conv_cpu_winograd(self, node, head, bargs, rargs, C, K, PH, PW, y_nstride, label):
         """conv_cpu.cl's conv2d_cpu_wino: fused Winograd F(2x2, 3x3) over padded planes, weights transformed here."""
@@ -169,18 +173,21 @@ class ConvCpuFamily:
             (N * NBI, -(-MB // MBS)), (1, 1), f"{node.name} Conv winograd")
         self.use_scratch(self.launches[-1].kernel, 0, 4 * N * xp_nstride, "work")
 
-    def cpu_panels(self, NB, group, KK, NR, local_floats=None):
-        """Consecutive panels (of NB per group, KK x NR floats each) per work-item of conv2d_cpu_local and _direct: as
-        many as Options.conv_cpu_panel_bytes holds while there are cpu_items() work-items, and where they are packed
-        into __local memory, as many as its local_floats hold; each row block of outputs then runs over them in turn.
-        Recorded on the node's tile as /p<panels> where more than one."""
+    def cpu_shares(self, NB, MB, group, KK, NR, local_floats=None):
+        """How conv2d_cpu_local and _direct share out NB panels (per group, KK x NR floats each) by MB row blocks:
+        (panels per work-item, work-items along the panels, row blocks per work-item). Consecutive panels per
+        work-item, as many as Options.conv_cpu_panel_bytes holds while there are cpu_items() work-items (and, where
+        they are packed into __local memory, as many as its local_floats hold); each row block of outputs then runs
+        over them in turn; then the row blocks split until cpu_items(). More than one panel is recorded on the node's
+        tile as /p<panels>."""
         fit = self.options.conv_cpu_panel_bytes // (4 * KK * NR)
         if local_floats is not None:
             fit = min(fit, local_floats // (KK * NR))
         npw = max(1, min(fit, NB * group // self.cpu_items()))
         if npw > 1:  # (printed in the IR: tile=6x16/p4)
             self.record_tile(f"{self.node.schedule['tile']}/p{npw}")
-        return npw
+        NBW = -(-NB // npw)
+        return npw, NBW, -(-MB // min(MB, -(-self.cpu_items() // (NBW * group))))
 
     def cpu_items(self):
         """Work-items a CPU convolution's tiles are shared out into: Options.conv_cpu_items_per_core per core."""
