@@ -79,7 +79,7 @@ class Options:
     # attention_cpu's 4 rows a work-item and a horizontal sum per score)
     attention_cpu_lanes: bool = True
     # decoding (attention.cl's tile of a few query rows): the keys split over up to this many work-groups per head,
-    # each a run of whole key tiles, merged by attention_combine (FlashDecoding; 1: one work-group streams them all)
+    # each a run of whole key tiles, the last to finish merging them (FlashDecoding; 1: one work-group streams them)
     attention_decode_splits: int = 32
 
     # --- fully connected layers of few rows -----------------------------------------------------------------------
