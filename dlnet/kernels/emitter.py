@@ -128,23 +128,19 @@ class Emitter:
         are separate 64-bit arguments; GPUs emulate 64-bit division), else 64-bit."""
         return "int" if max([1] + [int(s) for s in sizes]) < 2**31 - 1 else "long"
 
-    def meta(self, values, dtype=np.int64):
+    def meta(self, values, dtype=np.int64, flags=cl.mem_flags.READ_ONLY):
+        """A device buffer holding `values` (made once the device is open), kept for the plan's life."""
         arr = np.asarray(values, dtype=dtype)
         if arr.size == 0:
             arr = np.zeros(1, dtype)
-        buf = Deferred(lambda: cl.Buffer(self.ctx.cl, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR,
-                                         hostbuf=arr))
+        buf = Deferred(lambda: cl.Buffer(self.ctx.cl, flags | cl.mem_flags.COPY_HOST_PTR, hostbuf=arr))
         self.keepalive.append(buf)
         return buf
 
     def state(self, count, dtype=np.int32):
         """A device buffer of `count` zeros that this plan's kernels may write and that stays theirs from run to run
         (attention's counts of finished splits, which the last split sets back to 0)."""
-        arr = np.zeros(max(count, 1), dtype)
-        buf = Deferred(lambda: cl.Buffer(self.ctx.cl, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR,
-                                         hostbuf=arr))
-        self.keepalive.append(buf)
-        return buf
+        return self.meta(np.zeros(count, dtype), dtype, cl.mem_flags.READ_WRITE)
 
     def emit(self, source, name, args, gsize, lsize=None, label="", options=()):
         """Append a launch; its program is built in finish(), with every other program of the plan."""
