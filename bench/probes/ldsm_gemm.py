@@ -31,6 +31,35 @@ CONFIGS = [  # TM TN TK WARPS_M WARPS_N STAGES GROUP_M (0: none)
 ]
 
 
+def sass(prg, cfg, folder):
+    """PTX of a build into folder, and (with triton's ptxas and nvdisasm) its registers, spills and SASS."""
+    import os
+    import subprocess
+    os.makedirs(folder, exist_ok=True)
+    name = os.path.join(folder, "_".join(str(c) for c in cfg).replace("+", "-").replace("=", "") or "base")
+    ptx = prg.get_info(cl.program_info.BINARIES)[0].decode(errors="replace").replace("\0", "")
+    ptx = ptx.split(".metadata_section")[0]  # (NVIDIA OpenCL's; ptxas rejects it)
+    with open(name + ".ptx", "w") as f:
+        f.write(ptx)
+    try:
+        import triton
+        tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+        for version in ("9.0", "8.8", "8.7", "8.6", "8.5", "8.4", "8.3"):  # (the driver's PTX may be newer)
+            with open(name + ".v.ptx", "w") as f:
+                f.write(ptx.replace(".version 9.0", f".version {version}"))
+            r = subprocess.run([os.path.join(tools, "ptxas"), "-arch=sm_90", "-v", name + ".v.ptx", "-o",
+                                name + ".cubin"], capture_output=True, text=True)
+            if r.returncode == 0:
+                break
+        print("  ptxas:", " ".join(ln.strip() for ln in (r.stdout + r.stderr).splitlines() if "registers" in ln
+                                     or "spill" in ln or "rror" in ln or "atal" in ln))
+        with open(name + ".sass", "w") as f:
+            subprocess.run([os.path.join(tools, "nvdisasm"), "-c", "-g", name + ".cubin"], stdout=f,
+                           stderr=subprocess.STDOUT)
+    except (ImportError, OSError) as e:
+        print("  no ptxas:", e)
+
+
 def parse(s):
     if "x" in s:
         m, n, k = (int(v) for v in s.split("x"))
@@ -46,17 +75,23 @@ def main():
     ap.add_argument("--nk", action="store_true", help="B stored [N][K] (a transposed weight; always so in tf32)")
     ap.add_argument("--mode", default="f16", choices=("f16", "tf32"))
     ap.add_argument("--configs", default="", help="TM,TN,TK,WM,WN,ST,GM;... (default: a sweep)")
+    ap.add_argument("--variants", default="", help="defines each config is also built with: NAME[=V]+NAME;... "
+                                                    "(an empty item: none), e.g. ';LDSM_PIPE'")
+    ap.add_argument("--sass", default="", help="a folder for each build's PTX, and where triton's ptxas and nvdisasm "
+                                               "are found, its registers and SASS")
     args = ap.parse_args()
     f16 = args.mode == "f16"
     args.nk = args.nk or not f16
     configs = [tuple(int(v) for v in c.split(",")) for c in args.configs.split(";")] if args.configs else CONFIGS
+    configs = [c + (v,) for c in configs for v in args.variants.split(";")]
     plat = next(p for p in cl.get_platforms() if "NVIDIA" in p.name)
     dev = plat.get_devices()[0]
     ctx = cl.Context([dev])
     q = cl.CommandQueue(ctx, properties=cl.command_queue_properties.PROFILING_ENABLE)
     progs = {}
     for cfg in configs:
-        d = dict(zip(("TM", "TN", "TK", "WARPS_M", "WARPS_N", "STAGES", "GROUP_M"), cfg))
+        d = dict(zip(("TM", "TN", "TK", "WARPS_M", "WARPS_N", "STAGES", "GROUP_M"), cfg[:7]))
+        d.update(dict((kv + "=1").split("=")[:2] for kv in cfg[7].split("+") if kv))
         if not d["GROUP_M"]:
             del d["GROUP_M"]
         if args.nk:
@@ -68,6 +103,8 @@ def main():
             progs[cfg] = cl.Program(ctx, src).build(options="-cl-nv-verbose")
             log = progs[cfg].get_build_info(dev, cl.program_build_info.LOG)
             print(cfg, " ".join(ln.strip() for ln in log.splitlines() if "registers" in ln or "spill" in ln))
+            if args.sass:
+                sass(progs[cfg], cfg, args.sass)
         except cl.RuntimeError as e:
             print("build failed", cfg, str(e)[:2000])
     rows = []

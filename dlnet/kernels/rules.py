@@ -37,10 +37,12 @@ GEMM_TILES = {
     # tile (bench/probes/ldsm_gemm.py, H100: 4096^3 157 TFLOP/s, ViT's 3152 x 3072 x 768 104, against cuBLAS 344 / 160)
     "ldsm_tf32": {"core": "gemm_ldsm", "huge": dict(TM=128, TN=128, TK=32, WARPS_M=2, WARPS_N=2, STAGES=3, GROUP_M=8,
                                                     TF32=1, B_NK=1)},
-    # ... in f16 (precision "fp16", A and B stored in half; B [K, N] through ldmatrix.trans, or [N, K]): H100 4096^3
-    # 292 TFLOP/s against cuBLAS fp16's 654; the 64 x 64 tile where 128 x 128 tiles leave compute units idle
+    # ... in f16 (precision "fp16", A and B stored in half; B [K, N] through ldmatrix.trans, or [N, K]): H200 4096^3
+    # 325 TFLOP/s against cuBLAS fp16's 604, ViT-B/16 b16's 3152 x 3072 x 768 199 against 395 (fragments
+    # double-buffered, LDSM_PIPE: 128 x 128 x 64 in 3 stages without it gave 301 and 183); the 64 x 64 tile where
+    # 128 x 128 tiles leave compute units idle
     "ldsm_f16": {"core": "gemm_ldsm",
-                 "huge": dict(TM=128, TN=128, TK=64, WARPS_M=2, WARPS_N=2, STAGES=3, GROUP_M=8, F16=1),
+                 "huge": dict(TM=128, TN=128, TK=32, WARPS_M=2, WARPS_N=2, STAGES=4, GROUP_M=8, F16=1, LDSM_PIPE=1),
                  "big": dict(TM=64, TN=64, TK=64, WARPS_M=2, WARPS_N=2, STAGES=3, GROUP_M=8, F16=1)},
     "cpu": {"core": "gemm_vec", "huge": dict(RM=8), "big": dict(RM=8), "narrow_m": dict(RM=1), "narrow_n": dict(RM=8)},
 }

@@ -320,11 +320,13 @@ def test_greedy_decoding_keeps_torch_tokens(cache):
     np.testing.assert_array_equal(got, gen.torch_greedy(growing, ids, 12))
 
 
-@pytest.mark.parametrize("M,K,N,trans_b", [(300, 256, 264, 0), (1000, 768, 1024, 0), (40, 64, 72, 1)])
+@pytest.mark.parametrize("M,K,N,trans_b", [(300, 256, 264, 0), (1000, 768, 1024, 0), (40, 64, 72, 1),
+                                           (2100, 328, 1032, 1), (2100, 24, 1040, 0)])
 def test_tensor_core_products_in_half(M, K, N, trans_b):
     """On NVIDIA in fp16, products of half A and B run on gemm_ldsm.cl's f16 core (mma.sync m16n8k16, B [K, N] by
     ldmatrix.trans or [N, K]): a Linear layer between two pointwise ops (so that its input and output are stored in
-    half), ragged M, against float64 within half's rounding."""
+    half), ragged M, against float64 within half's rounding. The 2100-row products fill an H100's or H200's units
+    with 128 x 128 tiles (its fragments double-buffered, LDSM_PIPE): a last partial slice of K, and K in one."""
     ctx = context()
     if not ctx.is_nvidia:
         pytest.skip("gemm_ldsm.cl needs an NVIDIA device (inline PTX mma.sync)")

@@ -144,6 +144,52 @@ void KERNEL_NAME(LDSM_ARGS) {
     const uint b_lane = (lane % 8 + ((lane / 8) % 2) * 8) * BS_STRIDE + (wn * NI * 8 + (lane / 16) * 8) * EB;
 #define B_STEP(jj, kq) ((kq) * BS_STRIDE + (jj) * 8 * EB)
 #endif
+#if defined(B_NK)
+#define LDSM_B(r, addr) LDSM_X4(r, addr)
+#else
+#define LDSM_B(r, addr) LDSM_X4_T(r, addr)
+#endif
+// a warp's fragments of one k step (kq, in elements) of the stage at byte addresses as_, bs_
+#define LDSM_FRAGS(a, b, as_, bs_, kq) { \
+    _Pragma("unroll") for (int i = 0; i < MI; i++) { LDSM_X4(a[i], (as_) + a_lane + i * 16 * AS_STRIDE + (kq) * EB); ROUND(a[i]) } \
+    _Pragma("unroll") for (int jj = 0; jj < NI; jj += 2) { \
+        uint r[4]; \
+        LDSM_B(r, (bs_) + b_lane + B_STEP(jj, kq)); \
+        ROUND(r) \
+        b[jj][0] = r[0]; b[jj][1] = r[1]; b[jj + 1][0] = r[2]; b[jj + 1][1] = r[3]; } }
+#define LDSM_MMAS(a, b) \
+    _Pragma("unroll") for (int i = 0; i < MI; i++) \
+        _Pragma("unroll") for (int j = 0; j < NI; j++) \
+            MMA_STEP(acc[i][j], a[i], b[j][0], b[j][1]);
+#define KQ (TK / KSTEP)
+#if defined(LDSM_PIPE) && KQ % 2 == 0
+    // fragments double-buffered: a k step's ldmatrix are issued before the previous step's mma; the next slice's
+    // first fragments are loaded (after its wait and barrier) before the slice's last mma
+    LDSM_WAIT(STAGES - 2);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    uint af[2][MI][4], bf[2][NI][2];
+    LDSM_FRAGS(af[0], bf[0], sbase, sbase + AS_BYTES, 0)
+    for (int tt = 0; tt < ntiles; tt++) {
+        const int tn = tt + STAGES - 1;  // (into the stage read before the last barrier)
+        if (tn < ntiles) LDSM_ISSUE(tn % STAGES, tn * TK)
+        LDSM_COMMIT();
+        const uint as_ = sbase + (tt % STAGES) * STAGE_BYTES, bs_ = as_ + AS_BYTES;
+        #pragma unroll
+        for (int q = 0; q < KQ; q++) {
+            if (q == KQ - 1) {
+                LDSM_WAIT(STAGES - 2);
+                barrier(CLK_LOCAL_MEM_FENCE);
+                if (tt + 1 < ntiles) {
+                    const uint an = sbase + ((tt + 1) % STAGES) * STAGE_BYTES;
+                    LDSM_FRAGS(af[(q + 1) % 2], bf[(q + 1) % 2], an, an + AS_BYTES, 0)
+                }
+            } else {
+                LDSM_FRAGS(af[(q + 1) % 2], bf[(q + 1) % 2], as_, bs_, (q + 1) * KSTEP)
+            }
+            LDSM_MMAS(af[q % 2], bf[q % 2])
+        }
+    }
+#else
     for (int tt = 0; tt < ntiles; tt++) {
         LDSM_WAIT(STAGES - 2);
         barrier(CLK_LOCAL_MEM_FENCE);
@@ -154,29 +200,11 @@ void KERNEL_NAME(LDSM_ARGS) {
         #pragma unroll
         for (int kq = 0; kq < TK; kq += KSTEP) {
             uint a[MI][4], b[NI][2];
-            #pragma unroll
-            for (int i = 0; i < MI; i++) {
-                LDSM_X4(a[i], as_ + a_lane + i * 16 * AS_STRIDE + kq * EB);
-                ROUND(a[i])
-            }
-            #pragma unroll
-            for (int jj = 0; jj < NI; jj += 2) {
-                uint r[4];
-#if defined(B_NK)
-                LDSM_X4(r, bs_ + b_lane + B_STEP(jj, kq));
-#else
-                LDSM_X4_T(r, bs_ + b_lane + B_STEP(jj, kq));
-#endif
-                ROUND(r)
-                b[jj][0] = r[0]; b[jj][1] = r[1]; b[jj + 1][0] = r[2]; b[jj + 1][1] = r[3];
-            }
-            #pragma unroll
-            for (int i = 0; i < MI; i++)
-                #pragma unroll
-                for (int j = 0; j < NI; j++)
-                    MMA_STEP(acc[i][j], a[i], b[j][0], b[j][1]);
+            LDSM_FRAGS(a, b, as_, bs_, kq)
+            LDSM_MMAS(a, b)
         }
     }
+#endif
     LDSM_WAIT(0);
     #pragma unroll
     for (int i = 0; i < MI; i++) {
