@@ -4,7 +4,8 @@
                                  [--nodes ConvGradW] [--set winograd_whole_bytes=0 ...]
 
 Prints two tables (inference, training step): kernel time grouped by the kind of node each launch belongs to, with
-launch counts and % of the total. Runs on the GPU machine (torchvision there); asserts nothing.
+launch counts and % of the total. --net may also be one of bench/gpu.py's transformers over tokens (gpt2, bert:
+inference only). Runs on the GPU machine (torchvision there); asserts nothing.
 """
 import argparse
 import ast
@@ -16,6 +17,7 @@ import numpy as np
 import dlnet
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gpu  # noqa: E402
 from gpu_train import export, torch_model  # noqa: E402
 
 
@@ -68,9 +70,14 @@ def main():
     args = ap.parse_args()
     ctx = dlnet.Context("gpu", precision=args.precision, profile=True)
     ctx = ctx.with_options(**{k: ast.literal_eval(v) for k, v in (kv.split("=", 1) for kv in args.set)})
-    model = torch_model(args.net)
-    xs = np.random.default_rng(0).standard_normal((args.batch, 3, 224, 224)).astype(np.float32)
-    proto = export(model, xs)
+    if args.net in gpu.TOKEN_NETS:  # (ids in, next-token logits out: inference only)
+        model, inputs = gpu.make_model(args.net)
+        xs, args.no_train = inputs(args.batch), True
+        proto = gpu.export(model, args.batch, inputs)
+    else:
+        model = torch_model(args.net)
+        xs = np.random.default_rng(0).standard_normal((args.batch, 3, 224, 224)).astype(np.float32)
+        proto = export(model, xs)
     net = dlnet.Net(ctx).load_onnx(proto)
     if not args.no_infer:
         net.run({net.inputs[0].name: xs})

@@ -74,3 +74,20 @@
 #else
 #define STORE(m, n, v) { float r_ = alpha * (v) + CVAL(m, n); y[(m) * sym + (n) * syn] = ACT(r_); }
 #endif
+// Y_PAIRS (gemm_ldsm.cl's STORE2, columns n and n + 1 of row m, n even): y's rows contiguous (syn 1) and every pair
+// aligned (y's offsets and NN even), so that the two are one 4-byte (half) or 8-byte store
+#if defined(Y_PAIRS)
+#if defined(Y_HALF)  // (NVIDIA only, as gemm_ldsm.cl is: both rounded to half in one cvt, one 4-byte store)
+#define STORE_PAIR(m, n, r) { \
+    uint h_; \
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(h_) : "f"((r).y), "f"((r).x)); \
+    *(__global uint*)(y + (m) * sym + (n)) = h_; }
+#else
+#define STORE_PAIR(m, n, r) (*(__global float2*)(y + (m) * sym + (n)) = (r))
+#endif
+#define STORE2(m, n, v0, v1) { \
+    if ((n) + 1 < NN) { \
+        const float r0_ = alpha * (v0) + CVAL(m, n), r1_ = alpha * (v1) + CVAL(m, (n) + 1); \
+        STORE_PAIR(m, n, ((float2)(ACT(r0_), ACT(r1_)))); \
+    } else STORE(m, n, v0); }
+#endif

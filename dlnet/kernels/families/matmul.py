@@ -94,6 +94,8 @@ class MatmulFamily:
         core, tiles, lsize, (g0, g1) = pick
         if core != "gemm_ldsm":
             tiles = without_copies(tiles, halves, ("A", "B"))  # (precision "fp16")
+        elif N % 2 == 0 and ya[1] % 2 == 0:  # (y's rows contiguous, N columns: pairs of columns stored as one)
+            halves = dict(halves or {}, Y_PAIRS=1)
         src = gemm_source(core, tiles, strides, idx, act, ca is not None, aligned, halves)
         args = gemm_args(aa, ba, ca if ca is not None else self.dummy(), ya, self.meta(np.asarray(table).ravel()), M,
                          N, K, strides, idx, alpha, beta)

@@ -1,0 +1,236 @@
+"""Probe: a Hopper wgmma GEMM from OpenCL. NVIDIA's OpenCL C compiler targets sm_90, where ptxas rejects wgmma, but
+the driver builds sm_90a PTX handed to it as a program binary (bench/probes/ptx_sm90a.py). So the kernel is written
+in OpenCL C with each wgmma instruction inside a PTX comment of its inline asm (the compiler wires its operands and
+keeps the accumulators in registers), built once, and its PTX is uncommented, retargeted to sm_90a and built again
+from the binary. A and B half, both K-major (A [M][K], B [N][K]), fp32 accumulation and output; tiles come by
+16-byte cp.async into shared memory laid out as wgmma's core matrices (8 rows x 16 bytes, no swizzle), STAGES deep;
+WG warpgroups per work-group, each 64 x WGM rows of the TM x TN tile (m64nTNk16). Checks against torch, times against
+cuBLAS fp16 in the same process. Asserts nothing.
+
+    python3 bench/probes/wgmma_gemm.py [--sizes 4096,3152x3072x768] [--configs TM,TN,TK,STAGES,WG[,DEF[=V]...];...]
+"""
+import argparse
+import statistics
+
+import numpy as np
+import pyopencl as cl
+
+KERNEL = r"""
+#define CORE 128                     // bytes of a core matrix (8 rows x 16 bytes)
+#define A_BYTES (TM * TK * 2)
+#define B_BYTES (TN * TK * 2)
+#define STAGE_BYTES (A_BYTES + B_BYTES)
+#define CP16(dst, src, nbytes) \
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(nbytes) : "memory")
+#define STR_(x) #x
+#define STR(x) STR_(x)
+#if defined(SW128)
+// 128-byte swizzle (TK 64: a row's 64 halves are one 128-byte line): row r at r * 128, its 16-byte chunk kc at
+// chunk kc ^ (r % 8); 8-row groups 1024 bytes apart; a k16 step 32 bytes further along the line
+#if TK != 64
+#error "SW128 needs TK 64"
+#endif
+#define SBO 1024
+#define TILE_OFF(r, kc) ((r) * 128 + (((kc) ^ ((r) & 7)) << 4))
+#define KSTEP_OFF(s) ((s) * 32)
+inline ulong desc(uint addr) {
+    return (ulong)((addr & 0x3FFFF) >> 4) | (1ul << 16) | ((ulong)(SBO >> 4) << 32) | (1ul << 62);
+}
+#else
+// no swizzle: 8 x 16-byte core matrices; a row group's TK / 8 of them along k, then the next row group
+#define SBO (TK * 16)
+#define TILE_OFF(r, kc) (((r) >> 3) * SBO + (kc) * CORE + ((r) & 7) * 16)
+#define KSTEP_OFF(s) ((s) * 2 * CORE)
+inline ulong desc(uint addr) {
+    return (ulong)((addr & 0x3FFFF) >> 4) | ((ulong)(CORE >> 4) << 16) | ((ulong)(SBO >> 4) << 32);
+}
+#endif
+#define NT (128 * WG)
+// chunk c (16 bytes) of A's TM rows and B's TN rows of slice k0 into stage st, a row's chunks from consecutive
+// threads; WHOLE: every row and chunk inside the product (no checks)
+#define ISSUE_ROWS(ROWS, base, p, r0, R, WHOLE) \
+    for (int c = tid; c < ROWS * TK / 8; c += NT) { \
+        const int r = c / (TK / 8), kc = c % (TK / 8), row = r0 + r, k = k0 + kc * 8; \
+        if (WHOLE) CP16(st + (base) + TILE_OFF(r, kc), p + (long)row * K + k, 16); \
+        else CP16(st + (base) + TILE_OFF(r, kc), p + (long)min(row, R - 1) * K + min(k, K - 8), \
+                  (row < R && k < K) ? min(16, 2 * (K - k)) : 0); }
+inline void issue(uint st, __global const ushort* a, __global const ushort* b, int m0, int n0, int k0, int M, int N,
+                  int K, int tid) {
+    if (m0 + TM <= M && n0 + TN <= N && k0 + TK <= K) {
+        ISSUE_ROWS(TM, 0, a, m0, M, 1)
+        ISSUE_ROWS(TN, A_BYTES, b, n0, N, 1)
+    } else {
+        ISSUE_ROWS(TM, 0, a, m0, M, 0)
+        ISSUE_ROWS(TN, A_BYTES, b, n0, N, 0)
+    }
+}
+
+__kernel __attribute__((reqd_work_group_size(NT, 1, 1)))
+void wg_gemm(__global const ushort* a, __global const ushort* b, __global float* y, int M, int N, int K) {
+    __local uint smem[STAGES * STAGE_BYTES / 4] __attribute__((aligned(1024)));
+    const uint sbase = (uint)(ulong)smem;
+    const int tid = get_local_id(0), wg = tid / 128;
+#if defined(GROUP_M)
+    // work-groups in runs of GROUP_M along m (a column of tiles shares B's panel in L2 while it is hot)
+    const int gn_ = get_num_groups(0), gm_ = get_num_groups(1), pid_ = get_group_id(1) * gn_ + get_group_id(0);
+    const int first_ = pid_ / (GROUP_M * gn_) * GROUP_M, rows_ = min(gm_ - first_, GROUP_M);
+    const int m0 = (first_ + pid_ % (GROUP_M * gn_) % rows_) * TM, n0 = pid_ % (GROUP_M * gn_) / rows_ * TN;
+#else
+    const int m0 = get_group_id(1) * TM, n0 = get_group_id(0) * TN;
+#endif
+    float acc[WGM][TN / 2];
+    #pragma unroll
+    for (int i = 0; i < WGM; i++)
+        #pragma unroll
+        for (int j = 0; j < TN / 2; j++)
+            acc[i][j] = 0.0f;
+    const int ntiles = (K + TK - 1) / TK;
+    // slices STAGES - 2 ahead: at slice tt the stage of slice tt - 2 is refilled, its wgmma known done (every
+    // warpgroup waited for all but its last group before this slice's barrier)
+    for (int s = 0; s < STAGES - 2; s++) {
+        if (s < ntiles) issue(sbase + s * STAGE_BYTES, a, b, m0, n0, s * TK, M, N, K, tid);
+        asm volatile("cp.async.commit_group;" ::: "memory");
+    }
+    for (int tt = 0; tt < ntiles; tt++) {
+        asm volatile("cp.async.wait_group " STR(STAGES) " - 3;" ::: "memory");
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        barrier(CLK_LOCAL_MEM_FENCE);
+        const int tn = tt + STAGES - 2;
+        if (tn < ntiles) issue(sbase + (tn % STAGES) * STAGE_BYTES, a, b, m0, n0, tn * TK, M, N, K, tid);
+        asm volatile("cp.async.commit_group;" ::: "memory");
+        const uint st = sbase + (tt % STAGES) * STAGE_BYTES;
+        asm volatile("// @WG wgmma.fence.sync.aligned;" ::: "memory");
+        #pragma unroll
+        for (int s = 0; s < TK / 16; s++) {
+            const ulong db = desc(st + A_BYTES + KSTEP_OFF(s));
+            #pragma unroll
+            for (int i = 0; i < WGM; i++) {
+                const ulong da = desc(st + (wg * WGM + i) * 8 * SBO + KSTEP_OFF(s));
+                WGMMA(acc[i], da, db);
+            }
+        }
+        asm volatile("// @WG wgmma.commit_group.sync.aligned;" ::: "memory");
+        asm volatile("// @WG wgmma.wait_group.sync.aligned 1;" ::: "memory");
+    }
+    asm volatile("// @WG wgmma.wait_group.sync.aligned 0;" ::: "memory");
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
+    // D fragments (m64nNk16, f32): warp w of the warpgroup rows 16 w + g (+ 8), n8 block j columns 8 j + 2 t (+ 1)
+    const int w = tid % 128 / 32, l = tid % 32, g = l / 4, t = l % 4;
+    #pragma unroll
+    for (int i = 0; i < WGM; i++)
+        #pragma unroll
+        for (int j = 0; j < TN / 8; j++) {
+            const int m = m0 + (wg * WGM + i) * 64 + w * 16 + g, n = n0 + j * 8 + 2 * t;
+            if (n + 1 < N && N % 2 == 0) {  // (a pair: one 8-byte store)
+                if (m < M) *(__global float2*)(y + (long)m * N + n) = (float2)(acc[i][4 * j], acc[i][4 * j + 1]);
+                if (m + 8 < M)
+                    *(__global float2*)(y + (long)(m + 8) * N + n) = (float2)(acc[i][4 * j + 2], acc[i][4 * j + 3]);
+            } else if (n < N) {
+                if (m < M) {
+                    y[(long)m * N + n] = acc[i][4 * j];
+                    if (n + 1 < N) y[(long)m * N + n + 1] = acc[i][4 * j + 1];
+                }
+                if (m + 8 < M) {
+                    y[(long)(m + 8) * N + n] = acc[i][4 * j + 2];
+                    if (n + 1 < N) y[(long)(m + 8) * N + n + 1] = acc[i][4 * j + 3];
+                }
+            }
+        }
+}
+"""
+
+
+def wgmma_macro(tn):
+    """WGMMA(d, da, db): d += A B over one k16 step, m64n<tn>k16, both K-major, in a PTX comment (@WG)."""
+    nreg = tn // 2
+    regs = ", ".join(f"%{i}" for i in range(nreg))
+    outs = ", ".join(f'"+f"(d[{i}])' for i in range(nreg))
+    asm = (f"{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{nreg + 2}, 0;\\n"
+           f"// @WG wgmma.mma_async.sync.aligned.m64n{tn}k16.f32.f16.f16 {{{regs}}}, %{nreg}, %{nreg + 1}, "
+           f"p, 1, 1, 0, 0;\\n}}")
+    return f'#define WGMMA(d, da, db) asm volatile("{asm}" : {outs} : "l"(da), "l"(db), "r"(1) : "memory")\n'
+
+
+def build(ctx, dev, cfg):
+    TM, TN, TK, STAGES, WG = (int(v) for v in cfg[:5])
+    defs = dict(TM=TM, TN=TN, TK=TK, STAGES=STAGES, WG=WG, WGM=TM // (64 * WG))
+    defs.update(dict((kv + "=1").split("=")[:2] for kv in cfg[5:]))
+    src = "".join(f"#define {k} {v}\n" for k, v in defs.items())
+    src += wgmma_macro(TN) + KERNEL
+    prg = cl.Program(ctx, src).build()
+    ptx = prg.get_info(cl.program_info.BINARIES)[0].decode()
+    n = ptx.count("// @WG ")
+    ptx = ptx.replace("// @WG ", "").replace(".target sm_90,", ".target sm_90a,")
+    return cl.Program(ctx, [dev], [ptx.encode()]).build(), n
+
+
+def main():
+    import torch
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", default="4096,8192,3152x3072x768,1000x1000x1000")
+    ap.add_argument("--configs", default="128,256,64,4,2,SW128;128,256,64,4,2,SW128,GROUP_M=8;"
+                                         "256,128,64,4,2,SW128,GROUP_M=8;128,128,64,4,2,SW128,GROUP_M=8")
+    ap.add_argument("--iters", type=int, default=15)
+    args = ap.parse_args()
+    plat = next(p for p in cl.get_platforms() if "NVIDIA" in p.name)
+    dev = plat.get_devices()[0]
+    ctx = cl.Context([dev])
+    q = cl.CommandQueue(ctx, properties=cl.command_queue_properties.PROFILING_ENABLE)
+    progs = {}
+    for c in args.configs.split(";"):
+        cfg = tuple(c.split(","))
+        try:
+            progs[cfg], n = build(ctx, dev, cfg)
+            print(cfg, "built,", n, "wgmma lines uncommented", flush=True)
+        except Exception as e:  # (a probe: say what the compiler said)
+            print(cfg, "failed:", str(e)[:3000], flush=True)
+    print("| M x N x K | TM TN TK STAGES WG | dlnet ms | TFLOP/s | cuBLAS fp16 TFLOP/s | ratio | rel err |")
+    print("|---|---|---|---|---|---|---|")
+    for size in args.sizes.split(","):
+        M, N, K = (int(v) for v in size.split("x")) if "x" in size else (int(size),) * 3
+        g = torch.Generator().manual_seed(0)
+        at, bt = torch.randn(M, K, generator=g).half(), torch.randn(N, K, generator=g).half()
+        mf = cl.mem_flags
+        a_buf = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=at.numpy().view(np.uint16))
+        b_buf = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=bt.numpy().view(np.uint16))
+        y_buf = cl.Buffer(ctx, mf.READ_WRITE, M * N * 4)
+        ac, bc = at.cuda(), bt.cuda()
+        ref = (ac.float() @ bc.float().t()).cpu().numpy()
+        for _ in range(3):
+            ac @ bc.t()
+        torch.cuda.synchronize()
+        ts = []
+        for _ in range(args.iters):
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            ac @ bc.t()
+            e.record()
+            torch.cuda.synchronize()
+            ts.append(s.elapsed_time(e))
+        t_cublas = statistics.median(ts)
+        flop = 2.0 * M * N * K
+        for cfg, prg in progs.items():
+            TM, TN = int(cfg[0]), int(cfg[1])
+            knl = cl.Kernel(prg, "wg_gemm")
+            gsz, lsz = (-(-N // TN) * 128 * int(cfg[4]), -(-M // TM)), (128 * int(cfg[4]), 1)
+            args_ = (a_buf, b_buf, y_buf, np.int32(M), np.int32(N), np.int32(K))
+            try:
+                knl(q, gsz, lsz, *args_).wait()
+            except cl.Error as e:
+                print("launch failed", cfg, e)
+                continue
+            y = np.empty((M, N), np.float32)
+            cl.enqueue_copy(q, y, y_buf)
+            err = float(np.linalg.norm(y - ref) / np.linalg.norm(ref))
+            ts = []
+            for _ in range(args.iters):
+                ev = knl(q, gsz, lsz, *args_)
+                ev.wait()
+                ts.append((ev.profile.end - ev.profile.start) * 1e-6)
+            t = statistics.median(ts)
+            print(f"| {M}x{N}x{K} | {' '.join(map(str, cfg))} | {t:.3f} | {flop / t * 1e-9:.0f} | "
+                  f"{flop / t_cublas * 1e-9:.0f} | {t_cublas / t:.2f} | {err:.1e} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
