@@ -51,6 +51,18 @@ def claim(folder, n):
         return False
 
 
+# gemm_wgmma.cl's instructions that only sm_90a takes sit in PTX comments marked so (emitter.wgmma_macro)
+WGMMA_MARK = "// @WG "
+
+
+def sm90a_ptx(binary):
+    """The PTX of a program built from source (NVIDIA's binaries are PTX text) with the WGMMA_MARK comments turned
+    back into instructions and the target sm_90a: NVIDIA's OpenCL C compiler targets sm_90, where ptxas rejects
+    wgmma, but the driver builds sm_90a PTX given as a binary."""
+    text = binary.decode()
+    return text.replace(WGMMA_MARK, "").replace(".target sm_90,", ".target sm_90a,").encode()
+
+
 def write_binary(path, program):
     """Write a built pyopencl program's device binary to `path` atomically (readers never see half a file)."""
     import pyopencl as cl
@@ -183,9 +195,11 @@ def main(jobs_file):
             continue
         try:
             if ocl:
-                write_bytes(path, ocl.build(ctx, devices[index], source, options))
+                data = ocl.build(ctx, devices[index], source, options)
             else:
-                write_binary(path, cl.Program(ctx, source).build(options=options, cache_dir=False))
+                prg = cl.Program(ctx, source).build(options=options, cache_dir=False)
+                data = prg.get_info(cl.program_info.BINARIES)[0]
+            write_bytes(path, sm90a_ptx(data) if WGMMA_MARK in source else data)  # (the parent builds it from there)
         except Exception as e:  # (cl.Error, RuntimeError): the parent builds it and raises with the log
             print(f"compile worker: program {n} ({os.path.basename(path)}) failed: {e}", file=sys.stderr)
             status = 1

@@ -28,6 +28,8 @@ class Device:
     # products and convolutions on the tf32 tensor-core core (gemm_mma.cl) on NVIDIA: precision "tf32", and "fp16"
     # (options.fp16_mma), whose half operands are exact in tf32 (its f16 products: gemm_ldsm.cl where that applies)
     mma: bool = False
+    # an NVIDIA Hopper GPU (compute capability 9): wgmma, in PTX built for sm_90a (gemm_wgmma.cl)
+    wgmma: bool = False
 
     @property
     def tensor_cores(self):
@@ -62,7 +64,16 @@ class Device:
         local = info.device.local_mem_size if info.device is not None else 48 << 10
         core = "gemm_core" if not cpu or options.matrix_core == "portable" else "gemm_vec"
         mma = nv and (precision == "tf32" or precision == "fp16" and options.fp16_mma)
-        return Device(info.name, cpu, nv, precision, info.compute_units, local, core, mma)
+        return Device(info.name, cpu, nv, precision, info.compute_units, local, core, mma,
+                      nv and not cpu and compute_capability(info.device) == 9)
+
+
+def compute_capability(device):
+    """An NVIDIA OpenCL device's compute capability major (cl_nv_device_attribute_query), else None."""
+    try:
+        return device.compute_capability_major_nv
+    except Exception:  # (not NVIDIA's driver, no such query, or a test's stand-in device)
+        return None
 
 
 # PoCL's CPU device runs kernels on this many worker threads, read once, when the OpenCL platform starts in the

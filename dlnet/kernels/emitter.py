@@ -9,19 +9,31 @@ from . import codegen
 from .device import TILED_CORES
 from .launch import Deferred, Launch, PendingKernel
 from .rules import core_threads, round_up
-from .runtime import DTYPE_TO_C, cl, kernel_source
+from .runtime import DTYPE_TO_C, WGMMA_MARK, cl, kernel_source
 
 
 def core_source(core):
     """The text of a GEMM core with what it needs before it."""
     if core == "gemm_mma":
         return kernel_source("gemm_fetch") + kernel_source("mma_tf32") + kernel_source(core)
-    if core == "gemm_ldsm":  # (gemm.cl's batch index and one store of two columns; no split-K)
+    if core in ("gemm_ldsm", "gemm_wgmma"):  # (gemm.cl's batch index and one store of two columns; no split-K)
         return "#define ZID get_group_id(2)\n#ifndef STORE2\n#define STORE2(m, n, v0, v1) { STORE(m, n, v0); " \
                "if ((n) + 1 < NN) STORE(m, (n) + 1, v1); }\n#endif\n" \
                "#define LDSM_ARGS KERNEL_ARGS, __global float* ws, ulong ws_off\n" + kernel_source("mma_tf32") + \
             kernel_source(core)
     return kernel_source("gemm_fetch") + kernel_source(core) if core in TILED_CORES else kernel_source(core)
+
+
+def wgmma_macro(tn):
+    """gemm_wgmma.cl's WGMMA(d, da, db): d[0 .. tn / 2) += A B over one k16 step of an m64 block, A and B f16 and
+    K-major by shared-memory descriptors da, db (wgmma.mma_async m64n<tn>k16); the instruction inside a PTX comment
+    marked runtime.WGMMA_MARK, which runtime.sm90a_ptx takes out (its operands wired by the compiler)."""
+    n = tn // 2
+    regs = ", ".join(f"%{i}" for i in range(n))
+    outs = ", ".join(f'"+f"(d[{i}])' for i in range(n))
+    body = (f"{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{n + 2}, 0;\\n{WGMMA_MARK}wgmma.mma_async.sync.aligned."
+            f"m64n{tn}k16.f32.f16.f16 {{{regs}}}, %{n}, %{n + 1}, p, 1, 1, 0, 0;\\n}}")
+    return f'#define WGMMA(d, da, db) asm volatile("{body}" : {outs} : "l"(da), "l"(db), "r"(1) : "memory")\n'
 
 
 def defines(d):
@@ -43,7 +55,7 @@ def gemm_source(core, tiles, strides, idx, act=None, has_c=False, aligned=(True,
         defs["B_ALONG_K"] = 1
     if sam == 1 and sak != 1:
         defs["A_ALONG_M"] = 1
-    if "STAGES" in tiles and core != "gemm_ldsm":  # (gemm_fetch.cl)
+    if "STAGES" in tiles and core not in ("gemm_ldsm", "gemm_wgmma"):  # (gemm_fetch.cl)
         if core == "gemm_mma" and sak == 1 and sam % 4 == 0 and aligned[0]:
             defs["A_VEC"] = 1  # (the fp32 core's A tile is k-major: 4-byte copies)
         if sbn == 1 and sbk % 4 == 0 and aligned[1] and \
@@ -51,7 +63,8 @@ def gemm_source(core, tiles, strides, idx, act=None, has_c=False, aligned=(True,
             defs["B_VEC"] = 1
     defs["IDX"] = idx
     defs.update(halves or {})  # (precision "fp16": the operands stored in half, half.half_defines)
-    return defines(defs) + act_macro(act) + kernel_source("gemm") + core_source(core)
+    head = wgmma_macro(tiles["TN"]) if core == "gemm_wgmma" else ""
+    return defines(defs) + head + act_macro(act) + kernel_source("gemm") + core_source(core)
 
 
 def gemm_args(aa, ba, ca, ya, boff, M, N, K, strides, idx, alpha=1.0, beta=0.0):

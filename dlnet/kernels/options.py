@@ -70,6 +70,9 @@ class Options:
     # fp16 on NVIDIA: products of half A and B on gemm_ldsm.cl's f16 tensor-core core (False: the fp32 core's
     # register-staged path, half loads, FMA)
     ldsm_f16: bool = True
+    # fp16 on Hopper (NVIDIA, compute capability 9): those products whose B is constant or stored [N, K] on
+    # gemm_wgmma.cl (wgmma; constant B stored [N, K] at load) instead of gemm_ldsm.cl
+    wgmma: bool = True
     # tf32: attention's two products on the tensor cores (attention_mma.cl) for head dims that are multiples of 8
     attention_mma: bool = True
     # its work-groups' warps, 16 query rows each: each K/V tile loaded once for more rows. H100, ViT-B/16 b16 (197

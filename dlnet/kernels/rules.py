@@ -44,6 +44,12 @@ GEMM_TILES = {
     "ldsm_f16": {"core": "gemm_ldsm",
                  "huge": dict(TM=128, TN=128, TK=32, WARPS_M=2, WARPS_N=2, STAGES=4, GROUP_M=8, F16=1, LDSM_PIPE=1),
                  "big": dict(TM=64, TN=64, TK=64, WARPS_M=2, WARPS_N=2, STAGES=3, GROUP_M=8, F16=1)},
+    # gemm_wgmma.cl (Hopper's wgmma, f16 A and B both K-major), one tile: 128 x 128 in 3 stages (96 KiB), so that two
+    # work-groups share a compute unit and one's epilogue (bias, GELU, half stores) overlaps the other's products.
+    # H200, transformer layers with their epilogues (bench/probes/wgmma_layers.py, ms): 4096 x 768 -> 3072 + GELU
+    # 0.096 against 0.148 for 128 x 256 in 4 stages (one work-group a unit) and 0.157 on gemm_ldsm.cl; the bare
+    # product alone prefers 128 x 256 (4096^3 490 TFLOP/s against cuBLAS fp16's 624: bench/probes/wgmma_gemm.py)
+    "wgmma_f16": {"core": "gemm_wgmma", "huge": dict(TM=128, TN=128, TK=64, WG=2, STAGES=3, GROUP_M=8, F16=1, B_NK=1)},
     "cpu": {"core": "gemm_vec", "huge": dict(RM=8), "big": dict(RM=8), "narrow_m": dict(RM=1), "narrow_n": dict(RM=8)},
 }
 # How the fp32 GPU tiles run, for picking one per layer: work-groups resident per compute unit, the device's rate in
@@ -252,6 +258,16 @@ def ldsm_product(dev, options, M, N, K):
         and not options.tf32_fp32_k[0] <= K < options.tf32_fp32_k[1]
 
 
+def wgmma_product(dev, options, M, N, K):
+    """Does an M x N x K product of half A and B run on gemm_wgmma.cl (Hopper; B then stored [N, K])?"""
+    return dev.wgmma and dev.half_storage and options.wgmma and min(M, N) >= 64 and K % 8 == 0 and N % 8 == 0
+
+
+def wgmma_f16_tiles(dev, options, M, N, K, batches):
+    """gemm_wgmma.cl's tiles for an M x N x K product (`batches` of them), or None where it does not run."""
+    return GEMM_TILES["wgmma_f16"]["huge"] if wgmma_product(dev, options, M, N, K) else None
+
+
 def ldsm_f16_tiles(dev, options, M, N, K, batches):
     """gemm_ldsm.cl's f16 tiles for an M x N x K product (`batches` of them) whose A and B are stored in half
     (NVIDIA, precision "fp16"), or None where it does not run: K and N whole 16-byte rows."""
@@ -332,7 +348,12 @@ def launch_geometry(core, tiles, M, N):
     """(local size, global size) of gemm.cl-shaped kernels for M x N outputs on a core with these tiles."""
     if core == "gemm_vec":  # 8 columns per work-item as float8
         return None, (-(-N // 8), -(-M // tiles["RM"]))
-    nthreads = 32 * tiles["WARPS_M"] * tiles["WARPS_N"] if core in ("gemm_mma", "gemm_ldsm") else core_threads(tiles)
+    if core == "gemm_wgmma":
+        nthreads = 128 * tiles["WG"]
+    elif core in ("gemm_mma", "gemm_ldsm"):
+        nthreads = 32 * tiles["WARPS_M"] * tiles["WARPS_N"]
+    else:
+        nthreads = core_threads(tiles)
     return (nthreads, 1, 1), (-(-N // tiles["TN"]) * nthreads, -(-M // tiles["TM"]))
 
 

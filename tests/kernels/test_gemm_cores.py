@@ -5,6 +5,8 @@ tf32 tensor-core core (precision="tf32"), whose error is that of tf32 inputs (10
 Shapes cover every tile class (huge, big, narrow), ragged edges, split-K (long K with few tiles), batched and
 transposed GEMMs, convolutions with bias/residual/activation epilogues, and convolution gradients.
 """
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from onnx import helper
@@ -562,3 +564,31 @@ def test_ldsm_weights_stored_along_k():
     assert weight_layout(512, Options(ldsm_min_rows=256)) == (1, (384, 256))
     assert weight_layout(200, Options(ldsm_min_rows=256)) == (0, (256, 384))
     assert weight_layout(512, Options(ldsm_min_rows=0)) == (0, (256, 384))
+
+
+def test_wgmma_rules_and_ptx():
+    """Hopper's wgmma: a device of compute capability 9 says so; the product needs half operands, 64 rows and columns
+    and K, N multiples of 8; the WGMMA macro's operands; and the program's PTX for sm_90a: the marked comments
+    become instructions and the target sm_90a, nothing else changes."""
+    from dlnet.kernels.compile_worker import WGMMA_MARK, sm90a_ptx
+    from dlnet.kernels.device import compute_capability
+    from dlnet.kernels.emitter import wgmma_macro
+
+    class Hopper:
+        compute_capability_major_nv = 9
+    assert compute_capability(Hopper()) == 9 and compute_capability(object()) is None
+    hopper = Device("fake", False, True, "fp16", 132, 48 << 10, "gemm_core", mma=True, wgmma=True)
+    o = Options()
+    for M, N, K in ((4096, 3072, 768), (64, 64, 8), (1000, 1000, 1000)):
+        assert rules.wgmma_f16_tiles(hopper, o, M, N, K, 1) == rules.GEMM_TILES["wgmma_f16"]["huge"]
+    for M, N, K, opts in ((32, 4096, 768, o), (4096, 3070, 768, o), (4096, 3072, 764, o),
+                          (4096, 3072, 768, Options(wgmma=False))):
+        assert rules.wgmma_f16_tiles(hopper, opts, M, N, K, 1) is None
+    assert rules.wgmma_f16_tiles(replace(hopper, precision="tf32"), o, 4096, 3072, 768, 1) is None
+    assert rules.wgmma_f16_tiles(replace(hopper, wgmma=False), o, 4096, 3072, 768, 1) is None
+    macro = wgmma_macro(256)
+    assert macro.count('"+f"') == 128 and "m64n256k16.f32.f16.f16 {%0," in macro and "%127}, %128, %129, p" in macro
+    ptx = (".version 9.0\n.target sm_90, texmode_independent\n{\n" + WGMMA_MARK + "wgmma.fence.sync.aligned;\n"
+           "// a comment\n}\n").encode()
+    assert sm90a_ptx(ptx) == (".version 9.0\n.target sm_90a, texmode_independent\n{\nwgmma.fence.sync.aligned;\n"
+                              "// a comment\n}\n").encode()

@@ -324,9 +324,10 @@ def test_greedy_decoding_keeps_torch_tokens(cache):
                                            (2100, 328, 1032, 1), (2100, 24, 1040, 0)])
 def test_tensor_core_products_in_half(M, K, N, trans_b):
     """On NVIDIA in fp16, products of half A and B run on gemm_ldsm.cl's f16 core (mma.sync m16n8k16, B [K, N] by
-    ldmatrix.trans or [N, K]): a Linear layer between two pointwise ops (so that its input and output are stored in
-    half), ragged M, against float64 within half's rounding. The 2100-row products fill an H100's or H200's units
-    with 128 x 128 tiles (its fragments double-buffered, LDSM_PIPE): a last partial slice of K, and K in one."""
+    ldmatrix.trans or [N, K]), or on Hopper gemm_wgmma.cl (B stored [N, K]): a Linear layer between two pointwise ops
+    (so that its input and output are stored in half), ragged M, against float64 within half's rounding. The
+    2100-row products fill an H100's or H200's units with 128 x 128 tiles of gemm_ldsm.cl (its fragments
+    double-buffered, LDSM_PIPE): a last partial slice of K, and K in one."""
     ctx = context()
     if not ctx.is_nvidia:
         pytest.skip("gemm_ldsm.cl needs an NVIDIA device (inline PTX mma.sync)")
@@ -341,8 +342,35 @@ def test_tensor_core_products_in_half(M, K, N, trans_b):
     y = net.run({"x": x})["y"]
     wf = w.astype(np.float64).T if trans_b else w.astype(np.float64)
     ref = np.tanh(np.maximum(x.astype(np.float64), 0) @ wf + bias)
-    assert "ldsm_f16" in str(net.graph)
+    assert "ldsm_f16" in str(net.graph) or net.ctx.dev.wgmma and "wgmma" in str(net.graph)
     assert rel_l2(y, ref) < 5e-3
+
+
+@pytest.mark.parametrize("M,K,N,trans_b", [(4200, 520, 2064, 0), (2100, 328, 1032, 1), (300, 40, 136, 0)])
+def test_wgmma_products_in_half(M, K, N, trans_b):
+    """On Hopper in fp16, products of half A and B run on gemm_wgmma.cl (wgmma, PTX for sm_90a): rows, columns and
+    depth ragged (K a multiple of 8, not of the 64 of a slice; one slice), a weight given [K, N] and stored [N, K] at
+    load, a bias and a fused Relu, in half, against float64; the same layer with Options.wgmma off runs on
+    gemm_ldsm.cl and agrees."""
+    ctx = context()
+    c16 = dlnet.Context(ctx.info, precision="fp16")
+    if not c16.dev.wgmma:
+        pytest.skip("gemm_wgmma.cl needs an NVIDIA Hopper GPU")
+    r = _rng(M + K)
+    x, w, bias = (r.standard_normal((M, K)).astype(np.float32), (r.standard_normal((N, K) if trans_b else (K, N)) /
+                  np.sqrt(K)).astype(np.float32), r.standard_normal(N).astype(np.float32))
+    nodes = [helper.make_node("Tanh", ["x"], ["a"]), helper.make_node("Gemm", ["a", "w", "b"], ["p"], transB=trans_b),
+             helper.make_node("Relu", ["p"], ["q"]), helper.make_node("Tanh", ["q"], ["y"])]
+    model = make_model(nodes, {"x": x}, ["y"], {"w": w, "b": bias})
+    wf = w.astype(np.float64).T if trans_b else w.astype(np.float64)
+    ref = np.tanh(np.maximum(np.tanh(x.astype(np.float64)) @ wf + bias, 0))
+    net = dlnet.Net(c16).load_onnx(model)
+    y = net.run({"x": x})["y"]
+    assert "wgmma128x128" in str(net.graph)
+    assert rel_l2(y, ref) < 5e-3
+    off = dlnet.Net(c16.with_options(wgmma=False)).load_onnx(model)
+    assert "wgmma" not in str(off.graph)
+    assert rel_l2(y, off.run({"x": x})["y"]) < 2e-3
 
 
 @pytest.mark.parametrize("mma", [True, False])

@@ -24,6 +24,7 @@ from ..rules import (
     pick_tiles,
     resident_groups,
     round_up,
+    wgmma_f16_tiles,
 )
 from ..runtime import kernel_source
 from .elementwise import cpu_math
@@ -84,7 +85,7 @@ class MatmulFamily:
         sam, sak, sbk, sbn = strides[:4]
         f16 = self._ldsm_f16(aa, ba, offs, M, N, K, strides, halves) if where == "gemm" else None
         if f16 is not None:
-            pick = self._pick_ldsm(M, N, f16, "ldsm_f16")
+            pick = self._pick_ldsm(M, N, f16, "wgmma" if "WG" in f16 else "ldsm_f16")
         elif where == "gemm" and ldsm_product(self.dev, self.options, M, N, K) and sak == 1 and sbk == 1 and \
                 sam % 4 == 0 and sbn % 4 == 0 and all(aligned):
             pick = self._pick_ldsm(M, N, GEMM_TILES["ldsm_tf32"]["huge"], "ldsm")
@@ -92,7 +93,7 @@ class MatmulFamily:
             layout = f"{'r' if sak == 1 else 'c'}{'r' if sbn == 1 else 'c'}"
             pick = self.pick(M, N, K, nb, True, f"{where} {layout}")
         core, tiles, lsize, (g0, g1) = pick
-        if core != "gemm_ldsm":
+        if core not in ("gemm_ldsm", "gemm_wgmma"):
             tiles = without_copies(tiles, halves, ("A", "B"))  # (precision "fp16")
         elif N % 2 == 0 and ya[1] % 2 == 0:  # (y's rows contiguous, N columns: pairs of columns stored as one)
             halves = dict(halves or {}, Y_PAIRS=1)
@@ -102,11 +103,12 @@ class MatmulFamily:
         self._matrix(src, "gemm", args, pick, tiles, (g0, g1, nb), M, N, K, label)
 
     def _pick_ldsm(self, M, N, tiles, name):
-        """A tile of gemm_ldsm.cl (rules.GEMM_TILES["ldsm_tf32"] / ["ldsm_f16"]): whole K, no split, not tuned per
-        layer."""
-        lsize, grid = launch_geometry("gemm_ldsm", tiles, M, N)
+        """A tile of gemm_ldsm.cl (rules.GEMM_TILES["ldsm_tf32"] / ["ldsm_f16"]) or, named "wgmma", of
+        gemm_wgmma.cl: whole K, no split, not tuned per layer."""
+        core = "gemm_wgmma" if name == "wgmma" else "gemm_ldsm"
+        lsize, grid = launch_geometry(core, tiles, M, N)
         self.record_tile(f"{name}{tiles['TM']}x{tiles['TN']}")
-        return Pick("gemm_ldsm", tiles, lsize, grid, f"{name}:{tiles['TM']}")
+        return Pick(core, tiles, lsize, grid, f"{name}:{tiles['TM']}")
 
     def _ldsm_f16(self, aa, ba, offs, M, N, K, strides, halves):
         """gemm_ldsm.cl's f16 tiles where A and B are stored in half (precision "fp16" on NVIDIA), A's rows and B's
@@ -117,6 +119,10 @@ class MatmulFamily:
         starts = [aa[1], ba[1]] + [int(o) for o in offs[:, :2].ravel()]
         if any(v % 8 for v in starts + [sam, sbk if sbn == 1 else sbn]):
             return None
+        if sbk == 1:  # (B [N, K]: Hopper's wgmma, where it runs)
+            tiles = wgmma_f16_tiles(self.dev, self.options, M, N, K, len(offs))
+            if tiles is not None:
+                return tiles
         tiles = ldsm_f16_tiles(self.dev, self.options, M, N, K, len(offs))
         return None if tiles is None else dict(tiles, **({"B_NK": 1} if sbn != 1 else {}))
 

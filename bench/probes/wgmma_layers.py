@@ -1,0 +1,64 @@
+"""Probe: fp16 Linear layers (bias, GELU's tanh form or none, half in and out: the transformers' products) on
+gemm_ldsm.cl (Options.wgmma off) and on gemm_wgmma.cl with several tile tables, all plans in one process; median
+Gemm kernel ms over interleaved rounds (OpenCL profiling events). On a Hopper GPU; asserts nothing.
+
+    python3 bench/probes/wgmma_layers.py [--sizes 4096x768x3072,...] [--tiles 128,256,4;128,128,3] [--rounds 10]
+"""
+import argparse
+import os
+import statistics
+import sys
+
+import numpy as np
+
+import dlnet
+from dlnet.kernels import rules
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gemm_epilogue import layer  # noqa: E402
+
+
+def build(ctx, model, tile):
+    """A net with gemm_wgmma.cl's tile table set to `tile` (TM, TN, STAGES) for both shapes, or ldsm (None)."""
+    table = rules.GEMM_TILES["wgmma_f16"]
+    saved = dict(table)
+    if tile:
+        TM, TN, ST = tile
+        for shape in ("huge", "big"):
+            table[shape] = dict(table[shape], TM=TM, TN=TN, STAGES=ST)
+    try:
+        return dlnet.Net(ctx.with_options(wgmma=bool(tile))).load_onnx(model)
+    finally:
+        table.update(saved)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", default="4096x768x3072,4096x3072x768,4096x768x2304,4096x768x768,3152x768x3072")
+    ap.add_argument("--tiles", default="128,256,4;128,128,4;128,128,3;128,256,3")
+    ap.add_argument("--rounds", type=int, default=10)
+    args = ap.parse_args()
+    ctx = dlnet.Context("gpu", precision="fp16", profile=True)
+    tiles = [None] + [tuple(int(v) for v in t.split(",")) for t in args.tiles.split(";")]
+    names = ["ldsm"] + [f"wgmma {t[0]}x{t[1]}/{t[2]}" for t in tiles[1:]]
+    print("| M x K x N | act | " + " | ".join(names) + " |\n|---|---|" + "---|" * len(names))
+    rng = np.random.default_rng(0)
+    for size in args.sizes.split(","):
+        M, K, N = (int(v) for v in size.split("x"))
+        for act in (False, True):
+            model, feeds = layer(M, K, N, act, rng)
+            nets = [build(ctx, model, t) for t in tiles]
+            for net in nets:
+                net.run(feeds)
+            times = [[] for _ in nets]
+            for _ in range(args.rounds):
+                for i, net in enumerate(nets):
+                    events = [(launch.label, launch.enqueue(ctx.queue)) for launch in net.launches]
+                    ctx.queue.finish()
+                    times[i].append(sum((e.profile.end - e.profile.start) * 1e-6 for lb, e in events if "Gemm" in lb))
+            cells = " | ".join(f"{statistics.median(t):.4f}" for t in times)
+            print(f"| {size} | {'GeluTanh' if act else '-'} | {cells} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+// Tensor-core GEMM core for NVIDIA Hopper GPUs: wgmma.mma_async m64n<TN>k16 on f16 A and B, fp32 accumulation in
+// registers. A is k-contiguous ([M][K] rows), B too (B_NK: [N][K] rows, a weight stored transposed at load).
+// NVIDIA's OpenCL C compiler targets sm_90, where ptxas rejects wgmma, but the driver builds sm_90a PTX given as a
+// program binary. So each wgmma instruction sits in a PTX comment marked "// @WG " inside its inline asm (the compiler
+// still wires its operands and keeps the accumulators in registers), and the program is built a second time from its
+// PTX with the marks taken out and the target sm_90a (runtime.sm90a_ptx).
+//
+// Work-group: WG warpgroups of 128 work-items; warpgroup w owns rows 64 WGM w .. of the TM x TN tile, as WGM
+// m64 blocks. Tiles come by 16-byte cp.async into __local memory in wgmma's K-major layout with the 128-byte
+// swizzle: TK = 64 halves, so a row of a tile is one 128-byte line, its 16-byte chunk kc stored at chunk kc ^ (row %
+// 8), 8-row groups 1024 bytes apart; a k16 step starts 32 bytes further along the lines. STAGES slices: at slice t
+// the stage of slice t - 2 is refilled (every warpgroup has waited for all but its last wgmma group by then).
+// The including file gives KERNEL_NAME, LDSM_ARGS, PROLOGUE, PTR_A(m, k), PTR_B(k, n), STORE2(m, n, v0, v1) and
+// WGMMA(d, da, db) (emitter.wgmma_macro: d += A B for one k16 step of a warpgroup's m64 block, by descriptors).
+// M, NN, KK are the product's extents; every row of A and B starts 16-byte aligned and KK is a multiple of 8.
+#if !defined(TM) || !defined(TN) || !defined(WG) || !defined(STAGES) || TK != 64 || TM % (64 * WG)
+#error "gemm_wgmma.cl needs TM TN WG STAGES, TK 64 and TM a multiple of 64 WG"
+#endif
+#define WG_THREADS (128 * WG)
+#define WGM (TM / (64 * WG))
+#define WG_A_BYTES (TM * 128)
+#define WG_STAGE_BYTES ((TM + TN) * 128)
+#define WG_CP16(dst, src, nbytes) \
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(nbytes) : "memory")
+#define WG_STR_(x) #x
+#define WG_STR(x) WG_STR_(x)
+#define WG_TILE_OFF(r, kc) ((r) * 128 + (((kc) ^ ((r) & 7)) << 4))
+
+// a K-major 128-byte-swizzled operand at shared address `addr`: start >> 4, stride between 8-row groups 1024 bytes
+inline ulong wg_desc(uint addr) {
+    return (ulong)((addr & 0x3FFFF) >> 4) | (1ul << 16) | ((ulong)(1024 >> 4) << 32) | (1ul << 62);
+}
+
+// the chunks of rows r0.. (ROWS of them, R in the product) of slice k0 into the tile at shared address `dst`, a row's
+// 8 chunks from consecutive work-items; WHOLE: all inside the product (no checks)
+#define WG_ISSUE_ROWS(ROWS, dst, PTR, r0, R, WHOLE) \
+    for (int c = tid; c < ROWS * 8; c += WG_THREADS) { \
+        const int r = c / 8, kc = c % 8, row = (r0) + r, k = k0 + kc * 8; \
+        if (WHOLE) WG_CP16((dst) + WG_TILE_OFF(r, kc), PTR(row, k), 16); \
+        else WG_CP16((dst) + WG_TILE_OFF(r, kc), PTR(min(row, (R) - 1), min(k, KK - 8)), \
+                     (row < (R) && k < KK) ? min(16, 2 * (KK - k)) : 0); }
+#define WG_PTR_A(m, k) PTR_A(m, k)
+#define WG_PTR_B(n, k) PTR_B(k, n)
+#define WG_ISSUE(st, k0_) { \
+    const int k0 = (k0_); \
+    if (m0 + TM <= M && n0 + TN <= NN && k0 + 64 <= KK) { \
+        WG_ISSUE_ROWS(TM, st, WG_PTR_A, m0, M, 1) \
+        WG_ISSUE_ROWS(TN, (st) + WG_A_BYTES, WG_PTR_B, n0, NN, 1) \
+    } else { \
+        WG_ISSUE_ROWS(TM, st, WG_PTR_A, m0, M, 0) \
+        WG_ISSUE_ROWS(TN, (st) + WG_A_BYTES, WG_PTR_B, n0, NN, 0) \
+    } }
+
+__kernel __attribute__((reqd_work_group_size(WG_THREADS, 1, 1)))
+void KERNEL_NAME(LDSM_ARGS) {
+    PROLOGUE
+    __local uint smem[STAGES * WG_STAGE_BYTES / 4] __attribute__((aligned(1024)));
+    const uint sbase = (uint)(ulong)smem;
+    const int tid = get_local_id(0), wg = tid / 128;
+#if defined(GROUP_M)
+    // work-groups in runs of GROUP_M along m (a column of tiles shares B's panel in L2 while it is hot)
+    const int gn_ = get_num_groups(0), gm_ = get_num_groups(1), pid_ = get_group_id(1) * gn_ + get_group_id(0);
+    const int first_ = pid_ / (GROUP_M * gn_) * GROUP_M, rows_ = min(gm_ - first_, GROUP_M);
+    const int m0 = (first_ + pid_ % (GROUP_M * gn_) % rows_) * TM, n0 = pid_ % (GROUP_M * gn_) / rows_ * TN;
+#else
+    const int m0 = get_group_id(1) * TM, n0 = get_group_id(0) * TN;
+#endif
+    float acc[WGM][TN / 2];
+    #pragma unroll
+    for (int i = 0; i < WGM; i++)
+        #pragma unroll
+        for (int j = 0; j < TN / 2; j++)
+            acc[i][j] = 0.0f;
+    const int ntiles = (KK + 63) / 64;
+    for (int s = 0; s < STAGES - 2; s++) {
+        if (s < ntiles) WG_ISSUE(sbase + s * WG_STAGE_BYTES, s * 64)
+        asm volatile("cp.async.commit_group;" ::: "memory");
+    }
+    for (int tt = 0; tt < ntiles; tt++) {
+        // slice tt has landed (one group committed a slice, empty or not); the copies are made visible to the
+        // async proxy wgmma reads through, then to every warpgroup
+        asm volatile("cp.async.wait_group " WG_STR(STAGES) " - 3;" ::: "memory");
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        barrier(CLK_LOCAL_MEM_FENCE);
+        const int tn = tt + STAGES - 2;
+        if (tn < ntiles) WG_ISSUE(sbase + (tn % STAGES) * WG_STAGE_BYTES, tn * 64)
+        asm volatile("cp.async.commit_group;" ::: "memory");
+        const uint st = sbase + (tt % STAGES) * WG_STAGE_BYTES;
+        asm volatile("// @WG wgmma.fence.sync.aligned;" ::: "memory");
+        #pragma unroll
+        for (int s = 0; s < 4; s++) {
+            const ulong db = wg_desc(st + WG_A_BYTES + s * 32);
+            #pragma unroll
+            for (int i = 0; i < WGM; i++) {
+                const ulong da = wg_desc(st + (wg * WGM + i) * 8192 + s * 32);
+                WGMMA(acc[i], da, db);
+            }
+        }
+        asm volatile("// @WG wgmma.commit_group.sync.aligned;" ::: "memory");
+        asm volatile("// @WG wgmma.wait_group.sync.aligned 1;" ::: "memory");
+    }
+    asm volatile("// @WG wgmma.wait_group.sync.aligned 0;" ::: "memory");
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
+    // D fragments (m64nNk16, f32): warp q of a warpgroup holds rows 16 q + g (+ 8); n8 block j columns 8 j + 2 t (+ 1)
+    const int q = tid % 128 / 32, g = tid % 32 / 4, t = tid % 4;
+    #pragma unroll
+    for (int i = 0; i < WGM; i++) {
+        const int m = m0 + (wg * WGM + i) * 64 + q * 16 + g;
+        #pragma unroll
+        for (int j = 0; j < TN / 8; j++) {
+            const int n = n0 + j * 8 + 2 * t;
+            if (n < NN) {
+                if (m < M) STORE2(m, n, acc[i][4 * j], acc[i][4 * j + 1]);
+                if (m + 8 < M) STORE2(m + 8, n, acc[i][4 * j + 2], acc[i][4 * j + 3]);
+            }
+        }
+    }
+}
