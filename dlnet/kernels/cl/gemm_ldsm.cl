@@ -107,14 +107,7 @@ void KERNEL_NAME(LDSM_ARGS) {
     const int tid = get_local_id(0);
     const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     const int wm = warp / WARPS_N, wn = warp % WARPS_N;
-#if defined(GROUP_M)
-    // work-groups in runs of GROUP_M along m (a column of tiles shares B's panel in L2 while it is hot)
-    const int gn_ = get_num_groups(0), gm_ = get_num_groups(1), pid_ = get_group_id(1) * gn_ + get_group_id(0);
-    const int first_ = pid_ / (GROUP_M * gn_) * GROUP_M, rows_ = min(gm_ - first_, GROUP_M);
-    const int m0 = (first_ + pid_ % (GROUP_M * gn_) % rows_) * TM, n0 = pid_ % (GROUP_M * gn_) / rows_ * TN;
-#else
-    const int m0 = get_group_id(1) * TM, n0 = get_group_id(0) * TN;
-#endif
+    TILE_ORIGIN(m0, n0)
     __local uint smem[STAGES * STAGE_BYTES / 4] __attribute__((aligned(16)));
     const uint sbase = (uint)(ulong)smem;
     float acc[MI][NI][4];

@@ -57,14 +57,7 @@ void KERNEL_NAME(LDSM_ARGS) {
     __local uint smem[STAGES * WG_STAGE_BYTES / 4] __attribute__((aligned(1024)));
     const uint sbase = (uint)(ulong)smem;
     const int tid = get_local_id(0), wg = tid / 128;
-#if defined(GROUP_M)
-    // work-groups in runs of GROUP_M along m (a column of tiles shares B's panel in L2 while it is hot)
-    const int gn_ = get_num_groups(0), gm_ = get_num_groups(1), pid_ = get_group_id(1) * gn_ + get_group_id(0);
-    const int first_ = pid_ / (GROUP_M * gn_) * GROUP_M, rows_ = min(gm_ - first_, GROUP_M);
-    const int m0 = (first_ + pid_ % (GROUP_M * gn_) % rows_) * TM, n0 = pid_ % (GROUP_M * gn_) / rows_ * TN;
-#else
-    const int m0 = get_group_id(1) * TM, n0 = get_group_id(0) * TN;
-#endif
+    TILE_ORIGIN(m0, n0)
     float acc[WGM][TN / 2];
     #pragma unroll
     for (int i = 0; i < WGM; i++)
