@@ -63,6 +63,16 @@ def sm90a_ptx(binary):
     return text.replace(WGMMA_MARK, "").replace(".target sm_90,", ".target sm_90a,").encode()
 
 
+def for_sm90a(program, source, options):
+    """A pyopencl program built from `source`, or where that holds WGMMA_MARK, the program built again from its PTX
+    for sm_90a (sm90a_ptx)."""
+    if WGMMA_MARK not in source:
+        return program
+    import pyopencl as cl
+    ptx = sm90a_ptx(program.get_info(cl.program_info.BINARIES)[0])
+    return cl.Program(program.context, program.devices, [ptx]).build(options=options)
+
+
 def write_binary(path, program):
     """Write a built pyopencl program's device binary to `path` atomically (readers never see half a file)."""
     import pyopencl as cl

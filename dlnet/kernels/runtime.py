@@ -20,7 +20,7 @@ import numpy as np
 
 from ..errors import DeviceError
 from . import compile_worker
-from .compile_worker import WGMMA_MARK, claim, device_identity, finished, sm90a_ptx, trace, write_binary
+from .compile_worker import claim, device_identity, finished, for_sm90a, trace, write_binary
 from .device import Device, fix_threads, is_nvidia
 from .options import Options
 
@@ -424,10 +424,7 @@ class Context:
                 pass  # a stale or damaged binary: build from source and write it again
         try:
             where = False if binary else cache_dir(self.options)
-            prg = cl.Program(self.cl, source).build(options=opts, cache_dir=where)
-            if WGMMA_MARK in source:  # (built again from its PTX for sm_90a)
-                ptx = sm90a_ptx(prg.get_info(cl.program_info.BINARIES)[0])
-                prg = cl.Program(self.cl, [self.device], [ptx]).build(options=opts)
+            prg = for_sm90a(cl.Program(self.cl, source).build(options=opts, cache_dir=where), source, opts)
         except cl.Error as e:
             digest = hashlib.sha1(source.encode()).hexdigest()[:8]
             raise DeviceError(f"OpenCL build failed for program {digest} with {opts}: {e}") from e

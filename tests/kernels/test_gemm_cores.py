@@ -570,7 +570,7 @@ def test_wgmma_rules_and_ptx():
     """Hopper's wgmma: a device of compute capability 9 says so; the product needs half operands, 64 rows and columns
     and K, N multiples of 8; the WGMMA macro's operands; and the program's PTX for sm_90a: the marked comments
     become instructions and the target sm_90a, nothing else changes."""
-    from dlnet.kernels.compile_worker import WGMMA_MARK, sm90a_ptx
+    from dlnet.kernels.compile_worker import WGMMA_MARK, for_sm90a, sm90a_ptx
     from dlnet.kernels.device import compute_capability
     from dlnet.kernels.emitter import wgmma_macro
 
@@ -592,3 +592,6 @@ def test_wgmma_rules_and_ptx():
            "// a comment\n}\n").encode()
     assert sm90a_ptx(ptx) == (".version 9.0\n.target sm_90a, texmode_independent\n{\nwgmma.fence.sync.aligned;\n"
                               "// a comment\n}\n").encode()
+    source = "__kernel void k(__global float* y) { y[0] = 1.0f; }"
+    prg = cl.Program(context().cl, source).build()
+    assert for_sm90a(prg, source, []) is prg  # (a program without the mark is left as it was built)
