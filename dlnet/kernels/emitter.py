@@ -6,10 +6,11 @@ from ..errors import ModelError
 from ..graph.ir import Node
 from ..graph.ops import get_op
 from . import codegen
+from .compile_worker import WGMMA_MARK
 from .device import TILED_CORES
 from .launch import Deferred, Launch, PendingKernel
 from .rules import core_threads, round_up
-from .runtime import DTYPE_TO_C, WGMMA_MARK, cl, kernel_source
+from .runtime import DTYPE_TO_C, cl, kernel_source
 
 
 def core_source(core):
@@ -27,7 +28,7 @@ def core_source(core):
 def wgmma_macro(tn):
     """gemm_wgmma.cl's WGMMA(d, da, db): d[0 .. tn / 2) += A B over one k16 step of an m64 block, A and B f16 and
     K-major by shared-memory descriptors da, db (wgmma.mma_async m64n<tn>k16); the instruction inside a PTX comment
-    marked runtime.WGMMA_MARK, which runtime.sm90a_ptx takes out (its operands wired by the compiler)."""
+    marked compile_worker.WGMMA_MARK, which compile_worker.sm90a_ptx takes out (its operands wired by the compiler)."""
     n = tn // 2
     regs = ", ".join(f"%{i}" for i in range(n))
     outs = ", ".join(f'"+f"(d[{i}])' for i in range(n))
