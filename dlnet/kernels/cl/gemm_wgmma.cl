@@ -3,7 +3,7 @@
 // NVIDIA's OpenCL C compiler targets sm_90, where ptxas rejects wgmma, but the driver builds sm_90a PTX given as a
 // program binary. So each wgmma instruction sits in a PTX comment marked "// @WG " inside its inline asm (the compiler
 // still wires its operands and keeps the accumulators in registers), and the program is built a second time from its
-// PTX with the marks taken out and the target sm_90a (runtime.sm90a_ptx).
+// PTX with the marks taken out and the target sm_90a (compile_worker.sm90a_ptx).
 //
 // Work-group: WG warpgroups of 128 work-items; warpgroup w owns rows 64 WGM w .. of the TM x TN tile, as WGM
 // m64 blocks. Tiles come by 16-byte cp.async into __local memory in wgmma's K-major layout with the 128-byte
