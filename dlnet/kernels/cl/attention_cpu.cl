@@ -28,6 +28,8 @@
 #endif
 
 typedef float8 __attribute__((aligned(4))) float8u;
+// min of two ints without the built-in (PoCL calls it out of line, spilling the live vector registers around it)
+#define IMIN(a, b) ((a) < (b) ? (a) : (b))
 
 // chunk c of a row of n floats, zeros past its end
 inline float8 chunk8(__global const float* row, int c, int n) {
@@ -100,7 +102,7 @@ __kernel void attention_cpu(__global const Q_T* q, ulong q_off, __global const K
     const int q0 = get_global_id(0) * RQ;
     const long bh = get_global_id(1);
     if (q0 >= Tq) return;
-    const int nq = min(RQ, Tq - q0);
+    const int nq = IMIN(RQ, Tq - q0);
     const long b = bh / Hq;
     const int h = bh % Hq;
     const long kvh = h / (Hq / Hk);
@@ -120,12 +122,12 @@ __kernel void attention_cpu(__global const Q_T* q, ulong q_off, __global const K
         l[r] = 0.0f;
     }
 #if CAUSAL
-    const int kv_end = min(Tk, q0 + nq + causal_offset);
+    const int kv_end = IMIN(Tk, q0 + nq + causal_offset);
 #else
     const int kv_end = Tk;
 #endif
     for (int j0 = 0; j0 < kv_end; j0 += BK) {
-        const int nk = min(BK, kv_end - j0);
+        const int nk = IMIN(BK, kv_end - j0);
         float s[RQ][BK];
         for (int r = 0; r < RQ; r++)  // (keys past the block's end: e^-inf = 0 in the whole-block exp below)
             for (int jj = nk; jj < BK; jj++) s[r][jj] = -INFINITY;
@@ -205,7 +207,7 @@ __kernel void attention_cpu_rows(__global const Q_T* q, ulong q_off, __global co
     const int q0 = get_global_id(0) * 8;
     const long bh = get_global_id(1);
     if (q0 >= Tq) return;
-    const int nq = min(8, Tq - q0);
+    const int nq = IMIN(8, Tq - q0);
     const long b = bh / Hq;
     const int h = bh % Hq;
     const long kvh = h / (Hq / Hk);
@@ -217,32 +219,40 @@ __kernel void attention_cpu_rows(__global const Q_T* q, ulong q_off, __global co
     mask += mask_off + b * msb + h * msh + q0 * msq;
 #endif
     float8 qt[D], acc[8][DVP];
-    for (int d = 0; d < D; d++) {
-        union { float8 v; float s[8]; } u;
-        for (int r = 0; r < 8; r++) u.s[r] = r < nq ? LD_Q(q + r * qst, d) * scale : 0.0f;
-        qt[d] = u.v;
-    }
+    // q transposed, a float8 of the 8 rows' q[d] built in registers (through memory, 8 scalar stores and a vector
+    // load per d stalled on store forwarding: 7% of ViT's attention); rows past nq repeat the last row, whose lanes
+    // are never stored
+    const __global Q_T* q1 = q + IMIN(1, nq - 1) * qst;
+    const __global Q_T* q2 = q + IMIN(2, nq - 1) * qst;
+    const __global Q_T* q3 = q + IMIN(3, nq - 1) * qst;
+    const __global Q_T* q4 = q + IMIN(4, nq - 1) * qst;
+    const __global Q_T* q5 = q + IMIN(5, nq - 1) * qst;
+    const __global Q_T* q6 = q + IMIN(6, nq - 1) * qst;
+    const __global Q_T* q7 = q + IMIN(7, nq - 1) * qst;
+    for (int d = 0; d < D; d++)
+        qt[d] = (float8)(LD_Q(q, d), LD_Q(q1, d), LD_Q(q2, d), LD_Q(q3, d), LD_Q(q4, d), LD_Q(q5, d), LD_Q(q6, d),
+                         LD_Q(q7, d)) * scale;
     for (int r = 0; r < 8; r++)
         for (int c = 0; c < DVP; c++) acc[r][c] = (float8)(0.0f);
     float8 m = (float8)(-INFINITY), l = (float8)(0.0f);
     const int8 lane = (int8)(0, 1, 2, 3, 4, 5, 6, 7);
 #if CAUSAL
-    const int kv_end = min(Tk, q0 + nq + causal_offset);
+    const int kv_end = IMIN(Tk, q0 + nq + causal_offset);
 #else
     const int kv_end = Tk;
 #endif
     for (int j0 = 0; j0 < kv_end; j0 += BK) {
-        const int nk = min(BK, kv_end - j0);
+        const int nk = IMIN(BK, kv_end - j0);
         float8 st[BK];
         for (int g = 0; g < BK; g += 8) {  // 8 keys' scores (keys past Tk read the last key, then masked out)
-            const __global K_T* k0 = k + (long)min(j0 + g, Tk - 1) * kst;
-            const __global K_T* k1 = k + (long)min(j0 + g + 1, Tk - 1) * kst;
-            const __global K_T* k2 = k + (long)min(j0 + g + 2, Tk - 1) * kst;
-            const __global K_T* k3 = k + (long)min(j0 + g + 3, Tk - 1) * kst;
-            const __global K_T* k4 = k + (long)min(j0 + g + 4, Tk - 1) * kst;
-            const __global K_T* k5 = k + (long)min(j0 + g + 5, Tk - 1) * kst;
-            const __global K_T* k6 = k + (long)min(j0 + g + 6, Tk - 1) * kst;
-            const __global K_T* k7 = k + (long)min(j0 + g + 7, Tk - 1) * kst;
+            const __global K_T* k0 = k + (long)IMIN(j0 + g, Tk - 1) * kst;
+            const __global K_T* k1 = k + (long)IMIN(j0 + g + 1, Tk - 1) * kst;
+            const __global K_T* k2 = k + (long)IMIN(j0 + g + 2, Tk - 1) * kst;
+            const __global K_T* k3 = k + (long)IMIN(j0 + g + 3, Tk - 1) * kst;
+            const __global K_T* k4 = k + (long)IMIN(j0 + g + 4, Tk - 1) * kst;
+            const __global K_T* k5 = k + (long)IMIN(j0 + g + 5, Tk - 1) * kst;
+            const __global K_T* k6 = k + (long)IMIN(j0 + g + 6, Tk - 1) * kst;
+            const __global K_T* k7 = k + (long)IMIN(j0 + g + 7, Tk - 1) * kst;
             float8 a0 = (float8)(0.0f), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
             for (int d = 0; d < D; d++) {
                 const float8 x = qt[d];
