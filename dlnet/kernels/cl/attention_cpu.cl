@@ -306,13 +306,13 @@ __kernel void attention_cpu_rows(__global const Q_T* q, ulong q_off, __global co
         for (int jj = 0; jj < BK; jj++) sum += p.v[jj];
         l = l * al.v + sum;
         m = top;
-        for (int r = 0; r < 8; r++)
-            for (int c = 0; c < DVP; c++) acc[r][c] *= al.s[r];
         for (int r0 = 0; r0 < 8; r0 += 4)
-            for (int c0 = 0; c0 < DVP; c0 += 2) {  // acc[r0..r0+3][c0..c0+1] += p v over the block's keys
-                float8 o00 = acc[r0][c0], o01 = acc[r0][c0 + 1], o10 = acc[r0 + 1][c0], o11 = acc[r0 + 1][c0 + 1];
-                float8 o20 = acc[r0 + 2][c0], o21 = acc[r0 + 2][c0 + 1], o30 = acc[r0 + 3][c0];
-                float8 o31 = acc[r0 + 3][c0 + 1];
+            for (int c0 = 0; c0 < DVP; c0 += 2) {  // acc[r0..r0+3][c0..c0+1] = its rows' alpha acc + p v over the
+                const float a0 = al.s[r0], a1 = al.s[r0 + 1], a2 = al.s[r0 + 2], a3 = al.s[r0 + 3];  // block's keys
+                float8 o00 = acc[r0][c0] * a0, o01 = acc[r0][c0 + 1] * a0;
+                float8 o10 = acc[r0 + 1][c0] * a1, o11 = acc[r0 + 1][c0 + 1] * a1;
+                float8 o20 = acc[r0 + 2][c0] * a2, o21 = acc[r0 + 2][c0 + 1] * a2;
+                float8 o30 = acc[r0 + 3][c0] * a3, o31 = acc[r0 + 3][c0 + 1] * a3;
                 for (int jj = 0; jj < nk; jj++) {
                     const __global V_T* vr = v + (long)(j0 + jj) * vst;
                     const float8 v0 = CHUNK_V(vr, c0, DV), v1 = CHUNK_V(vr, c0 + 1, DV);
