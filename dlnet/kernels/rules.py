@@ -263,8 +263,8 @@ def wgmma_product(dev, options, M, N, K):
     return dev.wgmma and dev.half_storage and options.wgmma and min(M, N) >= 64 and K % 8 == 0 and N % 8 == 0
 
 
-def wgmma_f16_tiles(dev, options, M, N, K, batches):
-    """gemm_wgmma.cl's tiles for an M x N x K product (`batches` of them), or None where it does not run."""
+def wgmma_f16_tiles(dev, options, M, N, K):
+    """gemm_wgmma.cl's tiles for an M x N x K product, or None where it does not run."""
     return GEMM_TILES["wgmma_f16"]["huge"] if wgmma_product(dev, options, M, N, K) else None
 
 

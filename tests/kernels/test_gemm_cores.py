@@ -580,12 +580,12 @@ def test_wgmma_rules_and_ptx():
     hopper = Device("fake", False, True, "fp16", 132, 48 << 10, "gemm_core", mma=True, wgmma=True)
     o = Options()
     for M, N, K in ((4096, 3072, 768), (64, 64, 8), (1000, 1000, 1000)):
-        assert rules.wgmma_f16_tiles(hopper, o, M, N, K, 1) == rules.GEMM_TILES["wgmma_f16"]["huge"]
+        assert rules.wgmma_f16_tiles(hopper, o, M, N, K) == rules.GEMM_TILES["wgmma_f16"]["huge"]
     for M, N, K, opts in ((32, 4096, 768, o), (4096, 3070, 768, o), (4096, 3072, 764, o),
                           (4096, 3072, 768, Options(wgmma=False))):
-        assert rules.wgmma_f16_tiles(hopper, opts, M, N, K, 1) is None
-    assert rules.wgmma_f16_tiles(replace(hopper, precision="tf32"), o, 4096, 3072, 768, 1) is None
-    assert rules.wgmma_f16_tiles(replace(hopper, wgmma=False), o, 4096, 3072, 768, 1) is None
+        assert rules.wgmma_f16_tiles(hopper, opts, M, N, K) is None
+    assert rules.wgmma_f16_tiles(replace(hopper, precision="tf32"), o, 4096, 3072, 768) is None
+    assert rules.wgmma_f16_tiles(replace(hopper, wgmma=False), o, 4096, 3072, 768) is None
     macro = wgmma_macro(256)
     assert macro.count('"+f"') == 128 and "m64n256k16.f32.f16.f16 {%0," in macro and "%127}, %128, %129, p" in macro
     ptx = (".version 9.0\n.target sm_90, texmode_independent\n{\n" + WGMMA_MARK + "wgmma.fence.sync.aligned;\n"

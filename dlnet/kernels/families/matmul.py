@@ -120,7 +120,7 @@ class MatmulFamily:
         if any(v % 8 for v in starts + [sam, sbk if sbn == 1 else sbn]):
             return None
         if sbk == 1:  # (B [N, K]: Hopper's wgmma, where it runs)
-            tiles = wgmma_f16_tiles(self.dev, self.options, M, N, K, len(offs))
+            tiles = wgmma_f16_tiles(self.dev, self.options, M, N, K)
             if tiles is not None:
                 return tiles
         tiles = ldsm_f16_tiles(self.dev, self.options, M, N, K, len(offs))
