@@ -2,12 +2,14 @@
 the driver builds sm_90a PTX handed to it as a program binary (bench/probes/ptx_sm90a.py). So the kernel is written
 in OpenCL C with each wgmma instruction inside a PTX comment of its inline asm (the compiler wires its operands and
 keeps the accumulators in registers), built once, and its PTX is uncommented, retargeted to sm_90a and built again
-from the binary. A and B half, both K-major (A [M][K], B [N][K]), fp32 accumulation and output; tiles come by
-16-byte cp.async into shared memory laid out as wgmma's core matrices (8 rows x 16 bytes, no swizzle), STAGES deep;
-WG warpgroups per work-group, each 64 x WGM rows of the TM x TN tile (m64nTNk16). Checks against torch, times against
-cuBLAS fp16 in the same process. Asserts nothing.
+from the binary. A and B half (--mode tf32: float32, which wgmma reads as tf32), both K-major (A [M][K], B [N][K]),
+fp32 accumulation and output; tiles come by 16-byte cp.async into shared memory in wgmma's K-major layout (SW128: the
+128-byte swizzle, rows of 128 bytes; else 8 x 16-byte core matrices), STAGES deep; WG warpgroups per work-group,
+each 64 x WGM rows of the TM x TN tile. Checks against torch's fp32 product, times against cuBLAS (fp16, or TF32) in
+the same process. Asserts nothing.
 
-    python3 bench/probes/wgmma_gemm.py [--sizes 4096,3152x3072x768] [--configs TM,TN,TK,STAGES,WG[,DEF[=V]...];...]
+    python3 bench/probes/wgmma_gemm.py [--mode f16|tf32] [--sizes 4096,3152x3072x768]
+                                       [--configs TM,TN,TK,STAGES,WG[,DEF[=V]...];...]
 """
 import argparse
 import statistics
@@ -17,8 +19,10 @@ import pyopencl as cl
 
 KERNEL = r"""
 #define CORE 128                     // bytes of a core matrix (8 rows x 16 bytes)
-#define A_BYTES (TM * TK * 2)
-#define B_BYTES (TN * TK * 2)
+#define CE (16 / EB)                 // elements a 16-byte chunk (EB: bytes an element, 2 f16 or 4 tf32)
+#define CPR (TK * EB / 16)           // chunks a row of a slice
+#define A_BYTES (TM * TK * EB)
+#define B_BYTES (TN * TK * EB)
 #define STAGE_BYTES (A_BYTES + B_BYTES)
 #define CP16(dst, src, nbytes) \
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(nbytes) : "memory")
@@ -27,8 +31,8 @@ KERNEL = r"""
 #if defined(SW128)
 // 128-byte swizzle (TK 64: a row's 64 halves are one 128-byte line): row r at r * 128, its 16-byte chunk kc at
 // chunk kc ^ (r % 8); 8-row groups 1024 bytes apart; a k16 step 32 bytes further along the line
-#if TK != 64
-#error "SW128 needs TK 64"
+#if TK * EB != 128
+#error "SW128 needs rows of 128 bytes (TK 64 in f16, 32 in tf32)"
 #endif
 #define SBO 1024
 #define TILE_OFF(r, kc) ((r) * 128 + (((kc) ^ ((r) & 7)) << 4))
@@ -38,7 +42,7 @@ inline ulong desc(uint addr) {
 }
 #else
 // no swizzle: 8 x 16-byte core matrices; a row group's TK / 8 of them along k, then the next row group
-#define SBO (TK * 16)
+#define SBO (TK * EB * 8)
 #define TILE_OFF(r, kc) (((r) >> 3) * SBO + (kc) * CORE + ((r) & 7) * 16)
 #define KSTEP_OFF(s) ((s) * 2 * CORE)
 inline ulong desc(uint addr) {
@@ -49,12 +53,12 @@ inline ulong desc(uint addr) {
 // chunk c (16 bytes) of A's TM rows and B's TN rows of slice k0 into stage st, a row's chunks from consecutive
 // threads; WHOLE: every row and chunk inside the product (no checks)
 #define ISSUE_ROWS(ROWS, base, p, r0, R, WHOLE) \
-    for (int c = tid; c < ROWS * TK / 8; c += NT) { \
-        const int r = c / (TK / 8), kc = c % (TK / 8), row = r0 + r, k = k0 + kc * 8; \
+    for (int c = tid; c < ROWS * CPR; c += NT) { \
+        const int r = c / CPR, kc = c % CPR, row = r0 + r, k = k0 + kc * CE; \
         if (WHOLE) CP16(st + (base) + TILE_OFF(r, kc), p + (long)row * K + k, 16); \
-        else CP16(st + (base) + TILE_OFF(r, kc), p + (long)min(row, R - 1) * K + min(k, K - 8), \
-                  (row < R && k < K) ? min(16, 2 * (K - k)) : 0); }
-inline void issue(uint st, __global const ushort* a, __global const ushort* b, int m0, int n0, int k0, int M, int N,
+        else CP16(st + (base) + TILE_OFF(r, kc), p + (long)min(row, R - 1) * K + min(k, K - CE), \
+                  (row < R && k < K) ? min(16, EB * (K - k)) : 0); }
+inline void issue(uint st, __global const ELEM* a, __global const ELEM* b, int m0, int n0, int k0, int M, int N,
                   int K, int tid) {
     if (m0 + TM <= M && n0 + TN <= N && k0 + TK <= K) {
         ISSUE_ROWS(TM, 0, a, m0, M, 1)
@@ -66,7 +70,7 @@ inline void issue(uint st, __global const ushort* a, __global const ushort* b, i
 }
 
 __kernel __attribute__((reqd_work_group_size(NT, 1, 1)))
-void wg_gemm(__global const ushort* a, __global const ushort* b, __global float* y, int M, int N, int K) {
+void wg_gemm(__global const ELEM* a, __global const ELEM* b, __global float* y, int M, int N, int K) {
     __local uint smem[STAGES * STAGE_BYTES / 4] __attribute__((aligned(1024)));
     const uint sbase = (uint)(ulong)smem;
     const int tid = get_local_id(0), wg = tid / 128;
@@ -101,7 +105,7 @@ void wg_gemm(__global const ushort* a, __global const ushort* b, __global float*
         const uint st = sbase + (tt % STAGES) * STAGE_BYTES;
         asm volatile("// @WG wgmma.fence.sync.aligned;" ::: "memory");
         #pragma unroll
-        for (int s = 0; s < TK / 16; s++) {
+        for (int s = 0; s < TK * EB / 32; s++) {  // (a k step: 32 bytes of a row, k16 in f16, k8 in tf32)
             const ulong db = desc(st + A_BYTES + KSTEP_OFF(s));
             #pragma unroll
             for (int i = 0; i < WGM; i++) {
@@ -140,23 +144,25 @@ void wg_gemm(__global const ushort* a, __global const ushort* b, __global float*
 """
 
 
-def wgmma_macro(tn):
-    """WGMMA(d, da, db): d += A B over one k16 step, m64n<tn>k16, both K-major, in a PTX comment (@WG)."""
+def wgmma_macro(tn, tf32=False):
+    """WGMMA(d, da, db): d += A B over one k step (k16 f16, k8 tf32), m64n<tn>, both K-major, in a PTX comment (@WG).
+    tf32 takes no transpose immediates (K-major only); wgmma reads the floats as they are (truncated to tf32)."""
     nreg = tn // 2
+    kind, tail = ("k8.f32.tf32.tf32", "p, 1, 1") if tf32 else ("k16.f32.f16.f16", "p, 1, 1, 0, 0")
     regs = ", ".join(f"%{i}" for i in range(nreg))
     outs = ", ".join(f'"+f"(d[{i}])' for i in range(nreg))
     asm = (f"{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{nreg + 2}, 0;\\n"
-           f"// @WG wgmma.mma_async.sync.aligned.m64n{tn}k16.f32.f16.f16 {{{regs}}}, %{nreg}, %{nreg + 1}, "
-           f"p, 1, 1, 0, 0;\\n}}")
+           f"// @WG wgmma.mma_async.sync.aligned.m64n{tn}{kind} {{{regs}}}, %{nreg}, %{nreg + 1}, {tail};\\n}}")
     return f'#define WGMMA(d, da, db) asm volatile("{asm}" : {outs} : "l"(da), "l"(db), "r"(1) : "memory")\n'
 
 
-def build(ctx, dev, cfg):
+def build(ctx, dev, cfg, tf32=False):
     TM, TN, TK, STAGES, WG = (int(v) for v in cfg[:5])
-    defs = dict(TM=TM, TN=TN, TK=TK, STAGES=STAGES, WG=WG, WGM=TM // (64 * WG))
+    defs = dict(TM=TM, TN=TN, TK=TK, STAGES=STAGES, WG=WG, WGM=TM // (64 * WG), EB=4 if tf32 else 2,
+                ELEM="float" if tf32 else "ushort")
     defs.update(dict((kv + "=1").split("=")[:2] for kv in cfg[5:]))
     src = "".join(f"#define {k} {v}\n" for k, v in defs.items())
-    src += wgmma_macro(TN) + KERNEL
+    src += wgmma_macro(TN, tf32) + KERNEL
     prg = cl.Program(ctx, src).build()
     ptx = prg.get_info(cl.program_info.BINARIES)[0].decode()
     n = ptx.count("// @WG ")
@@ -168,10 +174,16 @@ def main():
     import torch
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="4096,8192,3152x3072x768,1000x1000x1000")
-    ap.add_argument("--configs", default="128,256,64,4,2,SW128;128,256,64,4,2,SW128,GROUP_M=8;"
-                                         "256,128,64,4,2,SW128,GROUP_M=8;128,128,64,4,2,SW128,GROUP_M=8")
+    ap.add_argument("--configs", default="", help="default: 128x256 and 128x128 tiles with SW128 and GROUP_M 8, TK 64 "
+                                                   "(f16) or 32 (tf32), 4 and 3 stages")
     ap.add_argument("--iters", type=int, default=15)
+    ap.add_argument("--mode", default="f16", choices=("f16", "tf32"),
+                    help="tf32: A and B float32, m64nNk8 on tf32 (TK 32 for the 128-byte rows), against cuBLAS TF32")
     args = ap.parse_args()
+    tf32 = args.mode == "tf32"
+    tk = 32 if tf32 else 64
+    args.configs = args.configs or ";".join(f"{tile},{tk},{st},2,SW128,GROUP_M=8" for tile in ("128,256", "128,128")
+                                            for st in (4, 3))
     plat = next(p for p in cl.get_platforms() if "NVIDIA" in p.name)
     dev = plat.get_devices()[0]
     ctx = cl.Context([dev])
@@ -180,22 +192,26 @@ def main():
     for c in args.configs.split(";"):
         cfg = tuple(c.split(","))
         try:
-            progs[cfg], n = build(ctx, dev, cfg)
+            progs[cfg], n = build(ctx, dev, cfg, tf32)
             print(cfg, "built,", n, "wgmma lines uncommented", flush=True)
         except Exception as e:  # (a probe: say what the compiler said)
             print(cfg, "failed:", str(e)[:3000], flush=True)
-    print("| M x N x K | TM TN TK STAGES WG | dlnet ms | TFLOP/s | cuBLAS fp16 TFLOP/s | ratio | rel err |")
+    print(f"| M x N x K | TM TN TK STAGES WG | dlnet ms | TFLOP/s | cuBLAS {args.mode} TFLOP/s | ratio | rel err |")
     print("|---|---|---|---|---|---|---|")
     for size in args.sizes.split(","):
         M, N, K = (int(v) for v in size.split("x")) if "x" in size else (int(size),) * 3
         g = torch.Generator().manual_seed(0)
-        at, bt = torch.randn(M, K, generator=g).half(), torch.randn(N, K, generator=g).half()
+        at, bt = torch.randn(M, K, generator=g), torch.randn(N, K, generator=g)
+        if not tf32:
+            at, bt = at.half(), bt.half()
         mf = cl.mem_flags
-        a_buf = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=at.numpy().view(np.uint16))
-        b_buf = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=bt.numpy().view(np.uint16))
+        a_buf = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(at.numpy()))
+        b_buf = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(bt.numpy()))
         y_buf = cl.Buffer(ctx, mf.READ_WRITE, M * N * 4)
         ac, bc = at.cuda(), bt.cuda()
+        torch.backends.cuda.matmul.allow_tf32 = False
         ref = (ac.float() @ bc.float().t()).cpu().numpy()
+        torch.backends.cuda.matmul.allow_tf32 = tf32
         for _ in range(3):
             ac @ bc.t()
         torch.cuda.synchronize()
