@@ -58,6 +58,17 @@ inline ulong desc(uint addr) {
         if (WHOLE) CP16(st + (base) + TILE_OFF(r, kc), p + (long)row * K + k, 16); \
         else CP16(st + (base) + TILE_OFF(r, kc), p + (long)min(row, R - 1) * K + min(k, K - CE), \
                   (row < R && k < K) ? min(16, EB * (K - k)) : 0); }
+#if defined(ROUND_TF32)
+// tf32 rounded to nearest, as dlnet's mma.sync cores round (wgmma drops the low 13 bits of each float it reads): half
+// a tf32 unit added to every float this work-item copied into the stage at byte offset `so` (its own copies landed)
+#define ROUND_ROWS(ROWS, base) \
+    for (int c = tid; c < ROWS * CPR; c += NT) { \
+        __local uint4* p_ = (__local uint4*)((__local char*)smem + so + (base) + TILE_OFF(c / CPR, c % CPR)); \
+        *p_ += (uint4)(0x1000u); }
+#define ROUND_STAGE(so) { ROUND_ROWS(TM, 0) ROUND_ROWS(TN, A_BYTES) }
+#else
+#define ROUND_STAGE(so)
+#endif
 inline void issue(uint st, __global const ELEM* a, __global const ELEM* b, int m0, int n0, int k0, int M, int N,
                   int K, int tid) {
     if (m0 + TM <= M && n0 + TN <= N && k0 + TK <= K) {
@@ -97,6 +108,7 @@ void wg_gemm(__global const ELEM* a, __global const ELEM* b, __global float* y, 
     }
     for (int tt = 0; tt < ntiles; tt++) {
         asm volatile("cp.async.wait_group " STR(STAGES) " - 3;" ::: "memory");
+        { const uint so = (tt % STAGES) * STAGE_BYTES; ROUND_STAGE(so) }
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         barrier(CLK_LOCAL_MEM_FENCE);
         const int tn = tt + STAGES - 2;
@@ -182,8 +194,8 @@ def main():
     args = ap.parse_args()
     tf32 = args.mode == "tf32"
     tk = 32 if tf32 else 64
-    args.configs = args.configs or ";".join(f"{tile},{tk},{st},2,SW128,GROUP_M=8" for tile in ("128,256", "128,128")
-                                            for st in (4, 3))
+    args.configs = args.configs or ";".join(f"{tile},{tk},{st},2,SW128,GROUP_M=8{rnd}" for tile in ("128,256", "128,128")
+                                            for st in (4, 3) for rnd in (("", ",ROUND_TF32") if tf32 else ("",)))
     plat = next(p for p in cl.get_platforms() if "NVIDIA" in p.name)
     dev = plat.get_devices()[0]
     ctx = cl.Context([dev])
@@ -196,8 +208,8 @@ def main():
             print(cfg, "built,", n, "wgmma lines uncommented", flush=True)
         except Exception as e:  # (a probe: say what the compiler said)
             print(cfg, "failed:", str(e)[:3000], flush=True)
-    print(f"| M x N x K | TM TN TK STAGES WG | dlnet ms | TFLOP/s | cuBLAS {args.mode} TFLOP/s | ratio | rel err |")
-    print("|---|---|---|---|---|---|---|")
+    print(f"| M x N x K | TM TN TK STAGES WG | dlnet ms | TFLOP/s | cuBLAS {args.mode} TFLOP/s | ratio | rel err | cuBLAS rel err |")
+    print("|---|---|---|---|---|---|---|---|")
     for size in args.sizes.split(","):
         M, N, K = (int(v) for v in size.split("x")) if "x" in size else (int(size),) * 3
         g = torch.Generator().manual_seed(0)
@@ -210,7 +222,7 @@ def main():
         y_buf = cl.Buffer(ctx, mf.READ_WRITE, M * N * 4)
         ac, bc = at.cuda(), bt.cuda()
         torch.backends.cuda.matmul.allow_tf32 = False
-        ref = (ac.float() @ bc.float().t()).cpu().numpy()
+        ref = (ac.double() @ bc.double().t()).float().cpu().numpy()
         torch.backends.cuda.matmul.allow_tf32 = tf32
         for _ in range(3):
             ac @ bc.t()
@@ -224,6 +236,8 @@ def main():
             torch.cuda.synchronize()
             ts.append(s.elapsed_time(e))
         t_cublas = statistics.median(ts)
+        yc = (ac @ bc.t()).float().cpu().numpy()
+        err_cublas = float(np.linalg.norm(yc - ref) / np.linalg.norm(ref))
         flop = 2.0 * M * N * K
         for cfg, prg in progs.items():
             TM, TN = int(cfg[0]), int(cfg[1])
@@ -245,7 +259,7 @@ def main():
                 ts.append((ev.profile.end - ev.profile.start) * 1e-6)
             t = statistics.median(ts)
             print(f"| {M}x{N}x{K} | {' '.join(map(str, cfg))} | {t:.3f} | {flop / t * 1e-9:.0f} | "
-                  f"{flop / t_cublas * 1e-9:.0f} | {t_cublas / t:.2f} | {err:.1e} |", flush=True)
+                  f"{flop / t_cublas * 1e-9:.0f} | {t_cublas / t:.2f} | {err:.1e} | {err_cublas:.1e} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -25,15 +25,17 @@ def core_source(core):
     return kernel_source("gemm_fetch") + kernel_source(core) if core in TILED_CORES else kernel_source(core)
 
 
-def wgmma_macro(tn):
-    """gemm_wgmma.cl's WGMMA(d, da, db): d[0 .. tn / 2) += A B over one k16 step of an m64 block, A and B f16 and
-    K-major by shared-memory descriptors da, db (wgmma.mma_async m64n<tn>k16); the instruction inside a PTX comment
-    marked compile_worker.WGMMA_MARK, which compile_worker.sm90a_ptx takes out (its operands wired by the compiler)."""
+def wgmma_macro(tn, tf32=False):
+    """gemm_wgmma.cl's WGMMA(d, da, db): d[0 .. tn / 2) += A B over one k step of an m64 block, A and B K-major by
+    shared-memory descriptors da, db: wgmma.mma_async m64n<tn>k16 on f16, or (tf32) m64n<tn>k8 on floats read as tf32
+    (K-major only: no transpose immediates). The instruction sits inside a PTX comment marked
+    compile_worker.WGMMA_MARK, which compile_worker.sm90a_ptx takes out (its operands wired by the compiler)."""
     n = tn // 2
     regs = ", ".join(f"%{i}" for i in range(n))
     outs = ", ".join(f'"+f"(d[{i}])' for i in range(n))
+    kind, tail = ("k8.f32.tf32.tf32", "p, 1, 1") if tf32 else ("k16.f32.f16.f16", "p, 1, 1, 0, 0")
     body = (f"{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{n + 2}, 0;\\n{WGMMA_MARK}wgmma.mma_async.sync.aligned."
-            f"m64n{tn}k16.f32.f16.f16 {{{regs}}}, %{n}, %{n + 1}, p, 1, 1, 0, 0;\\n}}")
+            f"m64n{tn}{kind} {{{regs}}}, %{n}, %{n + 1}, {tail};\\n}}")
     return f'#define WGMMA(d, da, db) asm volatile("{body}" : {outs} : "l"(da), "l"(db), "r"(1) : "memory")\n'
 
 
@@ -64,7 +66,7 @@ def gemm_source(core, tiles, strides, idx, act=None, has_c=False, aligned=(True,
             defs["B_VEC"] = 1
     defs["IDX"] = idx
     defs.update(halves or {})  # (precision "fp16": the operands stored in half, half.half_defines)
-    head = wgmma_macro(tiles["TN"]) if core == "gemm_wgmma" else ""
+    head = wgmma_macro(tiles["TN"], "TF32" in tiles) if core == "gemm_wgmma" else ""
     return defines(defs) + head + act_macro(act) + kernel_source("gemm") + core_source(core)
 
 

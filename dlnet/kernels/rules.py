@@ -50,6 +50,9 @@ GEMM_TILES = {
     # 0.096 against 0.148 for 128 x 256 in 4 stages (one work-group a unit) and 0.157 on gemm_ldsm.cl; the bare
     # product alone prefers 128 x 256 (4096^3 490 TFLOP/s against cuBLAS fp16's 624: bench/probes/wgmma_gemm.py)
     "wgmma_f16": {"core": "gemm_wgmma", "huge": dict(TM=128, TN=128, TK=64, WG=2, STAGES=3, GROUP_M=8, F16=1, B_NK=1)},
+    # ... on float A and B read as tf32 (precision "tf32"), 32 floats a 128-byte row, rounded in shared memory
+    "wgmma_tf32": {"core": "gemm_wgmma", "huge": dict(TM=128, TN=128, TK=32, WG=2, STAGES=3, GROUP_M=8, TF32=1,
+                                                      B_NK=1)},
     "cpu": {"core": "gemm_vec", "huge": dict(RM=8), "big": dict(RM=8), "narrow_m": dict(RM=1), "narrow_n": dict(RM=8)},
 }
 # How the fp32 GPU tiles run, for picking one per layer: work-groups resident per compute unit, the device's rate in
@@ -259,13 +262,21 @@ def ldsm_product(dev, options, M, N, K):
 
 
 def wgmma_product(dev, options, M, N, K):
-    """Does an M x N x K product of half A and B run on gemm_wgmma.cl (Hopper; B then stored [N, K])?"""
-    return dev.wgmma and dev.half_storage and options.wgmma and min(M, N) >= 64 and K % 8 == 0 and N % 8 == 0
+    """Does an M x N x K product run on gemm_wgmma.cl (Hopper; B then stored [N, K])? Half A and B (precision
+    "fp16"), or float A and B in tf32 outside options.tf32_fp32_k (rows of 16 bytes: K a multiple of 8 halves or 4
+    floats)."""
+    if not (dev.wgmma and options.wgmma and min(M, N) >= 64 and N % 8 == 0):
+        return False
+    lo, hi = options.tf32_fp32_k
+    return K % 8 == 0 if dev.half_storage else dev.tensor_cores and K % 4 == 0 and not lo <= K < hi
 
 
-def wgmma_f16_tiles(dev, options, M, N, K):
-    """gemm_wgmma.cl's tiles for an M x N x K product, or None where it does not run."""
-    return GEMM_TILES["wgmma_f16"]["huge"] if wgmma_product(dev, options, M, N, K) else None
+def wgmma_tiles(dev, options, M, N, K):
+    """gemm_wgmma.cl's tiles for an M x N x K product (f16 or tf32 by the precision), or None where it does not
+    run."""
+    if not wgmma_product(dev, options, M, N, K):
+        return None
+    return GEMM_TILES["wgmma_f16" if dev.half_storage else "wgmma_tf32"]["huge"]
 
 
 def ldsm_f16_tiles(dev, options, M, N, K, batches):

@@ -265,9 +265,9 @@ def device_passes(graph, ctx, training=False):
     flatten_gemm_rows(graph)
     transposes_as_views(graph)
     slices_as_views(graph)
-    pretranspose_weights(graph, o.gemv_max_rows if dev.tiled else 0, (lambda M, N, K: ldsm_product(dev, o, M, N, K))
-                         if dev.tensor_cores else (lambda M, N, K: wgmma_product(dev, o, M, N, K)) if dev.wgmma
-                         else None)
+    pretranspose_weights(graph, o.gemv_max_rows if dev.tiled else 0,
+                         (lambda M, N, K: wgmma_product(dev, o, M, N, K) or ldsm_product(dev, o, M, N, K))
+                         if dev.tensor_cores or dev.wgmma else None)
     if core == "gemm_core":
         winograd_weights(graph, min_channels, o.winograd_min_layer_tiles, wino_m, o.winograd_f4_min_tiles)
         if o.tap_major:

@@ -528,24 +528,48 @@ def onnx_reference(model, feeds):
     return reference(model, feeds)[0]
 
 
-@pytest.mark.parametrize("M,N,K,act", [(300, 260, 200, None), (1000, 1028, 768, "Relu"), (257, 384, 256, None)])
+def _tf32_linear(ctx, M, N, K, act, **options):
+    """A Linear layer (MatMul, bias Add, act) in tf32 on ctx's device with `options`: (net, a, output, float64
+    reference)."""
+    ctx = dlnet.Context(ctx.info, precision="tf32", options=ctx.options.replace(ldsm_min_rows=256, **options))
+    a, w, bias = f32(M, K), f32(K, N), f32(N)
+    nodes = [helper.make_node("MatMul", ["a", "w"], ["p"]), helper.make_node("Add", ["p", "bias"], ["q" if act else "y"])]
+    if act:
+        nodes.append(helper.make_node(act, ["q"], ["y"]))
+    net = dlnet.Net(ctx).load_onnx(make_model(nodes, {"a": a}, ["y"], {"w": w, "bias": bias}))
+    ref = a.astype(np.float64) @ w.astype(np.float64) + bias
+    return net, a, net.run({"a": a})["y"], np.maximum(ref, 0) if act else ref
+
+
+TF32_LINEARS = [(300, 260, 200, None), (1000, 1028, 768, "Relu"), (257, 384, 256, None), (130, 72, 1028, None)]
+
+
+@pytest.mark.parametrize("M,N,K,act", TF32_LINEARS)
 def test_tf32_ldsm_core(M, N, K, act):
     """gemm_ldsm.cl (tf32, ldmatrix fragments, B stored [N, K] at load) on a Linear layer: ragged M and N, a bias
     as C and an activation epilogue, against float64."""
     ctx = context()
     if not ctx.is_nvidia:
         pytest.skip("the tf32 cores need an NVIDIA device (inline PTX mma.sync)")
-    ctx = dlnet.Context(ctx.info, precision="tf32", options=ctx.options.replace(ldsm_min_rows=256))
-    a, w, bias = f32(M, K), f32(K, N), f32(N)
-    nodes = [helper.make_node("MatMul", ["a", "w"], ["p"]), helper.make_node("Add", ["p", "bias"], ["q" if act else "y"])]
-    if act:
-        nodes.append(helper.make_node(act, ["q"], ["y"]))
-    net = dlnet.Net(ctx).load_onnx(make_model(nodes, {"a": a}, ["y"], {"w": w, "bias": bias}))
-    y = net.run({"a": a})["y"]
-    ref = a.astype(np.float64) @ w.astype(np.float64) + bias
-    ref = np.maximum(ref, 0) if act else ref
+    net, _, y, ref = _tf32_linear(ctx, M, N, K, act, wgmma=False)
     assert "ldsm" in str(net.graph)
     assert rel_l2(y, ref) < 5e-3
+
+
+@pytest.mark.parametrize("M,N,K,act", TF32_LINEARS)
+def test_tf32_wgmma_core(M, N, K, act):
+    """On Hopper in tf32, the same layers run on gemm_wgmma.cl (wgmma k8 on tf32; K 200 and 1028 not whole slices
+    of 32): against float64 at tf32's error, and against gemm_ldsm.cl to float accuracy, since both round the
+    operands to nearest tf32 (wgmma alone would truncate them: a relative error near 1e-3, biased)."""
+    ctx = context()
+    if not ctx.is_nvidia or not dlnet.Context(ctx.info, precision="tf32").dev.wgmma:
+        pytest.skip("gemm_wgmma.cl needs an NVIDIA Hopper GPU")
+    net, a, y, ref = _tf32_linear(ctx, M, N, K, act)
+    assert "wgmma128x128" in str(net.graph)
+    assert rel_l2(y, ref) < 7e-4
+    off, _, y_ldsm, _ = _tf32_linear(ctx, M, N, K, act, wgmma=False)
+    assert "wgmma" not in str(off.graph)
+    assert rel_l2(y, y_ldsm) < 2e-5
 
 
 def test_ldsm_weights_stored_along_k():
@@ -580,14 +604,18 @@ def test_wgmma_rules_and_ptx():
     hopper = Device("fake", False, True, "fp16", 132, 48 << 10, "gemm_core", mma=True, wgmma=True)
     o = Options()
     for M, N, K in ((4096, 3072, 768), (64, 64, 8), (1000, 1000, 1000)):
-        assert rules.wgmma_f16_tiles(hopper, o, M, N, K) == rules.GEMM_TILES["wgmma_f16"]["huge"]
+        assert rules.wgmma_tiles(hopper, o, M, N, K) == rules.GEMM_TILES["wgmma_f16"]["huge"]
     for M, N, K, opts in ((32, 4096, 768, o), (4096, 3070, 768, o), (4096, 3072, 764, o),
                           (4096, 3072, 768, Options(wgmma=False))):
-        assert rules.wgmma_f16_tiles(hopper, opts, M, N, K) is None
-    assert rules.wgmma_f16_tiles(replace(hopper, precision="tf32"), o, 4096, 3072, 768) is None
-    assert rules.wgmma_f16_tiles(replace(hopper, wgmma=False), o, 4096, 3072, 768) is None
+        assert rules.wgmma_tiles(hopper, opts, M, N, K) is None
+    tf32 = replace(hopper, precision="tf32")  # (float A and B where the tf32 tensor cores take the product)
+    assert rules.wgmma_tiles(tf32, o, 4096, 3072, 764) == rules.GEMM_TILES["wgmma_tf32"]["huge"]
+    assert rules.wgmma_tiles(tf32, o, 4096, 3072, 64) is None  # (o.tf32_fp32_k: shallow products stay fp32)
+    assert rules.wgmma_tiles(replace(hopper, precision="fp32"), o, 4096, 3072, 768) is None
+    assert rules.wgmma_tiles(replace(hopper, wgmma=False), o, 4096, 3072, 768) is None
     macro = wgmma_macro(256)
-    assert macro.count('"+f"') == 128 and "m64n256k16.f32.f16.f16 {%0," in macro and "%127}, %128, %129, p" in macro
+    assert macro.count('"+f"') == 128 and "m64n256k16.f32.f16.f16 {%0," in macro and "%127}, %128, %129, p, 1" in macro
+    assert "m64n128k8.f32.tf32.tf32 {%0," in wgmma_macro(128, True) and "%63}, %64, %65, p, 1, 1;" in wgmma_macro(128, True)
     ptx = (".version 9.0\n.target sm_90, texmode_independent\n{\n" + WGMMA_MARK + "wgmma.fence.sync.aligned;\n"
            "// a comment\n}\n").encode()
     assert sm90a_ptx(ptx) == (".version 9.0\n.target sm_90a, texmode_independent\n{\nwgmma.fence.sync.aligned;\n"

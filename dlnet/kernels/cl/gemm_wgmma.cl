@@ -1,5 +1,6 @@
-// Tensor-core GEMM core for NVIDIA Hopper GPUs: wgmma.mma_async m64n<TN>k16 on f16 A and B, fp32 accumulation in
-// registers. A is k-contiguous ([M][K] rows), B too (B_NK: [N][K] rows, a weight stored transposed at load).
+// Tensor-core GEMM core for NVIDIA Hopper GPUs: wgmma.mma_async m64n<TN>k16 on f16 A and B (F16), or m64n<TN>k8 on
+// float A and B read as tf32 (TF32), fp32 accumulation in registers. A is k-contiguous ([M][K] rows), B too (B_NK:
+// [N][K] rows, a weight stored transposed at load).
 // NVIDIA's OpenCL C compiler targets sm_90, where ptxas rejects wgmma, but the driver builds sm_90a PTX given as a
 // program binary. So each wgmma instruction sits in a PTX comment marked "// @WG " inside its inline asm (the compiler
 // still wires its operands and keeps the accumulators in registers), and the program is built a second time from its
@@ -7,15 +8,25 @@
 //
 // Work-group: WG warpgroups of 128 work-items; warpgroup w owns rows 64 WGM w .. of the TM x TN tile, as WGM
 // m64 blocks. Tiles come by 16-byte cp.async into __local memory in wgmma's K-major layout with the 128-byte
-// swizzle: TK = 64 halves, so a row of a tile is one 128-byte line, its 16-byte chunk kc stored at chunk kc ^ (row %
-// 8), 8-row groups 1024 bytes apart; a k16 step starts 32 bytes further along the lines. STAGES slices: at slice t
-// the stage of slice t - 2 is refilled (every warpgroup has waited for all but its last wgmma group by then).
+// swizzle: TK = 64 halves or 32 floats, so a row of a tile is one 128-byte line, its 16-byte chunk kc stored at chunk
+// kc ^ (row % 8), 8-row groups 1024 bytes apart; a k step (k16 f16, k8 tf32) starts 32 bytes further along the lines.
+// STAGES slices: at slice t the stage of slice t - 2 is refilled (every warpgroup has waited for all but its last
+// wgmma group by then). TF32: wgmma drops each float's low 13 bits, so every work-item first adds half a tf32 unit
+// to the floats it copied (mma_tf32.cl's TF32_BITS: rounding to nearest, as the mma.sync cores round).
 // The including file gives KERNEL_NAME, LDSM_ARGS, PROLOGUE, PTR_A(m, k), PTR_B(k, n), STORE2(m, n, v0, v1) and
-// WGMMA(d, da, db) (emitter.wgmma_macro: d += A B for one k16 step of a warpgroup's m64 block, by descriptors).
-// M, NN, KK are the product's extents; every row of A and B starts 16-byte aligned and KK is a multiple of 8.
-#if !defined(TM) || !defined(TN) || !defined(WG) || !defined(STAGES) || TK != 64 || TM % (64 * WG)
-#error "gemm_wgmma.cl needs TM TN WG STAGES, TK 64 and TM a multiple of 64 WG"
+// WGMMA(d, da, db) (emitter.wgmma_macro: d += A B for one k step of a warpgroup's m64 block, by descriptors).
+// M, NN, KK are the product's extents; every row of A and B starts 16-byte aligned and KK is a multiple of 8 (f16)
+// or 4 (tf32).
+#if defined(F16)
+#define WG_EB 2
+#elif defined(TF32)
+#define WG_EB 4
 #endif
+#if !defined(TM) || !defined(TN) || !defined(WG) || !defined(STAGES) || !defined(WG_EB) || TK * WG_EB != 128 || \
+    TM % (64 * WG)
+#error "gemm_wgmma.cl needs TM TN WG STAGES, F16 or TF32, rows of 128 bytes (TK) and TM a multiple of 64 WG"
+#endif
+#define WG_CE (16 / WG_EB)
 #define WG_THREADS (128 * WG)
 #define WGM (TM / (64 * WG))
 #define WG_A_BYTES (TM * 128)
@@ -35,15 +46,25 @@ inline ulong wg_desc(uint addr) {
 // 8 chunks from consecutive work-items; WHOLE: all inside the product (no checks)
 #define WG_ISSUE_ROWS(ROWS, dst, PTR, r0, R, WHOLE) \
     for (int c = tid; c < ROWS * 8; c += WG_THREADS) { \
-        const int r = c / 8, kc = c % 8, row = (r0) + r, k = k0 + kc * 8; \
+        const int r = c / 8, kc = c % 8, row = (r0) + r, k = k0 + kc * WG_CE; \
         if (WHOLE) WG_CP16((dst) + WG_TILE_OFF(r, kc), PTR(row, k), 16); \
-        else WG_CP16((dst) + WG_TILE_OFF(r, kc), PTR(min(row, (R) - 1), min(k, KK - 8)), \
-                     (row < (R) && k < KK) ? min(16, 2 * (KK - k)) : 0); }
+        else WG_CP16((dst) + WG_TILE_OFF(r, kc), PTR(min(row, (R) - 1), min(k, KK - WG_CE)), \
+                     (row < (R) && k < KK) ? min(16, WG_EB * (KK - k)) : 0); }
+#if defined(TF32)
+// half a tf32 unit onto every float of the stage at byte offset `so` that this work-item copied (its copies landed)
+#define WG_ROUND_ROWS(ROWS, so) \
+    for (int c = tid; c < ROWS * 8; c += WG_THREADS) { \
+        __local uint4* p_ = (__local uint4*)((__local char*)smem + (so) + WG_TILE_OFF(c / 8, c % 8)); \
+        *p_ += (uint4)(0x1000u); }
+#define WG_ROUND(so) { WG_ROUND_ROWS(TM, so) WG_ROUND_ROWS(TN, (so) + WG_A_BYTES) }
+#else
+#define WG_ROUND(so)
+#endif
 #define WG_PTR_A(m, k) PTR_A(m, k)
 #define WG_PTR_B(n, k) PTR_B(k, n)
 #define WG_ISSUE(st, k0_) { \
     const int k0 = (k0_); \
-    if (m0 + TM <= M && n0 + TN <= NN && k0 + 64 <= KK) { \
+    if (m0 + TM <= M && n0 + TN <= NN && k0 + TK <= KK) { \
         WG_ISSUE_ROWS(TM, st, WG_PTR_A, m0, M, 1) \
         WG_ISSUE_ROWS(TN, (st) + WG_A_BYTES, WG_PTR_B, n0, NN, 1) \
     } else { \
@@ -64,19 +85,20 @@ void KERNEL_NAME(LDSM_ARGS) {
         #pragma unroll
         for (int j = 0; j < TN / 2; j++)
             acc[i][j] = 0.0f;
-    const int ntiles = (KK + 63) / 64;
+    const int ntiles = (KK + TK - 1) / TK;
     for (int s = 0; s < STAGES - 2; s++) {
-        if (s < ntiles) WG_ISSUE(sbase + s * WG_STAGE_BYTES, s * 64)
+        if (s < ntiles) WG_ISSUE(sbase + s * WG_STAGE_BYTES, s * TK)
         asm volatile("cp.async.commit_group;" ::: "memory");
     }
     for (int tt = 0; tt < ntiles; tt++) {
         // slice tt has landed (one group committed a slice, empty or not); the copies are made visible to the
         // async proxy wgmma reads through, then to every warpgroup
         asm volatile("cp.async.wait_group " WG_STR(STAGES) " - 3;" ::: "memory");
+        WG_ROUND((tt % STAGES) * WG_STAGE_BYTES)
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         barrier(CLK_LOCAL_MEM_FENCE);
         const int tn = tt + STAGES - 2;
-        if (tn < ntiles) WG_ISSUE(sbase + (tn % STAGES) * WG_STAGE_BYTES, tn * 64)
+        if (tn < ntiles) WG_ISSUE(sbase + (tn % STAGES) * WG_STAGE_BYTES, tn * TK)
         asm volatile("cp.async.commit_group;" ::: "memory");
         const uint st = sbase + (tt % STAGES) * WG_STAGE_BYTES;
         asm volatile("// @WG wgmma.fence.sync.aligned;" ::: "memory");
@@ -94,7 +116,7 @@ void KERNEL_NAME(LDSM_ARGS) {
     }
     asm volatile("// @WG wgmma.wait_group.sync.aligned 0;" ::: "memory");
     asm volatile("cp.async.wait_group 0;" ::: "memory");
-    // D fragments (m64nNk16, f32): warp q of a warpgroup holds rows 16 q + g (+ 8); n8 block j columns 8 j + 2 t (+ 1)
+    // D fragments (m64nN, f32): warp q of a warpgroup holds rows 16 q + g (+ 8); n8 block j columns 8 j + 2 t (+ 1)
     const int q = tid % 128 / 32, g = tid % 32 / 4, t = tid % 4;
     #pragma unroll
     for (int i = 0; i < WGM; i++) {

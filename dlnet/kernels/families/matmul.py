@@ -24,7 +24,8 @@ from ..rules import (
     pick_tiles,
     resident_groups,
     round_up,
-    wgmma_f16_tiles,
+    wgmma_product,
+    wgmma_tiles,
 )
 from ..runtime import kernel_source
 from .elementwise import cpu_math
@@ -86,9 +87,12 @@ class MatmulFamily:
         f16 = self._ldsm_f16(aa, ba, offs, M, N, K, strides, halves) if where == "gemm" else None
         if f16 is not None:
             pick = self._pick_ldsm(M, N, f16, "wgmma" if "WG" in f16 else "ldsm_f16")
-        elif where == "gemm" and ldsm_product(self.dev, self.options, M, N, K) and sak == 1 and sbk == 1 and \
-                sam % 4 == 0 and sbn % 4 == 0 and all(aligned):
-            pick = self._pick_ldsm(M, N, GEMM_TILES["ldsm_tf32"]["huge"], "ldsm")
+        elif where == "gemm" and self.dev.tensor_cores and sak == 1 and sbk == 1 and sam % 4 == 0 and \
+                sbn % 4 == 0 and all(aligned) and (wgmma_product(self.dev, self.options, M, N, K) or
+                                                   ldsm_product(self.dev, self.options, M, N, K)):
+            tiles = wgmma_tiles(self.dev, self.options, M, N, K)  # (Hopper: wgmma on tf32)
+            pick = self._pick_ldsm(M, N, tiles, "wgmma") if tiles else \
+                self._pick_ldsm(M, N, GEMM_TILES["ldsm_tf32"]["huge"], "ldsm")
         else:
             layout = f"{'r' if sak == 1 else 'c'}{'r' if sbn == 1 else 'c'}"
             pick = self.pick(M, N, K, nb, True, f"{where} {layout}")
@@ -120,7 +124,7 @@ class MatmulFamily:
         if any(v % 8 for v in starts + [sam, sbk if sbn == 1 else sbn]):
             return None
         if sbk == 1:  # (B [N, K]: Hopper's wgmma, where it runs)
-            tiles = wgmma_f16_tiles(self.dev, self.options, M, N, K)
+            tiles = wgmma_tiles(self.dev, self.options, M, N, K)
             if tiles is not None:
                 return tiles
         tiles = ldsm_f16_tiles(self.dev, self.options, M, N, K, len(offs))
