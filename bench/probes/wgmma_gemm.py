@@ -2,7 +2,9 @@
 the driver builds sm_90a PTX handed to it as a program binary (bench/probes/ptx_sm90a.py). So the kernel is written
 in OpenCL C with each wgmma instruction inside a PTX comment of its inline asm (the compiler wires its operands and
 keeps the accumulators in registers), built once, and its PTX is uncommented, retargeted to sm_90a and built again
-from the binary. A and B half (--mode tf32: float32, which wgmma reads as tf32), both K-major (A [M][K], B [N][K]),
+from the binary. A and B half (--mode tf32: float32, which wgmma reads as tf32, truncating; ROUND_TF32 rounds A
+(ROUND_B: B too; else B is rounded on the host, as dlnet rounds weights at load) to nearest in shared memory first, =1
+before each slice's products, =2 the next slice while this one's run), both K-major (A [M][K], B [N][K]),
 fp32 accumulation and output; tiles come by 16-byte cp.async into shared memory in wgmma's K-major layout (SW128: the
 128-byte swizzle, rows of 128 bytes; else 8 x 16-byte core matrices), STAGES deep; WG warpgroups per work-group,
 each 64 x WGM rows of the TM x TN tile. Checks against torch's fp32 product, times against cuBLAS (fp16, or TF32) in
@@ -65,7 +67,11 @@ inline ulong desc(uint addr) {
     for (int c = tid; c < ROWS * CPR; c += NT) { \
         __local uint4* p_ = (__local uint4*)((__local char*)smem + so + (base) + TILE_OFF(c / CPR, c % CPR)); \
         *p_ += (uint4)(0x1000u); }
+#if defined(ROUND_B)
 #define ROUND_STAGE(so) { ROUND_ROWS(TM, 0) ROUND_ROWS(TN, A_BYTES) }
+#else  // (B rounded before: a weight, rounded once at load)
+#define ROUND_STAGE(so) { ROUND_ROWS(TM, 0) }
+#endif
 #else
 #define ROUND_STAGE(so)
 #endif
@@ -106,9 +112,16 @@ void wg_gemm(__global const ELEM* a, __global const ELEM* b, __global float* y, 
         if (s < ntiles) issue(sbase + s * STAGE_BYTES, a, b, m0, n0, s * TK, M, N, K, tid);
         asm volatile("cp.async.commit_group;" ::: "memory");
     }
+#if ROUND_TF32 == 2
+    // deferred: slice tt + 1 is rounded while slice tt's wgmma runs (slice 0 here)
+    asm volatile("cp.async.wait_group " STR(STAGES) " - 3;" ::: "memory");
+    ROUND_STAGE(0)
+#endif
     for (int tt = 0; tt < ntiles; tt++) {
+#if ROUND_TF32 != 2
         asm volatile("cp.async.wait_group " STR(STAGES) " - 3;" ::: "memory");
         { const uint so = (tt % STAGES) * STAGE_BYTES; ROUND_STAGE(so) }
+#endif
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         barrier(CLK_LOCAL_MEM_FENCE);
         const int tn = tt + STAGES - 2;
@@ -126,6 +139,13 @@ void wg_gemm(__global const ELEM* a, __global const ELEM* b, __global float* y, 
             }
         }
         asm volatile("// @WG wgmma.commit_group.sync.aligned;" ::: "memory");
+#if ROUND_TF32 == 2
+        if (tt + 1 < ntiles) {
+            asm volatile("cp.async.wait_group " STR(STAGES) " - 3;" ::: "memory");
+            const uint so = ((tt + 1) % STAGES) * STAGE_BYTES;
+            ROUND_STAGE(so)
+        }
+#endif
         asm volatile("// @WG wgmma.wait_group.sync.aligned 1;" ::: "memory");
     }
     asm volatile("// @WG wgmma.wait_group.sync.aligned 0;" ::: "memory");
@@ -194,8 +214,9 @@ def main():
     args = ap.parse_args()
     tf32 = args.mode == "tf32"
     tk = 32 if tf32 else 64
-    args.configs = args.configs or ";".join(f"{tile},{tk},{st},2,SW128,GROUP_M=8{rnd}" for tile in ("128,256", "128,128")
-                                            for st in (4, 3) for rnd in (("", ",ROUND_TF32") if tf32 else ("",)))
+    rounds = ("", ",ROUND_TF32=1,ROUND_B", ",ROUND_TF32=1", ",ROUND_TF32=2", ",ROUND_TF32=2,ROUND_B") if tf32 else ("",)
+    args.configs = args.configs or ";".join(f"{tile},{tk},{st},2,SW128,GROUP_M=8{r}" for tile in ("128,256", "128,128")
+                                            for st in (4, 3) for r in rounds)
     plat = next(p for p in cl.get_platforms() if "NVIDIA" in p.name)
     dev = plat.get_devices()[0]
     ctx = cl.Context([dev])
@@ -208,7 +229,8 @@ def main():
             print(cfg, "built,", n, "wgmma lines uncommented", flush=True)
         except Exception as e:  # (a probe: say what the compiler said)
             print(cfg, "failed:", str(e)[:3000], flush=True)
-    print(f"| M x N x K | TM TN TK STAGES WG | dlnet ms | TFLOP/s | cuBLAS {args.mode} TFLOP/s | ratio | rel err | cuBLAS rel err |")
+    print(f"| M x N x K | TM TN TK STAGES WG | dlnet ms | TFLOP/s | cuBLAS {args.mode} TFLOP/s | ratio | rel err | "
+          "cuBLAS rel err |")
     print("|---|---|---|---|---|---|---|---|")
     for size in args.sizes.split(","):
         M, N, K = (int(v) for v in size.split("x")) if "x" in size else (int(size),) * 3
@@ -216,6 +238,8 @@ def main():
         at, bt = torch.randn(M, K, generator=g), torch.randn(N, K, generator=g)
         if not tf32:
             at, bt = at.half(), bt.half()
+        else:  # (B as dlnet stores a weight for wgmma: rounded to nearest tf32 at load)
+            bt = ((bt.view(torch.int32) + 0x1000) & ~0x1FFF).view(torch.float32)
         mf = cl.mem_flags
         a_buf = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(at.numpy()))
         b_buf = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(bt.numpy()))

@@ -17,6 +17,7 @@ from ..graph.passes.layout import (
     pretranspose_weights,
     slices_as_views,
     tap_major_weights,
+    tf32_weights,
     transposes_as_views,
 )
 from ..graph.passes.winograd import winograd_on_device, winograd_weights
@@ -268,6 +269,8 @@ def device_passes(graph, ctx, training=False):
     pretranspose_weights(graph, o.gemv_max_rows if dev.tiled else 0,
                          (lambda M, N, K: wgmma_product(dev, o, M, N, K) or ldsm_product(dev, o, M, N, K))
                          if dev.tensor_cores or dev.wgmma else None)
+    if dev.tensor_cores and dev.wgmma:
+        tf32_weights(graph, lambda M, N, K: wgmma_product(dev, o, M, N, K))
     if core == "gemm_core":
         winograd_weights(graph, min_channels, o.winograd_min_layer_tiles, wino_m, o.winograd_f4_min_tiles)
         if o.tap_major:

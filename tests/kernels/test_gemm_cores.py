@@ -541,7 +541,7 @@ def _tf32_linear(ctx, M, N, K, act, **options):
     return net, a, net.run({"a": a})["y"], np.maximum(ref, 0) if act else ref
 
 
-TF32_LINEARS = [(300, 260, 200, None), (1000, 1028, 768, "Relu"), (257, 384, 256, None), (130, 72, 1028, None)]
+TF32_LINEARS = [(300, 260, 200, None), (1000, 1028, 768, "Relu"), (257, 384, 256, None), (260, 264, 1028, None)]
 
 
 @pytest.mark.parametrize("M,N,K,act", TF32_LINEARS)
@@ -588,6 +588,30 @@ def test_ldsm_weights_stored_along_k():
     assert weight_layout(512, Options(ldsm_min_rows=256)) == (1, (384, 256))
     assert weight_layout(200, Options(ldsm_min_rows=256)) == (0, (256, 384))
     assert weight_layout(512, Options(ldsm_min_rows=0)) == (0, (256, 384))
+
+
+def test_tf32_weights_rounded_at_load():
+    """On Hopper in tf32, a constant B [N, K] of a product wgmma takes is stored rounded to the nearest tf32 (what
+    the tensor cores would make of it after mma_tf32.cl's TF32_BITS); a weight another node also reads keeps its
+    values for that node. tf32() against rounding by the exponent's unit."""
+    from dlnet.graph.ir import Builder, Graph
+    from dlnet.graph.passes.layout import tf32, tf32_exact, tf32_weights
+
+    x = np.concatenate([f32(1000) * 10.0 ** rng.integers(-30, 30, 1000), [1.0 + 2.0 ** -11, -(1.0 + 2.0 ** -11)]])
+    x = x.astype(np.float32)
+    ulp = 2.0 ** (np.floor(np.log2(np.abs(x.astype(np.float64)))) - 10)
+    assert np.array_equal(tf32(x), (np.sign(x) * np.floor(np.abs(x) / ulp + 0.5) * ulp).astype(np.float32))
+    assert tf32(x)[-2] == 1.0 + 2.0 ** -10 and tf32_exact(tf32(x)) and not tf32_exact(x)
+    g = Graph()
+    w = g.constant(f32(384, 256))
+    a = g.add_input("a", "float32", (512, 256))
+    y = Builder(g).op("Gemm", [a, w], {"transB": 1})
+    z = Builder(g).op("Gemm", [g.add_input("b", "float32", (100, 256)), w], {"transB": 1})
+    before = w.const.copy()
+    assert tf32_weights(g, lambda m, n, k: (m, n, k) == (512, 384, 256))
+    assert np.array_equal(y.producer.inputs[1].const, tf32(before)) and y.producer.inputs[1] is not w
+    assert z.producer.inputs[1] is w and np.array_equal(w.const, before)
+    assert not tf32_weights(g, lambda m, n, k: True)  # (rounded once)
 
 
 def test_wgmma_rules_and_ptx():

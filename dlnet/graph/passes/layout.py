@@ -36,6 +36,33 @@ def pretranspose_weights(graph, keep_rows=0, along_k=None):
     return changed
 
 
+def tf32(array):
+    """float32 `array` rounded to the nearest tf32 value (10 mantissa bits; ties away from zero): mma_tf32.cl's
+    TF32_BITS, then the tensor cores' truncation."""
+    bits = np.ascontiguousarray(array, np.float32).view(np.uint32)
+    return ((bits + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
+
+
+def tf32_exact(array):
+    """Is every element of float32 `array` a tf32 value already?"""
+    return array.dtype == np.float32 and not (np.ascontiguousarray(array).view(np.uint32) & np.uint32(0x1FFF)).any()
+
+
+def tf32_weights(graph, rounds):
+    """Constant B [N, K] of the Gemms where rounds(M, N, K) holds (products whose kernel reads floats as tf32 and would
+    drop their low bits: gemm_wgmma.cl) stored rounded to the nearest tf32, once, so that the kernel rounds A alone."""
+    changed = False
+    for node in graph.nodes:
+        w, y = node.inputs[1] if node.op == "Gemm" else None, node.outputs[0]
+        if w is None or w.const is None or w.param or w.rank != 2 or w.dtype != "float32" or y.rank != 2 or \
+                not node.attrs["transB"] or node.attrs.get("transA", 0) or not rounds(*y.shape, w.shape[1]):
+            continue
+        if not tf32_exact(w.const):
+            graph.set_input(node, 1, graph.constant(tf32(w.const)))
+            changed = True
+    return changed
+
+
 def transposes_as_views(graph):
     """A Transpose that keeps the order of the axes longer than 1 ([1, T, H, D] -> [1, H, T, D] at T = 1: a decode
     step's heads) moves no element: a Reshape (a view) instead."""

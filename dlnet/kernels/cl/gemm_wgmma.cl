@@ -11,8 +11,9 @@
 // swizzle: TK = 64 halves or 32 floats, so a row of a tile is one 128-byte line, its 16-byte chunk kc stored at chunk
 // kc ^ (row % 8), 8-row groups 1024 bytes apart; a k step (k16 f16, k8 tf32) starts 32 bytes further along the lines.
 // STAGES slices: at slice t the stage of slice t - 2 is refilled (every warpgroup has waited for all but its last
-// wgmma group by then). TF32: wgmma drops each float's low 13 bits, so every work-item first adds half a tf32 unit
-// to the floats it copied (mma_tf32.cl's TF32_BITS: rounding to nearest, as the mma.sync cores round).
+// wgmma group by then). TF32: wgmma drops each float's low 13 bits, so every work-item adds half a tf32 unit to the
+// floats of A it copied (mma_tf32.cl's TF32_BITS: rounding to nearest, as the mma.sync cores round), slice t + 1's
+// while slice t's wgmma runs; B too unless B_TF32 (a weight rounded so at load).
 // The including file gives KERNEL_NAME, LDSM_ARGS, PROLOGUE, PTR_A(m, k), PTR_B(k, n), STORE2(m, n, v0, v1) and
 // WGMMA(d, da, db) (emitter.wgmma_macro: d += A B for one k step of a warpgroup's m64 block, by descriptors).
 // M, NN, KK are the product's extents; every row of A and B starts 16-byte aligned and KK is a multiple of 8 (f16)
@@ -56,9 +57,11 @@ inline ulong wg_desc(uint addr) {
     for (int c = tid; c < ROWS * 8; c += WG_THREADS) { \
         __local uint4* p_ = (__local uint4*)((__local char*)smem + (so) + WG_TILE_OFF(c / 8, c % 8)); \
         *p_ += (uint4)(0x1000u); }
-#define WG_ROUND(so) { WG_ROUND_ROWS(TM, so) WG_ROUND_ROWS(TN, (so) + WG_A_BYTES) }
+#if defined(B_TF32)
+#define WG_ROUND(so) WG_ROUND_ROWS(TM, so)
 #else
-#define WG_ROUND(so)
+#define WG_ROUND(so) { WG_ROUND_ROWS(TM, so) WG_ROUND_ROWS(TN, (so) + WG_A_BYTES) }
+#endif
 #endif
 #define WG_PTR_A(m, k) PTR_A(m, k)
 #define WG_PTR_B(n, k) PTR_B(k, n)
@@ -90,11 +93,16 @@ void KERNEL_NAME(LDSM_ARGS) {
         if (s < ntiles) WG_ISSUE(sbase + s * WG_STAGE_BYTES, s * TK)
         asm volatile("cp.async.commit_group;" ::: "memory");
     }
+#if defined(TF32)
+    asm volatile("cp.async.wait_group " WG_STR(STAGES) " - 3;" ::: "memory");
+    WG_ROUND(0)
+#endif
     for (int tt = 0; tt < ntiles; tt++) {
-        // slice tt has landed (one group committed a slice, empty or not); the copies are made visible to the
-        // async proxy wgmma reads through, then to every warpgroup
+        // slice tt has landed (one group committed a slice, empty or not; TF32: and was rounded); the copies are made
+        // visible to the async proxy wgmma reads through, then to every warpgroup
+#if !defined(TF32)
         asm volatile("cp.async.wait_group " WG_STR(STAGES) " - 3;" ::: "memory");
-        WG_ROUND((tt % STAGES) * WG_STAGE_BYTES)
+#endif
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         barrier(CLK_LOCAL_MEM_FENCE);
         const int tn = tt + STAGES - 2;
@@ -112,6 +120,12 @@ void KERNEL_NAME(LDSM_ARGS) {
             }
         }
         asm volatile("// @WG wgmma.commit_group.sync.aligned;" ::: "memory");
+#if defined(TF32)
+        if (tt + 1 < ntiles) {  // (slice tt + 1 landed, rounded while slice tt's products run)
+            asm volatile("cp.async.wait_group " WG_STR(STAGES) " - 3;" ::: "memory");
+            WG_ROUND((tt + 1) % STAGES * WG_STAGE_BYTES)
+        }
+#endif
         asm volatile("// @WG wgmma.wait_group.sync.aligned 1;" ::: "memory");
     }
     asm volatile("// @WG wgmma.wait_group.sync.aligned 0;" ::: "memory");
