@@ -63,14 +63,14 @@ inline ulong desc(uint addr) {
 #if defined(ROUND_TF32)
 // tf32 rounded to nearest, as dlnet's mma.sync cores round (wgmma drops the low 13 bits of each float it reads): half
 // a tf32 unit added to every float this work-item copied into the stage at byte offset `so` (its own copies landed)
-#define ROUND_ROWS(ROWS, base) \
+#define ROUND_ROWS(ROWS, so) \
     for (int c = tid; c < ROWS * CPR; c += NT) { \
-        __local uint4* p_ = (__local uint4*)((__local char*)smem + so + (base) + TILE_OFF(c / CPR, c % CPR)); \
+        __local uint4* p_ = (__local uint4*)((__local char*)smem + (so) + TILE_OFF(c / CPR, c % CPR)); \
         *p_ += (uint4)(0x1000u); }
 #if defined(ROUND_B)
-#define ROUND_STAGE(so) { ROUND_ROWS(TM, 0) ROUND_ROWS(TN, A_BYTES) }
+#define ROUND_STAGE(so) { ROUND_ROWS(TM, so) ROUND_ROWS(TN, (so) + A_BYTES) }
 #else  // (B rounded before: a weight, rounded once at load)
-#define ROUND_STAGE(so) { ROUND_ROWS(TM, 0) }
+#define ROUND_STAGE(so) { ROUND_ROWS(TM, so) }
 #endif
 #else
 #define ROUND_STAGE(so)

@@ -1,8 +1,10 @@
-"""Probe: fp16 Linear layers (bias, GELU's tanh form or none, half in and out: the transformers' products) on
-gemm_ldsm.cl (Options.wgmma off) and on gemm_wgmma.cl with several tile tables, all plans in one process; median
-Gemm kernel ms over interleaved rounds (OpenCL profiling events). On a Hopper GPU; asserts nothing.
+"""Probe: fp16 (or tf32) Linear layers (bias, GELU's tanh form or none, half in and out in fp16: the transformers'
+products) on dlnet's core without wgmma (Options.wgmma off: gemm_ldsm.cl in fp16, gemm_mma.cl in tf32) and on
+gemm_wgmma.cl with several tile tables, all plans in one process; median Gemm kernel ms over interleaved rounds
+(OpenCL profiling events). On a Hopper GPU; asserts nothing.
 
-    python3 bench/probes/wgmma_layers.py [--sizes 4096x768x3072,...] [--tiles 128,256,4;128,128,3] [--rounds 10]
+    python3 bench/probes/wgmma_layers.py [--precision fp16|tf32] [--sizes 4096x768x3072,...]
+                                         [--tiles 128,256,4;128,128,3] [--rounds 10]
 """
 import argparse
 import os
@@ -19,12 +21,12 @@ from gemm_epilogue import layer  # noqa: E402
 
 
 def build(ctx, model, tile):
-    """A net with gemm_wgmma.cl's tile table set to `tile` (TM, TN, STAGES) for both shapes, or ldsm (None)."""
-    table = rules.GEMM_TILES["wgmma_f16"]
+    """A net with gemm_wgmma.cl's tile table set to `tile` (TM, TN, STAGES), or wgmma off (None)."""
+    table = rules.GEMM_TILES["wgmma_f16" if ctx.precision == "fp16" else "wgmma_tf32"]
     saved = dict(table)
     if tile:
         TM, TN, ST = tile
-        for shape in ("huge", "big"):
+        for shape in [k for k, v in table.items() if isinstance(v, dict)]:
             table[shape] = dict(table[shape], TM=TM, TN=TN, STAGES=ST)
     try:
         return dlnet.Net(ctx.with_options(wgmma=bool(tile))).load_onnx(model)
@@ -34,13 +36,15 @@ def build(ctx, model, tile):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--sizes", default="4096x768x3072,4096x3072x768,4096x768x2304,4096x768x768,3152x768x3072")
+    ap.add_argument("--sizes", default="4096x768x3072,4096x3072x768,4096x768x2304,4096x768x768,3152x768x3072,"
+                                       "4096x4096x4096")
     ap.add_argument("--tiles", default="128,256,4;128,128,4;128,128,3;128,256,3")
     ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--precision", default="fp16", choices=("fp16", "tf32"))
     args = ap.parse_args()
-    ctx = dlnet.Context("gpu", precision="fp16", profile=True)
+    ctx = dlnet.Context("gpu", precision=args.precision, profile=True)
     tiles = [None] + [tuple(int(v) for v in t.split(",")) for t in args.tiles.split(";")]
-    names = ["ldsm"] + [f"wgmma {t[0]}x{t[1]}/{t[2]}" for t in tiles[1:]]
+    names = ["ldsm" if args.precision == "fp16" else "mma.sync"] + [f"wgmma {t[0]}x{t[1]}/{t[2]}" for t in tiles[1:]]
     print("| M x K x N | act | " + " | ".join(names) + " |\n|---|---|" + "---|" * len(names))
     rng = np.random.default_rng(0)
     for size in args.sizes.split(","):

@@ -529,19 +529,21 @@ def onnx_reference(model, feeds):
 
 
 def _tf32_linear(ctx, M, N, K, act, **options):
-    """A Linear layer (MatMul, bias Add, act) in tf32 on ctx's device with `options`: (net, a, output, float64
-    reference)."""
+    """A Linear layer (MatMul, bias Add, act) in tf32 on ctx's device with `options`, on inputs drawn for M, N and K:
+    (net, output, float64 reference)."""
     ctx = dlnet.Context(ctx.info, precision="tf32", options=ctx.options.replace(ldsm_min_rows=256, **options))
-    a, w, bias = f32(M, K), f32(K, N), f32(N)
+    r = np.random.default_rng(M * N + K)
+    a, w, bias = (r.standard_normal(s).astype(np.float32) for s in ((M, K), (K, N), (N,)))
     nodes = [helper.make_node("MatMul", ["a", "w"], ["p"]), helper.make_node("Add", ["p", "bias"], ["q" if act else "y"])]
     if act:
         nodes.append(helper.make_node(act, ["q"], ["y"]))
     net = dlnet.Net(ctx).load_onnx(make_model(nodes, {"a": a}, ["y"], {"w": w, "bias": bias}))
     ref = a.astype(np.float64) @ w.astype(np.float64) + bias
-    return net, a, net.run({"a": a})["y"], np.maximum(ref, 0) if act else ref
+    return net, net.run({"a": a})["y"], np.maximum(ref, 0) if act else ref
 
 
-TF32_LINEARS = [(300, 260, 200, None), (1000, 1028, 768, "Relu"), (257, 384, 256, None), (260, 264, 1028, None)]
+# (N a multiple of 8 for gemm_wgmma.cl; K 200 and 1028 not whole slices of 32)
+TF32_LINEARS = [(300, 264, 200, None), (1000, 1032, 768, "Relu"), (257, 384, 256, None), (260, 264, 1028, None)]
 
 
 @pytest.mark.parametrize("M,N,K,act", TF32_LINEARS)
@@ -551,23 +553,23 @@ def test_tf32_ldsm_core(M, N, K, act):
     ctx = context()
     if not ctx.is_nvidia:
         pytest.skip("the tf32 cores need an NVIDIA device (inline PTX mma.sync)")
-    net, _, y, ref = _tf32_linear(ctx, M, N, K, act, wgmma=False)
+    net, y, ref = _tf32_linear(ctx, M, N, K, act, wgmma=False)
     assert "ldsm" in str(net.graph)
     assert rel_l2(y, ref) < 5e-3
 
 
 @pytest.mark.parametrize("M,N,K,act", TF32_LINEARS)
 def test_tf32_wgmma_core(M, N, K, act):
-    """On Hopper in tf32, the same layers run on gemm_wgmma.cl (wgmma k8 on tf32; K 200 and 1028 not whole slices
-    of 32): against float64 at tf32's error, and against gemm_ldsm.cl to float accuracy, since both round the
-    operands to nearest tf32 (wgmma alone would truncate them: a relative error near 1e-3, biased)."""
+    """On Hopper in tf32, the same layers run on gemm_wgmma.cl (wgmma k8 on tf32): against float64 at tf32's error,
+    and against gemm_ldsm.cl to float accuracy, since both round the operands to nearest tf32 (wgmma alone would
+    truncate them: a relative error near 1e-3, biased)."""
     ctx = context()
     if not ctx.is_nvidia or not dlnet.Context(ctx.info, precision="tf32").dev.wgmma:
         pytest.skip("gemm_wgmma.cl needs an NVIDIA Hopper GPU")
-    net, a, y, ref = _tf32_linear(ctx, M, N, K, act)
+    net, y, ref = _tf32_linear(ctx, M, N, K, act)
     assert "wgmma128x128" in str(net.graph)
     assert rel_l2(y, ref) < 7e-4
-    off, _, y_ldsm, _ = _tf32_linear(ctx, M, N, K, act, wgmma=False)
+    off, y_ldsm, _ = _tf32_linear(ctx, M, N, K, act, wgmma=False)
     assert "wgmma" not in str(off.graph)
     assert rel_l2(y, y_ldsm) < 2e-5
 
