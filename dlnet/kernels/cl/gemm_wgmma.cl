@@ -11,9 +11,9 @@
 // swizzle: TK = 64 halves or 32 floats, so a row of a tile is one 128-byte line, its 16-byte chunk kc stored at chunk
 // kc ^ (row % 8), 8-row groups 1024 bytes apart; a k step (k16 f16, k8 tf32) starts 32 bytes further along the lines.
 // STAGES slices: at slice t the stage of slice t - 2 is refilled (every warpgroup has waited for all but its last
-// wgmma group by then). TF32: wgmma drops each float's low 13 bits, so A comes through registers instead, a slice
-// ahead, and is stored with half a tf32 unit added (mma_tf32.cl's TF32_BITS: rounding to nearest, as the mma.sync
-// cores round) while the slice before runs; B is a weight rounded so at load (B_TF32), else rounded where it lands.
+// wgmma group by then). TF32: wgmma drops each float's low 13 bits, so every work-item adds half a tf32 unit to the
+// floats of A it copied (mma_tf32.cl's TF32_BITS: rounding to nearest, as the mma.sync cores round), slice t + 1's
+// while slice t's wgmma runs; B too unless B_TF32 (a weight rounded so at load).
 // The including file gives KERNEL_NAME, LDSM_ARGS, PROLOGUE, PTR_A(m, k), PTR_B(k, n), STORE2(m, n, v0, v1) and
 // WGMMA(d, da, db) (emitter.wgmma_macro: d += A B for one k step of a warpgroup's m64 block, by descriptors).
 // M, NN, KK are the product's extents; every row of A and B starts 16-byte aligned and KK is a multiple of 8 (f16)
@@ -52,25 +52,15 @@ inline ulong wg_desc(uint addr) {
         else WG_CP16((dst) + WG_TILE_OFF(r, kc), PTR(min(row, (R) - 1), min(k, KK - WG_CE)), \
                      (row < (R) && k < KK) ? min(16, WG_EB * (KK - k)) : 0); }
 #if defined(TF32)
-// A through registers: slice k0's chunks of this work-item loaded (zeros outside the product; KK is a multiple of 4,
-// so a chunk is all inside or all outside), then stored rounded to nearest tf32 into the stage at byte offset `so`
-#define WG_A_CHUNKS (TM * 8 / WG_THREADS)
-#define WG_LOAD_A(k0_) { \
-    const int k0 = (k0_); \
-    for (int j = 0; j < WG_A_CHUNKS; j++) { \
-        const int c = tid + j * WG_THREADS, row = m0 + c / 8, k = k0 + c % 8 * 4; \
-        areg[j] = row < M && k < KK ? *(__global const float4*)PTR_A(row, k) : (float4)(0.0f); } }
-#define WG_STORE_A(so) \
-    for (int j = 0; j < WG_A_CHUNKS; j++) { \
-        const int c = tid + j * WG_THREADS; \
-        *(__local uint4*)((__local char*)smem + (so) + WG_TILE_OFF(c / 8, c % 8)) = as_uint4(areg[j]) + 0x1000u; }
-#if defined(B_TF32)
-#define WG_ROUND_B(so)
-#else  // (B's floats rounded where they landed: this work-item's copies)
-#define WG_ROUND_B(so) \
-    for (int c = tid; c < TN * 8; c += WG_THREADS) { \
-        __local uint4* p_ = (__local uint4*)((__local char*)smem + (so) + WG_A_BYTES + WG_TILE_OFF(c / 8, c % 8)); \
+// half a tf32 unit onto every float of the stage at byte offset `so` that this work-item copied (its copies landed)
+#define WG_ROUND_ROWS(ROWS, so) \
+    for (int c = tid; c < ROWS * 8; c += WG_THREADS) { \
+        __local uint4* p_ = (__local uint4*)((__local char*)smem + (so) + WG_TILE_OFF(c / 8, c % 8)); \
         *p_ += (uint4)(0x1000u); }
+#if defined(B_TF32)
+#define WG_ROUND(so) WG_ROUND_ROWS(TM, so)
+#else
+#define WG_ROUND(so) { WG_ROUND_ROWS(TM, so) WG_ROUND_ROWS(TN, (so) + WG_A_BYTES) }
 #endif
 #endif
 #define WG_PTR_A(m, k) PTR_A(m, k)
@@ -84,15 +74,6 @@ inline ulong wg_desc(uint addr) {
         WG_ISSUE_ROWS(TM, st, WG_PTR_A, m0, M, 0) \
         WG_ISSUE_ROWS(TN, (st) + WG_A_BYTES, WG_PTR_B, n0, NN, 0) \
     } }
-#define WG_ISSUE_B(st, k0_) { \
-    const int k0 = (k0_); \
-    if (n0 + TN <= NN && k0 + TK <= KK) WG_ISSUE_ROWS(TN, (st) + WG_A_BYTES, WG_PTR_B, n0, NN, 1) \
-    else WG_ISSUE_ROWS(TN, (st) + WG_A_BYTES, WG_PTR_B, n0, NN, 0) }
-#if defined(TF32)
-#define WG_ISSUE_SLICE WG_ISSUE_B
-#else
-#define WG_ISSUE_SLICE WG_ISSUE
-#endif
 
 __kernel __attribute__((reqd_work_group_size(WG_THREADS, 1, 1)))
 void KERNEL_NAME(LDSM_ARGS) {
@@ -109,26 +90,23 @@ void KERNEL_NAME(LDSM_ARGS) {
             acc[i][j] = 0.0f;
     const int ntiles = (KK + TK - 1) / TK;
     for (int s = 0; s < STAGES - 2; s++) {
-        if (s < ntiles) WG_ISSUE_SLICE(sbase + s * WG_STAGE_BYTES, s * TK)
+        if (s < ntiles) WG_ISSUE(sbase + s * WG_STAGE_BYTES, s * TK)
         asm volatile("cp.async.commit_group;" ::: "memory");
     }
 #if defined(TF32)
-    float4 areg[WG_A_CHUNKS];
-    WG_LOAD_A(0)
-    WG_STORE_A(0)
-    if (ntiles > 1) WG_LOAD_A(TK)
+    asm volatile("cp.async.wait_group " WG_STR(STAGES) " - 3;" ::: "memory");
+    WG_ROUND(0)
 #endif
     for (int tt = 0; tt < ntiles; tt++) {
-        // slice tt has landed (one group committed a slice, empty or not; TF32: A stored by every work-item); the
-        // copies are made visible to the async proxy wgmma reads through, then to every warpgroup
+        // slice tt has landed (one group committed a slice, empty or not; TF32: and was rounded); the copies are made
+        // visible to the async proxy wgmma reads through, then to every warpgroup
+#if !defined(TF32)
         asm volatile("cp.async.wait_group " WG_STR(STAGES) " - 3;" ::: "memory");
-#if defined(TF32)
-        WG_ROUND_B((tt % STAGES) * WG_STAGE_BYTES)
 #endif
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         barrier(CLK_LOCAL_MEM_FENCE);
         const int tn = tt + STAGES - 2;
-        if (tn < ntiles) WG_ISSUE_SLICE(sbase + (tn % STAGES) * WG_STAGE_BYTES, tn * TK)
+        if (tn < ntiles) WG_ISSUE(sbase + (tn % STAGES) * WG_STAGE_BYTES, tn * TK)
         asm volatile("cp.async.commit_group;" ::: "memory");
         const uint st = sbase + (tt % STAGES) * WG_STAGE_BYTES;
         asm volatile("// @WG wgmma.fence.sync.aligned;" ::: "memory");
@@ -143,9 +121,9 @@ void KERNEL_NAME(LDSM_ARGS) {
         }
         asm volatile("// @WG wgmma.commit_group.sync.aligned;" ::: "memory");
 #if defined(TF32)
-        if (tt + 1 < ntiles) {  // (A of slice tt + 1 stored while slice tt's products run, slice tt + 2 loaded)
-            WG_STORE_A((tt + 1) % STAGES * WG_STAGE_BYTES)
-            if (tt + 2 < ntiles) WG_LOAD_A((tt + 2) * TK)
+        if (tt + 1 < ntiles) {  // (slice tt + 1 landed, rounded while slice tt's products run)
+            asm volatile("cp.async.wait_group " WG_STR(STAGES) " - 3;" ::: "memory");
+            WG_ROUND((tt + 1) % STAGES * WG_STAGE_BYTES)
         }
 #endif
         asm volatile("// @WG wgmma.wait_group.sync.aligned 1;" ::: "memory");
