@@ -1,7 +1,8 @@
 """Probe: fp16 (or tf32) Linear layers (bias, GELU's tanh form or none, half in and out in fp16: the transformers'
-products) on dlnet's core without wgmma (Options.wgmma off: gemm_ldsm.cl in fp16, gemm_mma.cl in tf32) and on
-gemm_wgmma.cl with several tile tables, all plans in one process; median Gemm kernel ms over interleaved rounds
-(OpenCL profiling events). On a Hopper GPU; asserts nothing.
+products) on dlnet's core without wgmma (Options.wgmma off: gemm_ldsm.cl in fp16, gemm_mma.cl in tf32), on
+gemm_wgmma.cl with dlnet's rules and with several tile tables, all plans in one process; median Gemm kernel ms over
+interleaved rounds (OpenCL profiling events); beside them PyTorch CUDA's F.linear (cuBLAS, with GELU when the layer
+has it) in the same process. On a Hopper GPU; asserts nothing.
 
     python3 bench/probes/wgmma_layers.py [--precision fp16|tf32] [--sizes 4096x768x3072,...]
                                          [--tiles 128,256,4;128,128,3] [--rounds 10]
@@ -21,7 +22,8 @@ from gemm_epilogue import layer  # noqa: E402
 
 
 def build(ctx, model, tile):
-    """A net with gemm_wgmma.cl's tile table set to `tile` (TM, TN, STAGES), or wgmma off (None)."""
+    """A net with gemm_wgmma.cl's tile table set to `tile` (TM, TN, STAGES), dlnet's own (an empty tuple), or wgmma
+    off (None)."""
     table = rules.GEMM_TILES["wgmma_f16" if ctx.precision == "fp16" else "wgmma_tf32"]
     saved = dict(table)
     if tile:
@@ -29,7 +31,7 @@ def build(ctx, model, tile):
         for shape in [k for k, v in table.items() if isinstance(v, dict)]:
             table[shape] = dict(table[shape], TM=TM, TN=TN, STAGES=ST)
     try:
-        return dlnet.Net(ctx.with_options(wgmma=bool(tile))).load_onnx(model)
+        return dlnet.Net(ctx.with_options(wgmma=tile is not None)).load_onnx(model)
     finally:
         table.update(saved)
 
@@ -43,9 +45,11 @@ def main():
     ap.add_argument("--precision", default="fp16", choices=("fp16", "tf32"))
     args = ap.parse_args()
     ctx = dlnet.Context("gpu", precision=args.precision, profile=True)
-    tiles = [None] + [tuple(int(v) for v in t.split(",")) for t in args.tiles.split(";")]
-    names = ["ldsm" if args.precision == "fp16" else "mma.sync"] + [f"wgmma {t[0]}x{t[1]}/{t[2]}" for t in tiles[1:]]
-    print("| M x K x N | act | " + " | ".join(names) + " |\n|---|---|" + "---|" * len(names))
+    tiles = [None, ()] + [tuple(int(v) for v in t.split(",")) for t in args.tiles.split(";")]
+    names = ["ldsm" if args.precision == "fp16" else "mma.sync", "wgmma (rules)"] + \
+        [f"wgmma {t[0]}x{t[1]}/{t[2]}" for t in tiles[2:]]
+    print("| M x K x N | act | " + " | ".join(names) + " | cuBLAS (torch linear) | best TFLOP/s | of cuBLAS |\n"
+          "|---|---|" + "---|" * (len(names) + 3))
     rng = np.random.default_rng(0)
     for size in args.sizes.split(","):
         M, K, N = (int(v) for v in size.split("x"))
@@ -60,8 +64,36 @@ def main():
                     events = [(launch.label, launch.enqueue(ctx.queue)) for launch in net.launches]
                     ctx.queue.finish()
                     times[i].append(sum((e.profile.end - e.profile.start) * 1e-6 for lb, e in events if "Gemm" in lb))
-            cells = " | ".join(f"{statistics.median(t):.4f}" for t in times)
-            print(f"| {size} | {'GeluTanh' if act else '-'} | {cells} |", flush=True)
+            ms = [statistics.median(t) for t in times]
+            ref = cublas_ms(model, feeds, args.precision, act, args.rounds)
+            cells = " | ".join(f"{t:.4f}" for t in ms)
+            print(f"| {size} | {'GeluTanh' if act else '-'} | {cells} | {ref:.4f} | {2e-9 * M * N * K / min(ms):.0f} | "
+                  f"{ref / min(ms):.2f} |", flush=True)
+
+
+def cublas_ms(model, feeds, precision, act, rounds):
+    """PyTorch CUDA's median ms for the layer's product (F.linear with bias, then GELU), in half or TF32."""
+    import torch
+    from onnx import numpy_helper
+    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    dt = torch.float16 if precision == "fp16" else torch.float32
+    x = torch.relu(torch.as_tensor(feeds["x"])).to("cuda", dt)
+    w, b = (torch.as_tensor(inits[k]).to("cuda", dt) for k in ("w", "b"))
+    wt = w.t().contiguous()
+    f = (lambda: torch.nn.functional.gelu(torch.nn.functional.linear(x, wt, b), approximate="tanh")) if act else \
+        (lambda: torch.nn.functional.linear(x, wt, b))
+    for _ in range(3):
+        f()
+    ts = []
+    for _ in range(rounds):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        f()
+        e.record()
+        torch.cuda.synchronize()
+        ts.append(s.elapsed_time(e))
+    return statistics.median(ts)
 
 
 if __name__ == "__main__":

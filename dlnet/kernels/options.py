@@ -73,6 +73,8 @@ class Options:
     # fp16 on Hopper (NVIDIA, compute capability 9): those products whose B is constant or stored [N, K] on
     # gemm_wgmma.cl (wgmma; constant B stored [N, K] at load) instead of gemm_ldsm.cl
     wgmma: bool = True
+    # ... and products at least this deep, with enough tiles, on its 128 x 256 tile (rules.GEMM_TILES["wgmma_f16"])
+    wgmma_deep_k: int = 2048
     # tf32: attention's two products on the tensor cores (attention_mma.cl) for head dims that are multiples of 8
     attention_mma: bool = True
     # its work-groups' warps, 16 query rows each: each K/V tile loaded once for more rows. H100, ViT-B/16 b16 (197

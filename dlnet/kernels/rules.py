@@ -49,10 +49,14 @@ GEMM_TILES = {
     # H200, transformer layers with their epilogues (bench/probes/wgmma_layers.py, ms): 4096 x 768 -> 3072 + GELU
     # 0.096 against 0.148 for 128 x 256 in 4 stages (one work-group a unit) and 0.157 on gemm_ldsm.cl; the bare
     # product alone prefers 128 x 256 (4096^3 490 TFLOP/s against cuBLAS fp16's 624: bench/probes/wgmma_gemm.py)
-    "wgmma_f16": {"core": "gemm_wgmma", "huge": dict(TM=128, TN=128, TK=64, WG=2, STAGES=3, GROUP_M=8, F16=1, B_NK=1)},
+    # Deep products (K >= Options.wgmma_deep_k) with a grid of 128 x 256 tiles that fills the device take those, in 4
+    # stages (192 KiB, one work-group a unit): their epilogue is short beside the K loop.
+    "wgmma_f16": {"core": "gemm_wgmma", "huge": dict(TM=128, TN=128, TK=64, WG=2, STAGES=3, GROUP_M=8, F16=1, B_NK=1),
+                  "deep": dict(TM=128, TN=256, TK=64, WG=2, STAGES=4, GROUP_M=8, F16=1, B_NK=1)},
     # ... on float A and B read as tf32 (precision "tf32"), 32 floats a 128-byte row, rounded in shared memory
     "wgmma_tf32": {"core": "gemm_wgmma", "huge": dict(TM=128, TN=128, TK=32, WG=2, STAGES=3, GROUP_M=8, TF32=1,
-                                                      B_NK=1)},
+                                                      B_NK=1),
+                   "deep": dict(TM=128, TN=256, TK=32, WG=2, STAGES=4, GROUP_M=8, TF32=1, B_NK=1)},
     "cpu": {"core": "gemm_vec", "huge": dict(RM=8), "big": dict(RM=8), "narrow_m": dict(RM=1), "narrow_n": dict(RM=8)},
 }
 # How the fp32 GPU tiles run, for picking one per layer: work-groups resident per compute unit, the device's rate in
@@ -276,7 +280,11 @@ def wgmma_tiles(dev, options, M, N, K):
     run."""
     if not wgmma_product(dev, options, M, N, K):
         return None
-    return GEMM_TILES["wgmma_f16" if dev.half_storage else "wgmma_tf32"]["huge"]
+    table = GEMM_TILES["wgmma_f16" if dev.half_storage else "wgmma_tf32"]
+    deep = table["deep"]
+    if K >= options.wgmma_deep_k and -(-M // deep["TM"]) * -(-N // deep["TN"]) >= dev.compute_units:
+        return deep
+    return table["huge"]
 
 
 def ldsm_f16_tiles(dev, options, M, N, K, batches):

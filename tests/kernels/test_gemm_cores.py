@@ -543,7 +543,8 @@ def _tf32_linear(ctx, M, N, K, act, **options):
 
 
 # (N a multiple of 8 for gemm_wgmma.cl; K 200 and 1028 not whole slices of 32)
-TF32_LINEARS = [(300, 264, 200, None), (1000, 1032, 768, "Relu"), (257, 384, 256, None), (260, 264, 1028, None)]
+TF32_LINEARS = [(300, 264, 200, None), (1000, 1032, 768, "Relu"), (257, 384, 256, None), (260, 264, 1028, None),
+                (2100, 2064, 2084, None)]  # (the last deep: 128 x 256 tiles)
 
 
 @pytest.mark.parametrize("M,N,K,act", TF32_LINEARS)
@@ -567,7 +568,7 @@ def test_tf32_wgmma_core(M, N, K, act):
     if not ctx.is_nvidia or not dlnet.Context(ctx.info, precision="tf32").dev.wgmma:
         pytest.skip("gemm_wgmma.cl needs an NVIDIA Hopper GPU")
     net, y, ref = _tf32_linear(ctx, M, N, K, act)
-    assert "wgmma128x128" in str(net.graph)
+    assert ("wgmma128x256" if K >= 2048 else "wgmma128x128") in str(net.graph)
     assert rel_l2(y, ref) < 7e-4
     off, y_ldsm, _ = _tf32_linear(ctx, M, N, K, act, wgmma=False)
     assert "wgmma" not in str(off.graph)
@@ -634,6 +635,10 @@ def test_wgmma_rules_and_ptx():
     for M, N, K, opts in ((32, 4096, 768, o), (4096, 3070, 768, o), (4096, 3072, 764, o),
                           (4096, 3072, 768, Options(wgmma=False))):
         assert rules.wgmma_tiles(hopper, opts, M, N, K) is None
+    deep = rules.GEMM_TILES["wgmma_f16"]["deep"]  # (deep products, enough 128 x 256 tiles to fill the device)
+    assert rules.wgmma_tiles(hopper, o, 4096, 4096, 4096) == deep and deep["TN"] == 256
+    assert rules.wgmma_tiles(hopper, o, 1024, 4096, 4096) == rules.GEMM_TILES["wgmma_f16"]["huge"]  # (128 tiles)
+    assert rules.wgmma_tiles(hopper, Options(wgmma_deep_k=8192), 4096, 4096, 4096)["TN"] == 128
     tf32 = replace(hopper, precision="tf32")  # (float A and B where the tf32 tensor cores take the product)
     assert rules.wgmma_tiles(tf32, o, 4096, 3072, 764) == rules.GEMM_TILES["wgmma_tf32"]["huge"]
     assert rules.wgmma_tiles(tf32, o, 4096, 3072, 64) is None  # (o.tf32_fp32_k: shallow products stay fp32)
