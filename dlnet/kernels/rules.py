@@ -50,7 +50,10 @@ GEMM_TILES = {
     # 0.096 against 0.148 for 128 x 256 in 4 stages (one work-group a unit) and 0.157 on gemm_ldsm.cl; the bare
     # product alone prefers 128 x 256 (4096^3 490 TFLOP/s against cuBLAS fp16's 624: bench/probes/wgmma_gemm.py)
     # Deep products (K >= Options.wgmma_deep_k) with a grid of 128 x 256 tiles that fills the device take those, in 4
-    # stages (192 KiB, one work-group a unit): their epilogue is short beside the K loop.
+    # stages (192 KiB, one work-group a unit): their epilogue is short beside the K loop. H200, Gemm kernel ms
+    # (bench/probes/wgmma_layers.py), 128 x 128 / 3 against 128 x 256 / 4: f16 8192^3 2.62 / 2.36, 4096^3 0.364 /
+    # 0.355, but with GELU 0.389 / 0.465 (one work-group a unit: no other one's products under its epilogue); tf32
+    # 4096^3 0.854 / 0.754, with GELU 0.899 / 0.846.
     "wgmma_f16": {"core": "gemm_wgmma", "huge": dict(TM=128, TN=128, TK=64, WG=2, STAGES=3, GROUP_M=8, F16=1, B_NK=1),
                   "deep": dict(TM=128, TN=256, TK=64, WG=2, STAGES=4, GROUP_M=8, F16=1, B_NK=1)},
     # ... on float A and B read as tf32 (precision "tf32"), 32 floats a 128-byte row, rounded in shared memory
@@ -275,14 +278,15 @@ def wgmma_product(dev, options, M, N, K):
     return K % 8 == 0 if dev.half_storage else dev.tensor_cores and K % 4 == 0 and not lo <= K < hi
 
 
-def wgmma_tiles(dev, options, M, N, K):
-    """gemm_wgmma.cl's tiles for an M x N x K product (f16 or tf32 by the precision), or None where it does not
-    run."""
+def wgmma_tiles(dev, options, M, N, K, act=None):
+    """gemm_wgmma.cl's tiles for an M x N x K product (f16 or tf32 by the precision) with a fused activation `act`
+    or none, or None where it does not run."""
     if not wgmma_product(dev, options, M, N, K):
         return None
     table = GEMM_TILES["wgmma_f16" if dev.half_storage else "wgmma_tf32"]
     deep = table["deep"]
-    if K >= options.wgmma_deep_k and -(-M // deep["TM"]) * -(-N // deep["TN"]) >= dev.compute_units:
+    if K >= options.wgmma_deep_k and -(-M // deep["TM"]) * -(-N // deep["TN"]) >= dev.compute_units and \
+            (act is None or not dev.half_storage):  # (f16: a GELU epilogue left 128 x 256 behind, 0.465 / 0.389 ms)
         return deep
     return table["huge"]
 

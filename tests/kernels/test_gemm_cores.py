@@ -639,6 +639,7 @@ def test_wgmma_rules_and_ptx():
     assert rules.wgmma_tiles(hopper, o, 4096, 4096, 4096) == deep and deep["TN"] == 256
     assert rules.wgmma_tiles(hopper, o, 1024, 4096, 4096) == rules.GEMM_TILES["wgmma_f16"]["huge"]  # (128 tiles)
     assert rules.wgmma_tiles(hopper, Options(wgmma_deep_k=8192), 4096, 4096, 4096)["TN"] == 128
+    assert rules.wgmma_tiles(hopper, o, 4096, 4096, 4096, ("Gelu", ()))["TN"] == 128  # (f16 with an epilogue)
     tf32 = replace(hopper, precision="tf32")  # (float A and B where the tf32 tensor cores take the product)
     assert rules.wgmma_tiles(tf32, o, 4096, 3072, 764) == rules.GEMM_TILES["wgmma_tf32"]["huge"]
     assert rules.wgmma_tiles(tf32, o, 4096, 3072, 64) is None  # (o.tf32_fp32_k: shallow products stay fp32)

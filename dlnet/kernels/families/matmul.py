@@ -93,13 +93,13 @@ class MatmulFamily:
         offs = np.asarray(table).reshape(nb, 4)
         aligned = (aa[1] % 4 == 0 and not (offs[:, 0] % 4).any(), ba[1] % 4 == 0 and not (offs[:, 1] % 4).any())
         sam, sak, sbk, sbn = strides[:4]
-        f16 = self._ldsm_f16(aa, ba, offs, M, N, K, strides, halves) if where == "gemm" else None
+        f16 = self._ldsm_f16(aa, ba, offs, M, N, K, strides, halves, act) if where == "gemm" else None
         if f16 is not None:
             pick = self._pick_ldsm(M, N, f16, "wgmma" if "WG" in f16 else "ldsm_f16")
         elif where == "gemm" and self.dev.tensor_cores and sak == 1 and sbk == 1 and sam % 4 == 0 and \
                 sbn % 4 == 0 and all(aligned) and (wgmma_product(self.dev, self.options, M, N, K) or
                                                    ldsm_product(self.dev, self.options, M, N, K)):
-            tiles = wgmma_tiles(self.dev, self.options, M, N, K)  # (Hopper: wgmma on tf32)
+            tiles = wgmma_tiles(self.dev, self.options, M, N, K, act)  # (Hopper: wgmma on tf32)
             pick = self._pick_ldsm(M, N, tiles, "wgmma") if tiles else \
                 self._pick_ldsm(M, N, GEMM_TILES["ldsm_tf32"]["huge"], "ldsm")
         else:
@@ -123,7 +123,7 @@ class MatmulFamily:
         self.record_tile(f"{name}{tiles['TM']}x{tiles['TN']}")
         return Pick(core, tiles, lsize, grid, f"{name}:{tiles['TM']}")
 
-    def _ldsm_f16(self, aa, ba, offs, M, N, K, strides, halves):
+    def _ldsm_f16(self, aa, ba, offs, M, N, K, strides, halves, act=None):
         """gemm_ldsm.cl's f16 tiles where A and B are stored in half (precision "fp16" on NVIDIA), A's rows and B's
         rows or columns contiguous and every row 16-byte aligned (B_NK: B stored [N, K]); else None."""
         sam, sak, sbk, sbn = strides[:4]
@@ -133,7 +133,7 @@ class MatmulFamily:
         if any(v % 8 for v in starts + [sam, sbk if sbn == 1 else sbn]):
             return None
         if sbk == 1:  # (B [N, K]: Hopper's wgmma, where it runs)
-            tiles = wgmma_tiles(self.dev, self.options, M, N, K)
+            tiles = wgmma_tiles(self.dev, self.options, M, N, K, act)
             if tiles is not None:
                 return tiles
         tiles = ldsm_f16_tiles(self.dev, self.options, M, N, K, len(offs))
