@@ -11,9 +11,10 @@ each 64 x WGM rows of the TM x TN tile. Checks against torch's fp32 product, tim
 the same process. Asserts nothing.
 
     python3 bench/probes/wgmma_gemm.py [--mode f16|tf32] [--sizes 4096,3152x3072x768]
-                                       [--configs TM,TN,TK,STAGES,WG[,DEF[=V]...];...]
+                                       [--configs TM,TN,TK,STAGES,WG[,DEF[=V]...];...] [--ptx DIR]
 """
 import argparse
+import os
 import statistics
 
 import numpy as np
@@ -188,7 +189,7 @@ def wgmma_macro(tn, tf32=False):
     return f'#define WGMMA(d, da, db) asm volatile("{asm}" : {outs} : "l"(da), "l"(db), "r"(1) : "memory")\n'
 
 
-def build(ctx, dev, cfg, tf32=False):
+def build(ctx, dev, cfg, tf32=False, ptx_dir=""):
     TM, TN, TK, STAGES, WG = (int(v) for v in cfg[:5])
     defs = dict(TM=TM, TN=TN, TK=TK, STAGES=STAGES, WG=WG, WGM=TM // (64 * WG), EB=4 if tf32 else 2,
                 ELEM="float" if tf32 else "ushort")
@@ -199,6 +200,10 @@ def build(ctx, dev, cfg, tf32=False):
     ptx = prg.get_info(cl.program_info.BINARIES)[0].decode()
     n = ptx.count("// @WG ")
     ptx = ptx.replace("// @WG ", "").replace(".target sm_90,", ".target sm_90a,")
+    if ptx_dir:  # (for ptxas -v / nvdisasm elsewhere)
+        os.makedirs(ptx_dir, exist_ok=True)
+        with open(os.path.join(ptx_dir, "_".join(cfg).replace("=", "") + ".ptx"), "w") as f:
+            f.write(ptx)
     return cl.Program(ctx, [dev], [ptx.encode()]).build(), n
 
 
@@ -209,6 +214,7 @@ def main():
     ap.add_argument("--configs", default="", help="default: 128x256 and 128x128 tiles with SW128 and GROUP_M 8, TK 64 "
                                                    "(f16) or 32 (tf32), 4 and 3 stages")
     ap.add_argument("--iters", type=int, default=15)
+    ap.add_argument("--ptx", default="", help="a folder for each config's sm_90a PTX")
     ap.add_argument("--mode", default="f16", choices=("f16", "tf32"),
                     help="tf32: A and B float32, m64nNk8 on tf32 (TK 32 for the 128-byte rows), against cuBLAS TF32")
     args = ap.parse_args()
@@ -225,7 +231,7 @@ def main():
     for c in args.configs.split(";"):
         cfg = tuple(c.split(","))
         try:
-            progs[cfg], n = build(ctx, dev, cfg, tf32)
+            progs[cfg], n = build(ctx, dev, cfg, tf32, args.ptx)
             print(cfg, "built,", n, "wgmma lines uncommented", flush=True)
         except Exception as e:  # (a probe: say what the compiler said)
             print(cfg, "failed:", str(e)[:3000], flush=True)
