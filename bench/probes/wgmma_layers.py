@@ -4,7 +4,7 @@ gemm_wgmma.cl with dlnet's rules and with several tile tables, all plans in one 
 interleaved rounds (OpenCL profiling events); beside them PyTorch CUDA's F.linear (cuBLAS, with GELU when the layer
 has it) in the same process. On a Hopper GPU; asserts nothing.
 
-    python3 bench/probes/wgmma_layers.py [--precision fp16|tf32] [--sizes 4096x768x3072,...]
+    python3 bench/probes/wgmma_layers.py [--precision fp16|tf32] [--bare] [--sizes 4096x768x3072,...]
                                          [--tiles 128,256,4;128,128,3] [--rounds 10]
 """
 import argparse
@@ -18,7 +18,8 @@ import dlnet
 from dlnet.kernels import rules
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gemm_epilogue import layer  # noqa: E402
+from gemm_epilogue import layer, make_model  # noqa: E402
+from onnx import helper  # noqa: E402
 
 
 def build(ctx, model, tile):
@@ -43,6 +44,7 @@ def main():
     ap.add_argument("--tiles", default="128,256,4;128,128,4;128,128,3;128,256,3")
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--precision", default="fp16", choices=("fp16", "tf32"))
+    ap.add_argument("--bare", action="store_true", help="the product alone: MatMul(x, w), no bias, nothing fused")
     args = ap.parse_args()
     ctx = dlnet.Context("gpu", precision=args.precision, profile=True)
     tiles = [None, ()] + [tuple(int(v) for v in t.split(",")) for t in args.tiles.split(";")]
@@ -53,8 +55,8 @@ def main():
     rng = np.random.default_rng(0)
     for size in args.sizes.split(","):
         M, K, N = (int(v) for v in size.split("x"))
-        for act in (False, True):
-            model, feeds = layer(M, K, N, act, rng)
+        for act in ((None,) if args.bare else (False, True)):
+            model, feeds = bare_product(M, K, N, rng) if args.bare else layer(M, K, N, act, rng)
             nets = [build(ctx, model, t) for t in tiles]
             for net in nets:
                 net.run(feeds)
@@ -67,22 +69,39 @@ def main():
             ms = [statistics.median(t) for t in times]
             ref = cublas_ms(model, feeds, args.precision, act, args.rounds)
             cells = " | ".join(f"{t:.4f}" for t in ms)
-            print(f"| {size} | {'GeluTanh' if act else '-'} | {cells} | {ref:.4f} | {2e-9 * M * N * K / min(ms):.0f} | "
+            kind = "bare" if act is None else "GeluTanh" if act else "-"
+            print(f"| {size} | {kind} | {cells} | {ref:.4f} | {2e-9 * M * N * K / min(ms):.0f} | "
                   f"{ref / min(ms):.2f} |", flush=True)
 
 
+def bare_product(M, K, N, rng):
+    """MatMul(x, w) of a constant w, nothing else: the product alone, as the GEMM bars count it."""
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    w = (rng.standard_normal((K, N)) / np.sqrt(K)).astype(np.float32)
+    return make_model([helper.make_node("MatMul", ["x", "w"], ["y"])], {"x": x}, ["y"], {"w": w}, opset=20), {"x": x}
+
+
 def cublas_ms(model, feeds, precision, act, rounds):
-    """PyTorch CUDA's median ms for the layer's product (F.linear with bias, then GELU), in half or TF32."""
+    """PyTorch CUDA's median ms for the layer's product (F.linear with bias, then GELU; act None: x @ w alone), in
+    half or TF32."""
     import torch
     from onnx import numpy_helper
     torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
     inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
     dt = torch.float16 if precision == "fp16" else torch.float32
     x = torch.relu(torch.as_tensor(feeds["x"])).to("cuda", dt)
+    if act is None:
+        w = torch.as_tensor(inits["w"]).to("cuda", dt)
+        return _median_ms(lambda: x @ w, rounds)
     w, b = (torch.as_tensor(inits[k]).to("cuda", dt) for k in ("w", "b"))
     wt = w.t().contiguous()
     f = (lambda: torch.nn.functional.gelu(torch.nn.functional.linear(x, wt, b), approximate="tanh")) if act else \
         (lambda: torch.nn.functional.linear(x, wt, b))
+    return _median_ms(f, rounds)
+
+
+def _median_ms(f, rounds):
+    import torch
     for _ in range(3):
         f()
     ts = []
