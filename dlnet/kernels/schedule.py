@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..graph.passes.fuse import fold_channel_shuffles, fuse_conv_prologues
-from ..graph.passes.half import half_weight_copies, store_half
+from ..graph.passes.half import half_input_copies, half_weight_copies, store_half
 from ..graph.passes.layout import (
     flatten_gemm_rows,
     pretranspose_weights,
@@ -30,7 +30,7 @@ from .families.indexing import IndexFamily
 from .families.norm_pool import NormPoolFamily
 from .families.reduce import ReduceFamily
 from .families.training import TrainingFamily
-from .rules import GEMV_REG_ROWS, TAP_MAJOR_MULTIPLE, ldsm_product, wgmma_product
+from .rules import GEMV_REG_ROWS, TAP_MAJOR_MULTIPLE, ldsm_f16_tiles, ldsm_product, wgmma_product
 
 
 class Algo:
@@ -207,6 +207,15 @@ def algorithm(node, dev, options):
     return algo
 
 
+def half_core(node, dev, options):
+    """Does Gemm `node` run on a core of half operands (wgmma, gemm_ldsm.cl's f16) when both are stored in half?"""
+    a, y = node.inputs[0], node.outputs[0]
+    if y.rank < 2 or a.rank < 2:
+        return False
+    M, N, K = y.shape[-2], y.shape[-1], a.shape[-2] if node.attrs.get("transA", 0) else a.shape[-1]
+    return wgmma_product(dev, options, M, N, K) or ldsm_f16_tiles(dev, options, M, N, K, 1) is not None
+
+
 def schedule(graph, ctx):
     """Write each node's algorithm on it (node.schedule["algo"]) for ctx's device and options; in precision "fp16"
     then store in half what the chosen kernels read and write in half (graph/passes/half.py; in a training graph
@@ -218,9 +227,12 @@ def schedule(graph, ctx):
             node.schedule["algo"] = algo
     if dev.half_storage and not getattr(graph, "stored_half", False):
         half.check_half_io(ctx)
+        io = lambda node: half_io(node, dev, options)  # noqa: E731
         if any(v.param for v in graph.values()):  # training: the kernels that read weights in half read half copies
-            half_weight_copies(graph, lambda node: half_io(node, dev, options))
-        store_half(graph, lambda node: half_io(node, dev, options))
+            half_weight_copies(graph, io)
+        elif dev.is_nvidia and not dev.is_cpu:  # products of a graph input on the tensor cores read a half copy
+            half_input_copies(graph, io, lambda node: half_core(node, dev, options))
+        store_half(graph, io)
     return graph
 
 

@@ -144,6 +144,27 @@ def test_pass_keeps_a_view_and_its_input_alike():
     assert gemm.inputs[1].dtype == "float16"
 
 
+def test_products_of_a_graph_input_read_a_half_copy():
+    """half_input_copies: a float32 graph input that a product on a half core reads in half is read through one Cast
+    copy, which store_half stores in half (the input itself stays float32); a product the rule rejects, and a node
+    of another op, read the input as it is."""
+    from dlnet.graph.ir import Builder, Graph
+    from dlnet.graph.passes.half import half_input_copies
+    g = Graph()
+    x = g.add_input("x", "float32", (256, 64))
+    r = np.random.default_rng(3)
+    big = Builder(g).op("Gemm", [x, g.constant(r.standard_normal((64, 128)).astype(np.float32))], {})
+    small = Builder(g).op("Gemm", [x, g.constant(r.standard_normal((64, 8)).astype(np.float32))], {})
+    act = Builder(g).op("Relu", [x])
+    g.outputs.extend([big, small, act])
+    assert half_input_copies(g, lambda node: half.EVERY, lambda node: node.outputs[0].shape[1] >= 64) == 1
+    copy = big.producer.inputs[0]
+    assert copy is not x and copy.producer.op == "Cast" and small.producer.inputs[0] is x and act.producer.inputs[0] is x
+    g.verify()
+    store_half(g, lambda node: half.EVERY)
+    assert copy.dtype == "float16" and x.dtype == "float32"
+
+
 def test_pass_does_nothing_where_no_kernel_takes_half():
     graph = _graph(small_cnn(), {"x": (4, 3, 16, 16)})
     assert store_half(graph, lambda node: half.NONE) == 0
@@ -372,6 +393,22 @@ def test_wgmma_products_in_half(M, K, N, trans_b):
     off = dlnet.Net(c16.with_options(wgmma=False)).load_onnx(model)
     assert "wgmma" not in str(off.graph)
     assert rel_l2(y, off.run({"x": x})["y"]) < 2e-3
+
+
+def test_products_of_an_input_on_wgmma():
+    """On Hopper in fp16, a Linear layer right on the graph's (float32) input reads a half copy of it and runs on
+    wgmma (not the float core): against float64."""
+    ctx = context()
+    c16 = dlnet.Context(ctx.info, precision="fp16")
+    if not c16.dev.wgmma:
+        pytest.skip("gemm_wgmma.cl needs an NVIDIA Hopper GPU")
+    r = _rng(11)
+    x, w = r.standard_normal((1000, 256)).astype(np.float32), (r.standard_normal((256, 512)) / 16).astype(np.float32)
+    net = dlnet.Net(c16).load_onnx(make_model([helper.make_node("MatMul", ["x", "w"], ["y"])], {"x": x}, ["y"],
+                                              {"w": w}))
+    y = net.run({"x": x})["y"]
+    assert "wgmma128x128" in str(net.graph) and "Cast" in str(net.graph)
+    assert rel_l2(y, x.astype(np.float64) @ w) < 5e-3
 
 
 @pytest.mark.parametrize("mma", [True, False])
