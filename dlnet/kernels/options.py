@@ -70,8 +70,9 @@ class Options:
     # fp16 on NVIDIA: products of half A and B on gemm_ldsm.cl's f16 tensor-core core (False: the fp32 core's
     # register-staged path, half loads, FMA)
     ldsm_f16: bool = True
-    # fp16 on Hopper (NVIDIA, compute capability 9): those products whose B is constant or stored [N, K] on
-    # gemm_wgmma.cl (wgmma; constant B stored [N, K] at load) instead of gemm_ldsm.cl
+    # fp16 and tf32 on Hopper (NVIDIA, compute capability 9): those products whose B is constant or stored [N, K] on
+    # gemm_wgmma.cl (wgmma; constant B stored [N, K] at load, in tf32 rounded to tf32 too) instead of gemm_ldsm.cl
+    # (fp16) or gemm_mma.cl (tf32)
     wgmma: bool = True
     # ... and products at least this deep, with enough tiles, on its 128 x 256 tile (rules.GEMM_TILES["wgmma_f16"])
     wgmma_deep_k: int = 2048
