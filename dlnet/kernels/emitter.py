@@ -209,7 +209,7 @@ class Emitter:
         self.ctx.build_all([launch.kernel.key for launch in pending])
         for launch in pending:
             try:
-                launch.kernel = launch.kernel.bind(self.ctx)
+                launch.pending, launch.kernel = launch.kernel, launch.kernel.bind(self.ctx)
             except cl.Error as e:
                 raise ModelError(f"{launch.label}: binding kernel {launch.kernel.name} arguments failed: {e}") from e
         self.keepalive = [b.get() if isinstance(b, Deferred) else b for b in self.keepalive]

@@ -52,6 +52,7 @@ class Launch:
     layer: str = ""  # the node this launch belongs to ("name Op"); helper launches (im2col, reduce) share it
     wait: tuple | None = None  # (graph input index, chunk): the upload it waits for, where it goes in chunks
     tile: tuple | None = None  # a tunable product's (layer key, tile name, tile options): tuner.tune_layers
+    pending: object = None  # the PendingKernel it was bound from (its program text and arguments: persist.py)
 
     def enqueue(self, queue, events=None):
         """events: {(input index, chunk): the upload's event} of a run whose inputs went up in chunks."""

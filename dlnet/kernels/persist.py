@@ -1,0 +1,228 @@
+"""A plan's run on a CPU device as one persistent kernel: consecutive launches merged into a single launch of one
+work-group per worker thread, whose work-items claim each layer's work-groups through atomic counters and wait for
+the layer's last one before the next.
+
+Why: PoCL 3.0's idle worker sleeps at every kernel boundary, and the first worker to take a kernel takes half its
+work-groups at once, so on two vCPUs a kernel of 0.1-0.4 ms ran only 1.45-1.75x faster on two workers than on one.
+In one kernel the workers stay awake between layers: the same chain of layers ran 1.9-2.0x faster
+(bench/RESULTS.md, session 31). A worker that starts late, or never, costs no correctness: every claimed work-group
+is run by a running worker, so the others wait only for work in flight, and the last worker out zeroes the counters
+for the next run.
+
+How: each launch's program (its defines and .cl text) becomes a chunk of one program; its functions, typedefs and
+kernels are renamed with the launch's index, its kernel turns into a function taking the work-group's indices, its
+__local array points into one array of the persistent kernel, and its macros are undefined after it. The calls pass
+each argument as a literal (scalars) or one of the persistent kernel's buffers (the plan's arenas and tables).
+Launches that do not fit (a local size other than 1 with barriers or local ids, __local arguments, an upload to
+wait for) run as themselves between merged runs. Options.cpu_persistent turns it off."""
+import re
+
+import numpy as np
+
+from .launch import Deferred, Launch, PendingKernel
+from .runtime import cl
+
+# numpy scalar type of a kernel argument -> its OpenCL C cast
+_SCALARS = {np.dtype(np.int32): "int", np.dtype(np.uint32): "uint", np.dtype(np.int64): "long",
+            np.dtype(np.uint64): "ulong", np.dtype(np.float32): "float"}
+_BUILTINS = {  # the work-item functions of a kernel of local size 1, from the claimed work-group's indices
+    "get_global_id": "((d) == 0 ? _g0 : (d) == 1 ? _g1 : _g2)", "get_group_id": "get_global_id(d)",
+    "get_global_size": "((d) == 0 ? _G0 : (d) == 1 ? _G1 : _G2)", "get_num_groups": "get_global_size(d)",
+    "get_local_id": "0", "get_local_size": "1"}
+_FUNC = re.compile(r"^(?:inline\s+|static\s+)*(?!typedef\b|return\b|else\b)[A-Za-z_]\w*\s*\**\s+\**\s*(\w+)\s*\(",
+                   re.M)
+_KERNEL = re.compile(r"__kernel\s+(?:__attribute__\s*\(\((?:[^()]|\([^()]*\))*\)\)\s*)?void\s+(\w+)\s*\(")
+_TYPEDEF = re.compile(r"^typedef\b[^;]*?(\w+)\s*;", re.M)
+_DEFINE = re.compile(r"^\s*#\s*define\s+(\w+)", re.M)
+_LOCAL = re.compile(r"__local\s+(\w+)\s+(\w+)\s*\[([^\]]+)\]\s*;")
+_NUMERIC = re.compile(r"^\s*#\s*define\s+(\w+)\s+([^\\\n]+)$", re.M)
+# a layer's work-groups are claimed one at a time up to this many a worker, beyond in chunks of 1/8 of a worker's share
+_CLAIM_ALONE = 64
+
+
+def _close(text, start):
+    """Index of the parenthesis closing the one at text[start]."""
+    depth = 0
+    for i in range(start, len(text)):
+        depth += {"(": 1, ")": -1}.get(text[i], 0)
+        if depth == 0:
+            return i
+    raise ValueError("unbalanced parentheses")
+
+
+def _value(expr, macros):
+    """The integer an array size of a literal or object-like macros (the chunk's defines) comes to, or None."""
+    for _ in range(8):
+        expr = expr.strip()
+        while expr.startswith("(") and expr.endswith(")"):
+            expr = expr[1:-1].strip()
+        if re.fullmatch(r"\d+[uUlL]*", expr):
+            return int(re.sub(r"[uUlL]", "", expr))
+        if expr not in macros:
+            return None
+        expr = macros[expr]
+    return None
+
+
+_BYTES = {"char": 1, "uchar": 1, "short": 2, "ushort": 2, "half": 2, "int": 4, "uint": 4, "float": 4, "long": 8,
+          "ulong": 8, "double": 8, "float2": 8, "float4": 16, "float8": 32, "float16": 64, "int4": 16}
+
+
+def chunk(source, name, i):
+    """(OpenCL C text, __local bytes) of program `source` with kernel `name` as function `name`_L<i> (its work-group's
+    indices and the grid's size its last arguments), or None where it does not fit."""
+    kernels = _KERNEL.findall(source)
+    if name not in kernels:
+        return None
+    names = {n for n in set(kernels) | set(_FUNC.findall(source)) | set(_TYPEDEF.findall(source))
+             if not n.startswith("__") and n not in ("void", "sizeof")}
+    out, pos = [], 0  # kernels become functions with the work-group's indices (and the __local array) last
+    for m in _KERNEL.finditer(source):
+        close = _close(source, m.end() - 1)
+        out += [source[pos:m.start()], f"__attribute__((noinline)) void {m.group(1)}(", source[m.end():close],
+                ", const ulong _g0, const ulong _g1, const ulong _g2, const ulong _G0, const ulong _G1,"
+                " const ulong _G2, __local char* _lm)"]
+        pos = close + 1
+    text = "".join(out) + source[pos:]
+    locals_ = _LOCAL.findall(_kernel_body(text, name))
+    if len(locals_) > 1 or any(t not in _BYTES for t, _, _ in locals_):
+        return None
+    nbytes = 0
+    if locals_:
+        count = _value(locals_[0][2], dict(_NUMERIC.findall(source)))
+        if count is None:
+            return None
+        nbytes = count * _BYTES[locals_[0][0]]
+    text = _LOCAL.sub(lambda m: f"__local {m.group(1)}* {m.group(2)} = (__local {m.group(1)}*)_lm;", text)
+    text = re.sub(r"(?m)^(?!__constant)(.*)__constant\b", r"\1__global", text)  # (table arguments, read alike)
+    text = re.sub(r"\b(" + "|".join(sorted(names, key=len, reverse=True)) + r")\b", rf"\1_L{i}", text)
+    head = "".join(f"#define {k}(d) {v}\n" for k, v in _BUILTINS.items()) + "#define barrier(f) ((void)0)\n"
+    undef = sorted(set(_DEFINE.findall(text)) | set(_BUILTINS) | {"barrier"})
+    return head + text + "\n" + "".join(f"#undef {k}\n" for k in undef), nbytes
+
+
+def _kernel_body(text, name):
+    start = text.index(f"void {name}(")
+    brace = text.index("{", _close(text, text.index("(", start)))
+    depth = 0
+    for j in range(brace, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return text[brace:j + 1]
+    return text[brace:]
+
+
+def _literal(a):
+    """A scalar argument as an OpenCL C expression of its type."""
+    kind = _SCALARS[np.asarray(a).dtype]
+    if kind == "float":
+        v = float(a)
+        return "INFINITY" if v == np.inf else "(-INFINITY)" if v == -np.inf else "NAN" if v != v else \
+            f"{v.hex()}f"
+    return f"(({kind}){int(a)}{'UL' if kind == 'ulong' else 'L' if kind == 'long' else ''})"
+
+
+def mergeable(launch):
+    """Can this launch be a layer of a persistent kernel?"""
+    p = launch.pending
+    if not isinstance(p, PendingKernel) or p.key[1] or launch.wait is not None:
+        return False
+    if launch.lsize is not None and any(v != 1 for v in launch.lsize):
+        return False
+    for a in p.args:  # (buffers and scalars; no __local arguments)
+        if not isinstance(a, (Deferred, cl.MemoryObjectHolder)) and np.asarray(a).dtype not in _SCALARS:
+            return False
+    src = p.key[0]
+    return launch.lsize is not None or not re.search(r"\b(barrier|get_local_id|get_group_id|get_local_size)\s*\(",
+                                                        src)
+
+
+def source(launches, workers):
+    """(program text, [buffers]) of the persistent kernel "persist" running `launches` in order on `workers`
+    work-groups, or None where one of them does not fit; its last argument is the counters (2 per launch + 1)."""
+    chunks, calls, buffers, lm, programs = [], [], {}, 0, {}
+    for i, launch in enumerate(launches):
+        p = launch.pending
+        j = programs.get((p.key, p.name))
+        if j is None:  # (launches of one program share its function)
+            j = programs[p.key, p.name] = len(programs)
+            made = chunk(p.key[0], p.name, j)
+            if made is None:
+                return None
+            text, nbytes = made
+            lm = max(lm, nbytes)
+            chunks.append(text)
+        args = []
+        for a in p.args:
+            if isinstance(a, (Deferred, cl.MemoryObjectHolder)):
+                buf = a.get() if isinstance(a, Deferred) else a
+                args.append(f"B{buffers.setdefault(buf.int_ptr, (len(buffers), buf))[0]}")
+            else:
+                args.append(_literal(a))
+        g = tuple(launch.gsize) + (1,) * (3 - len(launch.gsize))
+        total = g[0] * g[1] * g[2]
+        step = 1 if total <= _CLAIM_ALONE * workers else max(1, total // (8 * workers))
+        ids = [f"(ulong)(k % {g[0]})", f"(ulong)((k / {g[0]}) % {g[1]})", f"(ulong)(k / {g[0] * g[1]})"] + \
+            [f"{v}UL" for v in g] + ["_lm"]
+        call = f"{p.name}_L{j}({', '.join(args + ids)})"
+        calls.append(_LAYER.format(i=i, claim=2 * i, done=2 * i + 1, total=total, step=step, call=call))
+    bufs = sorted(buffers.values())
+    params = ", ".join([f"__global void* B{j}" for j, _ in bufs] + ["volatile __global int* ctr"])
+    counters = 2 * len(launches)
+    kernel = (f"__kernel __attribute__((reqd_work_group_size(1, 1, 1)))\nvoid persist({params}) {{\n"
+              f"    __local float16 _lmv[{max(1, -(-lm // 64))}];\n    __local char* _lm = (__local char*)_lmv;\n"
+              + "".join(calls) +
+              f"    if (atomic_inc(ctr + {counters}) == (int)get_num_groups(0) - 1)\n"
+              f"        for (int i = 0; i <= {counters}; i++) ctr[i] = 0;\n}}\n")
+    return "\n".join(chunks) + "\n" + kernel, [b for _, b in bufs]
+
+
+# one layer of the persistent kernel: claim work-groups until none is left, then wait for the others' in flight
+_LAYER = """    for (;;) {{  // layer {i}
+        const int c = atomic_add(ctr + {claim}, {step});
+        if (c >= {total}) break;
+        const int e = c + {step} < {total} ? c + {step} : {total};
+        for (int k = c; k < e; k++) {call};
+        atomic_add(ctr + {done}, e - c);
+    }}
+    while (*(volatile __global int*)(ctr + {done}) < {total}) ;
+    atomic_add(ctr + {done}, 0);
+"""
+
+
+def persistent_launches(ctx, launches, keep):
+    """The launches a run enqueues: each run of at least Options.cpu_persistent_min consecutive mergeable launches
+    as one persistent launch (its program built here; the launches as they are where it does not build), the rest
+    as they are. `keep` collects the counter buffers (the caller frees them with its plan)."""
+    workers, least = ctx.device.max_compute_units, max(2, ctx.options.cpu_persistent_min)
+    out, run = [], []
+
+    def flush():
+        merged = _merge(ctx, run, workers, keep) if len(run) >= least else None
+        out.extend([merged] if merged is not None else run)
+        run.clear()
+    for launch in launches:
+        if mergeable(launch):
+            run.append(launch)
+        else:
+            flush()
+            out.append(launch)
+    flush()
+    return out
+
+
+def _merge(ctx, launches, workers, keep):
+    made = source(launches, workers)
+    if made is None:
+        return None
+    text, bufs = made
+    counters = ctx.alloc(4 * (2 * len(launches) + 1))
+    cl.enqueue_fill_buffer(ctx.queue, counters, np.int32(0), 0, counters.size)
+    keep.append(counters)
+    try:
+        kernel = ctx.kernel(text, "persist")
+    except Exception:  # noqa: BLE001 (a program the compiler refuses: the launches run as they are)
+        return None
+    kernel.set_args(*bufs, counters)
+    label = f"persistent {launches[0].label} .. {launches[-1].label} ({len(launches)} launches)"
+    return Launch(kernel, (workers,), (1,), label, "persistent")
