@@ -36,8 +36,6 @@ _TYPEDEF = re.compile(r"^typedef\b[^;]*?(\w+)\s*;", re.M)
 _DEFINE = re.compile(r"^\s*#\s*define\s+(\w+)", re.M)
 _LOCAL = re.compile(r"__local\s+(\w+)\s+(\w+)\s*\[([^\]]+)\]\s*;")
 _NUMERIC = re.compile(r"^\s*#\s*define\s+(\w+)\s+([^\\\n]+)$", re.M)
-# a layer's work-groups are claimed one at a time up to this many a worker, beyond in chunks of 1/8 of a worker's share
-_CLAIM_ALONE = 64
 
 
 def _close(text, start):
@@ -84,15 +82,12 @@ def chunk(source, name, i):
                 " const ulong _G2, __local char* _lm)"]
         pos = close + 1
     text = "".join(out) + source[pos:]
-    locals_ = _LOCAL.findall(_kernel_body(text, name))
-    if len(locals_) > 1 or any(t not in _BYTES for t, _, _ in locals_):
+    macros = dict(_NUMERIC.findall(source))
+    mine = _LOCAL.findall(_kernel_body(text, name))
+    if len(mine) > 1 or any(t not in _BYTES or _value(n, macros) is None for t, _, n in mine):
         return None
-    nbytes = 0
-    if locals_:
-        count = _value(locals_[0][2], dict(_NUMERIC.findall(source)))
-        if count is None:
-            return None
-        nbytes = count * _BYTES[locals_[0][0]]
+    decls = [(_value(n, macros), t) for t, _, n in _LOCAL.findall(text) if t in _BYTES]  # (every kernel's array
+    nbytes = max([v * _BYTES[t] for v, t in decls if v] + [0])  # that is compiled in shares _lm)
     text = _LOCAL.sub(lambda m: f"__local {m.group(1)}* {m.group(2)} = (__local {m.group(1)}*)_lm;", text)
     text = re.sub(r"(?m)^(?!__constant)(.*)__constant\b", r"\1__global", text)  # (table arguments, read alike)
     text = re.sub(r"\b(" + "|".join(sorted(names, key=len, reverse=True)) + r")\b", rf"\1_L{i}", text)
@@ -102,7 +97,11 @@ def chunk(source, name, i):
 
 
 def _kernel_body(text, name):
-    start = text.index(f"void {name}(")
+    """The text of function `name`'s body (ValueError where there is none)."""
+    m = re.search(rf"\bvoid\s+{name}\s*\(", text)
+    if m is None:
+        raise ValueError(f"no function {name}")
+    start = m.start()
     brace = text.index("{", _close(text, text.index("(", start)))
     depth = 0
     for j in range(brace, len(text)):
@@ -132,14 +131,18 @@ def mergeable(launch):
     for a in p.args:  # (buffers and scalars; no __local arguments)
         if not isinstance(a, (Deferred, cl.MemoryObjectHolder)) and np.asarray(a).dtype not in _SCALARS:
             return False
-    src = p.key[0]
-    return launch.lsize is not None or not re.search(r"\b(barrier|get_local_id|get_group_id|get_local_size)\s*\(",
-                                                        src)
+    if launch.lsize is not None:
+        return True
+    try:  # (a local size PoCL picks: the kernel must not depend on it)
+        body = _kernel_body(p.key[0], p.name)
+    except ValueError:
+        return False
+    return not re.search(r"\b(barrier|get_local_id|get_group_id|get_local_size)\s*\(", body)
 
 
-def source(launches, workers):
-    """(program text, [buffers]) of the persistent kernel "persist" running `launches` in order on `workers`
-    work-groups, or None where one of them does not fit; its last argument is the counters (2 per launch + 1)."""
+def source(launches):
+    """(program text, [buffers]) of the persistent kernel "persist" running `launches` in order, one work-group per
+    worker, or None where one of them does not fit; its last argument is the counters (2 per launch + 1)."""
     chunks, calls, buffers, lm, programs = [], [], {}, 0, {}
     for i, launch in enumerate(launches):
         p = launch.pending
@@ -161,16 +164,16 @@ def source(launches, workers):
                 args.append(_literal(a))
         g = tuple(launch.gsize) + (1,) * (3 - len(launch.gsize))
         total = g[0] * g[1] * g[2]
-        step = 1 if total <= _CLAIM_ALONE * workers else max(1, total // (8 * workers))
         ids = [f"(ulong)(k % {g[0]})", f"(ulong)((k / {g[0]}) % {g[1]})", f"(ulong)(k / {g[0] * g[1]})"] + \
             [f"{v}UL" for v in g] + ["_lm"]
         call = f"{p.name}_L{j}({', '.join(args + ids)})"
-        calls.append(_LAYER.format(i=i, claim=2 * i, done=2 * i + 1, total=total, step=step, call=call))
+        calls.append(_LAYER.format(i=i, claim=2 * i, done=2 * i + 1, total=total, call=call))
     bufs = sorted(buffers.values())
     params = ", ".join([f"__global void* B{j}" for j, _ in bufs] + ["volatile __global int* ctr"])
     counters = 2 * len(launches)
     kernel = (f"__kernel __attribute__((reqd_work_group_size(1, 1, 1)))\nvoid persist({params}) {{\n"
               f"    __local float16 _lmv[{max(1, -(-lm // 64))}];\n    __local char* _lm = (__local char*)_lmv;\n"
+              "    const int workers = get_num_groups(0);\n"
               + "".join(calls) +
               f"    if (atomic_inc(ctr + {counters}) == (int)get_num_groups(0) - 1)\n"
               f"        for (int i = 0; i <= {counters}; i++) ctr[i] = 0;\n}}\n")
@@ -178,10 +181,11 @@ def source(launches, workers):
 
 
 # one layer of the persistent kernel: claim work-groups until none is left, then wait for the others' in flight
-_LAYER = """    for (;;) {{  // layer {i}
-        const int c = atomic_add(ctr + {claim}, {step});
+_LAYER = """    for (;;) {{  // layer {i}: guided, each claim a 1 / (2 workers) share of what is left
+        const int left = {total} - *(volatile __global int*)(ctr + {claim}), share = left / (2 * workers);
+        const int c = atomic_add(ctr + {claim}, share > 1 ? share : 1);
         if (c >= {total}) break;
-        const int e = c + {step} < {total} ? c + {step} : {total};
+        const int e = c + (share > 1 ? share : 1) < {total} ? c + (share > 1 ? share : 1) : {total};
         for (int k = c; k < e; k++) {call};
         atomic_add(ctr + {done}, e - c);
     }}
@@ -212,7 +216,7 @@ def persistent_launches(ctx, launches, keep):
 
 
 def _merge(ctx, launches, workers, keep):
-    made = source(launches, workers)
+    made = source(launches)
     if made is None:
         return None
     text, bufs = made
