@@ -20,6 +20,7 @@ from dlnet.kernels import rules
 from dlnet.kernels.families import matmul
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tests.conftest import make_model, rel_l2  # noqa: E402
 
 SIZES = "3152x768x2304,3152x768x768,3152x768x3072,3152x3072x768,4096x768x2304,4096x768x768,4096x768x3072," \
@@ -108,20 +109,10 @@ def main():
 
 def cublas_ms(x, w, rounds):
     import torch
+    from wgmma_layers import _median_ms
     torch.backends.cuda.matmul.allow_tf32 = False
-    a = torch.relu(torch.as_tensor(x)).cuda()
-    b = torch.as_tensor(w).cuda()
-    for _ in range(3):
-        a @ b
-    ts = []
-    for _ in range(rounds):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        a @ b
-        e.record()
-        torch.cuda.synchronize()
-        ts.append(s.elapsed_time(e))
-    return statistics.median(ts)
+    a, b = torch.relu(torch.as_tensor(x)).cuda(), torch.as_tensor(w).cuda()
+    return _median_ms(lambda: a @ b, rounds)
 
 
 if __name__ == "__main__":
