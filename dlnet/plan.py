@@ -108,10 +108,7 @@ class Plan:
             lw.finish()
             self.launches = lw.launches
             self.run_list = self.launches  # what run() enqueues: on CPUs, runs of launches as persistent kernels
-            if ctx.is_cpu and ctx.options.cpu_persistent and ctx.device.max_compute_units > 1:
-                counters = []
-                self.run_list = persistent_launches(ctx, self.launches, counters)
-                lw.scratch.update((f"persistent {i}", b) for i, b in enumerate(counters))
+            self.runs = 0
             self.node_launches = lw.node_launches  # node index -> (first launch, end)
             self.input_locs = [lw.loc(v) for v in graph.inputs]
             self._dests = None  # (input_locs as byte ranges, made by the first _bind_kept)
@@ -172,9 +169,22 @@ class Plan:
             cl.enqueue_copy(self.ctx.queue, y, loc[0], src_offset=loc[1] * y.itemsize, is_blocking=True)
         return y
 
+    def _persistent(self):
+        """On a CPU device of several workers, from run Options.cpu_persistent_after on, run() enqueues runs of
+        launches as persistent kernels (kernels/persist.py), their programs built here: a plan run once (most of
+        the tests' plans) builds none."""
+        ctx = self.ctx
+        if ctx.is_cpu and ctx.options.cpu_persistent and ctx.device.max_compute_units > 1 and \
+                self.runs == ctx.options.cpu_persistent_after:
+            counters = []
+            self.run_list = persistent_launches(ctx, self.launches, counters)
+            self.lowerer.scratch.update((f"persistent {i}", b) for i, b in enumerate(counters))
+        self.runs += 1
+
     def run(self, arrays, keep=()):
         """Inputs in graph order (host arrays, or Kept values on the device), outputs in graph order: host arrays,
         except the output indices in `keep`, which stay where this run computed them, as Kept values."""
+        self._persistent()
         ctx, q = self.ctx, self.ctx.queue
         kept_in = {i: a for i, a in enumerate(arrays) if isinstance(a, Kept)}
         copied = self._bind_kept(kept_in)

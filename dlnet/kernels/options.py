@@ -145,10 +145,12 @@ class Options:
     # work-items per core that a register-tiled convolution's tiles are split into (row or channel blocks shared out)
     conv_cpu_items_per_core: int = 8
     # CPU devices with several worker threads: a run's consecutive launches as one persistent kernel (persist.py;
-    # PoCL's workers stay awake between layers), where at least cpu_persistent_min of them can be merged (its program
-    # is built once per plan: about 3 s for squeezenet's 40 launches, then cached)
+    # PoCL's workers stay awake between layers), where at least cpu_persistent_min of them can be merged; its program
+    # is built when the plan's run number cpu_persistent_after starts (0: its first), once (cold, about 3 s for
+    # squeezenet's 40 launches, then cached), so a plan run once builds none
     cpu_persistent: bool = True
     cpu_persistent_min: int = 8
+    cpu_persistent_after: int = 1
     # consecutive panels per work-item (conv_cpu.cl's local and direct paths), up to this many bytes of them (an L1
     # share), each row block running over them in turn: a row's 64-byte lines that two panels share (planes of an
     # odd size such as 55 x 55) are then written one tile after the other, not once per panel's pass over the rows

@@ -194,39 +194,54 @@ _LAYER = """    for (;;) {{  // layer {i}: guided, each claim a 1 / (2 workers) 
 """
 
 
+# launches per persistent kernel at most: a longer run is cut into even pieces, their programs built at once (cold,
+# densenet121's 187 launches took 10 s as one program on 2 cores)
+PIECE = 48
+
+
 def persistent_launches(ctx, launches, keep):
     """The launches a run enqueues: each run of at least Options.cpu_persistent_min consecutive mergeable launches
-    as one persistent launch (its program built here; the launches as they are where it does not build), the rest
-    as they are. `keep` collects the counter buffers (the caller frees them with its plan)."""
-    workers, least = ctx.device.max_compute_units, max(2, ctx.options.cpu_persistent_min)
-    out, run = [], []
+    as persistent launches of at most PIECE (their programs built here, together; the launches as they are where one
+    does not build), the rest as they are. `keep` collects the counter buffers (the caller frees them with its
+    plan)."""
+    least = max(2, ctx.options.cpu_persistent_min)
+    groups, run = [], []
 
     def flush():
-        merged = _merge(ctx, run, workers, keep) if len(run) >= least else None
-        out.extend([merged] if merged is not None else run)
+        if len(run) >= least:
+            size = -(-len(run) // -(-len(run) // PIECE))
+            groups.extend(run[i:i + size] for i in range(0, len(run), size))
+        else:
+            groups.extend([la] for la in run)
         run.clear()
     for launch in launches:
         if mergeable(launch):
             run.append(launch)
         else:
             flush()
-            out.append(launch)
+            groups.append([launch])
     flush()
+    made = [source(g) if len(g) > 1 else None for g in groups]
+    try:
+        ctx.build_all([(m[0], ()) for m in made if m is not None])
+    except Exception:  # noqa: BLE001 (each is built alone below, where it builds)
+        pass
+    out = []
+    for g, m in zip(groups, made):
+        merged = _merge(ctx, g, m, keep) if m is not None else None
+        out.extend([merged] if merged is not None else g)
     return out
 
 
-def _merge(ctx, launches, workers, keep):
-    made = source(launches)
-    if made is None:
-        return None
+def _merge(ctx, launches, made, keep):
     text, bufs = made
-    counters = ctx.alloc(4 * (2 * len(launches) + 1))
-    cl.enqueue_fill_buffer(ctx.queue, counters, np.int32(0), 0, counters.size)
-    keep.append(counters)
     try:
         kernel = ctx.kernel(text, "persist")
     except Exception:  # noqa: BLE001 (a program the compiler refuses: the launches run as they are)
         return None
+    counters = ctx.alloc(4 * (2 * len(launches) + 1))
+    cl.enqueue_fill_buffer(ctx.queue, counters, np.int32(0), 0, counters.size)
+    keep.append(counters)
     kernel.set_args(*bufs, counters)
     label = f"persistent {launches[0].label} .. {launches[-1].label} ({len(launches)} launches)"
-    return Launch(kernel, (workers,), (1,), label, "persistent")
+    return Launch(kernel, (ctx.device.max_compute_units,), (1,), label, "persistent")

@@ -44,13 +44,17 @@ def small_cnn(rng):
     return make_model(nodes, {"x": ("float32", (1, 3, 33, 33))}, ["y"], inits)
 
 
-def test_a_cnn_runs_as_one_persistent_kernel():
+@pytest.mark.parametrize("piece", [None, 4])
+def test_a_cnn_runs_as_persistent_kernels(monkeypatch, piece):
+    """As one persistent launch, or (pieces of at most 4 launches) as several in a row."""
     ctx = cpu_workers()
+    if piece is not None:
+        monkeypatch.setattr(persist, "PIECE", piece)
     rng = np.random.default_rng(0)
     model = small_cnn(rng)
     merged = dlnet.Net(ctx.with_options(cpu_persistent_min=2)).load_onnx(model)
     alone = dlnet.Net(ctx.with_options(cpu_persistent=False)).load_onnx(model)
-    for _ in range(3):  # (fresh inputs each run: the counters must be back at zero)
+    for _ in range(4):  # (fresh inputs each run: the counters must be back at zero; the first runs one by one)
         x = rng.standard_normal((1, 3, 33, 33)).astype(np.float32)
         got, want = merged.run({"x": x})["y"], alone.run({"x": x})["y"]
         assert rel_l2(got, want) < 1e-6
@@ -58,6 +62,8 @@ def test_a_cnn_runs_as_one_persistent_kernel():
     plan = merged._last
     persistent = [la for la in plan.run_list if la.layer == "persistent"]
     assert persistent and len(plan.run_list) < len(plan.launches)
+    sizes = [int(la.label.rsplit("(", 1)[1].split()[0]) for la in persistent]
+    assert len(persistent) == 1 if piece is None else max(sizes) <= piece and len(persistent) >= 2
     assert sum(1 for la in plan.launches if persist.mergeable(la)) >= 8
     assert len(alone._last.run_list) == len(alone._last.launches)
 
@@ -77,7 +83,7 @@ SECOND = """#define SCALE 3
 inline float twice(float v) { return SCALE * v + 1.0f; }
 __kernel void second(__global float* z, ulong z_off, __global const float* y, ulong y_off, float c) {
     const int i = get_global_id(0), n = get_global_size(0);
-    z[z_off + i] = twice(y[y_off + i]) * c + y[y_off + (i + 7) % n];  // (another work-group's value of the layer before)
+    z[z_off + i] = twice(y[y_off + i]) * c + y[y_off + (i + 7) % n];  // (another work-group's value, layer before)
 }
 """
 
@@ -99,7 +105,8 @@ def test_programs_become_functions_of_one_kernel():
     xb, mb = (cl.Buffer(ctx.cl, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=a) for a in (x, meta))
     arena = cl.Buffer(ctx.cl, cl.mem_flags.READ_WRITE, 4 * 400)
     first = "#define STAGE 16\n" + FIRST
-    launches = [_launch(ctx, first, "first", [arena, np.uint64(0), xb, np.uint64(3), mb, np.int32(65)], (13, 5), (1, 1)),
+    launches = [_launch(ctx, first, "first", [arena, np.uint64(0), xb, np.uint64(3), mb, np.int32(65)], (13, 5),
+                        (1, 1)),
                 _launch(ctx, SECOND, "second", [arena, np.uint64(100), arena, np.uint64(0), np.float32(0.5)], (65,),
                         None),
                 _launch(ctx, first, "first", [arena, np.uint64(200), arena, np.uint64(100), mb, np.int32(60)],
