@@ -10,11 +10,14 @@ is run by a running worker, so the others wait only for work in flight, and the 
 for the next run.
 
 How: each launch's program (its defines and .cl text) becomes a chunk of one program; its functions, typedefs and
-kernels are renamed with the launch's index, its kernel turns into a function taking the work-group's indices, its
+kernels are renamed with the program's index (launches of one program share it), its kernel turns into a function
+taking the work-group's indices and the grid's size, its
 __local array points into one array of the persistent kernel, and its macros are undefined after it. The calls pass
 each argument as a literal (scalars) or one of the persistent kernel's buffers (the plan's arenas and tables).
-Launches that do not fit (a local size other than 1 with barriers or local ids, __local arguments, an upload to
-wait for) run as themselves between merged runs. Options.cpu_persistent turns it off."""
+Launches that do not fit (a local size above 1, barriers or local ids under a local size PoCL picks, __local
+arguments, an upload to wait for) run as themselves between merged runs. Plan.run switches to these launches at the
+plan's second run (Options.cpu_persistent_after), so that a plan run once builds no such program;
+Options.cpu_persistent turns it off."""
 import re
 
 import numpy as np
