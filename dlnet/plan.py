@@ -27,7 +27,7 @@ from .graph.memory import plan_memory
 from .kernels.families import winograd
 from .kernels.launch import Deferred
 from .kernels.lowering import Lowerer
-from .kernels.persist import persistent_launches
+from .kernels.persist import counters_bytes, persistent_launches
 from .kernels.runtime import cl
 from .kernels.schedule import chunked_prefix, schedule
 from .kernels.tuner import Measured
@@ -108,7 +108,13 @@ class Plan:
             lw.finish()
             self.launches = lw.launches
             self.run_list = self.launches  # what run() enqueues: on CPUs, runs of launches as persistent kernels
-            self.runs = 0
+            self.runs, self.counters = 0, None
+            opts = ctx.options
+            nbytes = counters_bytes(self.launches, max(2, opts.cpu_persistent_min)) if ctx.is_cpu and \
+                opts.cpu_persistent and ctx.device.max_compute_units > 1 else 0
+            if nbytes:  # (allocated with the plan: a later run copies nothing more than its inputs and outputs)
+                self.counters = lw.scratch["persistent"] = ctx.alloc(nbytes)
+                cl.enqueue_fill_buffer(ctx.queue, self.counters, np.int32(0), 0, nbytes)
             self.node_launches = lw.node_launches  # node index -> (first launch, end)
             self.input_locs = [lw.loc(v) for v in graph.inputs]
             self._dests = None  # (input_locs as byte ranges, made by the first _bind_kept)
@@ -173,12 +179,8 @@ class Plan:
         """On a CPU device of several workers, from run Options.cpu_persistent_after on, run() enqueues runs of
         launches as persistent kernels (kernels/persist.py), their programs built here: a plan run once (most of
         the tests' plans) builds none."""
-        ctx = self.ctx
-        if ctx.is_cpu and ctx.options.cpu_persistent and ctx.device.max_compute_units > 1 and \
-                self.runs == ctx.options.cpu_persistent_after:
-            counters = []
-            self.run_list = persistent_launches(ctx, self.launches, counters)
-            self.lowerer.scratch.update((f"persistent {i}", b) for i, b in enumerate(counters))
+        if self.counters is not None and self.runs == self.ctx.options.cpu_persistent_after:
+            self.run_list = persistent_launches(self.ctx, self.launches, self.counters)
         self.runs += 1
 
     def run(self, arrays, keep=()):

@@ -145,7 +145,8 @@ def mergeable(launch):
 
 def source(launches):
     """(program text, [buffers]) of the persistent kernel "persist" running `launches` in order, one work-group per
-    worker, or None where one of them does not fit; its last argument is the counters (2 per launch + 1)."""
+    worker, or None where one of them does not fit; its last arguments are the counters (2 per launch + 1, from
+    `base` on)."""
     chunks, calls, buffers, lm, programs = [], [], {}, 0, {}
     for i, launch in enumerate(launches):
         p = launch.pending
@@ -172,11 +173,11 @@ def source(launches):
         call = f"{p.name}_L{j}({', '.join(args + ids)})"
         calls.append(_LAYER.format(i=i, claim=2 * i, done=2 * i + 1, total=total, call=call))
     bufs = sorted(buffers.values())
-    params = ", ".join([f"__global void* B{j}" for j, _ in bufs] + ["volatile __global int* ctr"])
+    params = ", ".join([f"__global void* B{j}" for j, _ in bufs] + ["volatile __global int* counters", "int base"])
     counters = 2 * len(launches)
     kernel = (f"__kernel __attribute__((reqd_work_group_size(1, 1, 1)))\nvoid persist({params}) {{\n"
               f"    __local float16 _lmv[{max(1, -(-lm // 64))}];\n    __local char* _lm = (__local char*)_lmv;\n"
-              "    const int workers = get_num_groups(0);\n"
+              "    const int workers = get_num_groups(0);\n    volatile __global int* ctr = counters + base;\n"
               + "".join(calls) +
               f"    if (atomic_inc(ctr + {counters}) == (int)get_num_groups(0) - 1)\n"
               f"        for (int i = 0; i <= {counters}; i++) ctr[i] = 0;\n}}\n")
@@ -202,11 +203,17 @@ _LAYER = """    for (;;) {{  // layer {i}: guided, each claim a 1 / (2 workers) 
 PIECE = 48
 
 
-def persistent_launches(ctx, launches, keep):
+def counters_bytes(launches, least):
+    """Bytes of counters the persistent kernels of `launches` may need (an upper bound: 2 per launch and 1 per
+    kernel), or 0 where fewer than `least` of them can be merged at all."""
+    n = sum(1 for la in launches if mergeable(la))
+    return 4 * (3 * n + 1) if n >= least else 0
+
+
+def persistent_launches(ctx, launches, counters):
     """The launches a run enqueues: each run of at least Options.cpu_persistent_min consecutive mergeable launches
     as persistent launches of at most PIECE (their programs built here, together; the launches as they are where one
-    does not build), the rest as they are. `keep` collects the counter buffers (the caller frees them with its
-    plan)."""
+    does not build), the rest as they are. `counters`: a zeroed buffer of counters_bytes(launches) for them."""
     least = max(2, ctx.options.cpu_persistent_min)
     groups, run = [], []
 
@@ -229,22 +236,20 @@ def persistent_launches(ctx, launches, keep):
         ctx.build_all([(m[0], ()) for m in made if m is not None])
     except Exception:  # noqa: BLE001 (each is built alone below, where it builds)
         pass
-    out = []
+    out, base = [], 0
     for g, m in zip(groups, made):
-        merged = _merge(ctx, g, m, keep) if m is not None else None
+        merged = _merge(ctx, g, m, counters, base) if m is not None else None
         out.extend([merged] if merged is not None else g)
+        base += 2 * len(g) + 1 if merged is not None else 0
     return out
 
 
-def _merge(ctx, launches, made, keep):
+def _merge(ctx, launches, made, counters, base):
     text, bufs = made
     try:
         kernel = ctx.kernel(text, "persist")
     except Exception:  # noqa: BLE001 (a program the compiler refuses: the launches run as they are)
         return None
-    counters = ctx.alloc(4 * (2 * len(launches) + 1))
-    cl.enqueue_fill_buffer(ctx.queue, counters, np.int32(0), 0, counters.size)
-    keep.append(counters)
-    kernel.set_args(*bufs, counters)
+    kernel.set_args(*bufs, counters, np.int32(base))
     label = f"persistent {launches[0].label} .. {launches[-1].label} ({len(launches)} launches)"
     return Launch(kernel, (ctx.device.max_compute_units,), (1,), label, "persistent")
