@@ -109,9 +109,7 @@ class Plan:
             self.launches = lw.launches
             self.run_list = self.launches  # what run() enqueues: on CPUs, runs of launches as persistent kernels
             self.runs, self.counters = 0, None
-            opts = ctx.options
-            nbytes = counters_bytes(self.launches, max(2, opts.cpu_persistent_min)) if ctx.is_cpu and \
-                opts.cpu_persistent and ctx.device.max_compute_units > 1 else 0
+            nbytes = counters_bytes(ctx, self.launches)
             if nbytes:  # (allocated with the plan: a later run copies nothing more than its inputs and outputs)
                 self.counters = lw.scratch["persistent"] = ctx.alloc(nbytes)
                 cl.enqueue_fill_buffer(ctx.queue, self.counters, np.int32(0), 0, nbytes)

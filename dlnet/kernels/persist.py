@@ -41,14 +41,14 @@ _LOCAL = re.compile(r"__local\s+(\w+)\s+(\w+)\s*\[([^\]]+)\]\s*;")
 _NUMERIC = re.compile(r"^\s*#\s*define\s+(\w+)\s+([^\\\n]+)$", re.M)
 
 
-def _close(text, start):
-    """Index of the parenthesis closing the one at text[start]."""
-    depth = 0
+def _close(text, start, pair="()"):
+    """Index of the bracket closing the one at text[start] (pair: the opening and closing characters)."""
+    depth, step = 0, {pair[0]: 1, pair[1]: -1}
     for i in range(start, len(text)):
-        depth += {"(": 1, ")": -1}.get(text[i], 0)
+        depth += step.get(text[i], 0)
         if depth == 0:
             return i
-    raise ValueError("unbalanced parentheses")
+    raise ValueError(f"unbalanced {pair}")
 
 
 def _value(expr, macros):
@@ -86,7 +86,10 @@ def chunk(source, name, i):
         pos = close + 1
     text = "".join(out) + source[pos:]
     macros = dict(_NUMERIC.findall(source))
-    mine = _LOCAL.findall(_kernel_body(text, name))
+    try:
+        mine = _LOCAL.findall(_kernel_body(text, name))
+    except ValueError:
+        return None
     if len(mine) > 1 or any(t not in _BYTES or _value(n, macros) is None for t, _, n in mine):
         return None
     decls = [(_value(n, macros), t) for t, _, n in _LOCAL.findall(text) if t in _BYTES]  # (every kernel's array
@@ -104,14 +107,8 @@ def _kernel_body(text, name):
     m = re.search(rf"\bvoid\s+{name}\s*\(", text)
     if m is None:
         raise ValueError(f"no function {name}")
-    start = m.start()
-    brace = text.index("{", _close(text, text.index("(", start)))
-    depth = 0
-    for j in range(brace, len(text)):
-        depth += {"{": 1, "}": -1}.get(text[j], 0)
-        if depth == 0:
-            return text[brace:j + 1]
-    return text[brace:]
+    brace = text.index("{", _close(text, m.end() - 1))
+    return text[brace:_close(text, brace, "{}") + 1]
 
 
 def _literal(a):
@@ -179,7 +176,7 @@ def source(launches):
               f"    __local float16 _lmv[{max(1, -(-lm // 64))}];\n    __local char* _lm = (__local char*)_lmv;\n"
               "    const int workers = get_num_groups(0);\n    volatile __global int* ctr = counters + base;\n"
               + "".join(calls) +
-              f"    if (atomic_inc(ctr + {counters}) == (int)get_num_groups(0) - 1)\n"
+              f"    if (atomic_inc(ctr + {counters}) == workers - 1)\n"
               f"        for (int i = 0; i <= {counters}; i++) ctr[i] = 0;\n}}\n")
     return "\n".join(chunks) + "\n" + kernel, [b for _, b in bufs]
 
@@ -187,9 +184,9 @@ def source(launches):
 # one layer of the persistent kernel: claim work-groups until none is left, then wait for the others' in flight
 _LAYER = """    for (;;) {{  // layer {i}: guided, each claim a 1 / (2 workers) share of what is left
         const int left = {total} - *(volatile __global int*)(ctr + {claim}), share = left / (2 * workers);
-        const int c = atomic_add(ctr + {claim}, share > 1 ? share : 1);
+        const int step = share > 1 ? share : 1, c = atomic_add(ctr + {claim}, step);
         if (c >= {total}) break;
-        const int e = c + (share > 1 ? share : 1) < {total} ? c + (share > 1 ? share : 1) : {total};
+        const int e = c + step < {total} ? c + step : {total};
         for (int k = c; k < e; k++) {call};
         atomic_add(ctr + {done}, e - c);
     }}
@@ -203,17 +200,20 @@ _LAYER = """    for (;;) {{  // layer {i}: guided, each claim a 1 / (2 workers) 
 PIECE = 48
 
 
-def counters_bytes(launches, least):
-    """Bytes of counters the persistent kernels of `launches` may need (an upper bound: 2 per launch and 1 per
-    kernel), or 0 where fewer than `least` of them can be merged at all."""
+def counters_bytes(ctx, launches):
+    """Bytes of counters the persistent kernels of `launches` may need on ctx (an upper bound: 2 per launch and 1
+    per kernel), or 0 where it runs none: not a CPU device of several workers, Options.cpu_persistent off, or fewer
+    than Options.cpu_persistent_min launches that can be merged at all."""
+    if not (ctx.is_cpu and ctx.options.cpu_persistent and ctx.device.max_compute_units > 1):
+        return 0
     n = sum(1 for la in launches if mergeable(la))
-    return 4 * (3 * n + 1) if n >= least else 0
+    return 4 * (3 * n + 1) if n >= max(2, ctx.options.cpu_persistent_min) else 0
 
 
 def persistent_launches(ctx, launches, counters):
     """The launches a run enqueues: each run of at least Options.cpu_persistent_min consecutive mergeable launches
     as persistent launches of at most PIECE (their programs built here, together; the launches as they are where one
-    does not build), the rest as they are. `counters`: a zeroed buffer of counters_bytes(launches) for them."""
+    does not build), the rest as they are. `counters`: a zeroed buffer of counters_bytes(ctx, launches) for them."""
     least = max(2, ctx.options.cpu_persistent_min)
     groups, run = [], []
 

@@ -114,9 +114,10 @@ def test_programs_become_functions_of_one_kernel():
                 _launch(ctx, SECOND, "second", [arena, np.uint64(300), arena, np.uint64(200), np.float32(-2.0)],
                         (60,), None)]
     assert all(persist.mergeable(la) for la in launches)
-    counters = cl.Buffer(ctx.cl, cl.mem_flags.READ_WRITE, persist.counters_bytes(launches, 2))
+    ctx2 = ctx.with_options(cpu_persistent_min=2)
+    counters = cl.Buffer(ctx.cl, cl.mem_flags.READ_WRITE, persist.counters_bytes(ctx2, launches))
     cl.enqueue_fill_buffer(ctx.queue, counters, np.int32(0), 0, counters.size)
-    merged = persist.persistent_launches(ctx.with_options(cpu_persistent_min=2), launches, counters)
+    merged = persist.persistent_launches(ctx2, launches, counters)
     assert len(merged) == 1 and merged[0].gsize == (ctx.device.max_compute_units,)
 
     def arena_after(run):
