@@ -120,7 +120,9 @@ class ConvGradFamily:
         dy, other = node.inputs
         out = node.outputs[0]
         Cin, H, W, OH, OW, KH, KW = (int(v) for v in geo[:7])
-        src = defines({"TAPS": KH * KW}) + kernel_source("dwconv_grad")
+        SH, SW, PH, PW, DH, DW = (int(v) for v in geo[7:13])
+        src = defines({"TAPS": KH * KW, "GEO_C": 1, "KHC": KH, "KWC": KW, "SHC": SH, "SWC": SW, "PHC": PH, "PWC": PW,
+                       "DHC": DH, "DWC": DW, "OHC": OH, "OWC": OW, "MC": mult}) + kernel_source("dwconv_grad")
         if which == "dx":
             self.emit(src, "dw_dx", self.args(dy) + self.args(other) + self.args(out) + geo + [np.int32(mult)],
                       (round_up(W, 16), round_up(H, 4), N * Cin), (16, 4, 1), label)
