@@ -5,6 +5,7 @@ rule's pick: split-K where they leave the device short), their kernel times summ
 interleaved rounds (OpenCL profiling events); cuBLAS in the same process. On the GPU machine; asserts nothing.
 
     python3 bench/probes/fp32_waves.py [--sizes 3152x768x3072,...] [--rounds 10] [--tiles huge,wide,mid,big]
+                                         [--splits 2,3]
 """
 import argparse
 import contextlib
@@ -62,6 +63,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--tiles", default="huge,wide,mid,big")
     ap.add_argument("--device", default="gpu")
+    ap.add_argument("--splits", default="", help="also each tile with K split so many ways (forced), e.g. 2,3")
     args = ap.parse_args()
     ctx = dlnet.Context(args.device, profile=True)
     units = ctx.device.max_compute_units
@@ -74,6 +76,8 @@ def main():
         for s in args.tiles.split(","):
             variants[f"{s}"] = forced(s)
             variants[f"{s}/1"] = forced(s, 1)
+            for n in (int(v) for v in args.splits.split(",") if v):
+                variants[f"{s}/{n}"] = forced(s, n)
         plans = {}
         for name, patch in variants.items():
             with patch:
