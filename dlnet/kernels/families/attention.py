@@ -27,7 +27,9 @@ class AttentionTile:
         return f"{self.bq}x{self.bk}/{self.ntr}x{self.ntc}"
 
     def local_bytes(self, d, dv):
-        return 4 * (self.bq * (d + 1) + self.bk * (max(d, dv) + 1) + self.bq * (self.bk + 1))
+        """attention.cl's __local arrays: q rows, K or V rows, the scores' rows and the rows' partial maxima."""
+        dp = d + 4 if d % 4 == 0 else d + 1
+        return 4 * (self.bq * dp + self.bk * max(dp, dv + 1) + self.bq * (self.bk + 4) + self.bq * self.ntc)
 
 
 # CPUs (attention_cpu.cl): query rows per work-item (each key read once for them; fewer where Tq is smaller, as in
@@ -37,10 +39,14 @@ CPU_ROWS, CPU_KEYS = 4, 16
 # attention_cpu_rows: 8 query rows a work-item, one per float8 lane (where Tq has 8 rows; decoding keeps the above)
 CPU_LANE_ROWS = 8
 
-# The tile per device kind: GPUs take 64 work-items of 4 x 4 scores each and (a head dim of 128) 4 x 16 outputs in
-# registers; CPUs (PoCL runs a work-group's work-items as loops between barriers) the same grid. Halved along the
+# The tile per device kind: 4 x 4 scores a work-item and (a head dim of 128) 4 x 16 outputs in registers; CPUs
+# (PoCL runs a work-group's work-items as loops between barriers) a grid of 64 work-items. Halved along the
 # larger of BQ and BK while the tiles overflow __local memory (head dims past 128 on a 48 KiB GPU).
-ATTENTION_TILES = {"gpu": AttentionTile(32, 32, 8, 8), "cpu": AttentionTile(32, 32, 8, 8)}
+# GPUs: 64 query rows by 128 work-items (4 rows each). H200, kernel ms against PyTorch's fp32 SDPA in the same run
+# (`python3 bench/probes/attention_tiles.py`), 32x32/8x8 -> 64x32/16x8: 16 x 12 x 197 x 64 0.170 -> 0.144 (PyTorch
+# 0.117), 16 x 12 x 256 x 64 0.233 -> 0.184 (0.128), causal 0.206 -> 0.154 (0.107), 1 x 12 x 197 x 64 0.062 -> 0.048
+# (0.048); 64x32/8x8 (8 rows each) spills: 0.204 at 197.
+ATTENTION_TILES = {"gpu": AttentionTile(64, 32, 16, 8), "cpu": AttentionTile(32, 32, 8, 8)}
 MIN_TILE = 8
 # Decoding (at most DECODE_ROWS query rows, the power of two at least Tq): one row of 64 work-items over 64 keys,
 # each scoring its key for every row and owning an output column; the 8 x 8 grid left 7 of its 8 rows idle. H100, a
