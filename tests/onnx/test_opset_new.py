@@ -466,3 +466,14 @@ def test_window_functions(op, periodic, dtype):
              helper.make_node("Add", ["x", "w"], ["y"])]
     x = normal(size, dtype=helper.tensor_dtype_to_np_dtype(dtype))
     check(nodes, {"x": x}, ["y"], 17, {"size": np.asarray(size, np.int64)})
+
+
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
+@pytest.mark.parametrize("size", [64, 300, 1000])
+def test_softmax_rows_a_work_group_each(op, size):
+    """GPUs (the test device through the portable core here) run rows of at least 64 along the last axis a
+    work-group each (softmax_rows), a loss's 16 rows of 1000 classes among them."""
+    ctx = context().with_options(matrix_core="portable")
+    x = normal(5, size) * 4.0
+    net = check([helper.make_node(op, ["x"], ["y"], axis=-1)], {"x": x}, ["y"], 13, ctx=ctx)
+    assert [launch.kernel.function_name for launch in net.launches] == ["softmax_rows"]

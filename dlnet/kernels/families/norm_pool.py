@@ -109,7 +109,14 @@ class NormPoolFamily:
         axis = node.attrs["axis"] % x.rank
         outer = int(np.prod(x.shape[:axis], dtype=np.int64))
         inner = int(np.prod(x.shape[axis + 1:], dtype=np.int64))
-        src = defines({"LOG_SOFTMAX" if log else "SOFTMAX": 1, **half.half_defines(X=x)}) + kernel_source("softmax")
+        defs = {"LOG_SOFTMAX" if log else "SOFTMAX": 1, **half.half_defines(X=x)}
+        if inner == 1 and self.dev.tiled and x.shape[axis] >= 64 and outer > 0:  # a work-group a row
+            wg = min(256, 1 << (x.shape[axis] - 1).bit_length())
+            src = defines(dict(defs, WG=wg)) + kernel_source("softmax")
+            self.emit(src, "softmax_rows", self.args(x) + self.args(y) + [np.int32(x.shape[axis])],
+                      (outer * wg,), (wg,), f"{node.name} {node.op}")
+            return
+        src = defines(defs) + kernel_source("softmax")
         args = self.args(x) + self.args(y) + [np.int32(outer), np.int32(x.shape[axis]), np.int32(inner)]
         self.emit(src, "softmax", args, (max(outer * inner, 1),), None, f"{node.name} {node.op}")
 
