@@ -4,6 +4,7 @@ import numpy as np
 
 from ...errors import ModelError
 from ...graph.ops.nn import conv_geometry
+from ..emitter import defines
 from ..half import HalfIO, half_defines
 from ..runtime import kernel_source
 
@@ -70,6 +71,8 @@ class TrainingFamily:
             self.emit(src, "pool_grad_tiled", args, (max(dy.size, 1),), None, f"{node.name} PoolGrad")
             return
         geometry = [H, W, OH, OW, KH, KW, s[0], s[1], p[0], p[1], d[0], d[1]]
+        src = defines(dict(zip(("HC", "WC", "OHC", "OWC", "KHC", "KWC", "SHC", "SWC", "PHC", "PWC", "DHC", "DWC"),
+                               geometry), GEO_C=1)) + src
         args = self.args(dy) + self.args(x) + self.args(dx) + _ints(geometry + [a.get("count_include_pad", 0)]) + \
             [np.int64(dx.size)]
         if a["mode"] != "max":
