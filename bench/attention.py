@@ -11,6 +11,7 @@ matrix_core="portable") at each of these tiles (BQxBK/NTRxNTC). Prints a table; 
 values).
 """
 import argparse
+import contextlib
 import statistics
 import time
 
@@ -57,6 +58,17 @@ def timed(ctx, g, feeds, iters):
         plan.release()
 
 
+@contextlib.contextmanager
+def forced_tile(kind, tile):
+    """family.ATTENTION_TILES[kind] replaced by `tile` inside the block."""
+    default = family.ATTENTION_TILES[kind]
+    family.ATTENTION_TILES[kind] = tile
+    try:
+        yield
+    finally:
+        family.ATTENTION_TILES[kind] = default
+
+
 def parse_tile(text):
     blocks, grid = text.split("/")
     bq, bk = (int(x) for x in blocks.split("x"))
@@ -75,7 +87,6 @@ def main():
     portable = ctx if ctx.dev.tiled else ctx.with_options(matrix_core="portable")
     tiles = [parse_tile(t) for t in args.tiles.split(",") if t]
     kind = ctx.dev.kind
-    default = family.ATTENTION_TILES[kind]
     print(f"device: {ctx.dev.name} ({kind})")
     head = f"{'shape BxHxTxD':>16} {'causal':>6} {'unfused ms':>10} {'fused ms':>9} {'algo tile':>18} " \
            f"{'speed-up':>8} {'rel err':>8}"
@@ -92,11 +103,8 @@ def main():
             row = f"{text:>16} {str(causal):>6} {unfused:10.2f} {fused:9.2f} {algo:>18} {unfused / fused:7.2f}x " \
                   f"{err:8.1e}"
             for t in tiles:
-                family.ATTENTION_TILES[kind] = t
-                try:
+                with forced_tile(kind, t):
                     row += f" {timed(portable, graph(shape, causal, True), feeds, args.iters)[0]:17.2f} ms"
-                finally:
-                    family.ATTENTION_TILES[kind] = default
             print(row, flush=True)
 
 

@@ -16,11 +16,10 @@ import sys
 import numpy as np
 
 import dlnet
-from dlnet.kernels.families import attention as family
 from dlnet.plan import Plan
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from attention import graph, parse_tile  # noqa: E402
+from attention import forced_tile, graph, parse_tile  # noqa: E402
 
 
 def kernel_ms(ctx, g, feeds, rounds):
@@ -78,7 +77,6 @@ def main():
     ctx = dlnet.Context(args.device, precision="fp32", profile=True).with_options(attention_mma=False)
     ctx = ctx if ctx.dev.tiled else ctx.with_options(matrix_core="portable")
     tiles = [parse_tile(t) for t in args.tiles.split(",") if t]
-    kind, default = ctx.dev.kind, family.ATTENTION_TILES[ctx.dev.kind]
     print(f"device: {ctx.dev.name}; attention kernel ms (rel err against float64)")
     print(f"{'shape':>16} {'torch':>8} {'rules':>18}" + "".join(f" {t.label:>18}" for t in tiles))
     rng = np.random.default_rng(0)
@@ -90,13 +88,9 @@ def main():
         ms, got, tile = kernel_ms(ctx, g, feeds, args.rounds)
         row = f"{text:>16} {torch_ms(feeds, args.causal, args.rounds):8.3f} {ms:7.3f} {tile:>10}"
         for t in tiles:
-            family.ATTENTION_TILES[kind] = t
-            try:
+            with forced_tile(ctx.dev.kind, t):
                 ms, got, _ = kernel_ms(ctx, graph(shape, args.causal, True), feeds, args.rounds)
-                err = np.linalg.norm(got - want) / np.linalg.norm(want)
-                row += f" {ms:8.3f} ({err:.0e})"
-            finally:
-                family.ATTENTION_TILES[kind] = default
+            row += f" {ms:8.3f} ({np.linalg.norm(got - want) / np.linalg.norm(want):.0e})"
         print(row, flush=True)
 
 
