@@ -43,6 +43,15 @@ def defines(d):
     return "".join(f"#define {k} {v}\n" for k, v in d.items())
 
 
+GEOMETRY_NAMES = ("HC", "WC", "OHC", "OWC", "KHC", "KWC", "SHC", "SWC", "PHC", "PWC", "DHC", "DWC")
+
+
+def compiled_geometry(values):
+    """The head of a kernel whose geometry (H, W, OH, OW, KH, KW, SH, SW, PH, PW, DH, DW, in that order) is compiled
+    in: their macros and geometry.cl's GEOMETRY, which a kernel states first to use them (cl/geometry.cl says why)."""
+    return defines(dict(zip(GEOMETRY_NAMES, (int(v) for v in values), strict=True))) + kernel_source("geometry")
+
+
 def gemm_source(core, tiles, strides, idx, act=None, has_c=False, aligned=(True, True), halves=None):
     """gemm.cl's program on a GEMM core: the tiles; C or not; the operand layout, by which of the strides (sam, sak,
     sbk, sbn, ...) are 1; operands in half (halves: {"A_HALF": 1, ...}); 16-byte copies of rows in the STAGES

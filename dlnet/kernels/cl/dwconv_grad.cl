@@ -4,16 +4,11 @@
 #ifndef WG
 #define WG 256
 #endif
-// GEO_C: the layer's geometry compiled in (KHC, KWC, SHC, SWC, PHC, PWC, DHC, DWC, OHC, OWC, MC replace the arguments
-// of those names), so that the divisions and remainders by strides and widths become shifts and multiplications and
-// the tap loops unroll. An H200 ran mobilenet_v2's 112 x 112 stride-2 dx (1536 planes) in 0.555 ms with the divisions
-// by run-time values (19 M work-items, four of them a tap).
-#if defined(GEO_C)
-#define COMPILED_GEOMETRY KH = KHC; KW = KWC; SH = SHC; SW = SWC; PH = PHC; PW = PWC; DH = DHC; DW = DWC; \
-    OH = OHC; OW = OWC; M = MC;
-#else
-#define COMPILED_GEOMETRY
+// The layer's geometry and channel multiplier are compiled in (geometry.cl's GEOMETRY, and MC for M)
+#if !defined(MC)
+#error "dwconv_grad.cl needs geometry.cl and MC"
 #endif
+#define COMPILED_GEOMETRY GEOMETRY M = MC;
 
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
 void dw_partial(__global const float* dy, ulong dy_off, __global const float* x, ulong x_off, int N, int C, int H,

@@ -25,22 +25,14 @@
 #define DX_T float
 #define ST_DX(i, v) dx[i] = (v)
 #endif
-// GEO_C: the layer's geometry compiled in (HC, WC, OHC, OWC, KHC, KWC, SHC, SWC, PHC, PWC, DHC, DWC replace the
-// arguments of those names): the divisions and remainders by strides and widths become shifts and multiplications
-// (dwconv_grad.cl's reason)
-#if defined(GEO_C)
-#define COMPILED_GEOMETRY H = HC; W = WC; OH = OHC; OW = OWC; KH = KHC; KW = KWC; SH = SHC; SW = SWC; PH = PHC; \
-    PW = PWC; DH = DHC; DW = DWC;
-#else
-#define COMPILED_GEOMETRY
-#endif
+// pool_argmax and pool_grad start with geometry.cl's GEOMETRY: the layer's geometry compiled in
 #if defined(POOL_MAX)
 // Max pools first find each window's first maximum in scan order (as the forward pass and torch pick it), once per
 // window: at[window] = its index in the plane, -1 where the window holds no input element. pool_grad then gives each
 // input element the dy of the windows whose maximum it is.
 __kernel void pool_argmax(__global const X_T* x, ulong x_off, __global int* at, int H, int W, int OH, int OW,
                           int KH, int KW, int SH, int SW, int PH, int PW, int DH, int DW, long total) {
-    COMPILED_GEOMETRY
+    GEOMETRY
     const long i = get_global_id(0);
     if (i >= total) return;
     const int ox = i % OW; long t = i / OW;
@@ -68,7 +60,7 @@ __kernel void pool_argmax(__global const X_T* x, ulong x_off, __global int* at, 
 __kernel void pool_grad(__global const DY_T* dy, ulong dy_off, __global const X_T* x, ulong x_off,
                         __global DX_T* dx, ulong dx_off, int H, int W, int OH, int OW, int KH, int KW,
                         int SH, int SW, int PH, int PW, int DH, int DW, int count_include_pad, long total POOL_AT) {
-    COMPILED_GEOMETRY
+    GEOMETRY
     const long i = get_global_id(0);
     if (i >= total) return;
     const int ix = i % W; long t = i / W;

@@ -5,7 +5,7 @@ import numpy as np
 
 from ...graph.ops.nn import conv_geometry
 from ..device import TILED_CORES
-from ..emitter import act_macro, core_source, defines
+from ..emitter import act_macro, compiled_geometry, core_source, defines
 from ..half import NONE, HalfIO, copy_pipeline_io, half_defines, without_copies
 from ..rules import round_up
 from ..runtime import kernel_source
@@ -120,9 +120,7 @@ class ConvGradFamily:
         dy, other = node.inputs
         out = node.outputs[0]
         Cin, H, W, OH, OW, KH, KW = (int(v) for v in geo[:7])
-        SH, SW, PH, PW, DH, DW = (int(v) for v in geo[7:13])
-        src = defines({"TAPS": KH * KW, "GEO_C": 1, "KHC": KH, "KWC": KW, "SHC": SH, "SWC": SW, "PHC": PH, "PWC": PW,
-                       "DHC": DH, "DWC": DW, "OHC": OH, "OWC": OW, "MC": mult}) + kernel_source("dwconv_grad")
+        src = defines({"TAPS": KH * KW, "MC": mult}) + compiled_geometry(geo[1:13]) + kernel_source("dwconv_grad")
         if which == "dx":
             self.emit(src, "dw_dx", self.args(dy) + self.args(other) + self.args(out) + geo + [np.int32(mult)],
                       (round_up(W, 16), round_up(H, 4), N * Cin), (16, 4, 1), label)

@@ -4,7 +4,7 @@ import numpy as np
 
 from ...errors import ModelError
 from ...graph.ops.nn import conv_geometry
-from ..emitter import defines
+from ..emitter import compiled_geometry
 from ..half import HalfIO, half_defines
 from ..runtime import kernel_source
 
@@ -64,15 +64,14 @@ class TrainingFamily:
         H, W, OH, OW, KH, KW = g.H, g.W, g.OH, g.OW, g.KH, g.KW
         s, p, d = list(g.strides_2d), list(g.pads_2d), list(g.dilations_2d)
         halves = "".join(f"#define {name} 1\n" for name in sorted(half_defines(DY=dy, X=x, DX=dx)))
-        src = f"#define POOL_{a['mode'].upper()} 1\n" + halves + kernel_source("pool_grad")
+        geometry = [H, W, OH, OW, KH, KW, s[0], s[1], p[0], p[1], d[0], d[1]]
+        src = f"#define POOL_{a['mode'].upper()} 1\n" + halves + compiled_geometry(geometry) + \
+            kernel_source("pool_grad")
         if [KH, KW] == list(s) and list(p) == [0, 0] and list(d) == [1, 1] and x.rank == 4 and \
                 list(x.shape[2:]) == [OH * KH, OW * KW] and not any(a.get("pads") or [0]):
             args = self.args(dy) + self.args(x) + self.args(dx) + _ints([OH, OW, KH, KW]) + [np.int64(dy.size)]
             self.emit(src, "pool_grad_tiled", args, (max(dy.size, 1),), None, f"{node.name} PoolGrad")
             return
-        geometry = [H, W, OH, OW, KH, KW, s[0], s[1], p[0], p[1], d[0], d[1]]
-        src = defines(dict(zip(("HC", "WC", "OHC", "OWC", "KHC", "KWC", "SHC", "SWC", "PHC", "PWC", "DHC", "DWC"),
-                               geometry), GEO_C=1)) + src
         args = self.args(dy) + self.args(x) + self.args(dx) + _ints(geometry + [a.get("count_include_pad", 0)]) + \
             [np.int64(dx.size)]
         if a["mode"] != "max":
