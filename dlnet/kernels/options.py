@@ -93,8 +93,14 @@ class Options:
     gemv_max_rows: int = 32
     # gemv_rows.cl per largest row count {rows: dict(LK, LN, NC, KC, per_cu, pf)}; None: rules.GEMV_ROWS_TILES
     gemv_rows_tiles: dict = None
-    # gemv_rows.cl's K slices (0: whole waves of resident work-groups)
+    # gemv_rows.cl's and gemv_cols.cl's K slices (0: whole waves of resident work-groups)
     gemv_rows_splits: int = 0
+    # products whose B is a [K, N] tensor (not a constant: a fully connected layer's gradients) on gemv_cols.cl:
+    # gemv_cols for at most gemv_cols_max_rows rows (0: off), gemm_outer for K of at most outer_max_k (0: off); else
+    # the GEMM core. H200, batch 16, kernel ms: 16 x 9216 x 4096 0.071 (core 0.159, cuBLAS 0.172); 4096 x 9216 x 16
+    # 0.077 (core 0.175, cuBLAS 0.074). At 32 rows gemv_cols lost to the core (0.32 against 0.20: 32 float4 sums)
+    gemv_cols_max_rows: int = 16
+    outer_max_k: int = 32
     # tf32: gemv_mma.cl's WARPS, NBW, KC, per_cu (16 x 4096 x 25088 0.158 ms against gemv_rows 0.180); None: off
     gemv_mma: dict = field(default_factory=lambda: {"WARPS": 8, "NBW": 1, "KC": 64, "per_cu": 2})
 

@@ -110,6 +110,14 @@ GEMV_TILES = (64, 2, 2)
 GEMV_ROWS_TILES = {12: dict(LK=8, LN=16, NC=4, KC=128, per_cu=3, pf=1),
                    16: dict(LK=8, LN=16, NC=4, KC=512, per_cu=2, pf=1),
                    32: dict(LK=16, LN=16, NC=4, KC=256, per_cu=2, pf=1)}
+# gemv_cols.cl's two products of B stored [K, N] (a fully connected layer's gradients at a small batch: dX = dy W
+# over few rows, dW = dy^T x over a short K): gemv_cols's LN lanes of 4 columns x LK lanes along k, chunks of KC rows
+# of B, work-groups resident per compute unit (MR float4 accumulators); gemm_outer's LN lanes of 4 columns, RM rows
+# each. H200 (`python3 bench/probes/fc_grads.py --cols ... --outer ...`, kernel ms at batch 16): 64,4,64,2 against
+# 32,8,64,2: 16 x 9216 x 4096 0.071 / 0.080, x 25088 0.189 / 0.199; gemm_outer 64,8 0.077 at 4096 x 9216 x 16
+# (64,4 0.083, 32,8 0.089, 128,8 0.077).
+GEMV_COLS_TILES = dict(LN=64, LK=4, KC=64, per_cu=2)
+OUTER_TILES = dict(LN=64, RM=8)
 # tf32 mode on NVIDIA: gemv_mma.cl in place of gemv_rows.cl: Options.gemv_mma (measurements in bench/RESULTS.md,
 # session 18)
 

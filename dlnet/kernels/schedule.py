@@ -136,6 +136,8 @@ class Gemv(Algo):
     @staticmethod
     def variant(node, dev, options):
         rows = node.outputs[0].shape[0]
+        if rows <= options.gemv_cols_max_rows and b_by_rows(node):
+            return "gemv_cols"
         if rows <= GEMV_REG_ROWS:
             return "gemv"
         return "gemv_mma" if dev.tensor_cores and options.gemv_mma else "gemv_rows"
@@ -146,6 +148,28 @@ class Gemv(Algo):
         if node.schedule.get("algo") == "gemv_mma":
             return half.NONE
         return GemmCore.half_io(node, dev)
+
+
+def b_by_rows(node):
+    """Is Gemm `node`'s B a 2-D [K, N] (transB=0), as a fully connected layer's gradients read the weight and the
+    activations (constant weights are transposed at load where gemv.cl reads them)?"""
+    return not node.attrs.get("transB", 0) and node.inputs[1].rank == 2
+
+
+class GemmOuter(Algo):
+    """gemv_cols.cl's gemm_outer: a 2-D product over a short K (a fully connected layer's weight gradient, dy^T x, at
+    a small batch) with B [K, N]: bound by writing y, which the GEMM core's tiles write slowly."""
+    name = "gemm_outer"
+
+    @staticmethod
+    def applies(node, dev, options):
+        a, y = node.inputs[0], node.outputs[0]
+        k = a.shape[-2] if node.attrs.get("transA", 0) else a.shape[-1]
+        return dev.tiled and y.rank == 2 and a.rank == 2 and k <= options.outer_max_k and b_by_rows(node)
+
+    @staticmethod
+    def half_io(node, dev):
+        return half.EVERY
 
 
 class GemmCore(Algo):
@@ -178,7 +202,7 @@ class Flash(Algo):
 
 ALGOS = {
     "Conv": [Winograd, DepthwisePlanesCpu, DepthwiseCpu, DepthwiseGpu, ConvCpu, ImplicitGemm],
-    "Gemm": [GemmCpu, Gemv, GemmCore],  # (the importer makes MatMul a Gemm)
+    "Gemm": [GemmCpu, Gemv, GemmOuter, GemmCore],  # (the importer makes MatMul a Gemm)
     "Attention": [FlashCpu, Flash],
 }
 

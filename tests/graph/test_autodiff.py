@@ -183,10 +183,10 @@ def central_differences(op, attrs, arrays, w, wrt, eps=1e-6):
     return grad
 
 
-def device_gradients(op, attrs, arrays, w, fed_weights=False, constant=()):
-    """(loss, [d loss / d x for each float input]) from dlnet: float32 on the device. fed_weights: w is an input,
-    so dy is no constant and no backward node folds on the host (each runs its kernel); constant: indices of float
-    arrays given as constants (no gradient asked)."""
+def device_gradients(op, attrs, arrays, w, fed_weights=False, constant=(), ctx=None):
+    """(loss, [d loss / d x for each float input]) from dlnet: float32 on ctx's device (else the tests'). fed_weights:
+    w is an input, so dy is no constant and no backward node folds on the host (each runs its kernel); constant:
+    indices of float arrays given as constants (no gradient asked)."""
     g = Graph("autodiff")
     b = Builder(g)
     inputs, feeds = [], []
@@ -212,7 +212,7 @@ def device_gradients(op, attrs, arrays, w, fed_weights=False, constant=()):
     g.output_names = ["loss"] + [f"grad:{v.name}" for v in xs]
     run_passes(g, [fold_constants, fuse_pointwise, remove_dead])  # what the trainer runs
     g.verify()
-    plan = Plan(context(), g)
+    plan = Plan(ctx or context(), g)
     try:
         outs = plan.run(feeds)
     finally:

@@ -30,6 +30,12 @@ def gemm_case(m, k, n):
     return model, {"a": a}
 
 
+def by_rows_case(m, k, n):
+    """Gemm(a, b) with b [K, N] a graph input, as a fully connected layer's gradients read their weight and input."""
+    a, b = f32(m, k), f32(k, n)
+    return make_model([helper.make_node("Gemm", ["a", "b"], ["y"])], {"a": a, "b": b}, ["y"]), {"a": a, "b": b}
+
+
 def attention_case(b, h, t, d):
     q, k, v = f32(b, h, t, d), f32(b, h, t, d), f32(b, h, t, d)
     model = make_model([helper.make_node("Attention", ["q", "k", "v"], ["y"], is_causal=1)], {"q": q, "k": k, "v": v},
@@ -57,6 +63,8 @@ CASES = [
     ("gemm_cpu", "cpu", {}, lambda: gemm_case(5, 40, 30)),
     ("gemv", None, {"matrix_core": "portable"}, lambda: gemm_case(4, 64, 40)),
     ("gemv_rows", None, {"matrix_core": "portable", "gemv_mma": None}, lambda: gemm_case(16, 64, 40)),
+    ("gemv_cols", None, {"matrix_core": "portable"}, lambda: by_rows_case(16, 100, 40)),
+    ("gemm_outer", None, {"matrix_core": "portable"}, lambda: by_rows_case(64, 16, 40)),
     ("gemm", None, {"matrix_core": "portable"}, lambda: gemm_case(64, 48, 40)),
     ("flash_cpu", "cpu", {}, lambda: attention_case(2, 3, 40, 16)),
     ("flash", None, {"matrix_core": "portable"}, lambda: attention_case(2, 3, 40, 16)),
@@ -94,7 +102,7 @@ def test_the_cases_cover_the_tables():
     names = {c[0] for c in CASES}
     table = {a.name for algos in schedule.ALGOS.values() for a in algos}
     expanded = (table - {"winograd", "cpu"}) | {"winograd2", "cpu_winograd", "cpu_direct", "cpu_local",
-                                               "cpu_im2col", "cpu_pixels", "gemv_rows"}
+                                               "cpu_im2col", "cpu_pixels", "gemv_rows", "gemv_cols"}
     assert expanded - {"gemv_mma"} <= names, sorted(expanded - names)
 
 

@@ -1,5 +1,6 @@
 """Matrix products: Gemm and MatMul on the tiled GPU cores (gemm.cl over gemm_core.cl / gemm_mma.cl), gemv.cl and
-gemv_rows.cl / gemv_mma.cl for products of few rows, gemm_cpu.cl on CPUs; split-K where a grid cannot fill the
+gemv_rows.cl / gemv_mma.cl for products of few rows, gemv_cols.cl for those of few rows or a short K whose B is
+stored by rows (a fully connected layer's gradients), gemm_cpu.cl on CPUs; split-K where a grid cannot fill the
 device."""
 import numpy as np
 
@@ -12,10 +13,12 @@ from ..half import half_defines, without_copies
 from ..rules import (
     GEMM_CPU_TILES,
     GEMM_TILES,
+    GEMV_COLS_TILES,
     GEMV_REG_ROWS,
     GEMV_ROWS_TILES,
     GEMV_TILES,
     GPU_TILE_MODEL,
+    OUTER_TILES,
     SPLITK_SCRATCH_MAX,
     Pick,
     launch_geometry,
@@ -62,7 +65,9 @@ class MatmulFamily:
             self.gemm_cpu(node, a, b, c, y, M, N, K, sam, sak, sbk, sbn, cs)
             return
         sc_b, scm, scn = cs[:-2], cs[-2], cs[-1]
-        if algo.startswith("gemv") and self.gemv(a, b, c, y, M, N, K, sam, sak, sbk, sbn, scm, scn, at, node.name):
+        skinny = {"gemv_cols": self.gemv_cols, "gemm_outer": self.gemm_outer}.get(
+            algo, self.gemv if algo.startswith("gemv") else None)
+        if skinny is not None and skinny(a, b, c, y, M, N, K, sam, sak, sbk, sbn, scm, scn, at, node.name):
             return
         if algo != "gemm":  # (a view's offset not a multiple of 4 floats: gemv.cl cannot read it)
             node.schedule["algo"] = "gemm"
@@ -191,15 +196,7 @@ class MatmulFamily:
             if tiles.get("pf") and (M * KC4) % (LK * LN) == 0:
                 defs["PREFETCH_A"] = 1
         blocks, chunks = -(-N // cols), -(-K // KC)
-        max_splits = min(chunks, max(1, max(self.arena_room(), SPLITK_SCRATCH_MAX) // (4 * M * N)))
-        if self.options.gemv_rows_splits:
-            splits = min(self.options.gemv_rows_splits, max_splits)
-        else:  # whole waves of the resident slots, each work-group costing its chunks and about one more
-            slots = tiles["per_cu"] * self.dev.compute_units
-            splits = min(range(1, max_splits + 1),
-                         key=lambda s: (-(-blocks * s // slots) * (-(-chunks // s) + 1), s))
-        per_split = -(-chunks // splits)
-        splits = -(-chunks // per_split)  # no empty slices
+        splits, per_split = self._skinny_splits(blocks, chunks, tiles["per_cu"], M, N)
         defs["SPLITS"] = splits
         if c is not None:
             defs["HAS_C"] = 1
@@ -212,6 +209,26 @@ class MatmulFamily:
         label = f"{name} Gemm {kernel}"
         self.record_tile(f"{M}x{cols}x{KC}" + (f"/{splits}" if splits > 1 else ""))
         grid = (blocks * lsize[0], lsize[1] * splits)
+        self._skinny_launches(src, kernel, args, args, grid, lsize, label, M, N, splits)
+
+    def _skinny_splits(self, blocks, chunks, per_cu, M, N):
+        """(slices, chunks per slice) of K for a skinny product of `blocks` column blocks over `chunks` chunks of
+        K: Options.gemv_rows_splits, else whole waves of the resident slots, each work-group costing its chunks and
+        about one more; the partial sums fit the arena's free room or the split-K scratch."""
+        max_splits = min(chunks, max(1, max(self.arena_room(), SPLITK_SCRATCH_MAX) // (4 * M * N)))
+        if self.options.gemv_rows_splits:
+            splits = min(self.options.gemv_rows_splits, max_splits)
+        else:
+            slots = per_cu * self.dev.compute_units
+            splits = min(range(1, max_splits + 1),
+                         key=lambda s: (-(-blocks * s // slots) * (-(-chunks // s) + 1), s))
+        per_split = -(-chunks // splits)
+        return -(-chunks // per_split), per_split  # (no empty slices)
+
+    def _skinny_launches(self, src, kernel, args, reduce_args, grid, lsize, label, M, N, splits):
+        """A skinny product's launch; with splits > 1 its partial sums [splits, M, N] go to a free block of the
+        arena (else the split-K scratch), and gemv_rows_reduce (gemv_epilogue.cl) adds them and applies the
+        epilogue (reduce_args: its arguments before the partial sums')."""
         if splits == 1:
             self.emit(src, kernel, args + self.dummy(), grid, lsize, label)
             return
@@ -219,10 +236,60 @@ class MatmulFamily:
         off = self.arena_block(nbytes)
         ws = [self.act_buf, np.uint64(off // 4)] if off is not None else self.dummy()
         self.emit(src, kernel, args + ws, grid, lsize, label + f" splitK{splits}")
-        self.emit(src, "gemv_rows_reduce", args + ws, (round_up(N, 64), M), (64, 1), label + " reduce")
+        self.emit(src, "gemv_rows_reduce", reduce_args + ws, (round_up(N, 64), M), (64, 1), label + " reduce")
         if off is None:
-            for launch in self.launches[-2:]:
-                self.use_scratch(launch.kernel, len(args), nbytes, "splitk")
+            self.use_scratch(self.launches[-2].kernel, len(args), nbytes, "splitk")
+            self.use_scratch(self.launches[-1].kernel, len(reduce_args), nbytes, "splitk")
+
+    def _by_rows(self, b, y, N, sbk, sbn):
+        """Can gemv_cols.cl read B [K, N] (rows contiguous along n) and write y four floats at a time?"""
+        return sbn == 1 and N % 4 == 0 and sbk % 4 == 0 and self.loc(b)[1] % 4 == 0 and self.loc(y)[1] % 4 == 0 \
+            and max(b.size, y.size) < 2**31
+
+    def gemv_cols(self, a, b, c, y, M, N, K, sam, sak, sbk, sbn, scm, scn, at, name):
+        """A product of at most Options.gemv_max_rows rows with B [K, N] stored by rows (dX = dy W of a fully
+        connected layer: W changes every step): gemv_cols.cl streams B once, K split into slices where the column
+        blocks alone leave resident work-group slots idle. False where B's layout does not allow it."""
+        if not self._by_rows(b, y, N, sbk, sbn):
+            return False
+        t = GEMV_COLS_TILES
+        LN, LK, KC = t["LN"], t["LK"], t["KC"]
+        red = max(1, M * KC // (4 * LN * LK))  # rows of y per pass of the lanes' sums
+        blocks, chunks = -(-N // (4 * LN)), -(-K // KC)
+        splits, per_split = self._skinny_splits(blocks, chunks, t["per_cu"], M, N)
+        defs = {"MR": M, "LN": LN, "LK": LK, "KC": KC, "RED": red, "SPLITS": splits,
+                "LOCALF": max(M * KC, 4 * red * LN * LK), **half_defines(A=a, B=b, C=c, Y=y)}
+        if c is not None:
+            defs["HAS_C"] = 1
+        src = defines(defs) + act_macro(at.get("act")) + kernel_source("gemv_half") + \
+            kernel_source("gemv_epilogue") + kernel_source("gemv_cols")
+        head = self.args(a) + self.args(b) + (self.args(c) if c is not None else self.dummy()) + self.args(y)
+        tail = [np.float32(at.get("alpha", 1.0)), np.float32(at.get("beta", 1.0)), np.int32(per_split * KC)]
+        args = head + [np.int32(v) for v in (N, K, sam, sak, sbk, scm, scn)] + tail
+        reduce_args = head + [np.int32(v) for v in (N, K, sam, sbn, scm, scn)] + tail
+        self.record_tile(f"{M}x{4 * LN}x{KC}" + (f"/{splits}" if splits > 1 else ""))
+        self._skinny_launches(src, "gemv_cols", args, reduce_args, (blocks * LN, LK * splits), (LN, LK),
+                              f"{name} Gemm gemv_cols", M, N, splits)
+        return True
+
+    def gemm_outer(self, a, b, c, y, M, N, K, sam, sak, sbk, sbn, scm, scn, at, name):
+        """A product over a short K (dW = dy^T x of a fully connected layer at a small batch) with B [K, N] stored
+        by rows: gemv_cols.cl's gemm_outer, a work-item per RM rows x 4 columns, bound by writing y. False where
+        B's layout does not allow it."""
+        if not self._by_rows(b, y, N, sbk, sbn):
+            return False
+        LN, RM = OUTER_TILES["LN"], OUTER_TILES["RM"]
+        defs = {"LN": LN, "RM": RM, "SPLITS": 1, **half_defines(A=a, B=b, C=c, Y=y)}
+        if c is not None:
+            defs["HAS_C"] = 1
+        src = defines(defs) + act_macro(at.get("act")) + kernel_source("gemv_half") + \
+            kernel_source("gemv_epilogue") + kernel_source("gemv_cols")
+        args = self.args(a) + self.args(b) + (self.args(c) if c is not None else self.dummy()) + self.args(y) + [
+            np.int32(v) for v in (M, N, K, sam, sak, sbk, scm, scn)] + [
+            np.float32(at.get("alpha", 1.0)), np.float32(at.get("beta", 1.0))]
+        self.record_tile(f"{RM}x{4 * LN}")
+        self.emit(src, "gemm_outer", args, (round_up(N // 4, LN), -(-M // RM)), (LN, 1), f"{name} Gemm outer")
+        return True
 
     def gemm_cpu(self, node, a, b, c, y, M, N, K, sam, sak, sbk, sbn, cs):
         """A 2-D Gemm with a constant B on a CPU device: B packed here, once, into panels of NR columns."""
