@@ -5,17 +5,22 @@ CUDA allocates each of a Context's buffers (its plans' arenas) as memory that ca
 a POSIX file descriptor handle, mapped with cuMemMap), and OpenCL imports the descriptor
 (cl_khr_external_memory_opaque_fd, clCreateBufferWithProperties): one memory, a cl.Buffer on one side, a device
 pointer on the other, from which `view` makes torch tensors (__cuda_array_interface__). The two APIs run in two CUDA
-contexts, so the caller hands the memory over in turn: torch's stream synchronised before dlnet's launches, dlnet's
-queue finished before torch reads (about 0.15 ms each way on an H100: the GPU switches contexts).
+contexts: a plan's kernels are launched by CUDA in torch's context, on torch's stream (CudaLaunches: their PTX, as
+NVIDIA's OpenCL built it); where they cannot be, the caller hands the memory over in turn: torch's stream
+synchronised before dlnet's launches on the queue, the queue finished (or waited for on the GPU) before torch reads
+(about 0.15 ms each way on an H100: the GPU switches contexts).
 
     share_with_torch(ctx)  # ctx's later allocations are shared; False where the device or torch cannot
 """
 import ctypes
 import os
+import re
+import warnings
 import weakref
 
 import numpy as np
 
+from .kernels.launch import Deferred
 from .kernels.runtime import cl
 
 EXTENSION = "cl_khr_external_memory_opaque_fd"
@@ -73,6 +78,7 @@ class CudaShare:
         self.pointers = {}
         self.views = {}  # (buffer, byte offset, shape, dtype) -> its torch tensor (made once: ~25 us each)
         self._signal = None  # DeviceSignal; False where CUDA cannot wait on a value
+        self.modules = {}  # program int_ptr -> (program, CUDA module of its PTX, {kernel name: CUDA function})
 
     def signal(self):
         """The DeviceSignal of this context (made at the first call), or None."""
@@ -249,9 +255,14 @@ def _plan_views(share, vjp):
 
 
 def _hand_over(share, plan, start, stop):
-    """dlnet's launches start..stop run after torch's writes so far (the host waits for torch's stream), and before
-    torch's later work: its stream waits for them on the GPU (DeviceSignal), else the host waits for the queue."""
+    """dlnet's launches start..stop run after torch's writes so far and before torch's later work: on torch's stream
+    (CudaLaunches) where they can, else on the queue, the host waiting for torch's stream, and torch's stream for the
+    queue on the GPU (DeviceSignal), else the host for the queue."""
     import torch
+    launches = cuda_launches(share, plan)
+    if launches is not None:
+        launches.run(start, stop, torch.cuda.current_stream().cuda_stream)
+        return
     torch.cuda.current_stream().synchronize()
     plan.run_launches(start, stop)
     signal = share.signal()
@@ -286,3 +297,105 @@ def vjp_backward(share, vjp, dys):
     grads = {n: grads[vjp.grad_index[n]] if n in vjp.grad_index else
              torch.zeros(vjp.grad_shapes[n], dtype=torch.float32, device="cuda") for n in vjp.wrt_names}
     return grads, views.outputs[first_state:]
+
+
+# ------------------------------------------------------------------- a plan's kernels launched by CUDA ----------
+# NVIDIA's OpenCL program binaries are PTX. Loaded into torch's CUDA context (cuModuleLoadData), a plan's kernels run
+# on torch's stream with the arguments they were bound with: buffers as device pointers (shared ones as CUDA maps
+# them, the rest copied once into CUDA memory), scalars as they are. OpenCL's PTX reads the launch's group and global
+# offsets from %envreg0-5, which CUDA leaves unset: they are 0 for dlnet's launches, and written so into the PTX.
+_ENVREG_OFFSETS = re.compile(rb"%envreg[0-5]\b")
+_CL_SCALARS = {np.dtype(np.int32): ctypes.c_int32, np.dtype(np.uint32): ctypes.c_uint32,
+               np.dtype(np.int64): ctypes.c_int64, np.dtype(np.uint64): ctypes.c_uint64,
+               np.dtype(np.float32): ctypes.c_float}
+_CUDA_GRID_YZ = 65535
+
+
+class CudaLaunches:
+    """A plan's launches as cuLaunchKernel calls (bench/probes/cuda_launch.py found how): built once per plan, run
+    on a torch stream. Raises ValueError where a launch cannot go this way (the caller keeps the OpenCL queue)."""
+
+    def __init__(self, share, plan):
+        self.share, self.cu, self.queue = share, share.cu, plan.ctx.queue
+        self.launch = self.cu.cuLaunchKernel
+        self.launch.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+        self.mirrors, self.calls = {}, []
+        for launch in plan.launches:
+            if launch.pending is None or launch.wait is not None:
+                raise ValueError(f"{launch.label}: no recorded arguments")
+            args = [self._arg(a) for a in launch.pending.args]
+            params = (ctypes.c_void_p * max(len(args), 1))(*[ctypes.addressof(a) for a in args])
+            self.calls.append((self._function(launch.kernel), *self._shape(launch), params, args, launch.label))
+
+    def _function(self, kernel):
+        program, name = kernel.program, kernel.function_name
+        modules = self.share.modules
+        if program.int_ptr not in modules:
+            ptx = bytes(program.get_info(cl.program_info.BINARIES)[0]).rstrip(b"\0")
+            if b"%envreg" in _ENVREG_OFFSETS.sub(b"", ptx):
+                raise ValueError(f"kernel {name}: its PTX reads OpenCL's launch environment")
+            module = ctypes.c_void_p()
+            _check(self.cu.cuModuleLoadData(ctypes.byref(module), _ENVREG_OFFSETS.sub(b"0", ptx) + b"\0"),
+                   f"cuModuleLoadData ({name})")
+            modules[program.int_ptr] = (program, module, {})  # (the program held: its int_ptr stays its own)
+        _, module, functions = modules[program.int_ptr]
+        if name not in functions:
+            f = ctypes.c_void_p()
+            _check(self.cu.cuModuleGetFunction(ctypes.byref(f), module, name.encode()), f"cuModuleGetFunction {name}")
+            functions[name] = f
+        return functions[name]
+
+    @staticmethod
+    def _shape(launch):
+        """(grid, block): the launch's work-groups; where OpenCL would pick the local size, the largest divisor of
+        the global size up to 256 along x."""
+        g = list(launch.gsize) + [1] * (3 - len(launch.gsize))
+        if launch.lsize is not None:
+            b = list(launch.lsize) + [1] * (3 - len(launch.lsize))
+        else:
+            b = [next(d for d in range(min(256, g[0]), 0, -1) if g[0] % d == 0), 1, 1]
+        grid = [n // d for n, d in zip(g, b)]
+        if any(n % d for n, d in zip(g, b)) or max(grid[1:]) > _CUDA_GRID_YZ or min(grid) < 1:
+            raise ValueError(f"{launch.label}: grid {g} / {b}")
+        return grid, b
+
+    def _arg(self, a):
+        if isinstance(a, Deferred):
+            a = a.get()
+        if a is None:
+            return ctypes.c_uint64(0)
+        if isinstance(a, cl.Buffer):
+            if a.int_ptr in self.share.pointers:
+                return ctypes.c_uint64(self.share.pointers[a.int_ptr][0])
+            if a.int_ptr not in self.mirrors:  # a buffer OpenCL alone holds (the plan's tables): copied once
+                import torch
+                host = np.empty(a.size, np.uint8)
+                cl.enqueue_copy(self.queue, host, a, is_blocking=True)
+                self.mirrors[a.int_ptr] = (a, torch.from_numpy(host).to(f"cuda:{self.share.device}"))
+            return ctypes.c_uint64(self.mirrors[a.int_ptr][1].data_ptr())
+        kind = _CL_SCALARS.get(np.asarray(a).dtype)
+        if kind is None:
+            raise ValueError(f"an argument of type {type(a).__name__}")
+        return kind(np.asarray(a).item())
+
+    def run(self, start, stop, stream):
+        for f, grid, block, params, _, label in self.calls[start:stop]:
+            rc = self.launch(f, *grid, *block, 0, stream, params, None)
+            if rc:
+                raise RuntimeError(f"{label}: cuLaunchKernel failed ({rc})")
+
+
+def cuda_launches(share, plan):
+    """plan's CudaLaunches (made at the first call, after the queue's work so far), or None where Options.cuda_launch
+    is off or some launch cannot go through CUDA."""
+    made = getattr(plan, "cuda_launches", None)
+    if made is None:
+        made = False
+        if plan.ctx.options.cuda_launch:
+            plan.ctx.queue.finish()
+            try:
+                made = CudaLaunches(share, plan)
+            except (ValueError, RuntimeError, cl.Error) as e:
+                warnings.warn(f"dlnet: the plan's kernels stay on the OpenCL queue ({e})", stacklevel=2)
+        plan.cuda_launches = made
+    return made or None

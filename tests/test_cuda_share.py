@@ -70,6 +70,23 @@ def test_module_trains_on_cuda_tensors_without_the_host():
     assert rel_l2(host(model.bn.running_var), host(reference.bn.running_var)) < 1e-6
 
 
+def test_kernels_launched_by_cuda_match_the_queue():
+    """The plan's kernels launched by CUDA on torch's stream (Options.cuda_launch, the default) give the queue's
+    outputs and gradients bit for bit."""
+    base = gpu_context()
+    x = torch.randn(4, 3, 10, 10, device="cuda")
+    runs = []
+    for launch in (True, False):
+        model = _seeded(ConvNet()).cuda().train()
+        wrapped = dt.Module(model, (x,), ctx=base.with_options(cuda_launch=launch))  # (one OpenCL context)
+        out = wrapped(x)
+        (out ** 2).sum().backward()
+        runs.append((host(out), [host(p.grad) for p in model.parameters()], wrapped._runner.last.plan))
+    assert runs[0][2].cuda_launches and not runs[1][2].cuda_launches
+    assert np.array_equal(runs[0][0], runs[1][0])
+    assert all(np.array_equal(a, b) for a, b in zip(runs[0][1], runs[1][1]))
+
+
 def test_torch_compile_training_step_on_cuda():
     gpu_context()
     torch._dynamo.reset()

@@ -29,6 +29,9 @@ class Options:
     # the PyTorch bridge on NVIDIA (cuda_share.py): torch's stream waits for dlnet's launches on the GPU, not the
     # host (False: the host waits for the queue)
     cuda_device_wait: bool = True
+    # ... and the plan's kernels (their PTX, as NVIDIA's OpenCL built them) launched by CUDA on torch's stream, in
+    # torch's context: no hand-over between the two contexts at all (False: the OpenCL queue, handed over)
+    cuda_launch: bool = True
     # data-parallel gradients (allreduce.py): "auto" is, where every rank is on one host, "shm-device" on GPUs and
     # "shm" on the CPU device, else "mpi" (MPI's all-reduce on pinned host buffers). "shm": a shared-memory segment,
     # summed on the host; "shm-device": the same segment, summed on the device. 2 H200s, b64, scaling efficiency:
