@@ -2,6 +2,8 @@
 torch, so dlnet.torch.Module and torch.compile(backend="dlnet") train without crossing the host, with the same
 outputs, gradients, updates and running statistics as eager CUDA. Skipped where there is no CUDA device or no
 NVIDIA OpenCL device sharing memory with it."""
+import functools
+
 import numpy as np
 import pytest
 
@@ -17,7 +19,10 @@ from .conftest import rel_l2  # noqa: E402
 from .test_torch_bridge import ConvNet, _seeded  # noqa: E402
 
 
+@functools.lru_cache(maxsize=None)
 def gpu_context():
+    """One Context for the module's tests (contexts made and dropped test after test are torn down by the garbage
+    collector at any later moment, an OpenCL build of the next one's included, which NVIDIA's driver fails)."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     try:
