@@ -241,16 +241,17 @@ class MatmulFamily:
             self.use_scratch(self.launches[-2].kernel, len(args), nbytes, "splitk")
             self.use_scratch(self.launches[-1].kernel, len(reduce_args), nbytes, "splitk")
 
-    def _by_rows(self, b, y, N, sbk, sbn):
-        """Can gemv_cols.cl read B [K, N] (rows contiguous along n) and write y four floats at a time?"""
+    def _by_rows(self, a, b, y, N, sbk, sbn):
+        """Can gemv_cols.cl read B [K, N] (rows contiguous along n) and write y four floats at a time (its strides
+        and columns in int)?"""
         return sbn == 1 and N % 4 == 0 and sbk % 4 == 0 and self.loc(b)[1] % 4 == 0 and self.loc(y)[1] % 4 == 0 \
-            and max(b.size, y.size) < 2**31
+            and max(a.size, b.size, y.size) < 2**31
 
     def gemv_cols(self, a, b, c, y, M, N, K, sam, sak, sbk, sbn, scm, scn, at, name):
-        """A product of at most Options.gemv_max_rows rows with B [K, N] stored by rows (dX = dy W of a fully
+        """A product of at most Options.gemv_cols_max_rows rows with B [K, N] stored by rows (dX = dy W of a fully
         connected layer: W changes every step): gemv_cols.cl streams B once, K split into slices where the column
-        blocks alone leave resident work-group slots idle. False where B's layout does not allow it."""
-        if not self._by_rows(b, y, N, sbk, sbn):
+        blocks alone leave resident work-group slots idle. False where B's layout does not allow it, or K is 0."""
+        if K == 0 or not self._by_rows(a, b, y, N, sbk, sbn):
             return False
         t = GEMV_COLS_TILES
         LN, LK, KC = t["LN"], t["LK"], t["KC"]
@@ -276,7 +277,7 @@ class MatmulFamily:
         """A product over a short K (dW = dy^T x of a fully connected layer at a small batch) with B [K, N] stored
         by rows: gemv_cols.cl's gemm_outer, a work-item per RM rows x 4 columns, bound by writing y. False where
         B's layout does not allow it."""
-        if not self._by_rows(b, y, N, sbk, sbn):
+        if not self._by_rows(a, b, y, N, sbk, sbn):
             return False
         LN, RM = OUTER_TILES["LN"], OUTER_TILES["RM"]
         defs = {"LN": LN, "RM": RM, "SPLITS": 1, **half_defines(A=a, B=b, C=c, Y=y)}
