@@ -4,34 +4,29 @@ A body graph is built by the same handlers, in the importer's value scope (bodie
 inputs bound to IR values; the scope is restored afterwards.
 """
 import numpy as np
-from onnx import numpy_helper
 
 from ..errors import ModelError
-from .common import const, handler, norm_axis, reshape, resolve_handler, slice_axes
+from .common import const, handler, norm_axis, reshape, slice_axes
 
 
 def inline(imp, body, bound):
     """Build GraphProto `body` with its inputs bound to `bound` (a list of values); returns its output values."""
     if len(bound) != len(body.input):
         raise ModelError(f"subgraph {body.name!r} takes {len(body.input)} inputs, given {len(bound)}")
-    saved = dict(imp.values)
+    saved, name = dict(imp.values), imp.b.node_name
     try:
         for init in body.initializer:
-            imp.values[init.name] = imp.b.const(numpy_helper.to_array(init))
+            imp.initializer(init, f"{imp.path}: subgraph {body.name!r} initializer {init.name!r}")
         for vi, v in zip(body.input, bound, strict=False):
             imp.values[vi.name] = v
-        for node in body.node:
-            fn, reason = resolve_handler(node.op_type, imp.opset, node.domain)
-            if fn is None:
-                raise ModelError(f"subgraph {body.name!r} node {node.name or node.op_type}: {reason}")
-            inputs = [imp.values[n] if n else None for n in node.input]
-            outs = fn(imp, node, inputs, imp.attrs(node))
-            for name, v in zip(node.output, outs if isinstance(outs, (list, tuple)) else [outs], strict=False):
-                if name and v is not None:
-                    imp.values[name] = v
+        for k, node in enumerate(body.node):  # (as the graph's own nodes: checks, host dtypes, bfloat16)
+            imp._import_node(f"{body.name}/{k}", node)
+        missing = [o.name for o in body.output if o.name not in imp.values]
+        if missing:
+            raise ModelError(f"subgraph {body.name!r}: output {missing[0]!r} is never computed")
         return [imp.values[o.name] for o in body.output]
     finally:
-        imp.values = saved
+        imp.values, imp.b.node_name = saved, name
 
 
 @handler("If", 1, 11, 13, 16, 19, 21, 23, 24, 25)  # later versions add types (sequences, optionals)

@@ -164,15 +164,8 @@ class Importer:
         self.state_updates = []  # training: (running-statistic value, its new value), e.g. BatchNormalization
         self.dropout_seed = None  # training: the uint32[1] graph input Dropout nodes read
         for init in self.model.graph.initializer:
-            where = f"{self.path}: initializer {init.name!r}"
-            arr = tensor_array(init, where)  # (never reads a file: validate.read_model read external data at load)
-            if init.data_type == BFLOAT16:
-                self.bfloat16.add(init.name)
-            # (no copy where the dtype is already right: the array is a read-only view of the protobuf's bytes)
-            dtype = HOST_DTYPES.get(init.data_type) or onnx_dtype(init.data_type, f"{where}: ")
-            v = self.graph.constant(host_array(arr).astype(dtype, copy=False), init.name)
+            v = self.initializer(init, f"{self.path}: initializer {init.name!r}")
             v.param = training and v.dtype in ("float32", "float64", "float16")  # trainable: never folded
-            self.values[init.name] = v
         ins, _ = graph_io(self.model, self.path)
         for name, _, dtype in ins:
             if values is not None and name in values:
@@ -187,6 +180,17 @@ class Importer:
                 raise InputError(f"{self.path}: input {name!r} of shape {list(shape)} {over_cap(shape)}")
             self.values[name] = self.graph.add_input(name, dtype, shape)
         return self._import_from(0)
+
+    def initializer(self, init, where):
+        """The constant of TensorProto `init` (of the graph or of a subgraph), bound to its name: bfloat16 widened
+        and its name noted, HOST_DTYPES as they are, the rest as their IR dtype."""
+        arr = tensor_array(init, where)  # (never reads a file: validate.read_model read external data at load)
+        if init.data_type == BFLOAT16:
+            self.bfloat16.add(init.name)
+        # (no copy where the dtype is already right: the array is a read-only view of the protobuf's bytes)
+        dtype = HOST_DTYPES.get(init.data_type) or onnx_dtype(init.data_type, f"{where}: ")
+        v = self.values[init.name] = self.graph.constant(host_array(arr).astype(dtype, copy=False), init.name)
+        return v
 
     def build_stage(self, start, inputs, consts):
         """The graph of ONNX nodes `start`... after a host step: `inputs` {name: (dtype, shape)} arrive at run time,
@@ -257,6 +261,8 @@ class Importer:
         return g
 
     def _import_node(self, i, node):
+        """ONNX `node` (the graph's i-th, or a subgraph's node labelled i) into the IR: its outputs bound to their
+        names."""
         fn, reason = resolve_handler(node.op_type, self.opset, node.domain)
         label = node.name or f"#{i}"
         if fn is None:

@@ -118,6 +118,30 @@ def test_op_that_cannot_take_the_dtype_names_node_and_dtype():
         dlnet.Net(context()).load_onnx(model).run({"x": rng.standard_normal((2, 3)).astype(np.float32)})
 
 
+def test_a_branch_reads_its_initializers_as_the_graph_does():
+    """An If branch's own initializers are read as the graph's own: a uint4 one read by Mul is refused with the node's
+    name (a fuzzed model once reached the kernel generator with it); uint4 and bfloat16 ones through Cast (on the
+    host) scale x."""
+    def branch(name, init, cast):
+        nodes = [helper.make_node("Cast", ["k"], ["kf"], to=T.FLOAT)] if cast else []
+        nodes.append(helper.make_node("Mul", ["x", "kf" if cast else "k"], ["o"], name=name))
+        return helper.make_graph(nodes, name, [], [helper.make_tensor_value_info("o", T.FLOAT, None)], [init])
+
+    x = rng.standard_normal((2, 3)).astype(np.float32)
+    for init, k, cast in [(helper.make_tensor("k", T.UINT4, [3], [1, 2, 3]), [1, 2, 3], False),
+                          (helper.make_tensor("k", T.UINT4, [3], [1, 2, 3]), [1, 2, 3], True),
+                          (helper.make_tensor("k", T.BFLOAT16, [3], [1.5, 2.0, -0.5]), [1.5, 2.0, -0.5], True)]:
+        model = model_of([helper.make_node("If", ["c"], ["y"], then_branch=branch("scale", init, cast),
+                                           else_branch=branch("other", init, cast))],
+                         [("x", T.FLOAT, [2, 3])], [("y", T.FLOAT, [2, 3])], {"c": np.asarray(True)})
+        if not cast:
+            with pytest.raises(dlnet.ModelError, match=r"node scale \(Mul\): dtype uint4 is not supported"):
+                dlnet.Net(context()).load_onnx(model).run({"x": x})
+            continue
+        got = dlnet.Net(context()).load_onnx(model).run({"x": x})["y"]
+        assert rel_l2(got, x * np.asarray(k, np.float32)) < 1e-7
+
+
 def test_dtype_numpy_does_not_hold_names_input():
     model = model_of([helper.make_node("Identity", ["x"], ["y"])], [("x", T.COMPLEX64, [2])],
                      [("y", T.COMPLEX64, [2])])
