@@ -79,6 +79,7 @@ class CudaShare:
         self.views = {}  # (buffer, byte offset, shape, dtype) -> its torch tensor (made once: ~25 us each)
         self._signal = None  # DeviceSignal; False where CUDA cannot wait on a value
         self.modules = {}  # program int_ptr -> (program, CUDA module of its PTX, {kernel name: CUDA function})
+        self.cu.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
 
     def signal(self):
         """The DeviceSignal of this context (made at the first call), or None."""
@@ -318,7 +319,6 @@ class CudaLaunches:
     def __init__(self, share, plan):
         self.share, self.cu, self.queue = share, share.cu, plan.ctx.queue
         self.launch = self.cu.cuLaunchKernel
-        self.launch.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
         self.mirrors, self.calls = {}, []
         for launch in plan.launches:
             if launch.pending is None or launch.wait is not None:

@@ -20,7 +20,7 @@ def inline(imp, body, bound):
         for vi, v in zip(body.input, bound, strict=False):
             imp.values[vi.name] = v
         for k, node in enumerate(body.node):  # (as the graph's own nodes: checks, host dtypes, bfloat16)
-            imp._import_node(f"{body.name}/{k}", node)
+            imp.import_node(f"{body.name}/{k}", node)
         missing = [o.name for o in body.output if o.name not in imp.values]
         if missing:
             raise ModelError(f"subgraph {body.name!r}: output {missing[0]!r} is never computed")

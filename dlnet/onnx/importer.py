@@ -215,7 +215,7 @@ class Importer:
         self.training = False
         node = self.model.graph.node[index]
         self.values = {name: self.graph.constant(a, name) for name, a in arrays.items()}
-        self._import_node(index, node)
+        self.import_node(index, node)
         label = node.name or f"#{index}"
         out = {}
         for name in node.output:
@@ -234,7 +234,7 @@ class Importer:
         for i in range(start, len(nodes)):
             mark = len(self.graph.nodes)
             try:
-                self._import_node(i, nodes[i])
+                self.import_node(i, nodes[i])
             except NeedsHost as e:
                 if self.training:
                     raise ModelError(f"{e}; a training graph has no host steps") from None
@@ -260,7 +260,7 @@ class Importer:
             g.output_names.append(o.name)
         return g
 
-    def _import_node(self, i, node):
+    def import_node(self, i, node):
         """ONNX `node` (the graph's i-th, or a subgraph's node labelled i) into the IR: its outputs bound to their
         names."""
         fn, reason = resolve_handler(node.op_type, self.opset, node.domain)

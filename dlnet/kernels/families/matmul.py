@@ -163,7 +163,7 @@ class MatmulFamily:
         if c is not None:
             defs["HAS_C"] = 1
         src = defines(defs) + act_macro(at.get("act")) + kernel_source("gemv_half") + kernel_source("gemv")
-        args = self.args(a) + self.args(b) + (self.args(c) if c is not None else self.dummy()) + self.args(y) + [
+        args = self._operands(a, b, c, y) + [
             np.int32(v) for v in (M, N, K, sam, sbn, scm, scn)] + [
             np.float32(at.get("alpha", 1.0)), np.float32(at.get("beta", 1.0))]
         groups = -(-N // (LN * NC))
@@ -203,7 +203,7 @@ class MatmulFamily:
         defs.update(half_defines(A=a, B=b, C=c, Y=y))  # (gemv_rows.cl; gemv_mma.cl reads float32: schedule.Gemv)
         src = defines(defs) + act_macro(at.get("act")) + kernel_source("gemv_half") + kernel_source("gemv_epilogue") + (
             kernel_source("mma_tf32") if kernel == "gemv_mma" else "") + kernel_source(kernel)
-        args = self.args(a) + self.args(b) + (self.args(c) if c is not None else self.dummy()) + self.args(y) + [
+        args = self._operands(a, b, c, y) + [
             np.int32(v) for v in (N, K, sam, sbn, scm, scn)] + [
             np.float32(at.get("alpha", 1.0)), np.float32(at.get("beta", 1.0)), np.int32(per_split)]
         label = f"{name} Gemm {kernel}"
@@ -241,6 +241,17 @@ class MatmulFamily:
             self.use_scratch(self.launches[-2].kernel, len(args), nbytes, "splitk")
             self.use_scratch(self.launches[-1].kernel, len(reduce_args), nbytes, "splitk")
 
+    def _operands(self, a, b, c, y):
+        """The skinny products' first arguments: A, B, C (a dummy where there is none) and y, each with its offset."""
+        return self.args(a) + self.args(b) + (self.args(c) if c is not None else self.dummy()) + self.args(y)
+
+    @staticmethod
+    def _cols_source(defs, a, b, c, y, at):
+        """gemv_cols.cl's program with `defs`, the operands' storage (half or float), C and the activation."""
+        defs = dict(defs, **half_defines(A=a, B=b, C=c, Y=y), **({"HAS_C": 1} if c is not None else {}))
+        return defines(defs) + act_macro(at.get("act")) + kernel_source("gemv_half") + \
+            kernel_source("gemv_epilogue") + kernel_source("gemv_cols")
+
     def _by_rows(self, a, b, y, N, sbk, sbn):
         """Can gemv_cols.cl read B [K, N] (rows contiguous along n) and write y four floats at a time (its strides
         and columns in int)?"""
@@ -259,12 +270,9 @@ class MatmulFamily:
         blocks, chunks = -(-N // (4 * LN)), -(-K // KC)
         splits, per_split = self._skinny_splits(blocks, chunks, t["per_cu"], M, N)
         defs = {"MR": M, "LN": LN, "LK": LK, "KC": KC, "RED": red, "SPLITS": splits,
-                "LOCALF": max(M * KC, 4 * red * LN * LK), **half_defines(A=a, B=b, C=c, Y=y)}
-        if c is not None:
-            defs["HAS_C"] = 1
-        src = defines(defs) + act_macro(at.get("act")) + kernel_source("gemv_half") + \
-            kernel_source("gemv_epilogue") + kernel_source("gemv_cols")
-        head = self.args(a) + self.args(b) + (self.args(c) if c is not None else self.dummy()) + self.args(y)
+                "LOCALF": max(M * KC, 4 * red * LN * LK)}
+        src = self._cols_source(defs, a, b, c, y, at)
+        head = self._operands(a, b, c, y)
         tail = [np.float32(at.get("alpha", 1.0)), np.float32(at.get("beta", 1.0)), np.int32(per_split * KC)]
         args = head + [np.int32(v) for v in (N, K, sam, sak, sbk, scm, scn)] + tail
         reduce_args = head + [np.int32(v) for v in (N, K, sam, sbn, scm, scn)] + tail
@@ -280,12 +288,8 @@ class MatmulFamily:
         if not self._by_rows(a, b, y, N, sbk, sbn):
             return False
         LN, RM = OUTER_TILES["LN"], OUTER_TILES["RM"]
-        defs = {"LN": LN, "RM": RM, "SPLITS": 1, **half_defines(A=a, B=b, C=c, Y=y)}
-        if c is not None:
-            defs["HAS_C"] = 1
-        src = defines(defs) + act_macro(at.get("act")) + kernel_source("gemv_half") + \
-            kernel_source("gemv_epilogue") + kernel_source("gemv_cols")
-        args = self.args(a) + self.args(b) + (self.args(c) if c is not None else self.dummy()) + self.args(y) + [
+        src = self._cols_source({"LN": LN, "RM": RM, "SPLITS": 1}, a, b, c, y, at)
+        args = self._operands(a, b, c, y) + [
             np.int32(v) for v in (M, N, K, sam, sak, sbk, scm, scn)] + [
             np.float32(at.get("alpha", 1.0)), np.float32(at.get("beta", 1.0))]
         self.record_tile(f"{RM}x{4 * LN}")
