@@ -56,6 +56,11 @@ class Options:
     # its cp.async pipeline (products of half operands through registers): fp16 kernel time at b16 on an H200,
     # alexnet 1.25 -> 0.62 ms, resnet50 6.41 -> 3.34, vgg16 14.00 -> 4.18
     fp16_mma: bool = True
+    # fp32 on NVIDIA: products and convolutions on the tf32 tensor-core cores with each operand split into two tf32
+    # halves, three mma a product (mma_tf32.cl's TF32X3): fp32's accuracy at tensor-core speed. H200 against float64
+    # (bench/probes/tf32x3.py): 3152 x 768 -> 2304 2.0e-7 (cuBLAS fp32 3.5e-7, tf32 2.9e-4) in 0.22 ms (cuBLAS fp32
+    # 0.30, the fp32 FMA core 0.33). An infinite operand gives NaN where fp32 gives +-inf. False: the FMA core.
+    fp32_tf32x3: bool = True
     # tf32: products of depth in [lo, hi) stay on the fp32 core (resnet50 tf32 b16 kernel time 3.80 -> 3.54 ms at
     # (32, 200)); from depth 96 on the tensor cores (convnext_small tf32 b16, whose first stage's Linear layers are
     # 50176 x 384 x 96: 7.50 -> 7.03 ms; resnet50 3.35 / 3.39, wide_resnet50_2 5.57 / 5.64, resnext50 5.14 / 5.24)

@@ -272,7 +272,7 @@ def tf32_core(dev, options, M, N, K):
 def ldsm_product(dev, options, M, N, K):
     """Does an M x N x K product with a constant B run on gemm_ldsm.cl (B then stored [N, K])?"""
     rows = options.ldsm_min_rows
-    return bool(rows) and dev.tensor_cores and M >= rows and N >= rows and K >= 64 and K % 4 == 0 and N % 4 == 0 \
+    return bool(rows) and dev.ldsm_tf32 and M >= rows and N >= rows and K >= 64 and K % 4 == 0 and N % 4 == 0 \
         and not options.tf32_fp32_k[0] <= K < options.tf32_fp32_k[1]
 
 
@@ -334,6 +334,11 @@ def rule_shape(dev, options, M, N, K, batches, deep, tile_model=GPU_TILE_MODEL):
             shape = "tall"
         elif shape == "huge" and -(-M // 96) * 96 < -(-M // huge["TM"]) * huge["TM"]:
             shape = "huge96"
+    if tf32 and dev.tf32x3 and shape in ("huge", "huge96", "tall"):
+        # fp32 split in tf32 halves (gemm_mma.cl's TF32X3): warps of 4 x 4 mma blocks, whose six mma of 16 of depth go
+        # into one sum. H200, kernel ms (bench/probes/tf32x3.py --x3-tiles): 3152 x 768 -> 2304 huge96 0.225, huge
+        # 0.235, wide 0.202; 4096 x 3072 -> 768 tall 0.444, wide 0.337; 3152 x 768 -> 3072 huge96 0.265, wide 0.280
+        shape = "wide"
     return tf32, shape
 
 
@@ -357,7 +362,10 @@ def tile_table(dev, tf32, shape):
 
 
 def core_tiles(dev, options, tiles, core):
-    """A core's tiles as dev runs them: the fp32 core on NVIDIA through the cp.async pipeline (options.fp32_stages)."""
+    """A core's tiles as dev runs them: the fp32 core on NVIDIA through the cp.async pipeline (options.fp32_stages);
+    the tf32 cores' in fp32 with operands split in tf32 halves (dev.tf32x3)."""
+    if core in ("gemm_mma", "gemm_ldsm") and dev.tf32x3 and tiles.get("TF32", core == "gemm_mma"):
+        return dict(tiles, TF32X3=1)
     if core != "gemm_core" or not dev.cp_async or not options.fp32_stages:
         return tiles
     return dict(tiles, STAGES=max(2, options.fp32_stages))
@@ -372,7 +380,8 @@ def tile_label(core, tiles):
     """How a tile prints in the IR: 128x64 (TM x TN; x TK where the core's depth slice is not its usual 8)."""
     if core == "gemm_vec":
         return f"{tiles['RM']}x8"
-    return f"{tiles['TM']}x{tiles['TN']}" + (f"x{tiles['TK']}" if tiles.get("TK", 8) not in (8, 16) else "")
+    return f"{tiles['TM']}x{tiles['TN']}" + (f"x{tiles['TK']}" if tiles.get("TK", 8) not in (8, 16) else "") + (
+        "/3xtf32" if tiles.get("TF32X3") else "")
 
 
 def launch_geometry(core, tiles, M, N):

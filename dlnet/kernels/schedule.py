@@ -304,7 +304,7 @@ def device_passes(graph, ctx, training=False):
     slices_as_views(graph)
     pretranspose_weights(graph, o.gemv_max_rows if dev.tiled else 0,
                          (lambda M, N, K: wgmma_product(dev, o, M, N, K) or ldsm_product(dev, o, M, N, K))
-                         if dev.tensor_cores or dev.wgmma else None)
+                         if dev.ldsm_tf32 or dev.wgmma else None)
     if dev.tensor_cores and dev.wgmma:
         tf32_weights(graph, lambda M, N, K: wgmma_product(dev, o, M, N, K))
     if core == "gemm_core":

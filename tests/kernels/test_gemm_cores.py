@@ -1,6 +1,7 @@
 """Every GEMM core on this device: the device's own, the portable GPU core (gemm_core.cl) forced onto whatever device
 runs the tests (on CI that is PoCL, so the OpenCL fallback every GPU path keeps is checked there), and on NVIDIA the
-tf32 tensor-core core (precision="tf32"), whose error is that of tf32 inputs (10-bit mantissa).
+tf32 tensor-core core (precision="tf32"), whose error is that of tf32 inputs (10-bit mantissa), and the same cores
+in fp32 with each operand split in two tf32 halves (Options.fp32_tf32x3), at fp32's error.
 
 Shapes cover every tile class (huge, big, narrow), ragged edges, split-K (long K with few tiles), batched and
 transposed GEMMs, convolutions with bias/residual/activation epilogues, and convolution gradients.
@@ -26,9 +27,10 @@ def f32(*shape):
     return rng.standard_normal(shape).astype(np.float32)
 
 
-@pytest.fixture(params=["native", "portable", "tf32"])
+@pytest.fixture(params=["native", "portable", "tf32", "3xtf32"])
 def core(request):
-    """(context, tolerance) with the GEMM core under test selected."""
+    """(context, tolerance) with the GEMM core under test selected; "3xtf32": precision fp32 on the tf32 cores, each
+    operand split in two tf32 halves (Options.fp32_tf32x3), at fp32's tolerance."""
     ctx = context()
     if request.param == "portable":  # the GPU's tiled core on a CPU device too: gemm_core.cl instead of gemm_vec.cl
         ctx = ctx.with_options(matrix_core="portable")
@@ -39,6 +41,10 @@ def core(request):
             pytest.skip("the tf32 core needs an NVIDIA device (inline PTX mma.sync)")
         # every product on the tf32 core, shallow ones too
         return dlnet.Context(ctx.info, precision="tf32", options=ctx.options.replace(tf32_fp32_k=(0, 0))), 5e-3
+    if request.param == "3xtf32":
+        if not ctx.is_nvidia:
+            pytest.skip("the tf32 cores need an NVIDIA device (inline PTX mma.sync)")
+        return ctx.with_options(fp32_tf32x3=True, tf32_fp32_k=(0, 0)), 1e-5
     return ctx, 1e-5
 
 
@@ -573,6 +579,21 @@ def test_tf32_wgmma_core(M, N, K, act):
     off, y_ldsm, _ = _tf32_linear(ctx, M, N, K, act, wgmma=False)
     assert "wgmma" not in str(off.graph)
     assert rel_l2(y, y_ldsm) < 2e-5
+
+
+def test_fp32_on_the_tf32_cores_rules():
+    """fp32 split in tf32 halves (Device.tf32x3, on any machine): the tf32 cores' tiles with TF32X3 set, printed as
+    such, gemm_ldsm.cl's where asked; never wgmma, whose operands come from shared memory unsplit; in tf32 none."""
+    o = Options(fp32_tf32x3=True)
+    x3 = Device("fake", False, True, "fp32", 132, 48 << 10, "gemm_core", mma=True, wgmma=True, tf32x3=True)
+    pick = rules.pick_tiles(x3, o, 3152, 2304, 768)
+    assert pick.core == "gemm_mma" and pick.tiles["TF32X3"] == 1 and pick.label.endswith("/3xtf32")
+    assert pick.name == "tf32:wide"  # (not the huge tiles' warps of 4 x 8 blocks: rules.rule_shape)
+    assert not rules.wgmma_product(x3, o, 4096, 3072, 768) and rules.wgmma_tiles(x3, o, 4096, 3072, 768) is None
+    assert rules.ldsm_product(x3, o.replace(ldsm_min_rows=128), 4096, 3072, 768)
+    assert rules.core_tiles(x3, o, rules.GEMM_TILES["ldsm_tf32"]["huge"], "gemm_ldsm")["TF32X3"] == 1
+    assert "TF32X3" not in rules.core_tiles(x3, o, rules.GEMM_TILES["ldsm_f16"]["huge"], "gemm_ldsm")
+    assert "TF32X3" not in rules.pick_tiles(FAKE_NVIDIA, o, 3152, 2304, 768).tiles
 
 
 def test_ldsm_weights_stored_along_k():

@@ -139,7 +139,12 @@ def test_device_facts():
     assert half.mma and not half.tensor_cores and half.half_storage
     assert not Device.resolve(info, "fp16", Options(fp16_mma=False), is_cpu=False, nvidia=True).mma
     assert not Device.resolve(info, "fp16", Options(), is_cpu=False, nvidia=False).mma
-    assert not Device.resolve(info, "fp32", Options(), is_cpu=False, nvidia=True).mma
+    assert not Device.resolve(info, "fp32", Options(fp32_tf32x3=False), is_cpu=False, nvidia=True).mma
+    # fp32 on NVIDIA's tf32 cores with operands split in tf32 halves: mma, but none of the tf32-only paths
+    x3 = Device.resolve(info, "fp32", Options(fp32_tf32x3=True), is_cpu=False, nvidia=True)
+    assert x3.mma and x3.tf32x3 and x3.ldsm_tf32 and not x3.tensor_cores and not gpu.tf32x3
+    assert not Device.resolve(info, "fp32", Options(fp32_tf32x3=True), is_cpu=False, nvidia=False).mma
+    assert not Device.resolve(info, "fp32", Options(fp32_tf32x3=True)).tf32x3  # (a CPU device)
 
 
 def conv3x3(c=16, k=24):

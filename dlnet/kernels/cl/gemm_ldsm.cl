@@ -71,8 +71,8 @@
 #define ROUND(r)
 #else
 #define MMA_STEP(d, a, b0, b1) { const uint bb_[2] = {b0, b1}; MMA_TF32(d, a, bb_); }
-#define ROUND(r) { r[0] = TF32_BITS(as_float(r[0])); r[1] = TF32_BITS(as_float(r[1])); \
-                   r[2] = TF32_BITS(as_float(r[2])); r[3] = TF32_BITS(as_float(r[3])); }
+#define ROUND(r) { r[0] = TF32_IN(as_float(r[0])); r[1] = TF32_IN(as_float(r[1])); \
+                   r[2] = TF32_IN(as_float(r[2])); r[3] = TF32_IN(as_float(r[3])); }
 #endif
 #define LDSM_BYTES(left) (clamp((left), 0, CE) * EB)
 
@@ -150,10 +150,21 @@ void KERNEL_NAME(LDSM_ARGS) {
         LDSM_B(r, (bs_) + b_lane + B_STEP(jj, kq)); \
         ROUND(r) \
         b[jj][0] = r[0]; b[jj][1] = r[1]; b[jj + 1][0] = r[2]; b[jj + 1][1] = r[3]; } }
+#if defined(TF32X3)  // (mma_tf32.cl: three mma on the operands' tf32 halves)
+#define LDSM_MMAS(a, b) { \
+    uint alo_[MI][4], blo_[NI][2]; \
+    _Pragma("unroll") for (int i = 0; i < MI; i++) \
+        _Pragma("unroll") for (int q = 0; q < 4; q++) TF32_SPLIT(a[i][q], alo_[i][q]) \
+    _Pragma("unroll") for (int j = 0; j < NI; j++) { TF32_SPLIT(b[j][0], blo_[j][0]) TF32_SPLIT(b[j][1], blo_[j][1]) } \
+    _Pragma("unroll") for (int i = 0; i < MI; i++) \
+        _Pragma("unroll") for (int j = 0; j < NI; j++) { \
+            float t_[4]; MMA_TF32X3(t_, a[i], alo_[i], b[j], blo_[j], 1) TF32X3_ADD(acc[i][j], t_) } }
+#else
 #define LDSM_MMAS(a, b) \
     _Pragma("unroll") for (int i = 0; i < MI; i++) \
         _Pragma("unroll") for (int j = 0; j < NI; j++) \
             MMA_STEP(acc[i][j], a[i], b[j][0], b[j][1]);
+#endif
 #define KQ (TK / KSTEP)
 #if defined(LDSM_PIPE) && KQ % 2 == 0
     // fragments double-buffered: a k step's ldmatrix are issued before the previous step's mma; the next slice's

@@ -119,19 +119,57 @@ void KERNEL_NAME(KERNEL_ARGS, __global float* ws, ulong ws_off) {
                 const int row = wm * MI * 16 + i * 16 + gid;
                 const float4 lo = *(__local const float4*)&AS_AT(buf, row, kq + 4 * tig);
                 const float4 hi = *(__local const float4*)&AS_AT(buf, row + 8, kq + 4 * tig);
-                a[0][i][0] = TF32_BITS(lo.x); a[0][i][1] = TF32_BITS(hi.x);
-                a[0][i][2] = TF32_BITS(lo.y); a[0][i][3] = TF32_BITS(hi.y);
-                a[1][i][0] = TF32_BITS(lo.z); a[1][i][1] = TF32_BITS(hi.z);
-                a[1][i][2] = TF32_BITS(lo.w); a[1][i][3] = TF32_BITS(hi.w);
+                a[0][i][0] = TF32_IN(lo.x); a[0][i][1] = TF32_IN(hi.x);
+                a[0][i][2] = TF32_IN(lo.y); a[0][i][3] = TF32_IN(hi.y);
+                a[1][i][0] = TF32_IN(lo.z); a[1][i][1] = TF32_IN(hi.z);
+                a[1][i][2] = TF32_IN(lo.w); a[1][i][3] = TF32_IN(hi.w);
             }
             #pragma unroll
             for (int s = 0; s < 4; s++)
                 #pragma unroll
                 for (int jq = 0; jq < NI; jq += 4) {
                     const float4 v = *(__local const float4*)&BS_AT(buf, kq + 4 * tig + s, B_COL(jq, gid));
-                    b[s >> 1][jq][s & 1] = TF32_BITS(v.x); b[s >> 1][jq + 1][s & 1] = TF32_BITS(v.y);
-                    b[s >> 1][jq + 2][s & 1] = TF32_BITS(v.z); b[s >> 1][jq + 3][s & 1] = TF32_BITS(v.w);
+                    b[s >> 1][jq][s & 1] = TF32_IN(v.x); b[s >> 1][jq + 1][s & 1] = TF32_IN(v.y);
+                    b[s >> 1][jq + 2][s & 1] = TF32_IN(v.z); b[s >> 1][jq + 3][s & 1] = TF32_IN(v.w);
                 }
+#if defined(TF32X3)
+            // (mma_tf32.cl) the six mma of both k steps of one block into one sum where the registers hold both steps'
+            // split fragments (MI NI <= 16), else the three of each k step
+#define SPLIT_STEP(h, alo, blo) \
+            _Pragma("unroll") for (int i = 0; i < MI; i++) \
+                _Pragma("unroll") for (int q = 0; q < 4; q++) TF32_SPLIT(a[h][i][q], alo[i][q]) \
+            _Pragma("unroll") for (int j = 0; j < NI; j++) { \
+                TF32_SPLIT(b[h][j][0], blo[j][0]) TF32_SPLIT(b[h][j][1], blo[j][1]) }
+#if MI * NI <= 16
+            uint alo[2][MI][4], blo[2][NI][2];
+            SPLIT_STEP(0, alo[0], blo[0])
+            SPLIT_STEP(1, alo[1], blo[1])
+            #pragma unroll
+            for (int i = 0; i < MI; i++)
+                #pragma unroll
+                for (int j = 0; j < NI; j++) {
+                    float t_[4];
+                    MMA_TF32X3(t_, a[0][i], alo[0][i], b[0][j], blo[0][j], 1)
+                    MMA_TF32X3(t_, a[1][i], alo[1][i], b[1][j], blo[1][j], 0)
+                    TF32X3_ADD(acc[i][j], t_)
+                }
+#else
+            #pragma unroll
+            for (int h = 0; h < 2; h++) {
+                uint alo[MI][4], blo[NI][2];
+                SPLIT_STEP(h, alo, blo)
+                #pragma unroll
+                for (int i = 0; i < MI; i++)
+                    #pragma unroll
+                    for (int j = 0; j < NI; j++) {
+                        float t_[4];
+                        MMA_TF32X3(t_, a[h][i], alo[i], b[h][j], blo[j], 1)
+                        TF32X3_ADD(acc[i][j], t_)
+                    }
+            }
+#endif
+#undef SPLIT_STEP
+#else
             #pragma unroll
             for (int h = 0; h < 2; h++)
                 #pragma unroll
@@ -139,6 +177,7 @@ void KERNEL_NAME(KERNEL_ARGS, __global float* ws, ulong ws_off) {
                     #pragma unroll
                     for (int j = 0; j < NI; j++)
                         MMA_TF32(acc[i][j], a[h][i], b[h][j]);
+#endif
         }
 #if defined(REG_STAGED)
         if (more) {

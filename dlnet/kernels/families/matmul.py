@@ -21,6 +21,7 @@ from ..rules import (
     OUTER_TILES,
     SPLITK_SCRATCH_MAX,
     Pick,
+    core_tiles,
     launch_geometry,
     ldsm_f16_tiles,
     ldsm_product,
@@ -103,7 +104,7 @@ class MatmulFamily:
         f16 = self._ldsm_f16(aa, ba, offs, M, N, K, strides, halves, act) if where == "gemm" else None
         if f16 is not None:
             pick = self._pick_ldsm(M, N, f16, "wgmma" if "WG" in f16 else "ldsm_f16")
-        elif where == "gemm" and self.dev.tensor_cores and sak == 1 and sbk == 1 and sam % 4 == 0 and \
+        elif where == "gemm" and self.dev.ldsm_tf32 and sak == 1 and sbk == 1 and sam % 4 == 0 and \
                 sbn % 4 == 0 and all(aligned) and (wgmma_product(self.dev, self.options, M, N, K) or
                                                    ldsm_product(self.dev, self.options, M, N, K)):
             tiles = wgmma_tiles(self.dev, self.options, M, N, K, act)  # (Hopper: wgmma on tf32)
@@ -126,8 +127,9 @@ class MatmulFamily:
         """A tile of gemm_ldsm.cl (rules.GEMM_TILES["ldsm_tf32"] / ["ldsm_f16"]) or, named "wgmma", of
         gemm_wgmma.cl: whole K, no split, not tuned per layer."""
         core = "gemm_wgmma" if name == "wgmma" else "gemm_ldsm"
+        tiles = core_tiles(self.dev, self.options, tiles, core)
         lsize, grid = launch_geometry(core, tiles, M, N)
-        self.record_tile(f"{name}{tiles['TM']}x{tiles['TN']}")
+        self.record_tile(f"{name}{tiles['TM']}x{tiles['TN']}" + ("/3xtf32" if tiles.get("TF32X3") else ""))
         return Pick(core, tiles, lsize, grid, f"{name}:{tiles['TM']}")
 
     def _ldsm_f16(self, aa, ba, offs, M, N, K, strides, halves, act=None):
