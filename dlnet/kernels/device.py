@@ -30,7 +30,7 @@ class Device:
     mma: bool = False
     # an NVIDIA Hopper GPU (compute capability 9): wgmma, in PTX built for sm_90a (gemm_wgmma.cl)
     wgmma: bool = False
-    # precision "fp32" on NVIDIA's tensor cores (options.fp32_tf32x3): mma is set, and the tf32 cores split each
+    # precision "fp32" on NVIDIA's tensor cores (options.fp32_tf32x3; not with matrix_core "portable"): mma is set, and the tf32 cores split each
     # operand in two tf32 halves (mma_tf32.cl's TF32X3); the kernels that would round to tf32 alone (wgmma,
     # attention_mma.cl, gemv_mma.cl, weights rounded at load) stay off, as tensor_cores is False
     tf32x3: bool = False
@@ -73,7 +73,7 @@ class Device:
         nv = is_nvidia(info.vendor, info.platform) if nvidia is None else bool(nvidia)
         local = info.device.local_mem_size if info.device is not None else 48 << 10
         core = "gemm_core" if not cpu or options.matrix_core == "portable" else "gemm_vec"
-        x3 = nv and not cpu and precision == "fp32" and options.fp32_tf32x3
+        x3 = nv and not cpu and precision == "fp32" and options.fp32_tf32x3 and options.matrix_core != "portable"
         mma = nv and (precision == "tf32" or precision == "fp16" and options.fp16_mma) or x3
         return Device(info.name, cpu, nv, precision, info.compute_units, local, core, mma,
                       nv and not cpu and compute_capability(info.device) == 9, x3)

@@ -42,7 +42,8 @@ class Options:
     reduce_threads: int = 0
 
     # --- matrix cores ---------------------------------------------------------------------------------------------
-    # "portable" runs the GPU's tiled core (gemm_core.cl) on any device: tests keep that fallback covered on PoCL
+    # "portable" runs the GPU's tiled core (gemm_core.cl) on any device: tests keep that fallback covered on PoCL; in
+    # fp32 on NVIDIA too (not the tensor cores of fp32_tf32x3)
     matrix_core: str = "auto"
     # fp32 core on NVIDIA: K slices in a cp.async pipeline; H100 GEMM n=4096 41.1 TFLOP/s against 31.8 through
     # registers (0: through registers, the portable path)

@@ -145,6 +145,7 @@ def test_device_facts():
     assert x3.mma and x3.tf32x3 and x3.ldsm_tf32 and not x3.tensor_cores and not gpu.tf32x3
     assert not Device.resolve(info, "fp32", Options(fp32_tf32x3=True), is_cpu=False, nvidia=False).mma
     assert not Device.resolve(info, "fp32", Options(fp32_tf32x3=True)).tf32x3  # (a CPU device)
+    assert not Device.resolve(info, "fp32", Options(matrix_core="portable"), is_cpu=False, nvidia=True).mma
 
 
 def conv3x3(c=16, k=24):
