@@ -30,9 +30,9 @@ class Device:
     mma: bool = False
     # an NVIDIA Hopper GPU (compute capability 9): wgmma, in PTX built for sm_90a (gemm_wgmma.cl)
     wgmma: bool = False
-    # precision "fp32" on NVIDIA's tensor cores (options.fp32_tf32x3; not with matrix_core "portable"): mma is set, and the tf32 cores split each
-    # operand in two tf32 halves (mma_tf32.cl's TF32X3); the kernels that would round to tf32 alone (wgmma,
-    # attention_mma.cl, gemv_mma.cl, weights rounded at load) stay off, as tensor_cores is False
+    # precision "fp32" on NVIDIA's tensor cores (options.fp32_tf32x3; not with matrix_core "portable"): mma is set,
+    # and the tf32 cores split each operand in two tf32 halves (mma_tf32.cl's TF32X3); the kernels that would round
+    # to tf32 alone (wgmma, attention_mma.cl, gemv_mma.cl, weights rounded at load) stay off: tensor_cores is False
     tf32x3: bool = False
 
     @property

@@ -44,6 +44,26 @@ def test_reduce_split(op, shape, axes):
     assert rel_l2(got, want) < 1e-5
 
 
+@pytest.mark.parametrize("op", ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceL2"])
+@pytest.mark.parametrize("shape,axes", [((1100, 40), [0]), ((8, 200, 48), [0, 1]), ((3, 700, 2, 33), [0, 1])])
+def test_reduce_columns(op, shape, axes):
+    """Sums over the outer dims of innermost outputs (a bias gradient over a [rows, N] gradient), as the GPU runs them:
+    work-items along the outputs, each over a slice of the rows (reduce.py's columns), then red_finish; against
+    onnx.reference."""
+    ctx = gpu_like()
+    x = rng.standard_normal(shape).astype(np.float32)
+    node = helper.make_node(op, ["x"], ["y"], axes=axes, keepdims=1) if op != "ReduceSum" else \
+        helper.make_node(op, ["x", "axes"], ["y"], keepdims=1)
+    model = make_model([node], {"x": x}, ["y"], {"axes": np.array(axes, np.int64)} if op == "ReduceSum" else {})
+    net = dlnet.Net(ctx).load_onnx(model)
+    labels = [launch.label for launch in net.launches]
+    assert any("columns" in label for label in labels) and any("finish" in label for label in labels), labels
+    want = reference(model, {"x": x})[0]
+    got = net.run({"x": x})["y"]
+    assert got.shape == want.shape
+    assert rel_l2(got, want) < 1e-5
+
+
 @pytest.mark.parametrize("lanes", [1, 4])
 @pytest.mark.parametrize("op", ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1",
                                 "ReduceL2", "ReduceLogSumExp"])

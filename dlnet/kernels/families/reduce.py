@@ -11,6 +11,13 @@ from ..runtime import DTYPE_TO_C
 # the device short of work, several work-groups per output, enough for this many per compute unit
 REDUCE_GROUP = {"cpu": 0, "gpu": 256}
 REDUCE_GROUPS_PER_CU = 8
+# Reductions over the outer dims of at least REDUCE_COLUMN_MIN innermost outputs (a bias gradient: [rows, N] summed
+# over rows): one work-item per output and slice of rows, neighbours reading neighbouring outputs, in up to
+# REDUCE_COLUMN_SPLITS slices, enough for REDUCE_COLUMN_ITEMS work-items per compute unit; a work-group per output
+# read its column 4 bytes a 32-byte sector
+REDUCE_COLUMN_MIN = 32
+REDUCE_COLUMN_SPLITS = 64
+REDUCE_COLUMN_ITEMS = 1024
 
 
 class ReduceFamily:
@@ -73,6 +80,9 @@ class ReduceFamily:
         splits = min(-(-REDUCE_GROUPS_PER_CU * self.dev.compute_units // n_out), count // (16 * group)) \
             if group else 1
         splits = max(splits, 1)
+        if group and self._columns(operands, keep, axes, n_out):  # (codegen.reduce_source's columns)
+            group, splits = 0, max(1, min(REDUCE_COLUMN_SPLITS, -(-REDUCE_COLUMN_ITEMS * self.dev.compute_units //
+                                                                     n_out), count // 16))
         I = self.index_type(x.size, y.size, n_out * splits)
         src = codegen.reduce_source(len(out_dims), len(red_dims), [v.dtype for v, _, _ in operands], acc, y.dtype,
                                     pre, combine, init, post, group, I, prologue=" ".join(lines), splits=splits,
@@ -82,8 +92,8 @@ class ReduceFamily:
         args.append(self.meta(meta, np.int32 if I == "int" else np.int64))
         if splits > 1:
             nbytes = n_out * splits * np.dtype(acc).itemsize
-            self.emit(src, "red", args + [self.dummy()[0]], (n_out * splits * group,), (group,),
-                      f"{node.name} Reduce split{splits}")
+            self.emit(src, "red", args + [self.dummy()[0]], (n_out * splits * max(group, 1),), (group,) if group
+                      else None, f"{node.name} Reduce split{splits}{'' if group else ' columns'}")
             self.use_scratch(self.launches[-1].kernel, len(args), nbytes, "splitk")
             self.emit(src, "red_finish", args + [self.dummy()[0]], (n_out,), None, f"{node.name} Reduce finish")
             self.use_scratch(self.launches[-1].kernel, len(args), nbytes, "splitk")
@@ -92,6 +102,14 @@ class ReduceFamily:
         else:
             self.emit(src, "red", args, (n_out,), None, f"{node.name} Reduce")
 
+
+    @staticmethod
+    def _columns(operands, keep, axes, n_out):
+        """Whether a reduction's outputs are its operands' innermost dims (stride 1, or 0 where one broadcasts) and
+        every reduced dim lies outside them, with outputs enough for neighbouring work-items to read neighbouring
+        elements."""
+        return bool(keep) and n_out >= REDUCE_COLUMN_MIN and max(axes) < min(keep) and \
+            all(xs[keep[-1]] in (0, 1) for _, _, xs in operands)
 
     def argreduce(self, node):
         x, y = node.inputs[0], node.outputs[0]
