@@ -8,6 +8,7 @@ import pytest
 from onnx import helper
 
 import dlnet
+from dlnet.kernels.runtime import cl
 
 from ..conftest import context, make_model, reference, rel_l2
 
@@ -62,6 +63,23 @@ def test_reduce_columns(op, shape, axes):
     got = net.run({"x": x})["y"]
     assert got.shape == want.shape
     assert rel_l2(got, want) < 1e-5
+
+
+@pytest.mark.parametrize("op", ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceLogSumExp"])
+@pytest.mark.parametrize("shape,axes", [((50, 300), [1]), ((4, 6, 700), [2]), ((3, 5, 9, 17), [2, 3]),
+                                        ((7, 128), [1])])
+def test_reduce_rows_by_smaller_groups(op, shape, axes):
+    """Rows of 128 to 1023 elements as the GPU reduces them: a work-group per row of at most a quarter as many
+    work-items as elements (LayerNorm's gradient's means), against onnx.reference."""
+    ctx = gpu_like()
+    x = rng.standard_normal(shape).astype(np.float32)
+    node = helper.make_node(op, ["x"], ["y"], axes=axes, keepdims=0) if op != "ReduceSum" else \
+        helper.make_node(op, ["x", "axes"], ["y"], keepdims=0)
+    model = make_model([node], {"x": x}, ["y"], {"axes": np.array(axes, np.int64)} if op == "ReduceSum" else {})
+    net = dlnet.Net(ctx).load_onnx(model)
+    sources = [launch.kernel.program.get_info(cl.program_info.SOURCE) for launch in net.launches]
+    assert any("__local" in src for src in sources)  # (a work-group's partial sums)
+    assert rel_l2(net.run({"x": x})["y"], reference(model, {"x": x})[0]) < 1e-5
 
 
 @pytest.mark.parametrize("lanes", [1, 4])

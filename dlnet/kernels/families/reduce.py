@@ -11,6 +11,7 @@ from ..runtime import DTYPE_TO_C
 # the device short of work, several work-groups per output, enough for this many per compute unit
 REDUCE_GROUP = {"cpu": 0, "gpu": 256}
 REDUCE_GROUPS_PER_CU = 8
+REDUCE_GROUP_MIN = 128  # (elements per output, for a work-group of them)
 # Reductions over the outer dims of at least REDUCE_COLUMN_MIN innermost outputs (a bias gradient: [rows, N] summed
 # over rows): one work-item per output and slice of rows, neighbours reading neighbouring outputs, in up to
 # REDUCE_COLUMN_SPLITS slices, enough for REDUCE_COLUMN_ITEMS work-items per compute unit; a work-group per output
@@ -72,9 +73,12 @@ class ReduceFamily:
             init = "INFINITY" if acc in ("float32", "float64") else f"({ct}){np.iinfo(acc).max}" \
                 if acc != "bool" else "1"
         n_out, count = int(np.prod(out_dims)), int(np.prod(red_dims))
-        # GPUs: a work-group per output once each output reduces many elements (batch-norm statistics, losses)
+        # GPUs: a work-group per output once each output reduces many elements (batch-norm statistics, losses), of
+        # fewer work-items (at least 4 elements each) for shorter rows: LayerNorm's gradient takes four means of
+        # 768 elements over ViT-B/16's 3152 rows at batch 16, which one work-item a row ran at 24 work-items a unit
         group = REDUCE_GROUP[self.dev.kind]
-        group = group if count >= 1024 and n_out < 64 * self.dev.compute_units else 0
+        group = min(group, 1 << ((count // 4).bit_length() - 1)) \
+            if count >= REDUCE_GROUP_MIN and n_out < 64 * self.dev.compute_units else 0
         # ... and several work-groups per output where the outputs alone would leave the device short of work
         # (a bias gradient: 64 sums of 800k elements each), their partial results combined by red_finish
         splits = min(-(-REDUCE_GROUPS_PER_CU * self.dev.compute_units // n_out), count // (16 * group)) \
