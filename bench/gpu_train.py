@@ -3,6 +3,9 @@
     python bench/gpu_train.py [--nets alexnet,resnet18,resnet50,vgg16,mobilenet_v2] [--iters 10] [--batch 16]
                               [--precision fp32|tf32|fp16]
 
+--nets also takes gpt2: bench/gpu.py's GPT-2-small-shaped decoder (plain torch, tied embedding) over 256 token ids,
+trained on the next token's logits.
+
 Protocol: torchvision definitions with their random initialisation (seed 0), exported to ONNX op-set 13 the way
 tests/optim does (eval-mode export without constant folding, so BatchNormalization stays a node and dlnet trains it
 on batch statistics). Dropout is set to p=0 on the torch side: the exported graph has no Dropout, so both sides
@@ -17,6 +20,7 @@ of the first step's loss (before any update). Prints tables; asserts nothing.
 """
 import argparse
 import io
+import os
 import statistics
 import sys
 import time
@@ -38,10 +42,19 @@ def median_ms(step, iters, warmup):
     return statistics.median(times)
 
 
+# decoders of bench/cpu_transformers.py (plain torch): name -> (vocabulary, tokens); the step's loss is the cross
+# entropy of the next token's logits (bench/gpu.py's GPT-2-small-shaped decoder over 256 tokens)
+TOKEN_NETS = {"gpt2": (50257, 256)}
+
+
 def torch_model(name):
     import torch
-    import torchvision
     torch.manual_seed(0)
+    if name in TOKEN_NETS:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import cpu_transformers
+        return cpu_transformers.build(name)[0]
+    import torchvision
     model = getattr(torchvision.models, name)(weights=None)
     for m in model.modules():
         if isinstance(m, torch.nn.Dropout):
@@ -137,11 +150,16 @@ def main(argv=None):
           f"precision {args.precision}{' (torch: autocast + GradScaler)' if args.precision == 'fp16' else ''}, "
           f"median of {args.iters} steps", flush=True)
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((args.batch, 3, 224, 224)).astype(np.float32)
-    y = rng.integers(0, 1000, args.batch).astype(np.int64)
+    images = rng.standard_normal((args.batch, 3, 224, 224)).astype(np.float32)
+    labels = rng.integers(0, 1000, args.batch).astype(np.int64)
 
     rows = []
     for name in [n.strip() for n in args.nets.split(",") if n.strip()]:
+        x, y = images, labels
+        if name in TOKEN_NETS:  # token ids in, the next token's id as the label
+            vocab, tokens = TOKEN_NETS[name]
+            x = rng.integers(0, vocab, (args.batch, tokens)).astype(np.int64)
+            y = rng.integers(0, vocab, args.batch).astype(np.int64)
         try:
             model = torch_model(name)
             proto = export(model, x[:1])
