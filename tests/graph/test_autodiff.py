@@ -112,6 +112,11 @@ CASES = [
     ("Concat", "Concat", [normal(2, 3, 4), normal(2, 2, 4)], {"axis": 1}),
     ("Gather", "Gather", [normal(5, 3), ("int", np.array([0, 4, 4, -1, 2]))], {"axis": 0}),
     ("Gather-axis1", "Gather", [normal(2, 5, 3), ("int", np.array([[1, 1], [3, 0]]))], {"axis": 1}),
+    # few indices into a large table (an embedding): gather.cl's chains of occurrences, not a scan per element
+    ("Gather-embedding", "Gather", [normal(200, 6), ("int", np.array([3, 7, 3, -1, 199, 0, 7, 7, 50, -200, 3, 120]))],
+     {"axis": 0}),
+    ("Gather-embedding-axis1", "Gather", [normal(2, 300, 3), ("int", np.array([[5, 299], [5, -1], [0, 17], [5, 2]]))],
+     {"axis": 1}),
     ("Pad", "Pad", [normal(2, 3, 4)], {"pads": (0, 1, 2, 0, 2, 1), "mode": "constant", "value": 0.5}),
     ("Conv", "Conv", [normal(2, 3, 5, 5), normal(4, 3, 3, 3)], {"strides": (1, 1), "pads": (1, 1, 1, 1)}),
     ("Conv-stride-bias", "Conv", [normal(2, 3, 6, 6), normal(4, 3, 3, 3), normal(4)],
@@ -251,3 +256,27 @@ def test_a_wrong_rule_is_caught(monkeypatch):
     monkeypatch.setattr(type(OPS["Tanh"]), "grad", wrong)
     errors = check_case("Tanh", [normal(2, 3, 4)], {})
     assert max(errors) > 10 * TOL, errors
+
+
+def test_embedding_gradient_follows_chains_of_occurrences():
+    """GatherGrad of 4096 token ids into a 5000 x 8 table (repeats, negative ids) runs gather.cl's links, zero and sum
+    kernels, and gives each row the sum of its ids' rows of dy in increasing order (float32, as numpy adds them)."""
+    rng = np.random.default_rng(5)
+    ids = rng.integers(-5000, 5000, 4096)
+    ids[:64] = 17  # (a long chain)
+    dy = rng.standard_normal((4096, 8)).astype(np.float32)
+    g = Graph("embedding")
+    b = Builder(g)
+    dyv = g.add_input("dy", "float32", dy.shape)
+    dx = b.op("GatherGrad", [dyv, g.constant(ids)], {"axis": 0, "in_shape": (5000, 8)})
+    g.outputs, g.output_names = [dx], ["dx"]
+    plan = Plan(context(), g)
+    try:
+        assert any("GatherGrad links" in launch.label for launch in plan.launches)
+        got = plan.run([dy])[0]
+    finally:
+        plan.release()
+    want = np.zeros((5000, 8), np.float32)
+    for j, k in enumerate(ids % 5000):
+        want[k] += dy[j]
+    assert rel_l2(got, want) < 1e-6

@@ -25,15 +25,26 @@ class IndexFamily:
         self.emit(src, "gather", args, (max(y.size, 1),), None, f"{node.name} Gather")
 
     def gather_grad(self, node):
+        """dx[o, k, in] = the sum of dy[o, j, in] over the j with idx[j] == k, in increasing j (deterministic): each
+        element scanning every index (gather_grad), or, where that costs 4x more than following each value's chain
+        of occurrences, gather.cl's links, zero and sum kernels."""
         dy, idx = node.inputs
         dx = node.outputs[0]
         axis = node.attrs["axis"] % dx.rank
         inner = int(np.prod(dx.shape[axis + 1:], dtype=np.int64))
-        args = self.args(dx) + self.args(dy) + self.args(idx) + [np.int64(max(idx.size, 1)),
-                                                                  np.int64(dx.shape[axis]), np.int64(inner),
-                                                                  np.int64(dx.size)]
-        self.emit(self._typed("gather", dx.dtype, idx.dtype), "gather_grad", args, (max(dx.size, 1),), None,
-                  f"{node.name} GatherGrad")
+        n, axis_len = max(idx.size, 1), dx.shape[axis]
+        src, label = self._typed("gather", dx.dtype, idx.dtype), f"{node.name} GatherGrad"
+        head = self.args(dx) + self.args(dy) + self.args(idx) + [np.int64(n), np.int64(axis_len), np.int64(inner)]
+        sums = dx.size // max(axis_len, 1) * n  # (o, j, in) work-items of gather_grad_sum
+        if n < 2 or n * n + dx.size + sums >= dx.size * n / 4:
+            self.emit(src, "gather_grad", head + [np.int64(dx.size)], (max(dx.size, 1),), None, label)
+            return
+        self.emit(src, "gather_grad_links", self.args(idx) + [np.int64(n), np.int64(axis_len)] + [self.dummy()[0]],
+                  (n,), None, label + " links")
+        self.use_scratch(self.launches[-1].kernel, 4, 8 * n, "gather")
+        self.emit(src, "gather_grad_zero", self.args(dx) + [np.int64(dx.size)], (dx.size,), None, label + " zero")
+        self.emit(src, "gather_grad_sum", head + [np.int64(sums), self.dummy()[0]], (sums,), None, label)
+        self.use_scratch(self.launches[-1].kernel, len(head) + 1, 8 * n, "gather")
 
     def pad(self, node):
         x, y = node.inputs[0], node.outputs[0]
