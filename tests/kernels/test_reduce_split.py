@@ -15,6 +15,14 @@ from ..conftest import context, make_model, reference, rel_l2
 rng = np.random.default_rng(11)
 
 
+def reduce_model(op, x, axes, keepdims):
+    """An ONNX model of one reduction of x over `axes` (ReduceSum's axes an input, as op-set 13 has them)."""
+    if op == "ReduceSum":
+        return make_model([helper.make_node(op, ["x", "axes"], ["y"], keepdims=keepdims)], {"x": x}, ["y"],
+                          {"axes": np.array(axes, np.int64)})
+    return make_model([helper.make_node(op, ["x"], ["y"], axes=axes, keepdims=keepdims)], {"x": x}, ["y"])
+
+
 def gpu_like():
     """A context of the test device that the kernels take for a GPU (a CPU device runs the GPU's reductions)."""
     ctx = context().with_options(input_chunks=1)  # (inputs uploaded whole, as on a CPU)
@@ -27,22 +35,7 @@ def gpu_like():
                                 "ReduceSumSquare"])
 @pytest.mark.parametrize("shape,axes", [((8, 3, 64, 64), [0, 2, 3]), ((2, 40000), [1]), ((5, 7, 9000), [0, 2])])
 def test_reduce_split(op, shape, axes):
-    ctx = gpu_like()
-    x = rng.standard_normal(shape).astype(np.float32)
-    if op == "ReduceSum":
-        node = helper.make_node(op, ["x", "axes"], ["y"], keepdims=1)
-        inits = {"axes": np.array(axes, np.int64)}
-    else:
-        node = helper.make_node(op, ["x"], ["y"], axes=axes, keepdims=0)
-        inits = {}
-    model = make_model([node], {"x": x}, ["y"], inits)
-    net = dlnet.Net(ctx).load_onnx(model)
-    labels = [launch.label for launch in net.launches]
-    assert any("Reduce split" in label for label in labels) and any("finish" in label for label in labels), labels
-    want = reference(model, {"x": x})[0]
-    got = net.run({"x": x})["y"]
-    assert got.shape == want.shape
-    assert rel_l2(got, want) < 1e-5
+    check_split(op, shape, axes, "Reduce split", int(op == "ReduceSum"))
 
 
 @pytest.mark.parametrize("op", ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceL2"])
@@ -51,14 +44,16 @@ def test_reduce_columns(op, shape, axes):
     """Sums over the outer dims of innermost outputs (a bias gradient over a [rows, N] gradient), as the GPU runs them:
     work-items along the outputs, each over a slice of the rows (reduce.py's columns), then red_finish; against
     onnx.reference."""
-    ctx = gpu_like()
+    check_split(op, shape, axes, "columns", 1)
+
+
+def check_split(op, shape, axes, kind, keepdims):
+    """The reduction runs as the GPU runs it, in launches labelled `kind` then red_finish; against onnx.reference."""
     x = rng.standard_normal(shape).astype(np.float32)
-    node = helper.make_node(op, ["x"], ["y"], axes=axes, keepdims=1) if op != "ReduceSum" else \
-        helper.make_node(op, ["x", "axes"], ["y"], keepdims=1)
-    model = make_model([node], {"x": x}, ["y"], {"axes": np.array(axes, np.int64)} if op == "ReduceSum" else {})
-    net = dlnet.Net(ctx).load_onnx(model)
+    model = reduce_model(op, x, axes, keepdims)
+    net = dlnet.Net(gpu_like()).load_onnx(model)
     labels = [launch.label for launch in net.launches]
-    assert any("columns" in label for label in labels) and any("finish" in label for label in labels), labels
+    assert any(kind in label for label in labels) and any("finish" in label for label in labels), labels
     want = reference(model, {"x": x})[0]
     got = net.run({"x": x})["y"]
     assert got.shape == want.shape
@@ -71,12 +66,9 @@ def test_reduce_columns(op, shape, axes):
 def test_reduce_rows_by_smaller_groups(op, shape, axes):
     """Rows of 128 to 1023 elements as the GPU reduces them: a work-group per row of at most a quarter as many
     work-items as elements (LayerNorm's gradient's means), against onnx.reference."""
-    ctx = gpu_like()
     x = rng.standard_normal(shape).astype(np.float32)
-    node = helper.make_node(op, ["x"], ["y"], axes=axes, keepdims=0) if op != "ReduceSum" else \
-        helper.make_node(op, ["x", "axes"], ["y"], keepdims=0)
-    model = make_model([node], {"x": x}, ["y"], {"axes": np.array(axes, np.int64)} if op == "ReduceSum" else {})
-    net = dlnet.Net(ctx).load_onnx(model)
+    model = reduce_model(op, x, axes, 0)
+    net = dlnet.Net(gpu_like()).load_onnx(model)
     sources = [launch.kernel.program.get_info(cl.program_info.SOURCE) for launch in net.launches]
     assert any("__local" in src for src in sources)  # (a work-group's partial sums)
     assert rel_l2(net.run({"x": x})["y"], reference(model, {"x": x})[0]) < 1e-5
@@ -92,11 +84,7 @@ def test_reduce_lanes(op, shape, axes, lanes):
     under, at and past the lane width plus a tail, and along a strided axis, against onnx.reference."""
     ctx = context().with_options(reduce_lanes=lanes)
     x = rng.uniform(0.5, 1.5, shape).astype(np.float32) * rng.choice([-1, 1], shape).astype(np.float32)
-    if op == "ReduceSum":  # axes an input from opset 13
-        model = make_model([helper.make_node(op, ["x", "axes"], ["y"], keepdims=0)], {"x": x}, ["y"],
-                           {"axes": np.array(axes, np.int64)})
-    else:
-        model = make_model([helper.make_node(op, ["x"], ["y"], axes=axes, keepdims=0)], {"x": x}, ["y"])
+    model = reduce_model(op, x, axes, 0)
     want = reference(model, {"x": x})[0]
     got = dlnet.Net(ctx).load_onnx(model).run({"x": x})["y"]
     assert got.shape == want.shape

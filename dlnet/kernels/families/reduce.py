@@ -106,7 +106,6 @@ class ReduceFamily:
         else:
             self.emit(src, "red", args, (n_out,), None, f"{node.name} Reduce")
 
-
     @staticmethod
     def _columns(operands, keep, axes, n_out):
         """Whether a reduction's outputs are its operands' innermost dims (stride 1, or 0 where one broadcasts) and
