@@ -9,6 +9,7 @@ from .graph.passes.attention import fuse_attention
 from .graph.passes.fold import fold_constants, remove_dead
 from .graph.passes.fuse import broadcast_expands, fuse_pointwise, fuse_reduce_prologues
 from .graph.passes.layout import flatten_gemm_rows
+from .graph.passes.normalize import layer_norm_stats
 from .graph.passes.padding import explicit_padding
 from .kernels.schedule import device_passes
 from .onnx.importer import Importer
@@ -40,12 +41,14 @@ def training_import(model, path, shapes):
     """(graph, importer) of the forward graph for training (batch statistics, active Dropout, float initializers as
     parameters), its padding explicit (the gradients read it so) and its attention fused before autodiff (the
     forward runs the fused kernel, the backward Attention's rule; trainable scales and masks stay inputs). Products
-    of a sequence by a weight become one 2-D product before autodiff too, so their weight gradient is one product."""
+    of a sequence by a weight become one 2-D product before autodiff too, so their weight gradient is one product;
+    LayerNorms keep their row statistics for their gradients."""
     imp = Importer(model, path)
     graph = imp.build(shapes, training=True)
     explicit_padding(graph)
     fuse_attention(graph)
     flatten_gemm_rows(graph)
+    layer_norm_stats(graph)
     return graph, imp
 
 

@@ -56,17 +56,29 @@ def make(kind):
         "linear": lambda: nn.Sequential(nn.Flatten(), nn.Linear(108, 16), nn.Tanh(), nn.Linear(16, 5)),
         # a weight of 10368 elements spans two chunks of the update kernels (dlnet/train.py CHUNK)
         "wide": lambda: nn.Sequential(nn.Flatten(), nn.Linear(108, 96), nn.Tanh(), nn.Linear(96, 5)),
+        # LayerNormalization over the last axis (an op of its own from op-set 17), its scale and bias away from 1, 0
+        "layernorm": lambda: _shifted_norm(nn.Sequential(nn.Conv2d(3, 4, 1), nn.LayerNorm(6), nn.Tanh(), nn.Flatten(),
+                                                         nn.Linear(4 * 6 * 6, 5))),
         "residual": Residual,
         "concat": Concat,
     }
     return nets[kind]()
 
 
-def export(model, x):
+def _shifted_norm(model):
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, torch.nn.LayerNorm):
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-0.5, 0.5)
+    return model
+
+
+def export(model, x, opset=13):
     t = _torch()
     f = io.BytesIO()
     model.eval()
-    t.onnx.export(model, (t.from_numpy(x),), f, opset_version=13, dynamo=False, do_constant_folding=False,
+    t.onnx.export(model, (t.from_numpy(x),), f, opset_version=opset, dynamo=False, do_constant_folding=False,
                   input_names=["input"], output_names=["output"],
                   dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}})
     model.train()

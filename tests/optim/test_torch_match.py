@@ -58,6 +58,22 @@ def test_loss_and_gradients_match_torch(ctx, kind):
         assert close(grads[n], ref[n]), (n, np.abs(grads[n] - ref[n]).max(), np.abs(ref[n]).max())
 
 
+def test_layernorm_gradients_read_the_forward_statistics(ctx):
+    """A LayerNormalization (op-set 17) trains as LayerNormStats (pipeline.training_import): its gradient reads the
+    row statistics the forward kept, and the loss and every gradient still match PyTorch's."""
+    x, y = data()
+    model = make("layernorm")
+    proto = export(model, x, opset=17)
+    ref_loss, ref = torch_grads(model, x, y)
+    loss, grads, tr = dlnet_grads(ctx, proto, x, y)
+    ops = [n.op for n in tr._active.graph.nodes]
+    assert "LayerNormStats" in ops and "LayerNorm" not in ops
+    assert abs(loss - ref_loss) <= 1e-4 * abs(ref_loss)
+    assert set(grads) == set(ref)
+    for n in ref:
+        assert close(grads[n], ref[n]), (n, np.abs(grads[n] - ref[n]).max(), np.abs(ref[n]).max())
+
+
 def test_label_smoothing_matches_torch(ctx):
     x, y = data()
     model = make("linear")

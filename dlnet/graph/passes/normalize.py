@@ -312,3 +312,21 @@ def normalize_layers(graph):
             _replace(graph, matched, op, inputs, attrs)
             changed = True
     return changed
+
+
+def layer_norm_stats(graph):
+    """LayerNorm -> LayerNormStats before autodiff: the same kernel also keeps each row's mean and 1 / sqrt(var + eps),
+    so the gradient reads them instead of computing them again (LayerNorm's own rule takes four row means over x and
+    dy, this one two: ViT-B/16's 25 LayerNorms at batch 16 launched 100 means of 768 elements over 3152 rows)."""
+    changed = False
+    for node in list(graph.nodes):
+        if node.op != "LayerNorm":
+            continue
+        x, y = node.inputs[0], node.outputs[0]
+        stats = [graph.new_value("float32", x.shape[:-1] + (1,)) for _ in range(2)]
+        at = graph.nodes.index(node)
+        graph.remove_node(node)
+        graph.add_node(Node("LayerNormStats", list(node.inputs), [y] + stats, node.attrs, node.name, node.schedule),
+                       at)
+        changed = True
+    return changed
