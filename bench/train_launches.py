@@ -4,7 +4,8 @@
                                    [--optimizer adam] [--clip 0] [--run] [--as-gpu]
 
 The nets are bench/gpu_train.py's torchvision models written out in plain torch with the same layer structure (so
-torchvision is not needed), random weights, exported to ONNX op-set 13 as bench/gpu_train.py does. The count
+torchvision is not needed), random weights, exported to ONNX as bench/gpu_train.py does; "vit" is
+bench/cpu_transformers.py's ViT-B/16. The count
 depends on the graph, not on the image size (224 keeps AlexNet's and VGG's adaptive pooling exportable); it does
 depend on the device class: CPUs add an im2col launch per convolution, GPUs split K of some weight gradients (two
 launches). By default the step is planned (kernels built and bound), not run; --run runs one. --as-gpu plans for
@@ -12,7 +13,6 @@ an H100-like device (132 compute units) on whatever device there is. Prints tabl
 """
 import argparse
 import dataclasses
-import io
 import os
 import sys
 from collections import Counter
@@ -137,6 +137,10 @@ def build(name):
     if name in ("resnet18", "resnet50"):
         return resnet(name)
     torch.manual_seed(0)
+    if name == "vit":  # bench/cpu_transformers.py's ViT-B/16 (op-set 17 export: LayerNormalization a node)
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import cpu_transformers
+        return cpu_transformers.build("vit")[0]
     return {"alexnet": alexnet, "vgg16": vgg16, "mobilenet_v2": mobilenet_v2}[name]()
 
 
