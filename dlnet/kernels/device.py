@@ -73,10 +73,12 @@ class Device:
         nv = is_nvidia(info.vendor, info.platform) if nvidia is None else bool(nvidia)
         local = info.device.local_mem_size if info.device is not None else 48 << 10
         core = "gemm_core" if not cpu or options.matrix_core == "portable" else "gemm_vec"
-        x3 = nv and not cpu and precision == "fp32" and options.fp32_tf32x3 and options.matrix_core != "portable"
+        cc = compute_capability(info.device) if nv and not cpu else None
+        # (mma.sync on tf32 needs compute capability 8: fp32 on older NVIDIA GPUs, or of unknown capability, stays on
+        # the FMA cores)
+        x3 = precision == "fp32" and options.fp32_tf32x3 and options.matrix_core != "portable" and (cc or 0) >= 8
         mma = nv and (precision == "tf32" or precision == "fp16" and options.fp16_mma) or x3
-        return Device(info.name, cpu, nv, precision, info.compute_units, local, core, mma,
-                      nv and not cpu and compute_capability(info.device) == 9, x3)
+        return Device(info.name, cpu, nv, precision, info.compute_units, local, core, mma, cc == 9, x3)
 
 
 def compute_capability(device):

@@ -57,7 +57,8 @@ class Options:
     # its cp.async pipeline (products of half operands through registers): fp16 kernel time at b16 on an H200,
     # alexnet 1.25 -> 0.62 ms, resnet50 6.41 -> 3.34, vgg16 14.00 -> 4.18
     fp16_mma: bool = True
-    # fp32 on NVIDIA: products and convolutions on the tf32 tensor-core cores with each operand split into two tf32
+    # fp32 on NVIDIA (compute capability 8 and later): products and convolutions on the tf32 tensor-core cores with
+    # each operand split into two tf32
     # halves, three mma a product (mma_tf32.cl's TF32X3): fp32's accuracy at tensor-core speed. H200 against float64
     # (bench/probes/tf32x3.py): 3152 x 768 -> 2304 2.0e-7 (cuBLAS fp32 3.5e-7, tf32 2.9e-4) in 0.22 ms (cuBLAS fp32
     # 0.30, the fp32 FMA core 0.33). An infinite operand gives NaN where fp32 gives +-inf. False: the FMA core.

@@ -2,6 +2,7 @@
 Options.from_env, bad names refused, and contexts of one device with different options lowering the same model each
 their own way, side by side in one process (Context.with_options, Context(..., options=...))."""
 import dataclasses
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -140,12 +141,19 @@ def test_device_facts():
     assert not Device.resolve(info, "fp16", Options(fp16_mma=False), is_cpu=False, nvidia=True).mma
     assert not Device.resolve(info, "fp16", Options(), is_cpu=False, nvidia=False).mma
     assert not Device.resolve(info, "fp32", Options(fp32_tf32x3=False), is_cpu=False, nvidia=True).mma
-    # fp32 on NVIDIA's tf32 cores with operands split in tf32 halves: mma, but none of the tf32-only paths
-    x3 = Device.resolve(info, "fp32", Options(fp32_tf32x3=True), is_cpu=False, nvidia=True)
-    assert x3.mma and x3.tf32x3 and x3.ldsm_tf32 and not x3.tensor_cores and not gpu.tf32x3
-    assert not Device.resolve(info, "fp32", Options(fp32_tf32x3=True), is_cpu=False, nvidia=False).mma
-    assert not Device.resolve(info, "fp32", Options(fp32_tf32x3=True)).tf32x3  # (a CPU device)
-    assert not Device.resolve(info, "fp32", Options(matrix_core="portable"), is_cpu=False, nvidia=True).mma
+    # fp32 on NVIDIA's tf32 cores with operands split in tf32 halves (compute capability 8 on): mma, but none of the
+    # tf32-only paths; not on older or unknown NVIDIA devices, other vendors' or CPUs
+    def on(major):
+        nv_device = SimpleNamespace(local_mem_size=48 << 10, compute_capability_major_nv=major)
+        return dataclasses.replace(info, device=nv_device)
+    x3 = Device.resolve(on(9), "fp32", Options(fp32_tf32x3=True), is_cpu=False, nvidia=True)
+    assert x3.mma and x3.tf32x3 and x3.ldsm_tf32 and x3.wgmma and not x3.tensor_cores and not gpu.tf32x3
+    assert Device.resolve(on(8), "fp32", Options(), is_cpu=False, nvidia=True).tf32x3
+    assert not Device.resolve(on(7), "fp32", Options(), is_cpu=False, nvidia=True).mma
+    assert not Device.resolve(info, "fp32", Options(), is_cpu=False, nvidia=True).mma  # (no capability to read)
+    assert not Device.resolve(on(9), "fp32", Options(fp32_tf32x3=True), is_cpu=False, nvidia=False).mma
+    assert not Device.resolve(on(9), "fp32", Options(fp32_tf32x3=True), nvidia=True).tf32x3  # (a CPU device)
+    assert not Device.resolve(on(9), "fp32", Options(matrix_core="portable"), is_cpu=False, nvidia=True).mma
 
 
 def conv3x3(c=16, k=24):
