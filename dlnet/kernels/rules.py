@@ -380,8 +380,13 @@ def tile_label(core, tiles):
     """How a tile prints in the IR: 128x64 (TM x TN; x TK where the core's depth slice is not its usual 8)."""
     if core == "gemm_vec":
         return f"{tiles['RM']}x8"
-    return f"{tiles['TM']}x{tiles['TN']}" + (f"x{tiles['TK']}" if tiles.get("TK", 8) not in (8, 16) else "") + (
-        "/3xtf32" if tiles.get("TF32X3") else "")
+    return f"{tiles['TM']}x{tiles['TN']}" + (f"x{tiles['TK']}" if tiles.get("TK", 8) not in (8, 16) else "") + \
+        split_mark(tiles)
+
+
+def split_mark(tiles):
+    """How a tile of operands split in tf32 halves (TF32X3) is marked where it prints."""
+    return "/3xtf32" if tiles.get("TF32X3") else ""
 
 
 def launch_geometry(core, tiles, M, N):

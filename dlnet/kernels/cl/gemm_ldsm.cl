@@ -153,9 +153,7 @@ void KERNEL_NAME(LDSM_ARGS) {
 #if defined(TF32X3)  // (mma_tf32.cl: three mma on the operands' tf32 halves)
 #define LDSM_MMAS(a, b) { \
     uint alo_[MI][4], blo_[NI][2]; \
-    _Pragma("unroll") for (int i = 0; i < MI; i++) \
-        _Pragma("unroll") for (int q = 0; q < 4; q++) TF32_SPLIT(a[i][q], alo_[i][q]) \
-    _Pragma("unroll") for (int j = 0; j < NI; j++) { TF32_SPLIT(b[j][0], blo_[j][0]) TF32_SPLIT(b[j][1], blo_[j][1]) } \
+    TF32_SPLIT_FRAGS(a, b, alo_, blo_) \
     _Pragma("unroll") for (int i = 0; i < MI; i++) \
         _Pragma("unroll") for (int j = 0; j < NI; j++) { \
             float t_[4]; MMA_TF32X3(t_, a[i], alo_[i], b[j], blo_[j], 1) TF32X3_ADD(acc[i][j], t_) } }

@@ -135,15 +135,10 @@ void KERNEL_NAME(KERNEL_ARGS, __global float* ws, ulong ws_off) {
 #if defined(TF32X3)
             // (mma_tf32.cl) the six mma of both k steps of one block into one sum where the registers hold both steps'
             // split fragments (MI NI <= 16), else the three of each k step
-#define SPLIT_STEP(h, alo, blo) \
-            _Pragma("unroll") for (int i = 0; i < MI; i++) \
-                _Pragma("unroll") for (int q = 0; q < 4; q++) TF32_SPLIT(a[h][i][q], alo[i][q]) \
-            _Pragma("unroll") for (int j = 0; j < NI; j++) { \
-                TF32_SPLIT(b[h][j][0], blo[j][0]) TF32_SPLIT(b[h][j][1], blo[j][1]) }
 #if MI * NI <= 16
             uint alo[2][MI][4], blo[2][NI][2];
-            SPLIT_STEP(0, alo[0], blo[0])
-            SPLIT_STEP(1, alo[1], blo[1])
+            TF32_SPLIT_FRAGS(a[0], b[0], alo[0], blo[0])
+            TF32_SPLIT_FRAGS(a[1], b[1], alo[1], blo[1])
             #pragma unroll
             for (int i = 0; i < MI; i++)
                 #pragma unroll
@@ -157,7 +152,7 @@ void KERNEL_NAME(KERNEL_ARGS, __global float* ws, ulong ws_off) {
             #pragma unroll
             for (int h = 0; h < 2; h++) {
                 uint alo[MI][4], blo[NI][2];
-                SPLIT_STEP(h, alo, blo)
+                TF32_SPLIT_FRAGS(a[h], b[h], alo, blo)
                 #pragma unroll
                 for (int i = 0; i < MI; i++)
                     #pragma unroll
@@ -168,7 +163,6 @@ void KERNEL_NAME(KERNEL_ARGS, __global float* ws, ulong ws_off) {
                     }
             }
 #endif
-#undef SPLIT_STEP
 #else
             #pragma unroll
             for (int h = 0; h < 2; h++)

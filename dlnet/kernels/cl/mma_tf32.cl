@@ -23,6 +23,11 @@
     if (first) MMA_TF32_Z(t, alo, bhi); else MMA_TF32(t, alo, bhi); \
     MMA_TF32(t, ahi, blo); MMA_TF32(t, ahi, bhi); }
 #define TF32X3_ADD(acc, t) { acc[0] += t[0]; acc[1] += t[1]; acc[2] += t[2]; acc[3] += t[3]; }
+// a warp's fragments of one k step split in place: a[MI][4] and b[NI][2] become the hi halves, alo / blo the lo ones
+#define TF32_SPLIT_FRAGS(a, b, alo, blo) \
+    _Pragma("unroll") for (int i = 0; i < MI; i++) \
+        _Pragma("unroll") for (int q = 0; q < 4; q++) TF32_SPLIT(a[i][q], alo[i][q]) \
+    _Pragma("unroll") for (int j = 0; j < NI; j++) { TF32_SPLIT(b[j][0], blo[j][0]) TF32_SPLIT(b[j][1], blo[j][1]) }
 #else
 #define TF32_IN(x) TF32_BITS(x)
 #endif

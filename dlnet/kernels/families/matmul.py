@@ -29,6 +29,7 @@ from ..rules import (
     pick_tiles,
     resident_groups,
     round_up,
+    split_mark,
     wgmma_product,
     wgmma_tiles,
 )
@@ -129,7 +130,7 @@ class MatmulFamily:
         core = "gemm_wgmma" if name == "wgmma" else "gemm_ldsm"
         tiles = core_tiles(self.dev, self.options, tiles, core)
         lsize, grid = launch_geometry(core, tiles, M, N)
-        self.record_tile(f"{name}{tiles['TM']}x{tiles['TN']}" + ("/3xtf32" if tiles.get("TF32X3") else ""))
+        self.record_tile(f"{name}{tiles['TM']}x{tiles['TN']}{split_mark(tiles)}")
         return Pick(core, tiles, lsize, grid, f"{name}:{tiles['TM']}")
 
     def _ldsm_f16(self, aa, ba, offs, M, N, K, strides, halves, act=None):
