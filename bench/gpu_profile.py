@@ -4,8 +4,9 @@
                                  [--nodes ConvGradW] [--set winograd_whole_bytes=0 ...]
 
 Prints two tables (inference, training step): kernel time grouped by the kind of node each launch belongs to, with
-launch counts and % of the total. --net may also be one of bench/gpu.py's transformers over tokens (gpt2, bert:
-inference only). Runs on the GPU machine (torchvision there); asserts nothing.
+launch counts and % of the total. --net may also be gpt2 (bench/gpu_train.py's decoder, trained on the next token)
+or another of bench/gpu.py's transformers over tokens (bert: inference only). Runs on the GPU machine (torchvision
+there); asserts nothing.
 """
 import argparse
 import ast
@@ -18,7 +19,7 @@ import dlnet
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpu  # noqa: E402
-from gpu_train import export, torch_model  # noqa: E402
+from gpu_train import TOKEN_NETS, export, torch_model  # noqa: E402
 
 
 def table(title, launches, queue, iters=5, top=0, nodes=""):
@@ -70,7 +71,12 @@ def main():
     args = ap.parse_args()
     ctx = dlnet.Context("gpu", precision=args.precision, profile=True)
     ctx = ctx.with_options(**{k: ast.literal_eval(v) for k, v in (kv.split("=", 1) for kv in args.set)})
-    if args.net in gpu.TOKEN_NETS:  # (ids in, next-token logits out: inference only)
+    labels = 1000
+    if args.net in TOKEN_NETS:  # bench/gpu_train.py's decoder: ids in, the next token's logits out (trains too)
+        model, (labels, tokens) = torch_model(args.net), TOKEN_NETS[args.net]
+        xs = np.random.default_rng(0).integers(0, labels, (args.batch, tokens)).astype(np.int64)
+        proto = export(model, xs[:1])
+    elif args.net in gpu.TOKEN_NETS:  # (ids in, next-token logits out: inference only)
         model, inputs = gpu.make_model(args.net)
         xs, args.no_train = inputs(args.batch), True
         proto = gpu.export(model, args.batch, inputs)
@@ -87,7 +93,7 @@ def main():
         return
     trainer = dlnet.Trainer(dlnet.Net(ctx).load_onnx(proto), loss="cross_entropy",
                             optimizer=dlnet.optim.Adam(lr=1e-4))
-    y = np.random.default_rng(0).integers(0, 1000, args.batch)
+    y = np.random.default_rng(0).integers(0, labels, args.batch)
     trainer.step({net.inputs[0].name: xs, "target": y})
     plan = trainer._active
     table(f"{args.net} training step (Adam), batch {args.batch}", plan.plan.launches + plan.launches, ctx.queue,

@@ -70,6 +70,9 @@ def gemm_source(core, tiles, strides, idx, act=None, has_c=False, aligned=(True,
     if "STAGES" in tiles and core not in ("gemm_ldsm", "gemm_wgmma"):  # (gemm_fetch.cl)
         if core == "gemm_mma" and sak == 1 and sam % 4 == 0 and aligned[0]:
             defs["A_VEC"] = 1  # (the fp32 core's A tile is k-major: 4-byte copies)
+        elif core == "gemm_mma" and sam == 1 and sak % 4 == 0 and aligned[0] and \
+                tiles["TM"] // (16 * tiles["WARPS_M"]) % 2 == 0:
+            defs["A_MVEC"] = 1  # (gemm_mma.cl's A tile k-major, its rows permuted: two m16 blocks a float4)
         if sbn == 1 and sbk % 4 == 0 and aligned[1] and \
                 (core == "gemm_mma" or tiles["TK"] * tiles["TN"] // 4 % core_threads(tiles) == 0):
             defs["B_VEC"] = 1

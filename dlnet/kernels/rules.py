@@ -299,11 +299,12 @@ def wgmma_tiles(dev, options, M, N, K, act=None):
     return table["huge"]
 
 
-def ldsm_f16_tiles(dev, options, M, N, K, batches):
+def ldsm_f16_tiles(dev, options, M, N, K, batches, k_rows=True):
     """gemm_ldsm.cl's f16 tiles for an M x N x K product (`batches` of them) whose A and B are stored in half
-    (NVIDIA, precision "fp16"), or None where it does not run: K and N whole 16-byte rows."""
-    if not (dev.is_nvidia and dev.half_storage and options.ldsm_f16 and min(M, N) >= 16 and K % 8 == 0
-            and N % 8 == 0):
+    (NVIDIA, precision "fp16"), or None where it does not run: N, and K where an operand's rows run along k
+    (k_rows), whole 16-byte rows."""
+    if not (dev.is_nvidia and dev.half_storage and options.ldsm_f16 and min(M, N) >= 16 and
+            (K % 8 == 0 or not k_rows) and N % 8 == 0):
         return None
     table, huge = GEMM_TILES["ldsm_f16"], GEMM_TILES["ldsm_f16"]["huge"]
     groups = -(-M // huge["TM"]) * -(-N // huge["TN"]) * batches

@@ -53,6 +53,7 @@ GEMMS = [  # (M, K, N, transA, transB)
     (70, 45, 90, 0, 1),  # big tiles, B transposed
     (3, 64, 500, 0, 0),  # narrow m
     (130, 64, 3, 1, 0),  # narrow n, A transposed
+    (260, 200, 700, 1, 0),  # huge tiles, A transposed (a weight gradient: tensor cores copy it along m), ragged
     (64, 3000, 64, 1, 1),  # one tile, long K: split-K
 ]
 

@@ -367,6 +367,29 @@ def test_tensor_core_products_in_half(M, K, N, trans_b):
     assert rel_l2(y, ref) < 5e-3
 
 
+@pytest.mark.parametrize("M,K,N,trans_b", [(768, 4096, 3072, 0), (264, 1000, 200, 0), (72, 200, 40, 1),
+                                           (1032, 2100, 328, 0)])
+def test_weight_gradient_products_in_half(M, K, N, trans_b):
+    """On NVIDIA in fp16, a product whose A is stored [K, M] (transA: a weight gradient, activations transposed times
+    the output's gradient, both stored in half) runs on gemm_ldsm.cl's f16 core, A read by ldmatrix.trans, not on the
+    register-staged float core: ragged M, N and K (a last partial slice), B [K, N] or [N, K], against float64."""
+    ctx = context()
+    if not ctx.is_nvidia:
+        pytest.skip("gemm_ldsm.cl needs an NVIDIA device (inline PTX mma.sync)")
+    r = _rng(M + N)
+    x, z = r.standard_normal((K, M)).astype(np.float32), r.standard_normal((N, K) if trans_b else (K, N))
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Tanh", ["z"], ["b"]),
+             helper.make_node("Gemm", ["a", "b"], ["p"], transA=1, transB=trans_b, alpha=1 / K),
+             helper.make_node("Tanh", ["p"], ["y"])]
+    z = z.astype(np.float32)
+    net = dlnet.Net(dlnet.Context(ctx.info, precision="fp16")).load_onnx(make_model(nodes, {"x": x, "z": z}, ["y"]))
+    y = net.run({"x": x, "z": z})["y"]
+    zf = np.tanh(z.astype(np.float64))
+    ref = np.tanh(np.maximum(x.astype(np.float64), 0).T @ (zf.T if trans_b else zf) / K)
+    assert "ldsm_f16" in str(net.graph)
+    assert rel_l2(y, ref) < 5e-3
+
+
 @pytest.mark.parametrize("M,K,N,trans_b", [(4200, 520, 2064, 0), (2100, 328, 1032, 1), (300, 40, 136, 0),
                                             (2100, 2056, 2064, 1)])
 def test_wgmma_products_in_half(M, K, N, trans_b):

@@ -100,8 +100,9 @@
 // straight into __local memory (AS_AT, BS_AT), with no registers held. The including file gives the address of an
 // element (PTR_A(m, k), PTR_B(k, n); per row or column PTR_AK(m), PTR_BC(k), or BK_AT(n, p, ok) / BC_AT(k, p, ok)
 // where an element may lie in the padding). A copy whose `ok` is false writes zeros and reads nothing (cp.async's
-// src-size 0). A_VEC: A contiguous along k, rows and base 16-byte aligned; B_VEC: B contiguous along n, likewise:
-// those copy 4 floats at once, the tail of a row zero-filled.
+// src-size 0). A_VEC: A contiguous along k, rows and base 16-byte aligned; A_MVEC: A contiguous along m (a weight
+// gradient's activations), likewise, into gemm_mma.cl's k-major A tile; B_VEC: B contiguous along n, likewise: those
+// copy 4 floats at once, the tail of a row zero-filled.
 #define CP_ASYNC4(dst, src, ok) \
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" \
                  :: "r"((uint)(ulong)(dst)), "l"(src), "r"((ok) ? 4 : 0) : "memory")
@@ -162,6 +163,11 @@
     for (int l = 0; l < TK * TM / 4 / NTHREADS; l++) { \
         const int c = tid + l * NTHREADS, mm = c / (TK / 4), kk = c % (TK / 4) * 4, m = m0 + mm, k = (k0) + kk; \
         CP_ASYNC16(&AS_AT(buf, mm, kk), PTR_A(m, k), m < M ? CP_BYTES(kend - k) : 0); }
+#elif defined(A_MVEC)
+#define ISSUE_A(buf, k0) \
+    for (int l = 0; l < TK * TM / 4 / NTHREADS; l++) { \
+        const int c = tid + l * NTHREADS, kk = c / (TM / 4), mm = c % (TM / 4) * 4, k = (k0) + kk, m = m0 + mm; \
+        CP_ASYNC16(&AS_AT(buf, mm, kk), PTR_A(m, k), k < kend ? CP_BYTES(M - m) : 0); }
 #elif defined(A_KROW) && !defined(A_ALONG_M)
 #define ISSUE_A(buf, k0) { \
     const int ak_ = (k0) + tid % TK; A_KROW(ak_) \

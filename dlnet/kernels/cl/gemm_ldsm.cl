@@ -13,12 +13,13 @@
 // global memory by 16-byte cp.async, STAGES - 1 slices of TK ahead, into __local memory, rows padded by 16 bytes (the
 // eight 16-byte rows of one ldmatrix phase then fall in distinct banks); a k step of a warp is MI + NI / 2 ldmatrix
 // for MI x NI mma.
-//   A is k-contiguous ([M][K] rows). B is [N][K] with B_NK (k-contiguous: a weight stored transposed at upload), or
+//   A is k-contiguous ([M][K] rows), or with A_ALONG_M [K][M] (m-contiguous, read by ldmatrix.trans: F16 only; a
+//   weight gradient's activations). B is [N][K] with B_NK (k-contiguous: a weight stored transposed at upload), or
 //   [K][N] (n-contiguous, read by ldmatrix.trans: F16 only, as .trans moves 16-bit elements).
 // The including file gives KERNEL_NAME, KERNEL_ARGS (or LDSM_ARGS, the whole list), PROLOGUE (pointing `a` and `b` at this product), PTR_A(m, k),
 // PTR_B(k, n) and STORE2(m, n, v0, v1) (columns n and n + 1 of row m; n + 1 may be past NN, which STORE2 checks).
 // M, NN, KK are the product's extents. Every row of A and B starts 16-byte aligned, and a row's length (KK, or NN
-// for [K][N] B) is a multiple of 16 bytes, so that a 16-byte copy is whole or empty.
+// for [K][N] B, M for [K][M] A) is a multiple of 16 bytes, so that a 16-byte copy is whole or empty.
 #if !defined(TM) || !defined(TN) || !defined(TK) || !defined(WARPS_M) || !defined(WARPS_N) || !defined(STAGES)
 #error "gemm_ldsm.cl needs TM TN TK WARPS_M WARPS_N STAGES"
 #endif
@@ -28,8 +29,8 @@
 #elif defined(TF32)
 #define EB 4
 #define KSTEP 8
-#if !defined(B_NK)
-#error "gemm_ldsm.cl: TF32 needs B_NK (ldmatrix cannot transpose 32-bit elements)"
+#if !defined(B_NK) || defined(A_ALONG_M)
+#error "gemm_ldsm.cl: TF32 needs B_NK and A k-contiguous (ldmatrix cannot transpose 32-bit elements)"
 #endif
 #else
 #error "gemm_ldsm.cl needs F16 or TF32"
@@ -42,7 +43,13 @@
     (TN * TK / CE) % NTHREADS
 #error "gemm_ldsm.cl: tile sizes do not divide evenly"
 #endif
-#define AS_STRIDE (TK * EB + 16)  // bytes a row of the tiles
+#if defined(A_ALONG_M)  // bytes a row of the tiles
+#define AS_STRIDE (TM * EB + 16)
+#define AS_BYTES (TK * AS_STRIDE)
+#else
+#define AS_STRIDE (TK * EB + 16)
+#define AS_BYTES (TM * AS_STRIDE)
+#endif
 #if defined(B_NK)
 #define BS_STRIDE (TK * EB + 16)
 #define BS_BYTES (TN * BS_STRIDE)
@@ -50,7 +57,6 @@
 #define BS_STRIDE (TN * EB + 16)
 #define BS_BYTES (TK * BS_STRIDE)
 #endif
-#define AS_BYTES (TM * AS_STRIDE)
 #define STAGE_BYTES (AS_BYTES + BS_BYTES)
 
 #define LDSM_CP16(dst, src, nbytes) \
@@ -89,13 +95,23 @@
         LDSM_CP16((bs) + kk * BS_STRIDE + nn * EB, PTR_B(min(k, KK - 1), n0 + nn), \
                   k < KK ? LDSM_BYTES(NN - n0 - nn) : 0); }
 #endif
+#if defined(A_ALONG_M)
+#define LDSM_ISSUE_A(as, k0) \
+    for (int l = 0; l < TM * TK / CE / NTHREADS; l++) { \
+        const int c = tid + l * NTHREADS, kk = c / (TM / CE), mm = c % (TM / CE) * CE, k = (k0) + kk; \
+        LDSM_CP16((as) + kk * AS_STRIDE + mm * EB, PTR_A(m0 + mm, min(k, KK - 1)), \
+                  k < KK ? LDSM_BYTES(M - m0 - mm) : 0); }
+#else
+#define LDSM_ISSUE_A(as, k0) \
+    for (int l = 0; l < TM * TK / CE / NTHREADS; l++) { \
+        const int c = tid + l * NTHREADS, mm = c / (TK / CE), kk = c % (TK / CE) * CE, m = m0 + mm; \
+        LDSM_CP16((as) + mm * AS_STRIDE + kk * EB, PTR_A(min(m, M - 1), (k0) + kk), \
+                  m < M ? LDSM_BYTES(KK - (k0) - kk) : 0); }
+#endif
 // one slice of TK: A's TM rows and B's into stage `st`
 #define LDSM_ISSUE(st, k0) { \
     const uint as_ = sbase + (st) * STAGE_BYTES, bs_ = as_ + AS_BYTES; \
-    for (int l = 0; l < TM * TK / CE / NTHREADS; l++) { \
-        const int c = tid + l * NTHREADS, mm = c / (TK / CE), kk = c % (TK / CE) * CE, m = m0 + mm; \
-        LDSM_CP16(as_ + mm * AS_STRIDE + kk * EB, PTR_A(min(m, M - 1), (k0) + kk), \
-                  m < M ? LDSM_BYTES(KK - (k0) - kk) : 0); } \
+    LDSM_ISSUE_A(as_, k0) \
     LDSM_ISSUE_B(bs_, k0) }
 
 #ifndef LDSM_ARGS
@@ -126,10 +142,19 @@ void KERNEL_NAME(LDSM_ARGS) {
         if (s < ntiles) LDSM_ISSUE(s, s * TK)
         LDSM_COMMIT();
     }
-    // a lane's ldmatrix row address within a stage, in bytes: A's row lane % 16 at k offset 16 bytes (lane / 16); B's
-    // rows as its layout needs (n = lane % 8 + 8 (lane / 16) at k offset 16 bytes ((lane / 8) % 2) for [N][K]; k =
+    // a lane's ldmatrix row address within a stage, in bytes: A's row lane % 16 at k offset 16 bytes (lane / 16)
+    // for [M][K] (k = lane % 8 + 8 (lane / 16) at m = 8 ((lane / 8) % 2) for [K][M]), giving a0..a3; B's rows as its
+    // layout needs (n = lane % 8 + 8 (lane / 16) at k offset 16 bytes ((lane / 8) % 2) for [N][K]; k =
     // lane % 8 + 8 ((lane / 8) % 2) at n = 8 (lane / 16) for [K][N]), giving b0, b1 of two blocks of 8 columns
+#if defined(A_ALONG_M)
+    const uint a_lane = (lane % 8 + (lane / 16) * 8) * AS_STRIDE + (wm * MI * 16 + ((lane / 8) % 2) * 8) * EB;
+#define A_STEP(i, kq) ((kq) * AS_STRIDE + (i) * 16 * EB)
+#define LDSM_A(r, addr) LDSM_X4_T(r, addr)
+#else
     const uint a_lane = (wm * MI * 16 + lane % 16) * AS_STRIDE + (lane / 16) * 16;
+#define A_STEP(i, kq) ((i) * 16 * AS_STRIDE + (kq) * EB)
+#define LDSM_A(r, addr) LDSM_X4(r, addr)
+#endif
 #if defined(B_NK)
     const uint b_lane = (wn * NI * 8 + lane % 8 + (lane / 16) * 8) * BS_STRIDE + ((lane / 8) % 2) * 16;
 #define B_STEP(jj, kq) ((jj) * 8 * BS_STRIDE + (kq) * EB)
@@ -144,7 +169,7 @@ void KERNEL_NAME(LDSM_ARGS) {
 #endif
 // a warp's fragments of one k step (kq, in elements) of the stage at byte addresses as_, bs_
 #define LDSM_FRAGS(a, b, as_, bs_, kq) { \
-    _Pragma("unroll") for (int i = 0; i < MI; i++) { LDSM_X4(a[i], (as_) + a_lane + i * 16 * AS_STRIDE + (kq) * EB); ROUND(a[i]) } \
+    _Pragma("unroll") for (int i = 0; i < MI; i++) { LDSM_A(a[i], (as_) + a_lane + A_STEP(i, kq)); ROUND(a[i]) } \
     _Pragma("unroll") for (int jj = 0; jj < NI; jj += 2) { \
         uint r[4]; \
         LDSM_B(r, (bs_) + b_lane + B_STEP(jj, kq)); \

@@ -12,6 +12,10 @@
 // column of the warp's block j is column (j / 4) * 32 + 4 g + j % 4 of the warp's TN / WARPS_N, so a lane's B
 // fragments at one k are NI / 4 float4 reads (not NI scalar ones); BS_SWZ moves each 4-float chunk of row k by
 // 2 ((k / 4) % 4) chunks, so the rows 4t + s that the lanes of one 8-lane phase read fall in distinct banks.
+// With A_MVEC (A contiguous along m: a weight gradient's activations, copied 16 bytes along m) A's tile is k-major
+// too, TM floats a row, swizzled as B's, and its rows permuted as B's columns are: lane g's rows of the warp's
+// fragment units u = 2 i + h (block i, rows g + 8 h) are row (u / 4) * 32 + 4 g + u % 4 of the warp's TM / WARPS_M
+// (A_ROW), so a lane's A fragments at one k are MI / 2 float4 reads; the outputs' rows follow.
 // Inputs are rounded to tf32 as a fragment is read (TF32_BITS).
 //
 // Epilogue: the accumulators go through __local memory (the pipeline's, once it is drained), so that the stores
@@ -42,14 +46,24 @@
 #if NI % 4
 #error "gemm_mma.cl: each warp needs a multiple of 32 columns"
 #endif
-#define AS_STRIDE (TK + (48 - TK % 32) % 32)
 #define BS_SWZ(k, n) ((n) ^ ((((k) >> 2) & 3) << 3))
+#if defined(A_MVEC)
+#if MI % 2 || TM % 32
+#error "gemm_mma.cl: A_MVEC needs an even number of m16 blocks per warp and TM a multiple of 32"
+#endif
+#define AS_FLOATS (TK * TM)
+#define AS_AT(buf, m, k) smem[(buf) * AS_FLOATS + (k) * TM + BS_SWZ(k, m)]
+#define A_ROW(u, g) (wm * MI * 16 + ((u) >> 2) * 32 + 4 * (g) + ((u) & 3))
+#else
+#define AS_STRIDE (TK + (48 - TK % 32) % 32)
 #define AS_FLOATS (TM * AS_STRIDE)
+#define AS_AT(buf, m, k) smem[(buf) * AS_FLOATS + (m) * AS_STRIDE + (k)]
+#define A_ROW(u, g) (wm * MI * 16 + ((u) >> 1) * 16 + ((u) & 1) * 8 + (g))
+#endif
 #define BS_FLOATS (TK * TN)
 #define PIPE_FLOATS (STAGES * (AS_FLOATS + BS_FLOATS))
 #define CS_STRIDE (TN + 1)  // the epilogue's rows: lane (g, t) writes row g, column 8t + c, in distinct banks
 #define SMEM_FLOATS (PIPE_FLOATS > TM * CS_STRIDE ? PIPE_FLOATS : TM * CS_STRIDE)
-#define AS_AT(buf, m, k) smem[(buf) * AS_FLOATS + (m) * AS_STRIDE + (k)]
 #define BS_AT(buf, k, n) smem[STAGES * AS_FLOATS + (buf) * BS_FLOATS + (k) * TN + BS_SWZ(k, n)]
 // the tile column of lane g's block j (the fragment of B it reads, the outputs c0..c3 of lane 4 g' + t' follow it)
 #define B_COL(j, g) (wn * NI * 8 + ((j) >> 2) * 32 + 4 * (g) + ((j) & 3))
@@ -114,6 +128,16 @@ void KERNEL_NAME(KERNEL_ARGS, __global float* ws, ulong ws_off) {
         #pragma unroll
         for (int kq = 0; kq < TK; kq += 16) {
             uint a[2][MI][4], b[2][NI][2];
+#if defined(A_MVEC)
+            #pragma unroll
+            for (int s = 0; s < 4; s++)
+                #pragma unroll
+                for (int i = 0; i < MI; i += 2) {
+                    const float4 v = *(__local const float4*)&AS_AT(buf, A_ROW(2 * i, gid), kq + 4 * tig + s);
+                    a[s >> 1][i][2 * (s & 1)] = TF32_IN(v.x); a[s >> 1][i][2 * (s & 1) + 1] = TF32_IN(v.y);
+                    a[s >> 1][i + 1][2 * (s & 1)] = TF32_IN(v.z); a[s >> 1][i + 1][2 * (s & 1) + 1] = TF32_IN(v.w);
+                }
+#else
             #pragma unroll
             for (int i = 0; i < MI; i++) {
                 const int row = wm * MI * 16 + i * 16 + gid;
@@ -124,6 +148,7 @@ void KERNEL_NAME(KERNEL_ARGS, __global float* ws, ulong ws_off) {
                 a[1][i][0] = TF32_IN(lo.z); a[1][i][1] = TF32_IN(hi.z);
                 a[1][i][2] = TF32_IN(lo.w); a[1][i][3] = TF32_IN(hi.w);
             }
+#endif
             #pragma unroll
             for (int s = 0; s < 4; s++)
                 #pragma unroll
@@ -192,7 +217,7 @@ void KERNEL_NAME(KERNEL_ARGS, __global float* ws, ulong ws_off) {
         for (int j = 0; j < NI; j++)
             #pragma unroll
             for (int q = 0; q < 4; q++)
-                smem[(wm * MI * 16 + i * 16 + gid + (q >> 1) * 8) * CS_STRIDE + B_COL(j, 2 * tig + (q & 1))] =
+                smem[A_ROW(2 * i + (q >> 1), gid) * CS_STRIDE + B_COL(j, 2 * tig + (q & 1))] =
                     acc[i][j][q];
     barrier(CLK_LOCAL_MEM_FENCE);
     // one column per work-item, NTHREADS / TN rows apart

@@ -33,10 +33,11 @@ def layernorm_group(D, rows):
 
 class NormPoolFamily:
     # precision "fp16" (kernels/half.py): softmax and normalisation read half and compute in float32 (autocast's fp32
-    # list); LayerNorm and RMSNorm may store y in half, as the product after them would cast it (their statistics
-    # outputs stay float)
+    # list); LayerNorm, LayerNormStats (training's) and RMSNorm may store y in half, as the product after them would
+    # cast it (their statistics outputs stay float: in training the products of y and their gradients then run on
+    # the f16 cores)
     HALF_IO = {"Softmax": half.HalfIO((0,)), "LogSoftmax": half.HalfIO((0,)), "LayerNorm": half.HalfIO((0,), True),
-               "LayerNormStats": half.HalfIO((0,)), "RMSNorm": half.HalfIO((0,), True),
+               "LayerNormStats": half.HalfIO((0,), (0,)), "RMSNorm": half.HalfIO((0,), True),
                "MaxPool": half.EVERY, "AveragePool": half.EVERY,  # (pool.cl, pool_cpu.cl: float sums)
                "AddLayerNorm": half.HalfIO((0, 1), True),  # (a, b; y and s: add_layernorm.cl)
                "LayerNormAxis": half.HalfIO((0,), True)}  # (layernorm_axis.cl)
