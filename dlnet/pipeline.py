@@ -11,6 +11,7 @@ from .graph.passes.fuse import broadcast_expands, fuse_pointwise, fuse_reduce_pr
 from .graph.passes.layout import flatten_gemm_rows
 from .graph.passes.normalize import layer_norm_stats
 from .graph.passes.padding import explicit_padding
+from .graph.passes.transposes import transposes_into_products
 from .kernels.schedule import device_passes
 from .onnx.importer import Importer
 
@@ -42,11 +43,12 @@ def training_import(model, path, shapes):
     parameters), its padding explicit (the gradients read it so) and its attention fused before autodiff (the
     forward runs the fused kernel, the backward Attention's rule; trainable scales and masks stay inputs). Products
     of a sequence by a weight become one 2-D product before autodiff too, so their weight gradient is one product;
-    LayerNorms keep their row statistics for their gradients."""
+    LayerNorms keep their row statistics for their gradients; products read transposed weights as they are stored."""
     imp = Importer(model, path)
     graph = imp.build(shapes, training=True)
     explicit_padding(graph)
     fuse_attention(graph)
+    transposes_into_products(graph)
     flatten_gemm_rows(graph)
     layer_norm_stats(graph)
     return graph, imp

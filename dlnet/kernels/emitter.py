@@ -76,6 +76,8 @@ def gemm_source(core, tiles, strides, idx, act=None, has_c=False, aligned=(True,
         if sbn == 1 and sbk % 4 == 0 and aligned[1] and \
                 (core == "gemm_mma" or tiles["TK"] * tiles["TN"] // 4 % core_threads(tiles) == 0):
             defs["B_VEC"] = 1
+        elif core == "gemm_mma" and sbk == 1 and sbn % 4 == 0 and aligned[1]:
+            defs["B_KVEC"] = 1  # (gemm_mma.cl's B tile n-major: a weight read [N, K] as stored)
     defs["IDX"] = idx
     defs.update(halves or {})  # (precision "fp16": the operands stored in half, half.half_defines)
     head = wgmma_macro(tiles["TN"], "TF32" in tiles) if core == "gemm_wgmma" else ""

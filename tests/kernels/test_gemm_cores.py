@@ -54,6 +54,7 @@ GEMMS = [  # (M, K, N, transA, transB)
     (3, 64, 500, 0, 0),  # narrow m
     (130, 64, 3, 1, 0),  # narrow n, A transposed
     (260, 200, 700, 1, 0),  # huge tiles, A transposed (a weight gradient: tensor cores copy it along m), ragged
+    (300, 132, 520, 0, 1),  # huge tiles, B transposed (a weight read [N, K] as stored: copied along k), ragged
     (64, 3000, 64, 1, 1),  # one tile, long K: split-K
 ]
 

@@ -59,6 +59,9 @@ def make(kind):
         # LayerNormalization over the last axis (an op of its own from op-set 17), its scale and bias away from 1, 0
         "layernorm": lambda: _shifted_norm(nn.Sequential(nn.Conv2d(3, 4, 1), nn.LayerNorm(6), nn.Tanh(), nn.Flatten(),
                                                          nn.Linear(4 * 6 * 6, 5))),
+        # a Linear over a sequence (3-D input): exported as MatMul(x, Transpose(W)), W a parameter
+        "tokens": lambda: nn.Sequential(nn.Conv2d(3, 4, 1), nn.Flatten(2), nn.Linear(36, 8), nn.Tanh(), nn.Flatten(),
+                                        nn.Linear(32, 5)),
         "residual": Residual,
         "concat": Concat,
     }

@@ -74,6 +74,23 @@ def test_layernorm_gradients_read_the_forward_statistics(ctx):
         assert close(grads[n], ref[n]), (n, np.abs(grads[n] - ref[n]).max(), np.abs(ref[n]).max())
 
 
+def test_products_read_transposed_weights_as_stored(ctx):
+    """A Linear layer over a sequence exports as MatMul(x, Transpose(W)): the training graph's Gemm reads W as it is
+    stored (transB, pipeline.training_import), so no step copies W or its gradient; loss and gradients match
+    PyTorch's."""
+    x, y = data()
+    model = make("tokens")
+    proto = export(model, x)
+    assert "Transpose" in [n.op_type for n in proto.graph.node]
+    ref_loss, ref = torch_grads(model, x, y)
+    loss, grads, tr = dlnet_grads(ctx, proto, x, y)
+    assert "Transpose" not in [n.op for n in tr._active.graph.nodes]
+    assert abs(loss - ref_loss) <= 1e-4 * abs(ref_loss)
+    assert set(grads) == set(ref)
+    for n in ref:
+        assert close(grads[n], ref[n]), (n, np.abs(grads[n] - ref[n]).max(), np.abs(ref[n]).max())
+
+
 def test_label_smoothing_matches_torch(ctx):
     x, y = data()
     model = make("linear")

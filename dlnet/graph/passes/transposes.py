@@ -12,6 +12,10 @@ around a LayerNorm: 80 Transpose copies in convnext_small. Here:
   read by its layer scale and residual Add).
 
 Both leave the products (Linear layers) as they are: on [N*H*W, C] rows, the GEMM cores' best layout.
+
+- `transposes_into_products` (training graphs): a Gemm reading a 2-D Transpose (a Linear layer's weight as exporters
+  write it, MatMul(x, Transpose(W))) reads the Transpose's input with transA / transB flipped: no copy of the weight
+  each step, nor of its gradient back (the gradient of the Gemm is W's own layout).
 """
 from ..ir import Node
 from ..ops.normalization import channels_last
@@ -86,4 +90,25 @@ def transposes_into_pointwise(graph):
         out.producer = None
         graph.add_node(Node("Fused", inputs, [out], {"nodes": [node] + members}, user.name), at - 1)
         changed = True
+    return changed
+
+
+def transposes_into_products(graph):
+    """Gemm(.., Transpose(w, perm=(1, 0)), ..) -> Gemm reading w with its trans flag flipped (either operand of 2-D
+    w); the Transpose goes where nothing else reads it."""
+    changed = False
+    for node in list(graph.nodes):
+        if node.op != "Gemm":
+            continue
+        for i, flag in ((0, "transA"), (1, "transB")):
+            t = node.inputs[i]
+            tr = t.producer
+            if tr is None or tr.op != "Transpose" or tr not in graph.nodes or t.rank != 2 or \
+                    tuple(tr.attrs["perm"]) != (1, 0) or t in graph.outputs or (i == 0 and node.outputs[0].rank != 2):
+                continue
+            graph.set_input(node, i, tr.inputs[0])
+            node.attrs[flag] = 1 - node.attrs.get(flag, 0)
+            if not [u for u in t.users if u in graph.nodes]:
+                graph.remove_node(tr)
+            changed = True
     return changed

@@ -101,7 +101,8 @@
 // element (PTR_A(m, k), PTR_B(k, n); per row or column PTR_AK(m), PTR_BC(k), or BK_AT(n, p, ok) / BC_AT(k, p, ok)
 // where an element may lie in the padding). A copy whose `ok` is false writes zeros and reads nothing (cp.async's
 // src-size 0). A_VEC: A contiguous along k, rows and base 16-byte aligned; A_MVEC: A contiguous along m (a weight
-// gradient's activations), likewise, into gemm_mma.cl's k-major A tile; B_VEC: B contiguous along n, likewise: those
+// gradient's activations), likewise, into gemm_mma.cl's k-major A tile; B_VEC: B contiguous along n, likewise;
+// B_KVEC: B contiguous along k (a weight read [N, K] as stored), likewise, into gemm_mma.cl's n-major B tile: those
 // copy 4 floats at once, the tail of a row zero-filled.
 #define CP_ASYNC4(dst, src, ok) \
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" \
@@ -132,6 +133,11 @@
     for (int l = 0; l < TK * TN / 4 / NTHREADS; l++) { \
         const int c = tid + l * NTHREADS, kk = c / (TN / 4), nn = c % (TN / 4) * 4, k = (k0) + kk, n = n0 + nn; \
         CP_ASYNC16(&BS_AT(buf, kk, nn), PTR_B(k, n), k < kend ? CP_BYTES(NN - n) : 0); }
+#elif defined(B_KVEC)
+#define ISSUE_B(buf, k0) \
+    for (int l = 0; l < TK * TN / 4 / NTHREADS; l++) { \
+        const int c = tid + l * NTHREADS, nn = c / (TK / 4), kk = c % (TK / 4) * 4, k = (k0) + kk, n = n0 + nn; \
+        CP_ASYNC16(&BS_AT(buf, kk, nn), PTR_B(k, n), n < NN ? CP_BYTES(kend - k) : 0); }
 #elif defined(B_KROW) && defined(B_ALONG_K)
 #define ISSUE_B(buf, k0) { \
     const int bk_ = (k0) + tid % TK; B_KROW(bk_) \

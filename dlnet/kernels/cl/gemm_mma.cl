@@ -16,6 +16,8 @@
 // too, TM floats a row, swizzled as B's, and its rows permuted as B's columns are: lane g's rows of the warp's
 // fragment units u = 2 i + h (block i, rows g + 8 h) are row (u / 4) * 32 + 4 g + u % 4 of the warp's TM / WARPS_M
 // (A_ROW), so a lane's A fragments at one k are MI / 2 float4 reads; the outputs' rows follow.
+// With B_KVEC (B contiguous along k: a weight read [N, K] as stored) B's tile is n-major like A's, rows AS_STRIDE
+// floats apart, its columns in order: a lane's B fragments at one k step pair are one float4 per block, as A's.
 // Inputs are rounded to tf32 as a fragment is read (TF32_BITS).
 //
 // Epilogue: the accumulators go through __local memory (the pipeline's, once it is drained), so that the stores
@@ -60,13 +62,23 @@
 #define AS_AT(buf, m, k) smem[(buf) * AS_FLOATS + (m) * AS_STRIDE + (k)]
 #define A_ROW(u, g) (wm * MI * 16 + ((u) >> 1) * 16 + ((u) & 1) * 8 + (g))
 #endif
+#define BK_STRIDE (TK + (48 - TK % 32) % 32)
+#if defined(B_KVEC)
+#define BS_FLOATS (TN * BK_STRIDE)
+#else
 #define BS_FLOATS (TK * TN)
+#endif
 #define PIPE_FLOATS (STAGES * (AS_FLOATS + BS_FLOATS))
 #define CS_STRIDE (TN + 1)  // the epilogue's rows: lane (g, t) writes row g, column 8t + c, in distinct banks
 #define SMEM_FLOATS (PIPE_FLOATS > TM * CS_STRIDE ? PIPE_FLOATS : TM * CS_STRIDE)
+#if defined(B_KVEC)
+#define BS_AT(buf, k, n) smem[STAGES * AS_FLOATS + (buf) * BS_FLOATS + (n) * BK_STRIDE + (k)]
+#define B_COL(j, g) (wn * NI * 8 + (j) * 8 + (g))
+#else
 #define BS_AT(buf, k, n) smem[STAGES * AS_FLOATS + (buf) * BS_FLOATS + (k) * TN + BS_SWZ(k, n)]
 // the tile column of lane g's block j (the fragment of B it reads, the outputs c0..c3 of lane 4 g' + t' follow it)
 #define B_COL(j, g) (wn * NI * 8 + ((j) >> 2) * 32 + 4 * (g) + ((j) & 3))
+#endif
 __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1)))
 void KERNEL_NAME(KERNEL_ARGS, __global float* ws, ulong ws_off) {
     ws += ws_off;
@@ -149,6 +161,14 @@ void KERNEL_NAME(KERNEL_ARGS, __global float* ws, ulong ws_off) {
                 a[1][i][2] = TF32_IN(lo.w); a[1][i][3] = TF32_IN(hi.w);
             }
 #endif
+#if defined(B_KVEC)
+            #pragma unroll
+            for (int j = 0; j < NI; j++) {
+                const float4 v = *(__local const float4*)&BS_AT(buf, kq + 4 * tig, B_COL(j, gid));
+                b[0][j][0] = TF32_IN(v.x); b[0][j][1] = TF32_IN(v.y);
+                b[1][j][0] = TF32_IN(v.z); b[1][j][1] = TF32_IN(v.w);
+            }
+#else
             #pragma unroll
             for (int s = 0; s < 4; s++)
                 #pragma unroll
@@ -157,6 +177,7 @@ void KERNEL_NAME(KERNEL_ARGS, __global float* ws, ulong ws_off) {
                     b[s >> 1][jq][s & 1] = TF32_IN(v.x); b[s >> 1][jq + 1][s & 1] = TF32_IN(v.y);
                     b[s >> 1][jq + 2][s & 1] = TF32_IN(v.z); b[s >> 1][jq + 3][s & 1] = TF32_IN(v.w);
                 }
+#endif
 #if defined(TF32X3)
             // (mma_tf32.cl) the six mma of both k steps of one block into one sum where the registers hold both steps'
             // split fragments (MI NI <= 16), else the three of each k step
