@@ -62,10 +62,11 @@ def check_split(op, shape, axes, kind, keepdims):
 
 @pytest.mark.parametrize("op", ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceLogSumExp"])
 @pytest.mark.parametrize("shape,axes", [((50, 300), [1]), ((4, 6, 700), [2]), ((3, 5, 9, 17), [2, 3]),
-                                        ((7, 128), [1])])
+                                        ((7, 128), [1]), ((6, 100, 256), [2])])
 def test_reduce_rows_by_smaller_groups(op, shape, axes):
     """Rows of 128 to 1023 elements as the GPU reduces them: a work-group per row of at most a quarter as many
-    work-items as elements (LayerNorm's gradient's means), against onnx.reference."""
+    work-items as elements (LayerNorm's gradient's means; many rows too, as attention's gradient's row sums, whose
+    rows are contiguous), against onnx.reference."""
     x = rng.standard_normal(shape).astype(np.float32)
     model = reduce_model(op, x, axes, 0)
     net = dlnet.Net(gpu_like()).load_onnx(model)

@@ -75,10 +75,13 @@ class ReduceFamily:
         n_out, count = int(np.prod(out_dims)), int(np.prod(red_dims))
         # GPUs: a work-group per output once each output reduces many elements (batch-norm statistics, losses), of
         # fewer work-items (at least 4 elements each) for shorter rows: LayerNorm's gradient takes four means of
-        # 768 elements over ViT-B/16's 3152 rows at batch 16, which one work-item a row ran at 24 work-items a unit
+        # 768 elements over ViT-B/16's 3152 rows at batch 16, which one work-item a row ran at 24 work-items a unit;
+        # many outputs too where each reduces a contiguous run (attention's gradient sums rows of 256 scores over
+        # 49152 rows in a GPT-2 step: one work-item a row read memory 1 KiB apart from its neighbour's)
         group = REDUCE_GROUP[self.dev.kind]
+        runs = all(xs[groups[-1][-1]] == 1 for _, _, xs in operands) if groups else False
         group = min(group, 1 << ((count // 4).bit_length() - 1)) \
-            if count >= REDUCE_GROUP_MIN and n_out < 64 * self.dev.compute_units else 0
+            if count >= REDUCE_GROUP_MIN and (n_out < 64 * self.dev.compute_units or runs) else 0
         # ... and several work-groups per output where the outputs alone would leave the device short of work
         # (a bias gradient: 64 sums of 800k elements each), their partial results combined by red_finish
         splits = min(-(-REDUCE_GROUPS_PER_CU * self.dev.compute_units // n_out), count // (16 * group)) \
