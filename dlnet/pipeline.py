@@ -11,13 +11,14 @@ from .graph.passes.fuse import broadcast_expands, fuse_pointwise, fuse_reduce_pr
 from .graph.passes.layout import flatten_gemm_rows
 from .graph.passes.normalize import layer_norm_stats
 from .graph.passes.padding import explicit_padding
-from .graph.passes.transposes import transposes_into_products
+from .graph.passes.transposes import slice_grads_into_concat, transposes_into_products
 from .kernels.schedule import device_passes
 from .onnx.importer import Importer
 
 # a training graph keeps its weights as parameters: no BatchNormalization folding, no convolution epilogues that would
 # hide a gradient's input; only what keeps the backward graph exact
-TRAINING_PASSES = [fold_constants, broadcast_expands, fuse_pointwise, fuse_reduce_prologues, remove_dead]
+TRAINING_PASSES = [fold_constants, broadcast_expands, slice_grads_into_concat, fuse_pointwise, fuse_reduce_prologues,
+                   remove_dead]
 
 
 def inference_graph(model, path, shapes, ctx, passes=True, outputs=None, values=None):

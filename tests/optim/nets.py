@@ -40,6 +40,16 @@ def make(kind):
         def forward(self, x):
             return self.fc(t.cat([t.sigmoid(self.a(x)), t.tanh(self.b(x))], 1).flatten(1))
 
+    class Split(nn.Module):  # a packed projection split in three, as attention's q, k, v (pieces of 8, 6, 8)
+        def __init__(self):
+            super().__init__()
+            self.qkv = nn.Linear(36, 22)
+            self.fc = nn.Linear(3 * 8 + 3 * 6, 5)
+
+        def forward(self, x):
+            q, k, v = self.qkv(x.flatten(2)).split([8, 6, 8], dim=-1)
+            return self.fc(t.cat([t.tanh(q) * v, t.sigmoid(k)], -1).flatten(1))
+
     nets = {
         "conv": lambda: nn.Sequential(nn.Conv2d(3, 4, 3, stride=2, padding=1), nn.ReLU(), nn.Flatten(),
                                       nn.Linear(4 * 3 * 3, 5)),
@@ -62,6 +72,7 @@ def make(kind):
         # a Linear over a sequence (3-D input): exported as MatMul(x, Transpose(W)), W a parameter
         "tokens": lambda: nn.Sequential(nn.Conv2d(3, 4, 1), nn.Flatten(2), nn.Linear(36, 8), nn.Tanh(), nn.Flatten(),
                                         nn.Linear(32, 5)),
+        "split": Split,
         "residual": Residual,
         "concat": Concat,
     }

@@ -91,6 +91,22 @@ def test_products_read_transposed_weights_as_stored(ctx):
         assert close(grads[n], ref[n]), (n, np.abs(grads[n] - ref[n]).max(), np.abs(ref[n]).max())
 
 
+def test_split_gradient_is_one_concat(ctx):
+    """A packed projection split in three pieces (attention's q, k, v): its gradient is one Concat of the pieces'
+    gradients (transposes.slice_grads_into_concat), not three zero-filled SliceGrads summed; loss and gradients match
+    PyTorch's."""
+    x, y = data()
+    model = make("split")
+    proto = export(model, x)
+    ref_loss, ref = torch_grads(model, x, y)
+    loss, grads, tr = dlnet_grads(ctx, proto, x, y)
+    ops = [n.op for n in tr._active.graph.nodes]
+    assert "SliceGrad" not in ops and "Concat" in ops
+    assert abs(loss - ref_loss) <= 1e-4 * abs(ref_loss)
+    for n in ref:
+        assert close(grads[n], ref[n]), (n, np.abs(grads[n] - ref[n]).max(), np.abs(ref[n]).max())
+
+
 def test_label_smoothing_matches_torch(ctx):
     x, y = data()
     model = make("linear")

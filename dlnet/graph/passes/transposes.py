@@ -1,4 +1,4 @@
-"""Layout copies that need not run (inference graphs).
+"""Layout copies that need not run.
 
 ConvNeXt computes its depthwise convolutions channels-first (NCHW) and its LayerNorms and Linear layers channels-last,
 so every block permutes its activations there and back, and every LayerNorm2d (stem, downsampling, head) permutes
@@ -16,6 +16,8 @@ Both leave the products (Linear layers) as they are: on [N*H*W, C] rows, the GEM
 - `transposes_into_products` (training graphs): a Gemm reading a 2-D Transpose (a Linear layer's weight as exporters
   write it, MatMul(x, Transpose(W))) reads the Transpose's input with transA / transB flipped: no copy of the weight
   each step, nor of its gradient back (the gradient of the Gemm is W's own layout).
+- `slice_grads_into_concat` (training graphs): the gradient of a Split (q, k and v of a packed projection) summed
+  from its pieces' SliceGrads, each a zero-filled copy of the whole input, is one Concat of the pieces' gradients.
 """
 from ..ir import Node
 from ..ops.normalization import channels_last
@@ -111,4 +113,61 @@ def transposes_into_products(graph):
             if not [u for u in t.users if u in graph.nodes]:
                 graph.remove_node(tr)
             changed = True
+    return changed
+
+
+def _add_tree(graph, node):
+    """(leaves, Add nodes) of the tree of Adds rooted at `node` whose inner sums have no other reader."""
+    leaves, adds = [], [node]
+    for v in node.inputs:
+        p = v.producer
+        if p is not None and p.op == "Add" and p in graph.nodes and _only_user(graph, v) is node:
+            more, inner = _add_tree(graph, p)
+            leaves += more
+            adds += inner
+        else:
+            leaves.append(v)
+    return leaves, adds
+
+
+def _slice_axis(sg):
+    """The one axis a unit-step SliceGrad's slice does not cover whole, and its start, or None."""
+    a = sg.attrs
+    part = [d for d, (s, c, n) in enumerate(zip(a["starts"], a["counts"], a["in_shape"])) if s != 0 or c != n]
+    if len(part) != 1 or any(st != 1 for st in a["steps"]):
+        return None
+    return part[0], a["starts"][part[0]]
+
+
+def slice_grads_into_concat(graph):
+    """Add(SliceGrad(d0), SliceGrad(d1), ...) whose unit-step slices tile one axis of the input, each read by the sum
+    alone -> Concat(d0, d1, ...) along that axis."""
+    changed = False
+    for node in list(graph.nodes):
+        if node.op != "Add" or node not in graph.nodes:
+            continue
+        user = _only_user(graph, node.outputs[0])
+        if user is not None and user.op == "Add":  # (an inner sum: its root takes the tree)
+            continue
+        leaves, adds = _add_tree(graph, node)
+        sgs = [v.producer for v in leaves]
+        if any(p is None or p.op != "SliceGrad" or p not in graph.nodes or _only_user(graph, v) is None
+               for p, v in zip(sgs, leaves)):
+            continue
+        cuts = [_slice_axis(p) for p in sgs]
+        if None in cuts or len({axis for axis, _ in cuts}) != 1:
+            continue
+        axis = cuts[0][0]
+        order = sorted(range(len(sgs)), key=lambda i: cuts[i][1])
+        ends = [cuts[i][1] + sgs[i].attrs["counts"][axis] for i in order]
+        if [cuts[i][1] for i in order] != [0] + ends[:-1] or ends[-1] != node.outputs[0].shape[axis]:
+            continue
+        at = graph.nodes.index(node)
+        for n in adds + sgs:
+            graph.remove_node(n)
+        out = node.outputs[0]
+        out.producer = None
+        graph.add_node(Node("Concat", [sgs[i].inputs[0] for i in order], [out], {"axis": axis}, node.name),
+                       at - len(adds) - len(sgs) + 1)
+        changed = True
     return changed
