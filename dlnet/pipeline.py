@@ -9,7 +9,7 @@ from .graph.passes.attention import fuse_attention
 from .graph.passes.fold import fold_constants, remove_dead
 from .graph.passes.fuse import broadcast_expands, fuse_pointwise, fuse_reduce_prologues
 from .graph.passes.layout import flatten_gemm_rows
-from .graph.passes.normalize import layer_norm_stats
+from .graph.passes.normalize import layer_norm_stats, normalize_layers
 from .graph.passes.padding import explicit_padding
 from .graph.passes.transposes import slice_grads_into_concat, transposes_into_products
 from .kernels.schedule import device_passes
@@ -44,10 +44,12 @@ def training_import(model, path, shapes):
     parameters), its padding explicit (the gradients read it so) and its attention fused before autodiff (the
     forward runs the fused kernel, the backward Attention's rule; trainable scales and masks stay inputs). Products
     of a sequence by a weight become one 2-D product before autodiff too, so their weight gradient is one product;
-    LayerNorms keep their row statistics for their gradients; products read transposed weights as they are stored."""
+    LayerNorms keep their row statistics for their gradients; products read transposed weights as they are stored.
+    Decomposed LayerNorms, RMSNorms and GELUs become their ops first, so that each takes its op's one gradient rule."""
     imp = Importer(model, path)
     graph = imp.build(shapes, training=True)
     explicit_padding(graph)
+    normalize_layers(graph)
     fuse_attention(graph)
     transposes_into_products(graph)
     flatten_gemm_rows(graph)

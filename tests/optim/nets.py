@@ -72,6 +72,9 @@ def make(kind):
         # a Linear over a sequence (3-D input): exported as MatMul(x, Transpose(W)), W a parameter
         "tokens": lambda: nn.Sequential(nn.Conv2d(3, 4, 1), nn.Flatten(2), nn.Linear(36, 8), nn.Tanh(), nn.Flatten(),
                                         nn.Linear(32, 5)),
+        # GELU's tanh form as op-set 13 exports it (decomposed: x, x^3, tanh, ...), over a sequence
+        "gelu_tanh": lambda: nn.Sequential(nn.Flatten(2), nn.Linear(36, 16), nn.GELU(approximate="tanh"), nn.Flatten(),
+                                           nn.Linear(3 * 16, 5)),
         "split": Split,
         "residual": Residual,
         "concat": Concat,

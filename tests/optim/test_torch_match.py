@@ -107,6 +107,24 @@ def test_split_gradient_is_one_concat(ctx):
         assert close(grads[n], ref[n]), (n, np.abs(grads[n] - ref[n]).max(), np.abs(ref[n]).max())
 
 
+def test_decomposed_gelu_trains_as_one_op(ctx):
+    """GELU's tanh form, decomposed by the op-set 13 exporter, trains as GeluTanh (pipeline.training_import), and its
+    gradient rule's pointwise DAG (x^2 and tanh read twice) fuses into one kernel with the product's gradient that
+    feeds it; loss and gradients match PyTorch's."""
+    x, y = data()
+    model = make("gelu_tanh")
+    proto = export(model, x)
+    ref_loss, ref = torch_grads(model, x, y)
+    loss, grads, tr = dlnet_grads(ctx, proto, x, y)
+    nodes = tr._active.graph.nodes
+    assert "GeluTanh" in [n.op for n in nodes] and "Tanh" not in [n.op for n in nodes]
+    rule = [n for n in nodes if n.op == "Fused" and "Tanh" in [m.op for m in n.attrs["nodes"]]]
+    assert len(rule) == 1 and len(rule[0].attrs["nodes"]) >= 15
+    assert abs(loss - ref_loss) <= 1e-4 * abs(ref_loss)
+    for n in ref:
+        assert close(grads[n], ref[n]), (n, np.abs(grads[n] - ref[n]).max(), np.abs(ref[n]).max())
+
+
 def test_label_smoothing_matches_torch(ctx):
     x, y = data()
     model = make("linear")

@@ -107,24 +107,23 @@ MAX_FUSED = 64
 
 
 def fuse_pointwise(graph):
-    """Merge each pointwise node into its only pointwise reader, as long as shapes broadcast to the reader's. Each
-    Fused node takes its last member's place; the node list is rebuilt once (linear in the graph's size)."""
+    """Merge each pointwise node into its pointwise readers once every one of them is in the same group (a gradient
+    rule's DAG, its intermediates read twice, is one kernel), as long as shapes broadcast to the group's output.
+    Each Fused node takes its last member's place; the node list is rebuilt once (linear in the graph's size)."""
     order = {n: i for i, n in enumerate(graph.nodes)}
     gone, fused_at = set(), {}
     for node in reversed(list(graph.nodes)):  # readers first, so each group grows from its last node
         if node.spec.kind != "pointwise" or node in gone:
             continue
         members, inside = [node], {node}
-        # pull in producers: pointwise, single user, and result read only here
+        # pull in producers: pointwise, their result read only inside the group
         grew = True
         while grew and len(members) < MAX_FUSED:
             grew = False
             for v in list(_inputs_of(members)):
                 p = v.producer
-                if p is None or p.spec.kind != "pointwise" or not _single_user(graph, v) or p not in order or \
-                        p in gone or p in inside or len(members) >= MAX_FUSED:
-                    continue
-                if v.users[0] not in inside:
+                if p is None or p.spec.kind != "pointwise" or p not in order or p in gone or p in inside or \
+                        len(members) >= MAX_FUSED or v in graph.outputs or not all(u in inside for u in v.users):
                     continue
                 if len(v.shape) > len(node.outputs[0].shape) or any(
                         a != b and a != 1 for a, b in zip(v.shape[::-1], node.outputs[0].shape[::-1])):
