@@ -190,13 +190,17 @@ def attention_grad(b, node, dy):
     mask = node.inputs[3] if len(node.inputs) > 3 else None
     group = q.shape[-3] // k.shape[-3] if q.rank > 2 else 1
     ke, ve = repeat_heads(b, k, group), repeat_heads(b, v, group)
-    s = b.op("Gemm", [q, ke], {"transB": 1, "alpha": float(a["scale"])})
     cap = a["softcap"]
+    bias, empty = score_bias(b, _Scores(q.dtype, q.shape[:-1] + ke.shape[-2:-1]), mask, a["causal"],
+                             a["causal_offset"])
+    if cap > 0 or bias is None:
+        s = b.op("Gemm", [q, ke], {"transB": 1, "alpha": float(a["scale"])})
+    else:  # (the bias as the product's C: added in its epilogue, no pass of its own over the scores)
+        s = b.op("Gemm", [q, ke, bias], {"transB": 1, "alpha": float(a["scale"])})
     if cap > 0:
         t = b.op("Tanh", [b.op("Mul", [s, b.const(np.asarray(1.0 / cap, s.dtype))])])
         s = b.op("Mul", [t, b.const(np.asarray(cap, s.dtype))])
-    bias, empty = score_bias(b, s, mask, a["causal"], a["causal_offset"])
-    z = s if bias is None else b.op("Add", [s, bias])
+    z = s if bias is None or cap == 0 else b.op("Add", [s, bias])
     p = masked_softmax(b, z, empty)
     dv = b.op("Gemm", [p, dy], {"transA": 1})
     dp = b.op("Gemm", [dy, ve], {"transB": 1})
@@ -209,6 +213,13 @@ def attention_grad(b, node, dy):
     dk = b.op("Gemm", [ds, q], {"transA": 1, "alpha": float(a["scale"])})
     grads = (dq, _sum_heads(b, dk, group), _sum_heads(b, dv, group))
     return [_permuted(b, g, to_stored(s)) for g, s in zip(grads, layout, strict=False)] + [dmask]
+
+
+class _Scores:
+    """The dtype and shape of the scores [..., Tq, Tk] before they exist (score_bias reads no more)."""
+
+    def __init__(self, dtype, shape):
+        self.dtype, self.shape = dtype, shape
 
 
 def _permuted(b, x, perm):
