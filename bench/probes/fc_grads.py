@@ -31,20 +31,26 @@ def model(a_shape, b_shape, trans_a):
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
 
 
-def dlnet_ms(ctx, feeds, trans_a, ref):
-    net = dlnet.Net(ctx).load_onnx(model(feeds["a"].shape, feeds["b"].shape, trans_a))
-    y = net.run(feeds)["y"]
-    err = np.linalg.norm(y - ref) / np.linalg.norm(ref)
+def launches_ms(net, queue, keep=lambda launch: True):
+    """Median kernel ms of net's launches that `keep` (profiling events), 10 of 12 runs, FLUSH written before each."""
     times = []
     for _ in range(12):
         FLUSH.zero_()
         torch.cuda.synchronize()
-        events = [launch.enqueue(ctx.queue) for launch in net.launches]
-        ctx.queue.finish()
-        times.append(sum(e.profile.end - e.profile.start for e in events) * 1e-6)
+        events = [(launch, launch.enqueue(queue)) for launch in net.launches]
+        queue.finish()
+        times.append(sum(e.profile.end - e.profile.start for launch, e in events if keep(launch)) * 1e-6)
+    return statistics.median(times[2:])
+
+
+def dlnet_ms(ctx, feeds, trans_a, ref):
+    net = dlnet.Net(ctx).load_onnx(model(feeds["a"].shape, feeds["b"].shape, trans_a))
+    y = net.run(feeds)["y"]
+    err = np.linalg.norm(y - ref) / np.linalg.norm(ref)
+    ms = launches_ms(net, ctx.queue)
     labels = " ".join(sorted({w for launch in net.launches for w in launch.label.split("Gemm")[-1].split()[:1]}))
     net.release()
-    return statistics.median(times[2:]), err, labels
+    return ms, err, labels
 
 
 def torch_ms(fn):
