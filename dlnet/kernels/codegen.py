@@ -75,15 +75,19 @@ def _vtype(dtype):
     return "float" if np.dtype(dtype).name == "float16" else _ctype(dtype)
 
 
-def elementwise_source(rank, in_dtypes, out_dtype, body, I="long"):
-    """Kernel `ew`: y[i] = body(x0..xn) over a rank-`rank` loop; `body` assigns `r` from `x0v`, `x1v`, ..."""
+def elementwise_source(rank, in_dtypes, out_dtype, body, I="long", vec=1, inner=None):
+    """Kernel `ew`: y[i] = body(x0..xn) over a rank-`rank` loop; `body` assigns `r` from `x0v`, `x1v`, ...
+
+    vec > 1: each work-item takes `vec` consecutive elements of the innermost dim (a multiple of vec), along which
+    y is contiguous and each operand contiguous or broadcast (inner: their innermost strides, 1 or 0, y's first):
+    one vector load per contiguous operand and one vector store, the body once per element."""
     args = [f"__global {_ctype(out_dtype) if np.dtype(out_dtype).name != 'float16' else 'half'}* y", "ulong y_off"]
     for i, dt in enumerate(in_dtypes):
         args += [f"__global const {_ctype(dt)}* x{i}", f"ulong x{i}_off"]
     args += [f"__constant const {I}* meta"]  # [dims(rank), y strides(rank), x_i strides(rank) ...]
     lines = [_preamble(list(in_dtypes) + [out_dtype]),
              f"__kernel void ew({', '.join(args)}) {{",
-             f"  {I} i = get_global_id(0);",
+             f"  {I} i = get_global_id(0){f' * {vec}' if vec > 1 else ''};",
              f"  {I} total = 1; for (int d = 0; d < {rank}; d++) total *= meta[d];",
              "  if (i >= total) return;",
              "  y += y_off;"]
@@ -93,9 +97,35 @@ def elementwise_source(rank, in_dtypes, out_dtype, body, I="long"):
               f"    oy += q * meta[{rank} + d];"]
     lines += [f"    o{i} += q * meta[{(i + 2) * rank} + d];" for i in range(len(in_dtypes))]
     lines += ["  }"]
+    if vec > 1:
+        return "\n".join(lines + _vector_body(in_dtypes, out_dtype, body, vec, inner[1:]) + ["}"])
     lines += [f"  {_vtype(dt)} x{i}v = {_load(i, dt)};" for i, dt in enumerate(in_dtypes)]
     lines += [f"  {_vtype(out_dtype)} r0;", f"  {body}", f"  {_store(out_dtype, 'r0')}", "}"]
     return "\n".join(lines)
+
+
+def _vector_load(i, dtype, vec):
+    if np.dtype(dtype).name == "float16":
+        return f"vload_half{vec}(0, x{i} + o{i})"
+    return f"vload{vec}(0, x{i} + o{i})"
+
+
+def _vector_body(in_dtypes, out_dtype, body, vec, inner):
+    """elementwise_source's statements for `vec` elements from offsets o0.., oy: vector loads of the contiguous
+    operands, the body once per element in a block of its own, one vector store."""
+    half_out = np.dtype(out_dtype).name == "float16"
+    lines = [f"  {_vtype(dt)}{vec} xw{i} = {_vector_load(i, dt, vec)};"
+             for i, (dt, s) in enumerate(zip(in_dtypes, inner, strict=True)) if s == 1]
+    lines += [f"  {_vtype(dt)} xs{i} = {_load(i, dt)};"
+              for i, (dt, s) in enumerate(zip(in_dtypes, inner, strict=True)) if s != 1]
+    lines.append(f"  {_vtype(out_dtype)}{vec} rw;")
+    for e in range(vec):
+        lanes = [f"const {_vtype(dt)} x{i}v = {f'xw{i}.s{e:x}' if s == 1 else f'xs{i}'};"
+                 for i, (dt, s) in enumerate(zip(in_dtypes, inner, strict=True))]
+        lines.append(f"  {{ {' '.join(lanes)} {_vtype(out_dtype)} r0; {body} rw.s{e:x} = "
+                     f"{'r0' if half_out else f'({_ctype(out_dtype)})(r0)'}; }}")
+    lines.append(f"  vstore_half{vec}(rw, 0, y + oy);" if half_out else f"  vstore{vec}(rw, 0, y + oy);")
+    return lines
 
 
 # Elements per work-item along the innermost loop dim in elementwise_rows_source: enough to pay for the index

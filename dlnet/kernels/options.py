@@ -217,6 +217,10 @@ class Options:
     pool_cpu_separable: bool = True
     # CPU reductions: accumulators per output over interleaved elements (GlobalAveragePool 0.115 -> 0.039 ms)
     reduce_lanes: int = 4
+    # GPU pointwise kernels (codegen.elementwise_source): elements per work-item where every operand's innermost dim
+    # is contiguous or broadcast, as one vector load and store each (4), or one element (1: the default until it is
+    # measured on a GPU; tests run 4 on the CPU device taken for a GPU)
+    ew_vector: int = 1
 
     @staticmethod
     def from_env(environ=None):
