@@ -20,9 +20,10 @@ def contiguous_strides(shape):
     return list(reversed(strides))
 
 
-def broadcast_strides(in_shape, out_shape):
-    """Element strides of a contiguous `in_shape` array read at every index of `out_shape` (numpy rules)."""
-    strides = contiguous_strides(in_shape)
+def broadcast_strides(in_shape, out_shape, strides=None):
+    """Element strides of a contiguous `in_shape` array (or one of these `strides`) read at every index of
+    `out_shape` (numpy rules)."""
+    strides = contiguous_strides(in_shape) if strides is None else strides
     pad = len(out_shape) - len(in_shape)
     result = [0] * pad
     for d, s, o in zip(in_shape, strides, out_shape[pad:]):

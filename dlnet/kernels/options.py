@@ -221,6 +221,9 @@ class Options:
     # is contiguous or broadcast, as one vector load and store each (4), or one element (1: the default until it is
     # measured on a GPU; tests run 4 on the CPU device taken for a GPU)
     ew_vector: int = 1
+    # training graphs: a Transpose read only by products (attention's gradient: q, k, v and dy to [b, h, t, d], 4
+    # copies a layer) as a TransposeView the products read in place (False until measured on a GPU)
+    transpose_views: bool = False
 
     @staticmethod
     def from_env(environ=None):

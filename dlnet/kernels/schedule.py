@@ -20,6 +20,7 @@ from ..graph.passes.layout import (
     tf32_weights,
     transposes_as_views,
 )
+from ..graph.passes.transposes import transposes_into_product_views
 from ..graph.passes.winograd import winograd_on_device, winograd_weights
 from . import half
 from .families.conv import is_depthwise
@@ -293,6 +294,8 @@ def device_passes(graph, ctx, training=False):
     if training:
         if core == "gemm_core" and o.winograd_training:
             winograd_on_device(graph, min_channels, o.winograd_min_layer_tiles, o.winograd_dw)
+        if o.transpose_views:  # (attention's gradient: its products read q, k, v and dy in place)
+            transposes_into_product_views(graph)
         return graph
     if core == "gemm_vec":  # CPU convolutions: per-channel affine + Relu producers of 1x1 layers as prologues,
         # channel shuffles in their planes

@@ -55,6 +55,7 @@ NOT_DIFFERENTIATED = {
     "RoiAlignGrad": "backward of RoiAlign", "GridSampleGrad": "backward of GridSample",
     # made by passes that run after autodiff
     "Fused": "a chain of pointwise nodes, fused after the backward graph exists",
+    "TransposeView": "a Transpose read in place by products, made after the backward graph exists",
     # host ops run between device graphs, and a training graph is one device graph
     "NonZero": "host op, int64", "Unique": "host op", "NonMaxSuppression": "host op, int64",
     "StringNormalizer": "host op, strings", "StringConcat": "host op, strings", "StringSplit": "host op, strings",

@@ -50,6 +50,17 @@ def make(kind):
             q, k, v = self.qkv(x.flatten(2)).split([8, 6, 8], dim=-1)
             return self.fc(t.cat([t.tanh(q) * v, t.sigmoid(k)], -1).flatten(1))
 
+    class Attention(nn.Module):  # causal self-attention over 6 tokens of 18 features, 2 heads of 9
+        def __init__(self):
+            super().__init__()
+            self.qkv, self.fc = nn.Linear(18, 54), nn.Linear(6 * 18, 5)
+
+        def forward(self, x):
+            b = x.shape[0]
+            q, k, v = (y.reshape(b, 6, 2, 9).transpose(1, 2) for y in self.qkv(x.reshape(b, 6, 18)).split(18, -1))
+            y = t.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.fc(y.transpose(1, 2).reshape(b, -1))
+
     nets = {
         "conv": lambda: nn.Sequential(nn.Conv2d(3, 4, 3, stride=2, padding=1), nn.ReLU(), nn.Flatten(),
                                       nn.Linear(4 * 3 * 3, 5)),
@@ -76,6 +87,7 @@ def make(kind):
         "gelu_tanh": lambda: nn.Sequential(nn.Flatten(2), nn.Linear(36, 16), nn.GELU(approximate="tanh"), nn.Flatten(),
                                            nn.Linear(3 * 16, 5)),
         "split": Split,
+        "attention": Attention,
         "residual": Residual,
         "concat": Concat,
     }

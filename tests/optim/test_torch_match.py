@@ -125,6 +125,23 @@ def test_decomposed_gelu_trains_as_one_op(ctx):
         assert close(grads[n], ref[n]), (n, np.abs(grads[n] - ref[n]).max(), np.abs(ref[n]).max())
 
 
+def test_attention_gradient_reads_heads_in_place(ctx):
+    """Causal self-attention (SDPA, op-set 17) trains with the fused forward; with Options.transpose_views its
+    gradient's products read q, k, v and dy in [b, h, t, d] through TransposeViews of their [b, t, h, d] values (no
+    copies); loss and gradients match PyTorch's either way."""
+    x, y = data()
+    model = make("attention")
+    proto = export(model, x, opset=17)
+    ref_loss, ref = torch_grads(model, x, y)
+    for views in (False, True):
+        loss, grads, tr = dlnet_grads(ctx.with_options(transpose_views=views), proto, x, y)
+        ops = [n.op for n in tr._active.graph.nodes]
+        assert "Attention" in ops and ops.count("TransposeView") == (4 if views else 0)
+        assert abs(loss - ref_loss) <= 1e-4 * abs(ref_loss)
+        for n in ref:
+            assert close(grads[n], ref[n]), (n, np.abs(grads[n] - ref[n]).max(), np.abs(ref[n]).max())
+
+
 def test_label_smoothing_matches_torch(ctx):
     x, y = data()
     model = make("linear")

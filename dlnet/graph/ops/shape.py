@@ -83,6 +83,24 @@ class Transpose(Op):
 
 
 @register
+class TransposeView(Op):
+    """y = x.transpose(perm) read in place (no copy): only products read it, through its strides
+    (transformer.element_strides); made after autodiff (transposes.transposes_into_product_views): no rule"""
+    name = "TransposeView"
+    kind = "alias"
+    attrs = {"perm": REQUIRED}
+
+    def infer(self, node):
+        return Transpose.infer(self, node)
+
+    def numpy(self, node, x):
+        return [np.transpose(x, node.attrs["perm"])]
+
+    def lower(self, node, lw):
+        lw.alias(node.outputs[0], node.inputs[0])
+
+
+@register
 class Slice(Op):
     """y = x[starts[d] : : steps[d]] taking counts[d] elements per axis (normalised by the importer)."""
     name = "Slice"

@@ -98,8 +98,12 @@ def view_strides(shape, columns, width):
 
 
 def element_strides(x):
-    """x's element strides: a ColumnView's (view_strides), else contiguous."""
+    """x's element strides: a ColumnView's (view_strides), a TransposeView's (its input's, permuted), else
+    contiguous."""
     p = x.producer
     if p is not None and p.op == "ColumnView":
         return view_strides(x.shape, p.attrs["columns"], p.inputs[0].shape[-1])
+    if p is not None and p.op == "TransposeView":
+        inner = element_strides(p.inputs[0])
+        return [inner[a] for a in p.attrs["perm"]]
     return view_strides(x.shape, x.size, x.size)  # (contiguous: one row of every element)

@@ -16,6 +16,8 @@ Both leave the products (Linear layers) as they are: on [N*H*W, C] rows, the GEM
 - `transposes_into_products` (training graphs): a Gemm reading a 2-D Transpose (a Linear layer's weight as exporters
   write it, MatMul(x, Transpose(W))) reads the Transpose's input with transA / transB flipped: no copy of the weight
   each step, nor of its gradient back (the gradient of the Gemm is W's own layout).
+- `transposes_into_product_views` (training graphs): a Transpose read by products alone (attention's gradient
+  takes q, k, v and dy to [b, h, t, d]) is a TransposeView they read in place through its strides.
 - `slice_grads_into_concat` (training graphs): the gradient of a Split (q, k and v of a packed projection) summed
   from its pieces' SliceGrads, each a zero-filled copy of the whole input, is one Concat of the pieces' gradients.
 """
@@ -169,5 +171,25 @@ def slice_grads_into_concat(graph):
         out.producer = None
         graph.add_node(Node("Concat", [sgs[i].inputs[0] for i in order], [out], {"axis": axis}, node.name),
                        at - len(adds) - len(sgs) + 1)
+        changed = True
+    return changed
+
+
+def transposes_into_product_views(graph):
+    """Transpose -> TransposeView where every reader is a Gemm reading it as A or B and the input's last axis stays
+    one of the last two (so that the product's rows or columns are contiguous: the tensor cores' layouts)."""
+    changed = False
+    for node in list(graph.nodes):
+        if node.op != "Transpose" or node.inputs[0].const is not None:
+            continue
+        t, perm = node.outputs[0], tuple(node.attrs["perm"])
+        users = [u for u in t.users if u in graph.nodes]
+        if t in graph.outputs or not users or t.rank < 2 or t.rank - 1 not in perm[-2:] or \
+                any(u.op != "Gemm" or t not in u.inputs[:2] or t in u.inputs[2:] for u in users):
+            continue
+        at = graph.nodes.index(node)
+        graph.remove_node(node)
+        t.producer = None
+        graph.add_node(Node("TransposeView", [node.inputs[0]], [t], {"perm": perm}, node.name), at)
         changed = True
     return changed

@@ -5,6 +5,7 @@ device."""
 import numpy as np
 
 from ...errors import ModelError
+from ...graph.ops.transformer import element_strides
 from ...graph.passes.layout import tf32_exact
 from .. import codegen
 from ..device import TILED_CORES
@@ -53,8 +54,8 @@ class MatmulFamily:
         batch = y.shape[:-2]
         nb = int(np.prod(batch, dtype=np.int64))
 
-        def mat_strides(v):
-            s = codegen.broadcast_strides(v.shape, batch + v.shape[-2:])
+        def mat_strides(v):  # (a TransposeView read through its strides)
+            s = codegen.broadcast_strides(v.shape, batch + v.shape[-2:], element_strides(v))
             return s[:-2], s[-2], s[-1]
 
         sa_b, sa0, sa1 = mat_strides(a)
