@@ -112,7 +112,7 @@ def _qk_output(b, q, k, mask, attrs, mode):
         s = b.op("Mul", [t, b.const(np.asarray(cap, s.dtype))])
     if mode < 2:
         return s
-    bias, empty = score_bias(b, s, mask, attrs["causal"], attrs["causal_offset"])
+    bias, empty = score_bias(b, s.dtype, *s.shape[-2:], mask, attrs["causal"], attrs["causal_offset"])
     z = s if bias is None else b.op("Add", [s, bias])
     if mode == 2:
         return z if z.shape == s.shape else b.op("Expand", [z], {"shape": s.shape})

@@ -153,17 +153,16 @@ def _sum_heads(b, g, group):
     return b.op("Reduce", [split], {"mode": "sum", "axes": (len(lead) + 1,), "keepdims": 0})
 
 
-def score_bias(b, scores, mask, causal, causal_offset):
-    """The additive bias of `scores` [..., Tq, Tk] (causal and mask together; None without either) and whether some
-    row of it may be all -inf (then the softmax of that row is NaN, to be replaced by 0 as the kernel does)."""
-    tq, tk = scores.shape[-2:]
+def score_bias(b, dtype, tq, tk, mask, causal, causal_offset):
+    """The additive bias of `dtype` scores [..., tq, tk] (causal and mask together; None without either) and whether
+    some row of it may be all -inf (then the softmax of that row is NaN, to be replaced by 0 as the kernel does)."""
     bias, empty = None, False
     if causal:
         allowed = causal_allowed(tq, tk, causal_offset)
-        bias = b.const(additive(allowed, scores.dtype))
+        bias = b.const(additive(allowed, dtype))
         empty = not allowed.any(axis=-1).all()
     if mask is not None:
-        m = b.op("Where", [mask, b.const(np.zeros((), scores.dtype)), b.const(np.asarray(-np.inf, scores.dtype))]) \
+        m = b.op("Where", [mask, b.const(np.zeros((), dtype)), b.const(np.asarray(-np.inf, dtype))]) \
             if mask.dtype == "bool" else mask
         bias = m if bias is None else b.op("Add", [bias, m])
         empty = True
@@ -191,16 +190,13 @@ def attention_grad(b, node, dy):
     group = q.shape[-3] // k.shape[-3] if q.rank > 2 else 1
     ke, ve = repeat_heads(b, k, group), repeat_heads(b, v, group)
     cap = a["softcap"]
-    bias, empty = score_bias(b, _Scores(q.dtype, q.shape[:-1] + ke.shape[-2:-1]), mask, a["causal"],
-                             a["causal_offset"])
-    if cap > 0 or bias is None:
-        s = b.op("Gemm", [q, ke], {"transB": 1, "alpha": float(a["scale"])})
-    else:  # (the bias as the product's C: added in its epilogue, no pass of its own over the scores)
-        s = b.op("Gemm", [q, ke, bias], {"transB": 1, "alpha": float(a["scale"])})
+    bias, empty = score_bias(b, q.dtype, q.shape[-2], ke.shape[-2], mask, a["causal"], a["causal_offset"])
+    c = [bias] if bias is not None and cap == 0 else []  # (the product's C: added in its epilogue, no pass of its own)
+    s = b.op("Gemm", [q, ke] + c, {"transB": 1, "alpha": float(a["scale"])})
     if cap > 0:
         t = b.op("Tanh", [b.op("Mul", [s, b.const(np.asarray(1.0 / cap, s.dtype))])])
         s = b.op("Mul", [t, b.const(np.asarray(cap, s.dtype))])
-    z = s if bias is None or cap == 0 else b.op("Add", [s, bias])
+    z = s if bias is None or c else b.op("Add", [s, bias])
     p = masked_softmax(b, z, empty)
     dv = b.op("Gemm", [p, dy], {"transA": 1})
     dp = b.op("Gemm", [dy, ve], {"transB": 1})
@@ -213,13 +209,6 @@ def attention_grad(b, node, dy):
     dk = b.op("Gemm", [ds, q], {"transA": 1, "alpha": float(a["scale"])})
     grads = (dq, _sum_heads(b, dk, group), _sum_heads(b, dv, group))
     return [_permuted(b, g, to_stored(s)) for g, s in zip(grads, layout, strict=False)] + [dmask]
-
-
-class _Scores:
-    """The dtype and shape of the scores [..., Tq, Tk] before they exist (score_bias reads no more)."""
-
-    def __init__(self, dtype, shape):
-        self.dtype, self.shape = dtype, shape
 
 
 def _permuted(b, x, perm):

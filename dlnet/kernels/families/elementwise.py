@@ -54,16 +54,21 @@ class ElementwiseFamily:
             self.emit(src, "ew_rows", args, (max(-(-dims[-1] // codegen.ROW_CHUNK), 1), max(rows, 1)), None, label)
             return
         vec = self.options.ew_vector
-        inner = [st[-1] for st in sets]
-        offsets = [int(a) for a in args[1:-1:2]]  # (y's and each operand's element offset)
-        if vec > 1 and dims and dims[-1] % vec == 0 and inner[0] == 1 and all(s in (0, 1) for s in inner) and all(
-                o % vec == 0 and all(s % vec == 0 for s in st[:-1])
-                for st, o in zip(sets, offsets, strict=True) if st[-1] == 1):
-            src = codegen.elementwise_source(len(dims), in_dtypes, out_dtype, body, I, vec, inner)
+        if vec > 1 and self._vectors(dims, sets, args[1:-1:2], vec):
+            src = codegen.elementwise_source(len(dims), in_dtypes, out_dtype, body, I, vec, [st[-1] for st in sets])
             self.emit(src, "ew", args, (max(total // vec, 1),), None, label)
             return
         src = codegen.elementwise_source(len(dims), in_dtypes, out_dtype, body, I)
         self.emit(src, "ew", args, (max(total, 1),), None, label)
+
+    @staticmethod
+    def _vectors(dims, sets, offsets, vec):
+        """Can `vec` consecutive elements be one vector load and store: y contiguous along the innermost dim, each
+        operand contiguous (rows and offset on multiples of vec) or broadcast there."""
+        if not dims or dims[-1] % vec or sets[0][-1] != 1:
+            return False
+        return all(st[-1] == 0 or st[-1] == 1 and int(o) % vec == 0 and all(s % vec == 0 for s in st[:-1])
+                   for st, o in zip(sets, offsets, strict=True))
 
     def pointwise(self, nodes):
         """A chain of pointwise nodes (last one's output is written) as one generated kernel."""
