@@ -44,6 +44,12 @@ def half_defines(**values):
     return {f"{name}_HALF": 1 for name, v in values.items() if v is not None and v.dtype == "float16"}
 
 
+def tf32_defines(node):
+    """precision "tf32": Y_TF32 where node's kernel stores y rounded to tf32 (its schedule's tf32_y), A_TF32 where a
+    product reads such an A (tf32_a; schedule.tf32_producers)."""
+    return {name: 1 for name, key in (("Y_TF32", "tf32_y"), ("A_TF32", "tf32_a")) if node.schedule.get(key)}
+
+
 def without_copies(tiles, halves, operands):
     """The GEMM core's tiles without the cp.async pipeline (STAGES, NVIDIA: its 4- and 16-byte copies move floats)
     where one of `operands` ("A", "B", "X", "W") is stored in half: the register-staged path, which loads through

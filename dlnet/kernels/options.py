@@ -86,6 +86,14 @@ class Options:
     wgmma: bool = True
     # ... and products at least this deep, with enough tiles, on its 128 x 256 tile (rules.GEMM_TILES["wgmma_f16"])
     wgmma_deep_k: int = 2048
+    # ... wgmma groups each warpgroup leaves running at the end of a K slice (gemm_wgmma.cl's WG_WAIT): 1 lets the
+    # next slice's copies start under them but copies one slice less ahead (STAGES - 2). H200 b16 Gemm kernel ms,
+    # 1 / 0: tf32 gpt2 4.77 / 4.81, vit 4.92 / 5.04; fp16 gpt2 3.04 / 3.12, vit 2.79 / 2.92
+    wgmma_wait: int = 1
+    # tf32: a product's A stored rounded to tf32 by the kernel that makes it, where tf32 products alone read it
+    # (schedule's tf32_y / tf32_a; gemm_wgmma.cl then rounds neither operand). H200 b16 tf32 Gemm kernel ms: gpt2
+    # 5.83 -> 4.77, vit_b_16 5.77 -> 4.92
+    tf32_producers: bool = True
     # tf32: attention's two products on the tensor cores (attention_mma.cl) for head dims that are multiples of 8
     attention_mma: bool = True
     # its work-groups' warps, 16 query rows each: each K/V tile loaded once for more rows. H100, ViT-B/16 b16 (197

@@ -295,8 +295,10 @@ def wgmma_tiles(dev, options, M, N, K, act=None):
     deep = table["deep"]
     if K >= options.wgmma_deep_k and -(-M // deep["TM"]) * -(-N // deep["TN"]) >= dev.compute_units and \
             (act is None or not dev.half_storage):  # (f16: a GELU epilogue left 128 x 256 behind, 0.465 / 0.389 ms)
-        return deep
-    return table["huge"]
+        tiles = deep
+    else:
+        tiles = table["huge"]
+    return tiles if options.wgmma_wait == 1 else dict(tiles, WG_WAIT=options.wgmma_wait)
 
 
 def ldsm_f16_tiles(dev, options, M, N, K, batches, k_rows=True):

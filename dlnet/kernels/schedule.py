@@ -250,6 +250,8 @@ def schedule(graph, ctx):
         algo = choose(node, dev, options)
         if algo is not None:
             node.schedule["algo"] = algo
+    if dev.wgmma and dev.tensor_cores and not dev.half_storage and options.wgmma and options.tf32_producers:
+        tf32_producers(graph, lambda node: tf32_product(node, dev, options))
     if dev.half_storage and not getattr(graph, "stored_half", False):
         half.check_half_io(ctx)
         io = lambda node: half_io(node, dev, options)  # noqa: E731
@@ -259,6 +261,51 @@ def schedule(graph, ctx):
             half_input_copies(graph, io, lambda node: half_core(node, dev, options))
         store_half(graph, io)
     return graph
+
+
+# the kernels that can store their y rounded to tf32 (Y_TF32): op -> its algorithm (None: ops without a table)
+TF32_STORES = {"Gemm": "gemm", "AddLayerNorm": None, "LayerNorm": None, "Attention": "flash"}
+
+
+def tf32_product(node, dev, options):
+    """Is `node` a product on gemm_wgmma.cl in tf32 (precision "tf32", Hopper) that reads its A as input 0?"""
+    if node.op != "Gemm" or node.schedule.get("algo") != "gemm" or node.attrs.get("transA", 0):
+        return False
+    a, y = node.inputs[0], node.outputs[0]
+    return y.rank >= 2 and a.rank >= 2 and wgmma_product(dev, options, y.shape[-2], y.shape[-1], a.shape[-1])
+
+
+def tf32_producers(graph, product):
+    """precision "tf32": a float32 value that products on the tensor cores alone read, as their A (`product(node)`;
+    through views), stored rounded to tf32 by the kernel that makes it (its schedule's tf32_y) where that kernel can
+    (TF32_STORES); its products (tf32_a) then read it as it is: wgmma drops the low bits that gemm_wgmma.cl would
+    otherwise round in shared memory, in every tile of the product that reads the slice."""
+    outputs = {id(v) for v in graph.outputs}
+
+    def readers(v):  # the products reading v (through views), or None where anything else reads it
+        found = []
+        for user in v.users:
+            if user.spec.kind == "alias":
+                more = readers(user.outputs[0])
+                if more is None:
+                    return None
+                found += more
+            elif product(user) and user.inputs[0] is v and v not in user.inputs[1:]:
+                found.append(user)
+            else:
+                return None
+        return None if id(v) in outputs else found
+
+    for node in graph.nodes:
+        want = TF32_STORES.get(node.op, False)
+        y = node.outputs[0] if node.outputs else None
+        if want is False or node.schedule.get("algo") != want or y.dtype != "float32" or y.const is not None:
+            continue
+        products = readers(y)
+        if products:
+            node.schedule["tf32_y"] = 1
+            for p in products:
+                p.schedule["tf32_a"] = 1
 
 
 # {op: HalfIO, or (node, dev) -> HalfIO} that the kernel families of ops without an algorithm table declare (their

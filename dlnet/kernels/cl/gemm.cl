@@ -69,10 +69,17 @@
 #else
 #define CVAL(m, n) 0.0f
 #endif
+// Y_TF32 (schedule's tf32_y: y is read by tf32 products alone, which then take it as it is): y stored rounded to the
+// nearest tf32 (mma_tf32.cl's TF32_BITS, low bits cleared), once here rather than in every tile that reads it
+#if defined(Y_TF32)
+#define TF32Y(v) as_float((as_uint(v) + 0x1000u) & 0xFFFFE000u)
+#else
+#define TF32Y(v) (v)
+#endif
 #if defined(Y_HALF)
 #define STORE(m, n, v) { float r_ = alpha * (v) + CVAL(m, n); vstore_half(ACT(r_), (m) * sym + (n) * syn, y); }
 #else
-#define STORE(m, n, v) { float r_ = alpha * (v) + CVAL(m, n); y[(m) * sym + (n) * syn] = ACT(r_); }
+#define STORE(m, n, v) { float r_ = alpha * (v) + CVAL(m, n); y[(m) * sym + (n) * syn] = TF32Y(ACT(r_)); }
 #endif
 // Y_PAIRS (gemm_ldsm.cl's STORE2, columns n and n + 1 of row m, n even): y's rows contiguous (syn 1) and every pair
 // aligned (y's offsets and NN even), so that the two are one 4-byte (half) or 8-byte store
@@ -88,6 +95,6 @@
 #define STORE2(m, n, v0, v1) { \
     if ((n) + 1 < NN) { \
         const float r0_ = alpha * (v0) + CVAL(m, n), r1_ = alpha * (v1) + CVAL(m, (n) + 1); \
-        STORE_PAIR(m, n, ((float2)(ACT(r0_), ACT(r1_)))); \
+        STORE_PAIR(m, n, ((float2)(TF32Y(ACT(r0_)), TF32Y(ACT(r1_))))); \
     } else STORE(m, n, v0); }
 #endif

@@ -13,7 +13,9 @@
 // STAGES slices: at slice t the stage of slice t - 2 is refilled (every warpgroup has waited for all but its last
 // wgmma group by then). TF32: wgmma drops each float's low 13 bits, so every work-item adds half a tf32 unit to the
 // floats of A it copied (mma_tf32.cl's TF32_BITS: rounding to nearest, as the mma.sync cores round), slice t + 1's
-// while slice t's wgmma runs; B too unless B_TF32 (a weight rounded so at load).
+// while slice t's wgmma runs; B too unless B_TF32 (a weight rounded so at load); A too unless A_TF32 (stored rounded
+// by the kernel that made it: schedule's tf32_y).
+// WG_WAIT (1): wgmma groups left running at the end of a slice; slices are copied WG_P = STAGES - 1 - WG_WAIT ahead.
 // The including file gives KERNEL_NAME, LDSM_ARGS, PROLOGUE, PTR_A(m, k), PTR_B(k, n), STORE2(m, n, v0, v1) and
 // WGMMA(d, da, db) (emitter.wgmma_macro: d += A B for one k step of a warpgroup's m64 block, by descriptors).
 // M, NN, KK are the product's extents; every row of A and B starts 16-byte aligned and KK is a multiple of 8 (f16)
@@ -51,7 +53,12 @@ inline ulong wg_desc(uint addr) {
         if (WHOLE) WG_CP16((dst) + WG_TILE_OFF(r, kc), PTR(row, k), 16); \
         else WG_CP16((dst) + WG_TILE_OFF(r, kc), PTR(min(row, (R) - 1), min(k, KK - WG_CE)), \
                      (row < (R) && k < KK) ? min(16, WG_EB * (KK - k)) : 0); }
-#if defined(TF32)
+#ifndef WG_WAIT
+#define WG_WAIT 1
+#endif
+#define WG_P (STAGES - 1 - WG_WAIT)
+#if defined(TF32) && !(defined(A_TF32) && defined(B_TF32))
+#define WG_ROUNDS
 // half a tf32 unit onto every float of the stage at byte offset `so` that this work-item copied (its copies landed)
 #define WG_ROUND_ROWS(ROWS, so) \
     for (int c = tid; c < ROWS * 8; c += WG_THREADS) { \
@@ -59,6 +66,8 @@ inline ulong wg_desc(uint addr) {
         *p_ += (uint4)(0x1000u); }
 #if defined(B_TF32)
 #define WG_ROUND(so) WG_ROUND_ROWS(TM, so)
+#elif defined(A_TF32)
+#define WG_ROUND(so) WG_ROUND_ROWS(TN, (so) + WG_A_BYTES)
 #else
 #define WG_ROUND(so) { WG_ROUND_ROWS(TM, so) WG_ROUND_ROWS(TN, (so) + WG_A_BYTES) }
 #endif
@@ -89,23 +98,23 @@ void KERNEL_NAME(LDSM_ARGS) {
         for (int j = 0; j < TN / 2; j++)
             acc[i][j] = 0.0f;
     const int ntiles = (KK + TK - 1) / TK;
-    for (int s = 0; s < STAGES - 2; s++) {
+    for (int s = 0; s < WG_P; s++) {
         if (s < ntiles) WG_ISSUE(sbase + s * WG_STAGE_BYTES, s * TK)
         asm volatile("cp.async.commit_group;" ::: "memory");
     }
-#if defined(TF32)
-    asm volatile("cp.async.wait_group " WG_STR(STAGES) " - 3;" ::: "memory");
+#if defined(WG_ROUNDS)
+    asm volatile("cp.async.wait_group " WG_STR(WG_P) " - 1;" ::: "memory");
     WG_ROUND(0)
 #endif
     for (int tt = 0; tt < ntiles; tt++) {
         // slice tt has landed (one group committed a slice, empty or not; TF32: and was rounded); the copies are made
         // visible to the async proxy wgmma reads through, then to every warpgroup
-#if !defined(TF32)
-        asm volatile("cp.async.wait_group " WG_STR(STAGES) " - 3;" ::: "memory");
+#if !defined(WG_ROUNDS)
+        asm volatile("cp.async.wait_group " WG_STR(WG_P) " - 1;" ::: "memory");
 #endif
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         barrier(CLK_LOCAL_MEM_FENCE);
-        const int tn = tt + STAGES - 2;
+        const int tn = tt + WG_P;
         if (tn < ntiles) WG_ISSUE(sbase + (tn % STAGES) * WG_STAGE_BYTES, tn * TK)
         asm volatile("cp.async.commit_group;" ::: "memory");
         const uint st = sbase + (tt % STAGES) * WG_STAGE_BYTES;
@@ -120,13 +129,13 @@ void KERNEL_NAME(LDSM_ARGS) {
             }
         }
         asm volatile("// @WG wgmma.commit_group.sync.aligned;" ::: "memory");
-#if defined(TF32)
+#if defined(WG_ROUNDS)
         if (tt + 1 < ntiles) {  // (slice tt + 1 landed, rounded while slice tt's products run)
-            asm volatile("cp.async.wait_group " WG_STR(STAGES) " - 3;" ::: "memory");
+            asm volatile("cp.async.wait_group " WG_STR(WG_P) " - 1;" ::: "memory");
             WG_ROUND((tt + 1) % STAGES * WG_STAGE_BYTES)
         }
 #endif
-        asm volatile("// @WG wgmma.wait_group.sync.aligned 1;" ::: "memory");
+        asm volatile("// @WG wgmma.wait_group.sync.aligned " WG_STR(WG_WAIT) ";" ::: "memory");
     }
     asm volatile("// @WG wgmma.wait_group.sync.aligned 0;" ::: "memory");
     asm volatile("cp.async.wait_group 0;" ::: "memory");

@@ -10,7 +10,7 @@ from ...errors import ModelError
 from ...graph.ops.attention import LOGICAL, MAX_RANK, lead4, logical_shape
 from ...graph.ops.transformer import element_strides
 from ..emitter import defines
-from ..half import half_defines
+from ..half import half_defines, tf32_defines
 from ..runtime import kernel_source
 
 
@@ -124,7 +124,7 @@ class AttentionFamily:
         (B, Hq), (_, Hk) = lead4(qs), lead4(ks)
         Tq, D, Tk, DV = qs[-2], qs[-1], ks[-2], vs[-1]
         defs = {"D": D, "DV": DV, "CAUSAL": int(bool(a["causal"])), "SOFTCAP": int(a["softcap"] > 0),
-                **half_defines(Q=q, K=k, V=v, Y=y)}
+                **half_defines(Q=q, K=k, V=v, Y=y), **tf32_defines(node)}
         strides = [0, 0, 0, 0]
         if mask is not None:
             defs["MASK"] = 2 if mask.dtype == "bool" else 1

@@ -10,7 +10,7 @@ from ...graph.passes.layout import tf32_exact
 from .. import codegen
 from ..device import TILED_CORES
 from ..emitter import act_macro, defines, gemm_args, gemm_source
-from ..half import half_defines, without_copies
+from ..half import half_defines, tf32_defines, without_copies
 from ..rules import (
     GEMM_CPU_TILES,
     GEMM_TILES,
@@ -81,13 +81,14 @@ class MatmulFamily:
         idx = self.index_type(a.size, b.size, y.size, c.size if c is not None else 0)
         self._gemm_launch(self.args(a), self.args(b), self.args(c) if c is not None else None, self.args(y), table,
                           M, N, K, (sam, sak, sbk, sbn, scm, scn), idx, at.get("act"), at.get("alpha", 1.0),
-                          at.get("beta", 1.0), f"{node.name} Gemm", halves=self._operand_defines(a, b, c, y, M, N, K))
+                          at.get("beta", 1.0), f"{node.name} Gemm",
+                          halves=self._operand_defines(node, a, b, c, y, M, N, K))
 
-    def _operand_defines(self, a, b, c, y, M, N, K):
+    def _operand_defines(self, node, a, b, c, y, M, N, K):
         """gemm.cl's defines for how the operands are stored: in half (precision "fp16"), or, in a product wgmma
         takes on tf32, B a weight already rounded to tf32 (B_TF32: layout.tf32_weights; gemm_wgmma.cl then rounds A
-        alone)."""
-        defs = half_defines(A=a, B=b, C=c, Y=y)
+        alone), A or y stored rounded to tf32 (tf32_defines)."""
+        defs = dict(half_defines(A=a, B=b, C=c, Y=y), **tf32_defines(node)) or None
         if self.dev.tensor_cores and b.const is not None and not b.param and \
                 wgmma_product(self.dev, self.options, M, N, K) and tf32_exact(b.const):
             defs = dict(defs or {}, B_TF32=1)

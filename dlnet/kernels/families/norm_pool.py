@@ -130,7 +130,7 @@ class NormPoolFamily:
         rows = x.size // max(D, 1)
         defs = {"RMS": 1} if node.op == "RMSNorm" else {}
         bias = [] if defs else self.args(node.inputs[2])
-        defs.update(half.half_defines(X=x, Y=y))
+        defs.update(half.half_defines(X=x, Y=y), **half.tf32_defines(node))
         args = self.args(x) + self.args(scale) + bias + self.args(y) + [
             np.int64(rows), np.int32(D), np.float32(node.attrs["epsilon"])]
         if len(node.outputs) > 1:
@@ -153,7 +153,8 @@ class NormPoolFamily:
         D = a.shape[-1]
         rows = a.size // max(D, 1)
         defs = {"RMS": 1} if node.attrs["rms"] else {}
-        defs.update(half.half_defines(A=a, B=b, Y=y, S=node.outputs[1] if len(node.outputs) > 1 else None))
+        defs.update(half.half_defines(A=a, B=b, Y=y, S=node.outputs[1] if len(node.outputs) > 1 else None),
+                    **half.tf32_defines(node))
         args = self.args(a) + self.args(b) + [np.int64(max(b.size // max(D, 1), 1))] + self.args(scale) + \
             (self.args(node.inputs[3]) if not node.attrs["rms"] else []) + self.args(y) + \
             [np.int64(rows), np.int32(D), np.float32(node.attrs["epsilon"])]
