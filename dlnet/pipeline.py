@@ -5,7 +5,7 @@ layouts this device reads best) -> Plan (plan.py: the schedule, the memory plan,
 after a host step and training each take their graph from here.
 """
 from .graph.passes import run_passes
-from .graph.passes.attention import fuse_attention
+from .graph.passes.attention import fuse_attention, fused_attention_grads
 from .graph.passes.fold import fold_constants, remove_dead
 from .graph.passes.fuse import broadcast_expands, fuse_pointwise, fuse_reduce_prologues
 from .graph.passes.layout import flatten_gemm_rows
@@ -39,18 +39,21 @@ def stage_graph(model, path, start, types, consts, ctx):
     return device_passes(run_passes(graph), ctx)
 
 
-def training_import(model, path, shapes):
+def training_import(model, path, shapes, attention_grads=False):
     """(graph, importer) of the forward graph for training (batch statistics, active Dropout, float initializers as
     parameters), its padding explicit (the gradients read it so) and its attention fused before autodiff (the
     forward runs the fused kernel, the backward Attention's rule; trainable scales and masks stay inputs). Products
     of a sequence by a weight become one 2-D product before autodiff too, so their weight gradient is one product;
     LayerNorms keep their row statistics for their gradients; products read transposed weights as they are stored.
-    Decomposed LayerNorms, RMSNorms and GELUs become their ops first, so that each takes its op's one gradient rule."""
+    Decomposed LayerNorms, RMSNorms and GELUs become their ops first, so that each takes its op's one gradient rule.
+    attention_grads: attention's gradient as one AttentionGrad node (fused kernels), not its decomposition."""
     imp = Importer(model, path)
     graph = imp.build(shapes, training=True)
     explicit_padding(graph)
     normalize_layers(graph)
     fuse_attention(graph)
+    if attention_grads:
+        fused_attention_grads(graph)
     transposes_into_products(graph)
     flatten_gemm_rows(graph)
     layer_norm_stats(graph)

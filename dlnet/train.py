@@ -36,7 +36,8 @@ class _TrainPlan:
 
     def __init__(self, trainer, shapes):
         net = trainer.net
-        g, imp = training_import(net.model, net.path, shapes)
+        ctx = trainer.ctx
+        g, imp = training_import(net.model, net.path, shapes, ctx.dev.kind in ctx.options.fused_attention_grad)
         if trainer.sync_bn and trainer.comm.size > 1:
             batchnorm_global_count(g, trainer.comm.size)
         if trainer.output not in g.output_names:

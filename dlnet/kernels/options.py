@@ -233,6 +233,11 @@ class Options:
     # copies a layer) as a TransposeView the products read in place (H200, gpt2's training step with ew_vector=4:
     # fp32 59.1 -> 58.4 ms, fp16 24.1 -> 23.8)
     transpose_views: bool = True
+    # training: the device kinds ("cpu", "gpu") whose attention gradient is one AttentionGrad node (attention_grad.cl,
+    # no T x T scores) rather than its decomposition into products, softmax and pointwise ops. CPU (2 cores, PoCL),
+    # training step of a 768-wide causal self-attention layer, 12 heads, batch 2: T 128 131.7 -> 124.5 ms, 256
+    # 301.3 -> 262.7, 512 783.2 -> 583.5; on GPUs the decomposition's products run on the tensor cores (unmeasured)
+    fused_attention_grad: tuple = ("cpu",)
 
     @staticmethod
     def from_env(environ=None):

@@ -69,14 +69,14 @@ def dynamo_sdpa(causal):
 def test_dynamo_sdpa_is_one_node_reading_k_as_it_came():
     text, err = _fused(dynamo_sdpa(causal=False))
     assert _body(text) == ["  %12: f32[2,3,5,4] = Attention(%0, %1, %2) {scale=0.25, causal=0, causal_offset=0, "
-                           "softcap=0.0, layout=(bhtd, bhtd, bhtd, bhtd)}", "  return %12 \"y\""]
+                           "softcap=0.0, layout=(bhtd, bhtd, bhtd, bhtd), fused_grad=0}", "  return %12 \"y\""]
     assert err <= 1e-6
 
 
 def test_a_constant_causal_triangle_becomes_the_causal_flag_with_its_offset():
     text, err = _fused(dynamo_sdpa(causal=True))
     assert _body(text)[0] == "  %14: f32[2,3,5,4] = Attention(%0, %1, %2) {scale=0.25, causal=1, causal_offset=1, " \
-                             "softcap=0.0, layout=(bhtd, bhtd, bhtd, bhtd)}"
+                             "softcap=0.0, layout=(bhtd, bhtd, bhtd, bhtd), fused_grad=0}"
     assert err <= 1e-6
 
 
@@ -93,7 +93,7 @@ def test_torchscript_bool_mask_with_its_nan_guard():
     g = _finish(g, b.op("Gemm", [p, v]))
     text, err = _fused(g)
     assert _body(text) == ["  %18: f32[2,3,5,4] = Attention(%0, %1, %2, %3) {scale=0.25, causal=0, causal_offset=0, "
-                           "softcap=0.0, layout=(bhtd, bhtd, bhtd, bhtd)}", "  return %18 \"y\""]
+                           "softcap=0.0, layout=(bhtd, bhtd, bhtd, bhtd), fused_grad=0}", "  return %18 \"y\""]
     assert err <= 1e-6
 
 
@@ -111,7 +111,8 @@ def test_mha_bmm_reads_k_where_it_was_and_its_float_mask():
         "  %14: f32[1,6,5,4] = Reshape(%0) {shape=(1,6,5,4)}", "  %15: f32[1,5,6,4] = Reshape(%1) {shape=(1,5,6,4)}",
         "  %16: f32[1,6,5,4] = Reshape(%2) {shape=(1,6,5,4)}",
         "  %17: f32[1,6,5,4] = Attention(%14, %15, %16, %3) {scale=0.25, causal=0, causal_offset=0, softcap=0.0, "
-        "layout=(bhtd, bthd, bhtd, bhtd)}", "  %12: f32[6,5,4] = Reshape(%17) {shape=(6,5,4)}", "  return %12 \"y\""]
+        "layout=(bhtd, bthd, bhtd, bhtd), fused_grad=0}", "  %12: f32[6,5,4] = Reshape(%17) {shape=(6,5,4)}",
+        "  return %12 \"y\""]
     assert err <= 1e-6
 
 
@@ -243,12 +244,12 @@ GOLDEN_HEADS = {
              "  %6: f32[2,5,3,4] = Reshape(%0) {shape=(2,5,3,4)}",
              "  %10: f32[2,5,3,4] = Reshape(%2) {shape=(2,5,3,4)}",
              "  %13: f32[2,5,3,4] = Attention(%6, %3, %10) {scale=0.5, causal=0, causal_offset=0, softcap=0.0, "
-             "layout=(bthd, bthd, bthd, bthd)}", "  %14: f32[2,5,12] = Reshape(%13) {shape=(2,5,12)}",
+             "layout=(bthd, bthd, bthd, bthd), fused_grad=0}", "  %14: f32[2,5,12] = Reshape(%13) {shape=(2,5,12)}",
              "  return %14 \"y\""],
     "tbhd": ["  %20: f32[5,2,3,4] = Reshape(%0) {shape=(5,2,3,4)}",
              "  %21: f32[5,2,3,4] = Reshape(%1) {shape=(5,2,3,4)}",
              "  %22: f32[5,2,3,4] = Reshape(%2) {shape=(5,2,3,4)}",
              "  %16: f32[5,2,3,4] = Attention(%20, %21, %22) {scale=0.5, causal=0, causal_offset=0, softcap=0.0, "
-             "layout=(tbhd, tbhd, tbhd, tbhd)}", "  %17: f32[10,12] = Reshape(%16) {shape=(10,12)}",
+             "layout=(tbhd, tbhd, tbhd, tbhd), fused_grad=0}", "  %17: f32[10,12] = Reshape(%16) {shape=(10,12)}",
              "  return %17 \"y\""],
 }

@@ -53,6 +53,7 @@ NOT_DIFFERENTIATED = {
     "BatchNormTrainGrad": "backward of BatchNormTrain", "SliceGrad": "backward of Slice",
     "GatherGrad": "backward of Gather", "GatherElementsGrad": "backward of GatherElements",
     "RoiAlignGrad": "backward of RoiAlign", "GridSampleGrad": "backward of GridSample",
+    "AttentionGrad": "backward of Attention",
     # made by passes that run after autodiff
     "Fused": "a chain of pointwise nodes, fused after the backward graph exists",
     "TransposeView": "a Transpose read in place by products, made after the backward graph exists",
@@ -191,6 +192,18 @@ CASES = [
      {"scale": 0.5, "causal": 1, "causal_offset": 1, "layout": ("bthd", "bhtd", "tbhd", "thbd")}),
     ("Attention-hidden-rows", "Attention", [normal(1, 2, 5, 4), normal(1, 2, 5, 4), normal(1, 2, 5, 4)],
      {"scale": 0.7, "causal": 1, "causal_offset": -2}),
+    # ... by the fused rule (one AttentionGrad node: attention_grad.cl), head dims past one chunk of 8 and ragged
+    ("Attention-fused", "Attention", [normal(2, 2, 5, 4), normal(2, 2, 6, 4), normal(2, 2, 6, 3)],
+     {"scale": 0.5, "fused_grad": 1}),
+    ("Attention-fused-gqa-causal-hidden", "Attention", [normal(1, 4, 5, 12), normal(1, 2, 6, 12),
+                                                        normal(1, 2, 6, 9)],
+     {"scale": 0.3, "causal": 1, "causal_offset": -1, "fused_grad": 1}),
+    ("Attention-fused-masks-layouts", "Attention",
+     [normal(2, 5, 4, 16), normal(2, 2, 6, 16), normal(6, 2, 2, 3), const(np.arange(30).reshape(5, 6) % 4 != 1)],
+     {"scale": 0.25, "layout": ("bthd", "bhtd", "tbhd", "thbd"), "fused_grad": 1}),
+    ("Attention-fused-float-mask-decomposed", "Attention", [normal(2, 2, 5, 4), normal(2, 2, 5, 4),
+                                                            normal(2, 2, 5, 4), normal(2, 1, 5, 5)],
+     {"scale": 0.5, "causal": 1, "fused_grad": 1}),  # (a mask with a gradient: the decomposition's rule)
     # indexing (repeated and negative indices; indices shorter than x off the axis)
     ("GatherElements", "GatherElements", [normal(3, 4), const([[0, 2, -1, 1], [2, 2, 0, -3]])], {"axis": 0}),
     ("GatherElements-axis1-short", "GatherElements", [normal(3, 5), const([[0, -1, 2], [4, 4, 1]])], {"axis": 1}),

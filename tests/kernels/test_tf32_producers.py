@@ -29,7 +29,8 @@ def test_marks_values_that_products_alone_read():
     flat = b.op("Reshape", [ln], {"shape": [64, 32]})
     h = b.op("Gemm", [flat, g.constant(f32(48, 32))], {"transB": 1})  # (read by a product alone: rounded)
     y = b.op("Gemm", [h, g.constant(f32(16, 48))], {"transB": 1})  # (a graph output)
-    ln2 = b.op("LayerNorm", [g.add_input("x2", "float32", (64, 32)), g.constant(f32(32)), g.constant(f32(32))], {"axis": -1})
+    x2 = g.add_input("x2", "float32", (64, 32))
+    ln2 = b.op("LayerNorm", [x2, g.constant(f32(32)), g.constant(f32(32))], {"axis": -1})
     other = b.op("Gemm", [ln2, g.constant(f32(16, 32))], {"transB": 1})
     s = b.op("Add", [ln2, g.constant(f32(32))], {})  # (ln2 read by an Add too: kept exact)
     g.outputs = [y, other, s]

@@ -134,12 +134,27 @@ def test_attention_gradient_reads_heads_in_place(ctx):
     proto = export(model, x, opset=17)
     ref_loss, ref = torch_grads(model, x, y)
     for views in (False, True):
-        loss, grads, tr = dlnet_grads(ctx.with_options(transpose_views=views), proto, x, y)
+        loss, grads, tr = dlnet_grads(ctx.with_options(transpose_views=views, fused_attention_grad=()), proto, x, y)
         ops = [n.op for n in tr._active.graph.nodes]
         assert "Attention" in ops and ops.count("TransposeView") == (4 if views else 0)
         assert abs(loss - ref_loss) <= 1e-4 * abs(ref_loss)
         for n in ref:
             assert close(grads[n], ref[n]), (n, np.abs(grads[n] - ref[n]).max(), np.abs(ref[n]).max())
+
+
+def test_attention_gradient_fused(ctx):
+    """With Options.fused_attention_grad naming the device's kind, causal self-attention's gradient is one
+    AttentionGrad node (attention_grad.cl: no scores, no Softmax in the step); loss and gradients match PyTorch's."""
+    x, y = data()
+    model = make("attention")
+    proto = export(model, x, opset=17)
+    ref_loss, ref = torch_grads(model, x, y)
+    loss, grads, tr = dlnet_grads(ctx.with_options(fused_attention_grad=(ctx.dev.kind,)), proto, x, y)
+    ops = [n.op for n in tr._active.graph.nodes]
+    assert ops.count("AttentionGrad") == 1 and "Softmax" not in ops
+    assert abs(loss - ref_loss) <= 1e-4 * abs(ref_loss)
+    for n in ref:
+        assert close(grads[n], ref[n]), (n, np.abs(grads[n] - ref[n]).max(), np.abs(ref[n]).max())
 
 
 def test_label_smoothing_matches_torch(ctx):

@@ -1,5 +1,6 @@
 """Scaled dot-product attention as one op: the fused kernel (kernels/families/attention.py) runs it without the
-T x T scores; its gradient is the decomposition (recomputed scores, softmax, products)."""
+T x T scores; its gradient is the decomposition (recomputed scores, softmax, products), or with `fused_grad` one
+AttentionGrad node (kernels/cl/attention_grad.cl: no T x T scores either)."""
 import numpy as np
 
 from .base import REQUIRED, Op, register
@@ -66,13 +67,16 @@ class Attention(Op):
     softcap tanh(s / softcap) when softcap > 0; a row with no visible key (every z -inf) is 0. Grouped-query: q head
     h reads k / v head h // (Hq / Hk).  dv = p^T dy, ds = p (dp - rowsum(dp p)) with dp = dy v^T, dmask = ds,
     dq = scale cap'(s) ds k, dk = scale cap'(s) ds^T q (k / v gradients summed over each kv head's q heads).
+    fused_grad: the gradient as one AttentionGrad node where it applies (no softcap; no mask, or a bool or constant
+    one), else the decomposition (passes/attention.py fused_attention_grads sets it for training).
 
     Inputs q [..., Tq, D], k [..., Tk, D], v [..., Tk, Dv], optional mask (float: added; bool: True attends) that
     broadcasts to [..., Hq, Tq, Tk]; ranks 2 to 4, leading dims of q and k equal but for the heads axis (-3). Each of
     q, k, v and y is stored in the order its `layout` names (rank 4; the shapes above are the logical bhtd ones)."""
     name = "Attention"
     dtypes = ("float32",)
-    attrs = {"scale": REQUIRED, "causal": 0, "causal_offset": 0, "softcap": 0.0, "layout": DEFAULT_LAYOUT}
+    attrs = {"scale": REQUIRED, "causal": 0, "causal_offset": 0, "softcap": 0.0, "layout": DEFAULT_LAYOUT,
+             "fused_grad": 0}
 
     def infer(self, node):
         layout = node.attrs["layout"]
@@ -120,7 +124,64 @@ class Attention(Op):
         lw.attention(node)
 
     def grad(self, b, node, dys):
+        mask = node.inputs[3] if len(node.inputs) > 3 else None
+        a = node.attrs
+        if a["fused_grad"] and a["softcap"] == 0 and (mask is None or mask.dtype == "bool" or mask.const is not None):
+            keep = {name: a[name] for name in ("scale", "causal", "causal_offset", "layout")}
+            dq, dk, dv, _ = b.op("AttentionGrad", node.inputs[:3] + [node.outputs[0], dys[0]] + node.inputs[3:], keep,
+                                 n_out=4)
+            return [dq, dk, dv, None]
         return attention_grad(b, node, dys[0])
+
+
+@register
+class AttentionGrad(Op):
+    """dq, dk, dv, stats = the gradients of Attention(q, k, v[, mask]) (its attributes, but softcap) from its output
+    y and dy: ds = p (dp - rowsum(dy y)), dp = dy v^T, each score and p recomputed from its row's log-sum-exp, never
+    the T x T matrices (kernels/cl/attention_grad.cl). stats [B * Hq * Tq * 2]: each query row's log-sum-exp (+inf
+    where it sees no key) and rowsum(dy y). The mask is bool or float and gets no gradient."""
+    name = "AttentionGrad"
+    dtypes = ("float32",)
+    attrs = {"scale": REQUIRED, "causal": 0, "causal_offset": 0, "layout": DEFAULT_LAYOUT}
+
+    def infer(self, node):
+        q, k, v = node.inputs[:3]
+        lq = logical_shape(q.shape, node.attrs["layout"][0])
+        rows = int(np.prod(lead4(lq), dtype=np.int64)) * lq[-2]
+        return [(q.dtype, q.shape), (k.dtype, k.shape), (v.dtype, v.shape), ("float32", (rows * 2,))]
+
+    def numpy(self, node, q, k, v, y, dy, mask=None):
+        a, dt = node.attrs, np.float64
+        lay = a["layout"]
+        q, k, v, y, dy = (_np_permuted(x, to_logical(s)).astype(dt)
+                          for x, s in zip((q, k, v, y, dy), lay + lay[3:], strict=True))
+        group = q.shape[-3] // k.shape[-3] if q.ndim > 2 else 1
+        ke, ve = (np.repeat(x, group, axis=-3) for x in (k, v)) if group > 1 else (k, v)
+        s = np.matmul(q, np.swapaxes(ke, -1, -2)) * a["scale"]
+        if a["causal"]:
+            s = s + additive(causal_allowed(s.shape[-2], s.shape[-1], a["causal_offset"]), dt)
+        if mask is not None:
+            s = s + additive(mask, dt)
+        top = s.max(axis=-1, keepdims=True)
+        top = np.where(np.isneginf(top), 0.0, top)
+        e = np.exp(s - top)
+        total = e.sum(axis=-1, keepdims=True)
+        p = e / np.where(total == 0, 1.0, total)
+        rowsum = (dy * y).sum(axis=-1, keepdims=True)
+        ds = p * (np.matmul(dy, np.swapaxes(ve, -1, -2)) - rowsum)
+        dq = np.matmul(ds, ke) * a["scale"]
+        dk, dv = np.matmul(np.swapaxes(ds, -1, -2), q) * a["scale"], np.matmul(np.swapaxes(p, -1, -2), dy)
+        if group > 1:
+            dk, dv = (x.reshape(x.shape[:-3] + (k.shape[-3], group) + x.shape[-2:]).sum(axis=-3) for x in (dk, dv))
+        with np.errstate(divide="ignore"):
+            lse = np.where(total > 0, top + np.log(np.where(total > 0, total, 1.0)), np.inf)
+        stats = np.concatenate([lse, rowsum], axis=-1).astype(np.float32).ravel()
+        grads = [np.ascontiguousarray(_np_permuted(g, to_stored(s))).astype(np.float32)
+                 for g, s in zip((dq, dk, dv), lay, strict=False)]
+        return grads + [stats]
+
+    def lower(self, node, lw):
+        lw.attention_grad(node)
 
 
 def _np_permuted(x, perm):

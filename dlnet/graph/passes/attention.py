@@ -418,6 +418,17 @@ def _absorb_layouts(graph, node):
     return True
 
 
+def fused_attention_grads(graph):
+    """Every Attention node takes its fused gradient rule (Attention's fused_grad: one AttentionGrad node, no T x T
+    scores) where that applies, before autodiff."""
+    changed = False
+    for node in graph.nodes:
+        if node.op == "Attention" and not node.attrs["fused_grad"]:
+            node.attrs["fused_grad"] = 1
+            changed = True
+    return changed
+
+
 def fuse_attention(graph):
     """Replace each recognised Q K^T -> [scale] -> [mask] -> Softmax -> V chain by one Attention node; then every
     Attention node takes its operands' layouts."""

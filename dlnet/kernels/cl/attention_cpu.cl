@@ -6,46 +6,11 @@
 // dot product and one horizontal sum per row. No built-ins inside the loops (PoCL calls fma, fmax, exp and vload8
 // out of line: 12 heads of 128 x 64, 7.6 -> 1.5 ms): multiply-adds that the compiler contracts, ternaries, cpu_math.cl's
 // dl_exp_neg, unaligned float8 loads through a pointer.
-//   Layouts (element strides of b, h and t), mask, CAUSAL and SOFTCAP as in attention.cl. Needs cpu_math.cl before it.
+//   Layouts (element strides of b, h and t), mask, CAUSAL and SOFTCAP as in attention.cl. Needs cpu_math.cl and
+// attention_rows.cl before it.
 #if !defined(D) || !defined(DV) || !defined(RQ) || !defined(BK)
 #error "attention_cpu.cl needs D, DV, RQ and BK"
 #endif
-#ifndef MASK
-#define MASK 0
-#endif
-#ifndef CAUSAL
-#define CAUSAL 0
-#endif
-#ifndef SOFTCAP
-#define SOFTCAP 0
-#endif
-#define D8 ((D + 7) / 8)
-#define DV8 ((DV + 7) / 8)
-#if MASK == 2
-#define MASK_T uchar
-#else
-#define MASK_T float
-#endif
-
-typedef float8 __attribute__((aligned(4))) float8u;
-// min of two ints without the built-in (PoCL calls it out of line, spilling the live vector registers around it)
-#define IMIN(a, b) ((a) < (b) ? (a) : (b))
-
-// chunk c of a row of n floats, zeros past its end
-inline float8 chunk8(__global const float* row, int c, int n) {
-    if ((c + 1) * 8 <= n) return *(__global const float8u*)(row + 8 * c);
-    union { float8 v; float s[8]; } t;
-    for (int i = 0; i < 8; i++) t.s[i] = c * 8 + i < n ? row[c * 8 + i] : 0.0f;
-    return t.v;
-}
-
-// the same from a row of half (precision "fp16": Q_HALF, K_HALF, V_HALF)
-inline float8 chunk8h(__global const half* row, int c, int n) {
-    if ((c + 1) * 8 <= n) return vload_half8(c, row);
-    union { float8 v; float s[8]; } t;
-    for (int i = 0; i < 8; i++) t.s[i] = c * 8 + i < n ? vload_half(c * 8 + i, row) : 0.0f;
-    return t.v;
-}
 #if defined(Q_HALF)
 #define Q_T half
 #define CHUNK_Q chunk8h
@@ -86,12 +51,6 @@ inline void store_chunk(__global Y_T* row, int c, float8 o) {
         t.v = o;
         for (int i = 0; c * 8 + i < DV; i++) STY(row, c * 8 + i, t.s[i]);
     }
-}
-
-inline float hsum8(float8 a) {
-    const float4 b = a.lo + a.hi;
-    const float2 c = b.lo + b.hi;
-    return c.x + c.y;
 }
 
 __kernel void attention_cpu(__global const Q_T* q, ulong q_off, __global const K_T* k, ulong k_off,

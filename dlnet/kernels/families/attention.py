@@ -1,7 +1,8 @@
 """The fused attention kernels: softmax(q k^T * scale + mask) v with an online softmax, never the Tq x Tk scores.
 attention.cl (algo "flash"): K/V tiles through __local memory, a work-group per (block of query rows, batch * head);
 attention_cpu.cl (algo "flash_cpu", CPUs): a work-item per few query rows, keys from global memory, no barriers;
-attention_mma.cl (the "flash" algo's tensor-core form, NVIDIA in tf32 mode): both products on mma.sync."""
+attention_mma.cl (the "flash" algo's tensor-core form, NVIDIA in tf32 mode): both products on mma.sync.
+attention_grad.cl (AttentionGrad): the gradient, a work-item per query row (dq) then per key row (dk, dv)."""
 from dataclasses import dataclass
 
 import numpy as np
@@ -140,8 +141,8 @@ class AttentionFamily:
             defs.update(RQ=rows, BK=CPU_KEYS)
             lanes = Tq >= CPU_LANE_ROWS and self.options.attention_cpu_lanes
             self.record_tile(f"{CPU_LANE_ROWS}x{CPU_KEYS}/lanes" if lanes else f"{rows}x{CPU_KEYS}")
-            self.emit(defines(defs) + kernel_source("cpu_math") + kernel_source("attention_cpu"),
-                      "attention_cpu_rows" if lanes else "attention_cpu", args,
+            src = "".join(kernel_source(f) for f in ("cpu_math", "attention_rows", "attention_cpu"))
+            self.emit(defines(defs) + src, "attention_cpu_rows" if lanes else "attention_cpu", args,
                       (max(-(-Tq // (CPU_LANE_ROWS if lanes else rows)), 1), B * Hq), (1, 1), label)
             return
         halves = [x.dtype == "float16" for x in (q, k, v)]
@@ -172,3 +173,32 @@ class AttentionFamily:
         self.record_tile(tile.label)
         self.emit(defines(defs) + kernel_source("attention"), "attention", args,
                   (blocks * nt, B * Hq), (nt, 1), label)
+
+    def attention_grad(self, node):
+        """AttentionGrad: attention_grad.cl's two kernels, dq (and each query row's statistics) then dk and dv."""
+        q, k, v, y, dy = node.inputs[:5]
+        mask = node.inputs[5] if len(node.inputs) > 5 else None
+        dq, dk, dv, stats = node.outputs
+        a = node.attrs
+        layout = a["layout"]
+        qs, ks, vs = (logical_shape(x.shape, s) for x, s in zip((q, k, v), layout, strict=False))
+        (B, Hq), (_, Hk) = lead4(qs), lead4(ks)
+        Tq, D, Tk, DV = qs[-2], qs[-1], ks[-2], vs[-1]
+        defs = {"D": D, "DV": DV, "CAUSAL": int(bool(a["causal"]))}
+        strides = [0, 0, 0, 0]
+        if mask is not None:
+            defs["MASK"] = 2 if mask.dtype == "bool" else 1
+            strides = mask_strides(mask, (B, Hq, Tq, Tk))
+        src = defines(defs) + "".join(kernel_source(f) for f in ("cpu_math", "attention_rows", "attention_grad"))
+        of = {x.id: [np.int64(s) for s in operand_strides(x.shape, lay, element_strides(x))]
+              for x, lay in zip((q, k, v, y, dy, dq, dk, dv), layout + layout[3:] + layout[:3], strict=True)}
+        head = [np.int32(Tq), np.int32(Tk), np.int32(Hq), np.int32(Hk), np.float32(a["scale"]),
+                np.int32(a["causal_offset"])] + [np.int64(s) for s in strides]
+        m = self.args(mask) if mask is not None else self.dummy()
+        label = f"{node.name} AttentionGrad"
+        self.emit(src, "attention_grad_q", self.args(q) + self.args(k) + self.args(v) + self.args(y) + self.args(dy) +
+                  m + self.args(dq) + self.args(stats) + head + [s for x in (q, k, v, y, dy, dq) for s in of[x.id]],
+                  (max(Tq, 1), B * Hq), None, label + " dq")
+        self.emit(src, "attention_grad_kv", self.args(q) + self.args(k) + self.args(v) + self.args(dy) + m +
+                  self.args(stats) + self.args(dk) + self.args(dv) + head +
+                  [s for x in (q, k, v, dy, dk, dv) for s in of[x.id]], (max(Tk, 1), B * Hk), None, label + " dk dv")
