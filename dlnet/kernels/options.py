@@ -235,8 +235,9 @@ class Options:
     transpose_views: bool = True
     # training: the device kinds ("cpu", "gpu") whose attention gradient is one AttentionGrad node (attention_grad.cl,
     # no T x T scores) rather than its decomposition into products, softmax and pointwise ops. CPU (2 cores, PoCL),
-    # training step of a 768-wide causal self-attention layer, 12 heads, batch 2: T 128 131.7 -> 124.5 ms, 256
-    # 301.3 -> 262.7, 512 783.2 -> 583.5; on GPUs the decomposition's products run on the tensor cores (unmeasured)
+    # training step of a 768-wide causal self-attention layer, 12 heads, batch 2: T 64 68.2 -> 61.6 ms, 128 133.4 ->
+    # 124.5, 256 319.7 -> 246.8, 512 788.6 -> 538.6; on GPUs the decomposition's products run on the tensor cores
+    # (not measured against it)
     fused_attention_grad: tuple = ("cpu",)
 
     @staticmethod
