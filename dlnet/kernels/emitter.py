@@ -81,7 +81,8 @@ def gemm_source(core, tiles, strides, idx, act=None, has_c=False, aligned=(True,
     defs["IDX"] = idx
     defs.update(halves or {})  # (precision "fp16": the operands stored in half, half.half_defines)
     head = wgmma_macro(tiles["TN"], "TF32" in tiles) if core == "gemm_wgmma" else ""
-    return defines(defs) + head + act_macro(act) + kernel_source("gemm") + core_source(core)
+    return defines(defs) + head + act_macro(act) + kernel_source("tf32_store") + kernel_source("gemm") + \
+        core_source(core)
 
 
 def gemm_args(aa, ba, ca, ya, boff, M, N, K, strides, idx, alpha=1.0, beta=0.0):

@@ -20,15 +20,6 @@
 #define B_T float
 #define LDB(i) b[i]
 #endif
-// Y_TF32 (schedule's tf32_y: y read by tf32 products alone, which then take it as it is): y stored rounded to the
-// nearest tf32, as gemm.cl's TF32Y
-#if defined(Y_TF32)
-#define TF32Y(v) as_float((as_uint(v) + 0x1000u) & 0xFFFFE000u)
-#define TF32Y8(v) as_float8((as_uint8(v) + 0x1000u) & 0xFFFFE000u)
-#else
-#define TF32Y(v) (v)
-#define TF32Y8(v) (v)
-#endif
 #if defined(Y_HALF)
 #define Y_T half
 #define STY(i, v) vstore_half((v), (i), y)

@@ -33,13 +33,6 @@
 #define KS (D + (40 - D % 32) % 32)
 #define VS (BK + (40 - BK % 32) % 32)
 #endif
-// Y_TF32 (schedule's tf32_y: y read by tf32 products alone, which then take it as it is): y stored rounded to the
-// nearest tf32, as gemm.cl's TF32Y
-#if defined(Y_TF32)
-#define TF32Y(v) as_float((as_uint(v) + 0x1000u) & 0xFFFFE000u)
-#else
-#define TF32Y(v) (v)
-#endif
 #if defined(Y_HALF)
 #define YT half
 #define Y_STORE(val, i) vstore_half((val), (i), y)

@@ -69,13 +69,6 @@
 #else
 #define CVAL(m, n) 0.0f
 #endif
-// Y_TF32 (schedule's tf32_y: y is read by tf32 products alone, which then take it as it is): y stored rounded to the
-// nearest tf32 (mma_tf32.cl's TF32_BITS, low bits cleared), once here rather than in every tile that reads it
-#if defined(Y_TF32)
-#define TF32Y(v) as_float((as_uint(v) + 0x1000u) & 0xFFFFE000u)
-#else
-#define TF32Y(v) (v)
-#endif
 #if defined(Y_HALF)
 #define STORE(m, n, v) { float r_ = alpha * (v) + CVAL(m, n); vstore_half(ACT(r_), (m) * sym + (n) * syn, y); }
 #else

@@ -155,7 +155,8 @@ class AttentionFamily:
             warps, bk = mma
             defs.update(WARPS=warps, BK=bk, **({"F16": 1} if all(halves) else {}))
             self.record_tile(f"mma{16 * warps}x{bk}")
-            self.emit(defines(defs) + kernel_source("mma_tf32") + kernel_source("attention_mma"), "attention_mma", args,
+            self.emit(defines(defs) + kernel_source("mma_tf32") + kernel_source("tf32_store") +
+                      kernel_source("attention_mma"), "attention_mma", args,
                       (max(-(-Tq // (16 * warps)), 1) * 32 * warps, B * Hq), (32 * warps, 1), label)
             return
         tile = attention_tile(self.dev, D, DV, tq=Tq)
@@ -169,13 +170,13 @@ class AttentionFamily:
             splits = -(-tiles // per)
             defs["SPLITS"] = splits
             self.record_tile(f"{tile.label}/s{splits}")
-            self.emit(defines(defs) + kernel_source("attention"), "attention", args + [
+            self.emit(defines(defs) + kernel_source("tf32_store") + kernel_source("attention"), "attention", args + [
                 self.dummy()[0], np.int32(per * tile.bk), self.state(B * Hq * blocks)],
                 (blocks * splits * nt, B * Hq), (nt, 1), label)
             self.use_scratch(self.launches[-1].kernel, len(args), 4 * B * Hq * Tq * splits * (DV + 2), "work")
             return
         self.record_tile(tile.label)
-        self.emit(defines(defs) + kernel_source("attention"), "attention", args,
+        self.emit(defines(defs) + kernel_source("tf32_store") + kernel_source("attention"), "attention", args,
                   (blocks * nt, B * Hq), (nt, 1), label)
 
     def attention_grad(self, node):

@@ -138,12 +138,12 @@ class NormPoolFamily:
             args += self.args(node.outputs[1]) + self.args(node.outputs[2])
         wg = 0 if self.dev.is_cpu else layernorm_group(D, rows)
         label = f"{node.name} {node.op}"
+        defs.update({"WG": wg} if wg else {})
+        src = defines(defs) + kernel_source("tf32_store") + kernel_source("layernorm")
         if wg:
-            defs["WG"] = wg
-            self.emit(defines(defs) + kernel_source("layernorm"), "layernorm_wg", args, (max(rows, 1) * wg,), (wg,),
-                      label)
+            self.emit(src, "layernorm_wg", args, (max(rows, 1) * wg,), (wg,), label)
         else:
-            self.emit(defines(defs) + kernel_source("layernorm"), "layernorm", args, (max(rows, 1),), None, label)
+            self.emit(src, "layernorm", args, (max(rows, 1),), None, label)
 
     def add_layernorm(self, node):
         """AddLayerNorm (graph/ops/transformer.py): s = a + b and LayerNorm / RMSNorm of it in one pass over each row
@@ -163,13 +163,12 @@ class NormPoolFamily:
             args += self.args(node.outputs[1])
         wg = 0 if self.dev.is_cpu else layernorm_group(D, rows)
         label = f"{node.name} AddLayerNorm"
+        defs.update({"WG": wg} if wg else {})
+        src = defines(defs) + kernel_source("tf32_store") + kernel_source("add_layernorm")
         if wg:
-            defs["WG"] = wg
-            self.emit(defines(defs) + kernel_source("add_layernorm"), "add_layernorm_wg", args, (max(rows, 1) * wg,),
-                      (wg,), label)
+            self.emit(src, "add_layernorm_wg", args, (max(rows, 1) * wg,), (wg,), label)
         else:
-            self.emit(defines(defs) + kernel_source("add_layernorm"), "add_layernorm", args, (max(rows, 1),), None,
-                      label)
+            self.emit(src, "add_layernorm", args, (max(rows, 1),), None, label)
 
     def layernorm_axis(self, node):
         """LayerNormAxis (layernorm_axis.cl): x viewed as [outer, D, inner], rows (o, i) read D elements inner apart,
