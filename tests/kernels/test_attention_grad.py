@@ -9,6 +9,7 @@ from dlnet.graph.ops.attention import stored_shape
 from dlnet.plan import Plan
 
 from ..conftest import context, rel_l2
+from .test_reduce_split import gpu_like
 
 CASES = [  # (B, Hq, Hk, Tq, Tk, D, DV, attrs, mask)
     (2, 4, 4, 37, 37, 64, 64, {"causal": 1}, None),
@@ -19,7 +20,9 @@ CASES = [  # (B, Hq, Hk, Tq, Tk, D, DV, attrs, mask)
 
 
 @pytest.mark.parametrize("B,Hq,Hk,Tq,Tk,D,DV,attrs,mask", CASES)
-def test_attention_grad_matches_numpy(B, Hq, Hk, Tq, Tk, D, DV, attrs, mask):
+@pytest.mark.parametrize("as_gpu", [False, True])
+def test_attention_grad_matches_numpy(B, Hq, Hk, Tq, Tk, D, DV, attrs, mask, as_gpu):
+    """as_gpu: the GPU's launch (one row a work-item, the device's work-groups) on the test device."""
     rng = np.random.default_rng(B * 100 + Tq)
     layout = attrs.get("layout", ("bhtd",) * 4)
     logical = [(B, Hq, Tq, D), (B, Hk, Tk, D), (B, Hk, Tk, DV), (B, Hq, Tq, DV), (B, Hq, Tq, DV)]
@@ -35,7 +38,7 @@ def test_attention_grad_matches_numpy(B, Hq, Hk, Tq, Tk, D, DV, attrs, mask):
     outs = Builder(g).op("AttentionGrad", values, node_attrs, n_out=4)
     g.outputs, g.output_names = outs, ["dq", "dk", "dv", "stats"]
     ref = outs[0].producer.spec.numpy(outs[0].producer, *arrays, *[v.const for v in values[5:]])
-    plan = Plan(context(), g)
+    plan = Plan(gpu_like() if as_gpu else context(), g)
     try:
         got = plan.run(arrays)
     finally:

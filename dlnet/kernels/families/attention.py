@@ -189,7 +189,8 @@ class AttentionFamily:
         qs, ks, vs = (logical_shape(x.shape, s) for x, s in zip((q, k, v), layout, strict=False))
         (B, Hq), (_, Hk) = lead4(qs), lead4(ks)
         Tq, D, Tk, DV = qs[-2], qs[-1], ks[-2], vs[-1]
-        defs = {"D": D, "DV": DV, "CAUSAL": int(bool(a["causal"])), "RB": GRAD_ROWS}
+        rows = GRAD_ROWS if self.dev.is_cpu else 1  # (GPUs: one row's chunks a work-item, in registers)
+        defs = {"D": D, "DV": DV, "CAUSAL": int(bool(a["causal"])), "RB": rows}
         strides = [0, 0, 0, 0]
         if mask is not None:
             defs["MASK"] = 2 if mask.dtype == "bool" else 1
@@ -204,8 +205,8 @@ class AttentionFamily:
         local = (1, 1) if self.dev.is_cpu else None  # (PoCL: no work-item loops around the rows' private arrays)
         self.emit(src, "attention_grad_q", self.args(q) + self.args(k) + self.args(v) + self.args(y) + self.args(dy) +
                   m + self.args(dq) + self.args(stats) + head + [s for x in (q, k, v, y, dy, dq) for s in of[x.id]],
-                  (max(-(-Tq // GRAD_ROWS), 1), B * Hq), local, label + " dq")
+                  (max(-(-Tq // rows), 1), B * Hq), local, label + " dq")
         self.emit(src, "attention_grad_kv", self.args(q) + self.args(k) + self.args(v) + self.args(dy) + m +
                   self.args(stats) + self.args(dk) + self.args(dv) + head +
-                  [s for x in (q, k, v, dy, dk, dv) for s in of[x.id]], (max(-(-Tk // GRAD_ROWS), 1), B * Hk), local,
+                  [s for x in (q, k, v, dy, dk, dv) for s in of[x.id]], (max(-(-Tk // rows), 1), B * Hk), local,
                   label + " dk dv")
