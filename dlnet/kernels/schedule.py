@@ -232,13 +232,18 @@ def algorithm(node, dev, options):
     return algo
 
 
-def half_core(node, dev, options):
-    """Does Gemm `node` run on a core of half operands (wgmma, gemm_ldsm.cl's f16) when both are stored in half?"""
+def product_extents(node):
+    """(M, N, K) of Gemm `node`'s product (of each batch), or None where A or y has fewer than 2 dims."""
     a, y = node.inputs[0], node.outputs[0]
     if y.rank < 2 or a.rank < 2:
-        return False
-    M, N, K = y.shape[-2], y.shape[-1], a.shape[-2] if node.attrs.get("transA", 0) else a.shape[-1]
-    return wgmma_product(dev, options, M, N, K) or ldsm_f16_tiles(dev, options, M, N, K, 1) is not None
+        return None
+    return y.shape[-2], y.shape[-1], a.shape[-2] if node.attrs.get("transA", 0) else a.shape[-1]
+
+
+def half_core(node, dev, options):
+    """Does Gemm `node` run on a core of half operands (wgmma, gemm_ldsm.cl's f16) when both are stored in half?"""
+    mnk = product_extents(node)
+    return mnk is not None and (wgmma_product(dev, options, *mnk) or ldsm_f16_tiles(dev, options, *mnk, 1) is not None)
 
 
 def schedule(graph, ctx):
@@ -271,8 +276,8 @@ def tf32_product(node, dev, options):
     """Is `node` a product on gemm_wgmma.cl in tf32 (precision "tf32", Hopper) that reads its A as input 0?"""
     if node.op != "Gemm" or node.schedule.get("algo") != "gemm" or node.attrs.get("transA", 0):
         return False
-    a, y = node.inputs[0], node.outputs[0]
-    return y.rank >= 2 and a.rank >= 2 and wgmma_product(dev, options, y.shape[-2], y.shape[-1], a.shape[-1])
+    mnk = product_extents(node)
+    return mnk is not None and wgmma_product(dev, options, *mnk)
 
 
 def tf32_producers(graph, product):

@@ -182,13 +182,7 @@ __kernel void attention_grad_kv(__global const float* q, ulong q_off, __global c
             for (int c = 1; c < DV8; c++)
                 for (int r = 0; r < RB; r++) t[r] = vv[r][c] * dyc[c] + t[r];
             for (int r = 0; r < nk; r++) {
-#if MASK == 1
-                const float z = SEEN(i, j0 + r) ? hsum8(a[r]) + mh[i * msq + r * msk] : -INFINITY;
-#elif MASK == 2
-                const float z = SEEN(i, j0 + r) && mh[i * msq + r * msk] ? hsum8(a[r]) : -INFINITY;
-#else
-                const float z = SEEN(i, j0 + r) ? hsum8(a[r]) : -INFINITY;
-#endif
+                const float z = SEEN(i, j0 + r) ? MASKED(hsum8(a[r]), mh + i * msq, r) : -INFINITY;
                 if (z == -INFINITY) continue;
                 const float p = dl_exp_neg(z - lse);
                 const float8 ds = (float8)(p * (hsum8(t[r]) - rowsum) * scale);

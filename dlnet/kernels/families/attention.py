@@ -116,6 +116,19 @@ def operand_strides(shape, layout, stored=None):
     return [strides[layout.index(c)] for c in LOGICAL[:3]]
 
 
+def attention_geometry(node, q, k, v, mask):
+    """(B, Hq, Hk, Tq, Tk, D, DV, defines, mask strides) that attention.cl's and attention_grad.cl's kernels share."""
+    a = node.attrs
+    qs, ks, vs = (logical_shape(x.shape, s) for x, s in zip((q, k, v), a["layout"], strict=False))
+    (B, Hq), (_, Hk) = lead4(qs), lead4(ks)
+    Tq, D, Tk, DV = qs[-2], qs[-1], ks[-2], vs[-1]
+    defs, strides = {"D": D, "DV": DV, "CAUSAL": int(bool(a["causal"]))}, [0, 0, 0, 0]
+    if mask is not None:
+        defs["MASK"] = 2 if mask.dtype == "bool" else 1
+        strides = mask_strides(mask, (B, Hq, Tq, Tk))
+    return B, Hq, Hk, Tq, Tk, D, DV, defs, strides
+
+
 class AttentionFamily:
     def attention(self, node):
         """Attention by its scheduled algorithm: flash_cpu (attention_cpu.cl) or flash (attention.cl)."""
@@ -125,15 +138,8 @@ class AttentionFamily:
         if q.dtype not in ("float32", "float16"):  # (float16: half storage, precision "fp16")
             raise ModelError(f"node {node.name} (Attention): float32 only, got {q.dtype}")
         layout = a["layout"]
-        qs, ks, vs = (logical_shape(x.shape, s) for x, s in zip((q, k, v), layout, strict=False))
-        (B, Hq), (_, Hk) = lead4(qs), lead4(ks)
-        Tq, D, Tk, DV = qs[-2], qs[-1], ks[-2], vs[-1]
-        defs = {"D": D, "DV": DV, "CAUSAL": int(bool(a["causal"])), "SOFTCAP": int(a["softcap"] > 0),
-                **half_defines(Q=q, K=k, V=v, Y=y), **tf32_defines(node)}
-        strides = [0, 0, 0, 0]
-        if mask is not None:
-            defs["MASK"] = 2 if mask.dtype == "bool" else 1
-            strides = mask_strides(mask, (B, Hq, Tq, Tk))
+        B, Hq, Hk, Tq, Tk, D, DV, defs, strides = attention_geometry(node, q, k, v, mask)
+        defs.update(SOFTCAP=int(a["softcap"] > 0), **half_defines(Q=q, K=k, V=v, Y=y), **tf32_defines(node))
         args = self.args(q) + self.args(k) + self.args(v) + (self.args(mask) if mask is not None else self.dummy()) \
             + self.args(y) + [np.int32(Tq), np.int32(Tk), np.int32(Hq), np.int32(Hk), np.float32(a["scale"]),
                               np.float32(a["softcap"]), np.int32(a["causal_offset"])] + [np.int64(s) for s in strides] \
@@ -186,15 +192,9 @@ class AttentionFamily:
         dq, dk, dv, stats = node.outputs
         a = node.attrs
         layout = a["layout"]
-        qs, ks, vs = (logical_shape(x.shape, s) for x, s in zip((q, k, v), layout, strict=False))
-        (B, Hq), (_, Hk) = lead4(qs), lead4(ks)
-        Tq, D, Tk, DV = qs[-2], qs[-1], ks[-2], vs[-1]
+        B, Hq, Hk, Tq, Tk, D, DV, defs, strides = attention_geometry(node, q, k, v, mask)
         rows = GRAD_ROWS if self.dev.is_cpu else 1  # (GPUs: one row's chunks a work-item, in registers)
-        defs = {"D": D, "DV": DV, "CAUSAL": int(bool(a["causal"])), "RB": rows}
-        strides = [0, 0, 0, 0]
-        if mask is not None:
-            defs["MASK"] = 2 if mask.dtype == "bool" else 1
-            strides = mask_strides(mask, (B, Hq, Tq, Tk))
+        defs["RB"] = rows
         src = defines(defs) + "".join(kernel_source(f) for f in ("cpu_math", "attention_rows", "attention_grad"))
         of = {x.id: [np.int64(s) for s in operand_strides(x.shape, lay, element_strides(x))]
               for x, lay in zip((q, k, v, y, dy, dq, dk, dv), layout + layout[3:] + layout[:3], strict=True)}
