@@ -25,15 +25,17 @@ def core_source(core):
     return kernel_source("gemm_fetch") + kernel_source(core) if core in TILED_CORES else kernel_source(core)
 
 
-def wgmma_macro(tn, tf32=False):
-    """gemm_wgmma.cl's WGMMA(d, da, db): d[0 .. tn / 2) += A B over one k step of an m64 block, A and B K-major by
-    shared-memory descriptors da, db: wgmma.mma_async m64n<tn>k16 on f16, or (tf32) m64n<tn>k8 on floats read as tf32
-    (K-major only: no transpose immediates). The instruction sits inside a PTX comment marked
-    compile_worker.WGMMA_MARK, which compile_worker.sm90a_ptx takes out (its operands wired by the compiler)."""
+def wgmma_macro(tn, tf32=False, trans_a=False, trans_b=False):
+    """gemm_wgmma.cl's WGMMA(d, da, db): d[0 .. tn / 2) += A B over one k step of an m64 block, A and B by
+    shared-memory descriptors da, db: wgmma.mma_async m64n<tn>k16 on f16, A K-major or M-major (trans_a), B K-major or
+    N-major (trans_b), or (tf32) m64n<tn>k8 on floats read as tf32 (K-major only: no transpose immediates). The
+    instruction sits inside a PTX comment marked compile_worker.WGMMA_MARK, which compile_worker.sm90a_ptx takes out
+    (its operands wired by the compiler)."""
     n = tn // 2
     regs = ", ".join(f"%{i}" for i in range(n))
     outs = ", ".join(f'"+f"(d[{i}])' for i in range(n))
-    kind, tail = ("k8.f32.tf32.tf32", "p, 1, 1") if tf32 else ("k16.f32.f16.f16", "p, 1, 1, 0, 0")
+    kind, tail = ("k8.f32.tf32.tf32", "p, 1, 1") if tf32 else \
+        ("k16.f32.f16.f16", f"p, 1, 1, {int(trans_a)}, {int(trans_b)}")
     body = (f"{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{n + 2}, 0;\\n{WGMMA_MARK}wgmma.mma_async.sync.aligned."
             f"m64n{tn}{kind} {{{regs}}}, %{n}, %{n + 1}, {tail};\\n}}")
     return f'#define WGMMA(d, da, db) asm volatile("{body}" : {outs} : "l"(da), "l"(db), "r"(1) : "memory")\n'
@@ -80,7 +82,8 @@ def gemm_source(core, tiles, strides, idx, act=None, has_c=False, aligned=(True,
             defs["B_KVEC"] = 1  # (gemm_mma.cl's B tile n-major: a weight read [N, K] as stored)
     defs["IDX"] = idx
     defs.update(halves or {})  # (precision "fp16": the operands stored in half, half.half_defines)
-    head = wgmma_macro(tiles["TN"], "TF32" in tiles) if core == "gemm_wgmma" else ""
+    head = wgmma_macro(tiles["TN"], "TF32" in tiles, "A_ALONG_M" in defs, "B_NK" not in tiles) \
+        if core == "gemm_wgmma" else ""
     return defines(defs) + head + act_macro(act) + kernel_source("tf32_store") + kernel_source("gemm") + \
         core_source(core)
 

@@ -84,6 +84,10 @@ class Options:
     # gemm_wgmma.cl (wgmma; constant B stored [N, K] at load, in tf32 rounded to tf32 too) instead of gemm_ldsm.cl
     # (fp16) or gemm_mma.cl (tf32)
     wgmma: bool = True
+    # ... fp16 products whose A runs along M or B along N (a weight gradient's operands, a product by a weight read as
+    # stored, attention's gradient) on wgmma too, its operands transposed in shared memory (MN-major), instead of on
+    # gemm_ldsm.cl
+    wgmma_mn: bool = True
     # ... and products at least this deep, with enough tiles, on its 128 x 256 tile (rules.GEMM_TILES["wgmma_f16"])
     wgmma_deep_k: int = 2048
     # ... wgmma groups each warpgroup leaves running at the end of a K slice (gemm_wgmma.cl's WG_WAIT): 1 lets the

@@ -670,6 +670,7 @@ def test_wgmma_rules_and_ptx():
     assert rules.wgmma_tiles(replace(hopper, wgmma=False), o, 4096, 3072, 768) is None
     macro = wgmma_macro(256)
     assert macro.count('"+f"') == 128 and "m64n256k16.f32.f16.f16 {%0," in macro and "%127}, %128, %129, p, 1" in macro
+    assert "%65, p, 1, 1, 1, 0;" in wgmma_macro(128, trans_a=True) and "p, 1, 1, 0, 1;" in wgmma_macro(64, trans_b=True)
     assert "m64n128k8.f32.tf32.tf32 {%0," in wgmma_macro(128, True) and "%63}, %64, %65, p, 1, 1;" in wgmma_macro(128, True)
     ptx = (".version 9.0\n.target sm_90, texmode_independent\n{\n" + WGMMA_MARK + "wgmma.fence.sync.aligned;\n"
            "// a comment\n}\n").encode()

@@ -386,8 +386,37 @@ def test_weight_gradient_products_in_half(M, K, N, trans_b):
     y = net.run({"x": x, "z": z})["y"]
     zf = np.tanh(z.astype(np.float64))
     ref = np.tanh(np.maximum(x.astype(np.float64), 0).T @ (zf.T if trans_b else zf) / K)
-    assert "ldsm_f16" in str(net.graph)
+    assert "ldsm_f16" in str(net.graph) or net.ctx.dev.wgmma and "wgmma" in str(net.graph)
     assert rel_l2(y, ref) < 5e-3
+
+
+@pytest.mark.parametrize("M,K,N,trans_a,trans_b", [(264, 1000, 200, 1, 0), (1000, 512, 520, 0, 0),
+                                                   (520, 336, 1032, 1, 1), (2048, 2048, 4096, 1, 0),
+                                                   (136, 4104, 72, 1, 0)])
+def test_wgmma_transposed_operands(M, K, N, trans_a, trans_b):
+    """On Hopper in fp16, products of two activations with A stored [K, M] (transA: a weight gradient) or B stored
+    [K, N] (a weight's gradient or a product by a weight read as stored) run on gemm_wgmma.cl with wgmma's transposed
+    (MN-major) operands, Options.wgmma_mn: ragged rows, columns and depth (K not a multiple of a slice's 64), the deep
+    128 x 256 tile (no epilogue), against float64; with wgmma_mn off they run on gemm_ldsm.cl and agree."""
+    ctx = context()
+    c16 = dlnet.Context(ctx.info, precision="fp16")
+    if not c16.dev.wgmma:
+        pytest.skip("gemm_wgmma.cl needs an NVIDIA Hopper GPU")
+    r = _rng(M + 3 * N + K)
+    x = r.standard_normal((K, M) if trans_a else (M, K)).astype(np.float32)
+    z = r.standard_normal((N, K) if trans_b else (K, N)).astype(np.float32)
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Tanh", ["z"], ["b"]),
+             helper.make_node("Gemm", ["a", "b"], ["y"], transA=trans_a, transB=trans_b, alpha=1 / np.sqrt(K))]
+    model = make_model(nodes, {"x": x, "z": z}, ["y"])
+    a, b = np.maximum(x.astype(np.float64), 0), np.tanh(z.astype(np.float64))
+    ref = (a.T if trans_a else a) @ (b.T if trans_b else b) / np.sqrt(K)
+    net = dlnet.Net(c16).load_onnx(model)
+    y = net.run({"x": x, "z": z})["y"]
+    assert ("wgmma128x256" if M == 2048 else "wgmma128x128") in str(net.graph)
+    assert rel_l2(y, ref) < 5e-3
+    off = dlnet.Net(c16.with_options(wgmma_mn=False)).load_onnx(model)
+    assert "wgmma" not in str(off.graph)
+    assert rel_l2(y, off.run({"x": x, "z": z})["y"]) < 2e-3
 
 
 @pytest.mark.parametrize("M,K,N,trans_b", [(4200, 520, 2064, 0), (2100, 328, 1032, 1), (300, 40, 136, 0),

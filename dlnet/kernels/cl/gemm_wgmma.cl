@@ -1,6 +1,7 @@
 // Tensor-core GEMM core for NVIDIA Hopper GPUs: wgmma.mma_async m64n<TN>k16 on f16 A and B (F16), or m64n<TN>k8 on
 // float A and B read as tf32 (TF32), fp32 accumulation in registers. A is k-contiguous ([M][K] rows), B too (B_NK:
-// [N][K] rows, a weight stored transposed at load).
+// [N][K] rows, a weight stored transposed at load). F16 also takes A m-contiguous (A_ALONG_M: [K][M], a weight
+// gradient's activations) and B n-contiguous (no B_NK: [K][N]), wgmma's transposed (MN-major) operands.
 // NVIDIA's OpenCL C compiler targets sm_90, where ptxas rejects wgmma, but the driver builds sm_90a PTX given as a
 // program binary. So each wgmma instruction sits in a PTX comment marked "// @WG " inside its inline asm (the compiler
 // still wires its operands and keeps the accumulators in registers), and the program is built a second time from its
@@ -10,6 +11,8 @@
 // m64 blocks. Tiles come by 16-byte cp.async into __local memory in wgmma's K-major layout with the 128-byte
 // swizzle: TK = 64 halves or 32 floats, so a row of a tile is one 128-byte line, its 16-byte chunk kc stored at chunk
 // kc ^ (row % 8), 8-row groups 1024 bytes apart; a k step (k16 f16, k8 tf32) starts 32 bytes further along the lines.
+// An MN-major tile is blocks of 64 rows (8192 bytes), each k of the slice one 128-byte line of a block's 64 halves,
+// swizzled alike (chunk cm of line k at cm ^ (k % 8)); a k step starts 16 lines (2048 bytes) further.
 // STAGES slices: at slice t the stage of slice t - 2 is refilled (every warpgroup has waited for all but its last
 // wgmma group by then). TF32: wgmma drops each float's low 13 bits, so every work-item adds half a tf32 unit to the
 // floats of A it copied (mma_tf32.cl's TF32_BITS: rounding to nearest, as the mma.sync cores round), slice t + 1's
@@ -29,6 +32,9 @@
     TM % (64 * WG)
 #error "gemm_wgmma.cl needs TM TN WG STAGES, F16 or TF32, rows of 128 bytes (TK) and TM a multiple of 64 WG"
 #endif
+#if (defined(A_ALONG_M) || !defined(B_NK)) && !defined(F16)
+#error "gemm_wgmma.cl: wgmma transposes f16 operands only (A_ALONG_M, B without B_NK)"
+#endif
 #define WG_CE (16 / WG_EB)
 #define WG_THREADS (128 * WG)
 #define WGM (TM / (64 * WG))
@@ -40,10 +46,24 @@
 #define WG_STR(x) WG_STR_(x)
 #define WG_TILE_OFF(r, kc) ((r) * 128 + (((kc) ^ ((r) & 7)) << 4))
 
-// a K-major 128-byte-swizzled operand at shared address `addr`: start >> 4, stride between 8-row groups 1024 bytes
-inline ulong wg_desc(uint addr) {
-    return (ulong)((addr & 0x3FFFF) >> 4) | (1ul << 16) | ((ulong)(1024 >> 4) << 32) | (1ul << 62);
+// a 128-byte-swizzled operand at shared address `addr`: start >> 4, the leading and stride byte offsets >> 4: K-major
+// (lbo unused, 1) 1024 bytes between groups of 8 rows; MN-major 8192 bytes between 64-row blocks and 1024 between
+// groups of 8 k lines
+inline ulong wg_desc(uint addr, uint lbo, uint sbo) {
+    return (ulong)((addr & 0x3FFFF) >> 4) | ((ulong)lbo << 16) | ((ulong)sbo << 32) | (1ul << 62);
 }
+#define WG_MN_LBO (8192 >> 4)
+#define WG_MN_SBO (1024 >> 4)
+#if defined(A_ALONG_M)  // the descriptor of k step s of m64 block b of the A tile at `st`
+#define WG_DESC_A(st, b, s) wg_desc((st) + (b) * 8192 + (s) * 2048, WG_MN_LBO, WG_MN_SBO)
+#else
+#define WG_DESC_A(st, b, s) wg_desc((st) + (b) * 8192 + (s) * 32, 1, 1024 >> 4)
+#endif
+#if defined(B_NK)
+#define WG_DESC_B(st, s) wg_desc((st) + (s) * 32, 1, 1024 >> 4)
+#else
+#define WG_DESC_B(st, s) wg_desc((st) + (s) * 2048, WG_MN_LBO, WG_MN_SBO)
+#endif
 
 // the chunks of rows r0.. (ROWS of them, R in the product) of slice k0 into the tile at shared address `dst`, a row's
 // 8 chunks from consecutive work-items; WHOLE: all inside the product (no checks)
@@ -53,6 +73,25 @@ inline ulong wg_desc(uint addr) {
         if (WHOLE) WG_CP16((dst) + WG_TILE_OFF(r, kc), PTR(row, k), 16); \
         else WG_CP16((dst) + WG_TILE_OFF(r, kc), PTR(min(row, (R) - 1), min(k, KK - WG_CE)), \
                      (row < (R) && k < KK) ? min(16, WG_EB * (KK - k)) : 0); }
+// ... of an MN-major operand (F16): its k lines of ROWS halves from consecutive work-items, chunk cm of line kr (k0 +
+// kr) at (cm / 8) * 8192 + kr * 128 + ((cm % 8) ^ (kr % 8)) * 16; a last partial chunk of rows is zero-filled
+#define WG_ISSUE_MN(ROWS, dst, PTR, r0, R, WHOLE) \
+    for (int c = tid; c < ROWS * 8; c += WG_THREADS) { \
+        const int kr = c / (ROWS / 8), cm = c % (ROWS / 8), row = (r0) + cm * 8, k = k0 + kr; \
+        const uint o_ = (dst) + cm / 8 * 8192 + kr * 128 + (((cm % 8) ^ (kr % 8)) << 4); \
+        if (WHOLE) WG_CP16(o_, PTR(row, k), 16); \
+        else { const bool in_ = row < (R) && k < KK; \
+               WG_CP16(o_, PTR(in_ ? row : 0, in_ ? k : 0), in_ ? min(16, 2 * ((R) - row)) : 0); } }
+#if defined(A_ALONG_M)
+#define WG_ISSUE_A WG_ISSUE_MN
+#else
+#define WG_ISSUE_A WG_ISSUE_ROWS
+#endif
+#if defined(B_NK)
+#define WG_ISSUE_B WG_ISSUE_ROWS
+#else
+#define WG_ISSUE_B WG_ISSUE_MN
+#endif
 #ifndef WG_WAIT
 #define WG_WAIT 1
 #endif
@@ -77,11 +116,11 @@ inline ulong wg_desc(uint addr) {
 #define WG_ISSUE(st, k0_) { \
     const int k0 = (k0_); \
     if (m0 + TM <= M && n0 + TN <= NN && k0 + TK <= KK) { \
-        WG_ISSUE_ROWS(TM, st, WG_PTR_A, m0, M, 1) \
-        WG_ISSUE_ROWS(TN, (st) + WG_A_BYTES, WG_PTR_B, n0, NN, 1) \
+        WG_ISSUE_A(TM, st, WG_PTR_A, m0, M, 1) \
+        WG_ISSUE_B(TN, (st) + WG_A_BYTES, WG_PTR_B, n0, NN, 1) \
     } else { \
-        WG_ISSUE_ROWS(TM, st, WG_PTR_A, m0, M, 0) \
-        WG_ISSUE_ROWS(TN, (st) + WG_A_BYTES, WG_PTR_B, n0, NN, 0) \
+        WG_ISSUE_A(TM, st, WG_PTR_A, m0, M, 0) \
+        WG_ISSUE_B(TN, (st) + WG_A_BYTES, WG_PTR_B, n0, NN, 0) \
     } }
 
 __kernel __attribute__((reqd_work_group_size(WG_THREADS, 1, 1)))
@@ -121,10 +160,10 @@ void KERNEL_NAME(LDSM_ARGS) {
         asm volatile("// @WG wgmma.fence.sync.aligned;" ::: "memory");
         #pragma unroll
         for (int s = 0; s < 4; s++) {
-            const ulong db = wg_desc(st + WG_A_BYTES + s * 32);
+            const ulong db = WG_DESC_B(st + WG_A_BYTES, s);
             #pragma unroll
             for (int i = 0; i < WGM; i++) {
-                const ulong da = wg_desc(st + (wg * WGM + i) * 8192 + s * 32);
+                const ulong da = WG_DESC_A(st, wg * WGM + i, s);
                 WGMMA(acc[i], da, db);
             }
         }

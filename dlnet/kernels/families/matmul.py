@@ -138,7 +138,8 @@ class MatmulFamily:
     def _ldsm_f16(self, aa, ba, offs, M, N, K, strides, halves, act=None):
         """gemm_ldsm.cl's f16 tiles where A and B are stored in half (precision "fp16" on NVIDIA), A's rows or columns
         (A_ALONG_M: a weight gradient's activations) and B's rows or columns contiguous and every row 16-byte aligned
-        (B_NK: B stored [N, K]); else None."""
+        (B_NK: B stored [N, K]); on Hopper gemm_wgmma.cl's tiles (Options.wgmma_mn: for A and B along M and N too);
+        else None."""
         sam, sak, sbk, sbn = strides[:4]
         if not halves or "A_HALF" not in halves or "B_HALF" not in halves or (sak != 1 and sam != 1) or \
                 (sbn != 1 and sbk != 1):
@@ -146,10 +147,10 @@ class MatmulFamily:
         starts = [aa[1], ba[1]] + [int(o) for o in offs[:, :2].ravel()]
         if any(v % 8 for v in starts + [sam if sak == 1 else sak, sbk if sbn == 1 else sbn]):
             return None
-        if sbk == 1 and sak == 1:  # (A [M, K] and B [N, K]: Hopper's wgmma, where it runs)
-            tiles = wgmma_tiles(self.dev, self.options, M, N, K, act)
+        if sbk == 1 and sak == 1 or self.options.wgmma_mn:  # (Hopper's wgmma where it runs: A [M, K] or [K, M], B
+            tiles = wgmma_tiles(self.dev, self.options, M, N, K, act)  # [N, K] or [K, N], its transposes)
             if tiles is not None:
-                return tiles
+                return tiles if sbk == 1 else {k: v for k, v in tiles.items() if k != "B_NK"}
         tiles = ldsm_f16_tiles(self.dev, self.options, M, N, K, len(offs), k_rows=sak == 1 or sbk == 1)
         return None if tiles is None else dict(tiles, **({"B_NK": 1} if sbn != 1 else {}))
 
