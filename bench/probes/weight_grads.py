@@ -1,7 +1,7 @@
 """A transformer layer's weight-gradient products, dW = x^T dy (A = x transposed: stored [K, M], contiguous along m),
 as a training step runs them, against cuBLAS (torch.matmul of x.T and dy) in the same precision, one run.
 
-    python3 bench/probes/weight_grads.py [--precision fp32,tf32,fp16] [--set name=value ...]
+    python3 bench/probes/weight_grads.py [--precision fp32,tf32,fp16] [--set name=value ...] [--huge STAGES=6 ...]
 
 Shapes: GPT-2-small's (4096 tokens) and ViT-B/16's (3152 tokens) linear layers at batch 16: x [tokens, in], dy
 [tokens, out], dW [in, out]. fp32: TF32 off on both sides (dlnet's 3xtf32 on NVIDIA); tf32: TF32 on both; fp16:
@@ -18,6 +18,7 @@ import torch
 from onnx import TensorProto, helper
 
 import dlnet
+from dlnet.kernels import rules
 
 SHAPES = [(4096, 768, 2304), (4096, 768, 768), (4096, 768, 3072), (4096, 3072, 768), (3152, 768, 3072),
           (3152, 3072, 768)]
@@ -43,7 +44,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--precision", default="fp32,tf32,fp16")
     ap.add_argument("--set", nargs="*", default=[], help="dlnet.Options fields, name=value (Python literals)")
+    ap.add_argument("--huge", nargs="*", default=[], help="gemm_wgmma.cl's 128 x 128 tile changed, name=value")
     args = ap.parse_args()
+    for table in (rules.GEMM_TILES["wgmma_f16"], rules.GEMM_TILES["wgmma_tf32"]):
+        table["huge"] = dict(table["huge"], **{k: int(v) for k, v in (kv.split("=", 1) for kv in args.huge)})
     fc_grads.FLUSH = torch.empty(64 << 20, device="cuda")  # (fc_grads' timers write it before each run)
     opts = {k: ast.literal_eval(v) for k, v in (kv.split("=", 1) for kv in args.set)}
     print("| precision | tokens x in x out | cuBLAS ms | dlnet ms | ratio | dlnet TFLOP/s | err cuBLAS / dlnet | "

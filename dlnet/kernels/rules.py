@@ -301,6 +301,16 @@ def wgmma_tiles(dev, options, M, N, K, act=None):
     return tiles if options.wgmma_wait == 1 else dict(tiles, WG_WAIT=options.wgmma_wait)
 
 
+# gemm_wgmma.cl's fixed cost a tile in units of K, for split-K (pick_splits): its pipeline's fill and its epilogue
+WGMMA_K0 = 256
+
+
+def wgmma_resident(tiles):
+    """gemm_wgmma.cl's work-groups of these tiles a Hopper unit holds at once: its 228 KiB of shared memory over
+    the tile's stages (128 x 128 in 3 stages: 2; 128 x 256 in 4: 1)."""
+    return max(1, (228 << 10) // (tiles["STAGES"] * (tiles["TM"] + tiles["TN"]) * 128 + (1 << 10)))
+
+
 def ldsm_f16_tiles(dev, options, M, N, K, batches, k_rows=True):
     """gemm_ldsm.cl's f16 tiles for an M x N x K product (`batches` of them) whose A and B are stored in half
     (NVIDIA, precision "fp16"), or None where it does not run: N, and K where an operand's rows run along k

@@ -392,12 +392,14 @@ def test_weight_gradient_products_in_half(M, K, N, trans_b):
 
 @pytest.mark.parametrize("M,K,N,trans_a,trans_b", [(264, 1000, 200, 1, 0), (1000, 512, 520, 0, 0),
                                                    (520, 336, 1032, 1, 1), (2048, 2048, 4096, 1, 0),
-                                                   (136, 4104, 72, 1, 0)])
+                                                   (72, 4104, 136, 1, 0), (256, 4096, 256, 0, 1)])
 def test_wgmma_transposed_operands(M, K, N, trans_a, trans_b):
     """On Hopper in fp16, products of two activations with A stored [K, M] (transA: a weight gradient) or B stored
     [K, N] (a weight's gradient or a product by a weight read as stored) run on gemm_wgmma.cl with wgmma's transposed
     (MN-major) operands, Options.wgmma_mn: ragged rows, columns and depth (K not a multiple of a slice's 64), the deep
-    128 x 256 tile (no epilogue), against float64; with wgmma_mn off they run on gemm_ldsm.cl and agree."""
+    128 x 256 tile (no epilogue), K split over work-groups where the tiles are few (Options.wgmma_split_k; slices
+    left empty too), against float64; with wgmma_mn and wgmma_split_k off they run on gemm_ldsm.cl or whole and
+    agree."""
     ctx = context()
     c16 = dlnet.Context(ctx.info, precision="fp16")
     if not c16.dev.wgmma:
@@ -413,9 +415,10 @@ def test_wgmma_transposed_operands(M, K, N, trans_a, trans_b):
     net = dlnet.Net(c16).load_onnx(model)
     y = net.run({"x": x, "z": z})["y"]
     assert ("wgmma128x256" if M == 2048 else "wgmma128x128") in str(net.graph)
+    assert ("splitK" in " ".join(launch.label for launch in net.launches)) == (K >= 4096)
     assert rel_l2(y, ref) < 5e-3
-    off = dlnet.Net(c16.with_options(wgmma_mn=False)).load_onnx(model)
-    assert "wgmma" not in str(off.graph)
+    off = dlnet.Net(c16.with_options(wgmma_mn=False, wgmma_split_k=0)).load_onnx(model)
+    assert ("wgmma" in str(off.graph)) == ((trans_a, trans_b) == (0, 1))
     assert rel_l2(y, off.run({"x": x, "z": z})["y"]) < 2e-3
 
 

@@ -19,6 +19,8 @@
 // while slice t's wgmma runs; B too unless B_TF32 (a weight rounded so at load); A too unless A_TF32 (stored rounded
 // by the kernel that made it: schedule's tf32_y).
 // WG_WAIT (1): wgmma groups left running at the end of a slice; slices are copied WG_P = STAGES - 1 - WG_WAIT ahead.
+// SPLITS > 1 (split-K, for grids too small to fill the device): group z = batch index * SPLITS + slice of K, whole
+// slices of TK each; raw partial sums go to ws, and gemm_reduce.cl adds them and applies the epilogue.
 // The including file gives KERNEL_NAME, LDSM_ARGS, PROLOGUE, PTR_A(m, k), PTR_B(k, n), STORE2(m, n, v0, v1) and
 // WGMMA(d, da, db) (emitter.wgmma_macro: d += A B for one k step of a warpgroup's m64 block, by descriptors).
 // M, NN, KK are the product's extents; every row of A and B starts 16-byte aligned and KK is a multiple of 8 (f16)
@@ -36,6 +38,18 @@
 #error "gemm_wgmma.cl: wgmma transposes f16 operands only (A_ALONG_M, B without B_NK)"
 #endif
 #define WG_CE (16 / WG_EB)
+#ifndef SPLITS
+#define SPLITS 1
+#endif
+#if SPLITS > 1
+#undef ZID
+#define ZID (get_group_id(2) / SPLITS)
+#define WG_STORE2(m, n, v0, v1) { \
+    ws[((long)get_group_id(2) * M + (m)) * NN + (n)] = (v0); \
+    if ((n) + 1 < NN) ws[((long)get_group_id(2) * M + (m)) * NN + (n) + 1] = (v1); }
+#else
+#define WG_STORE2 STORE2
+#endif
 #define WG_THREADS (128 * WG)
 #define WGM (TM / (64 * WG))
 #define WG_A_BYTES (TM * 128)
@@ -136,9 +150,11 @@ void KERNEL_NAME(LDSM_ARGS) {
         #pragma unroll
         for (int j = 0; j < TN / 2; j++)
             acc[i][j] = 0.0f;
-    const int ntiles = (KK + TK - 1) / TK;
+    ws += ws_off;
+    const int kchunk = (KK + SPLITS * TK - 1) / (SPLITS * TK) * TK, kbeg = get_group_id(2) % SPLITS * kchunk;
+    const int ntiles = max(0, (min(KK, kbeg + kchunk) - kbeg + TK - 1) / TK);
     for (int s = 0; s < WG_P; s++) {
-        if (s < ntiles) WG_ISSUE(sbase + s * WG_STAGE_BYTES, s * TK)
+        if (s < ntiles) WG_ISSUE(sbase + s * WG_STAGE_BYTES, kbeg + s * TK)
         asm volatile("cp.async.commit_group;" ::: "memory");
     }
 #if defined(WG_ROUNDS)
@@ -154,7 +170,7 @@ void KERNEL_NAME(LDSM_ARGS) {
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         barrier(CLK_LOCAL_MEM_FENCE);
         const int tn = tt + WG_P;
-        if (tn < ntiles) WG_ISSUE(sbase + (tn % STAGES) * WG_STAGE_BYTES, tn * TK)
+        if (tn < ntiles) WG_ISSUE(sbase + (tn % STAGES) * WG_STAGE_BYTES, kbeg + tn * TK)
         asm volatile("cp.async.commit_group;" ::: "memory");
         const uint st = sbase + (tt % STAGES) * WG_STAGE_BYTES;
         asm volatile("// @WG wgmma.fence.sync.aligned;" ::: "memory");
@@ -187,8 +203,8 @@ void KERNEL_NAME(LDSM_ARGS) {
         for (int j = 0; j < TN / 8; j++) {
             const int n = n0 + j * 8 + 2 * t;
             if (n < NN) {
-                if (m < M) STORE2(m, n, acc[i][4 * j], acc[i][4 * j + 1]);
-                if (m + 8 < M) STORE2(m + 8, n, acc[i][4 * j + 2], acc[i][4 * j + 3]);
+                if (m < M) WG_STORE2(m, n, acc[i][4 * j], acc[i][4 * j + 1]);
+                if (m + 8 < M) WG_STORE2(m + 8, n, acc[i][4 * j + 2], acc[i][4 * j + 3]);
             }
         }
     }

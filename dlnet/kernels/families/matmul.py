@@ -21,6 +21,7 @@ from ..rules import (
     GPU_TILE_MODEL,
     OUTER_TILES,
     SPLITK_SCRATCH_MAX,
+    WGMMA_K0,
     Pick,
     core_tiles,
     launch_geometry,
@@ -32,6 +33,7 @@ from ..rules import (
     round_up,
     split_mark,
     wgmma_product,
+    wgmma_resident,
     wgmma_tiles,
 )
 from ..runtime import kernel_source
@@ -147,8 +149,10 @@ class MatmulFamily:
         starts = [aa[1], ba[1]] + [int(o) for o in offs[:, :2].ravel()]
         if any(v % 8 for v in starts + [sam if sak == 1 else sak, sbk if sbn == 1 else sbn]):
             return None
-        if sbk == 1 and sak == 1 or self.options.wgmma_mn:  # (Hopper's wgmma where it runs: A [M, K] or [K, M], B
-            tiles = wgmma_tiles(self.dev, self.options, M, N, K, act)  # [N, K] or [K, N], its transposes)
+        # Hopper's wgmma where it runs: A [M, K] and B [N, K], and with Options.wgmma_mn A [K, M] or B [K, N] (its
+        # transposed operands) in products at least a tile wide (attention's products by v, d 64, stay on ldsm)
+        if sbk == 1 and sak == 1 or self.options.wgmma_mn and N >= 128:
+            tiles = wgmma_tiles(self.dev, self.options, M, N, K, act)
             if tiles is not None:
                 return tiles if sbk == 1 else {k: v for k, v in tiles.items() if k != "B_NK"}
         tiles = ldsm_f16_tiles(self.dev, self.options, M, N, K, len(offs), k_rows=sak == 1 or sbk == 1)
@@ -353,6 +357,9 @@ class MatmulFamily:
             model = self.measured.tile_model if self.measured is not None else GPU_TILE_MODEL
             target = resident_groups(tiles, model, self.options) * self.dev.compute_units
             splits = pick_splits(groups, target, KK, max_splits=room // per_split)
+        elif core == "gemm_wgmma" and 0 < self.options.wgmma_split_k <= KK:  # (a weight gradient: few tiles, deep)
+            target = wgmma_resident(tiles) * self.dev.compute_units
+            splits = pick_splits(groups, target, KK, k0=WGMMA_K0, max_splits=room // per_split)
         if splits <= 1:
             self.emit(src, name, args + [self.dummy()[0], np.uint64(0)], grid, lsize, label)
             if core == "gemm_vec":  # the CPU conv path reads im2col's output from the work buffer
