@@ -95,8 +95,9 @@ class Options:
     # 1 / 0: tf32 gpt2 4.77 / 4.81, vit 4.92 / 5.04; fp16 gpt2 3.04 / 3.12, vit 2.79 / 2.92
     wgmma_wait: int = 1
     # ... products at least this deep whose grid leaves the device's slots idle split K (gemm_reduce.cl adds the
-    # partial sums; 0: never): a weight gradient's few tiles over all the tokens
-    wgmma_split_k: int = 2048
+    # partial sums; 0: never): a weight gradient's few tiles over all the tokens. Off: H200, gpt2's fp16 training
+    # step, the 48 weight gradients split took 3.39 ms and their reductions 1.00 against 4.3 whole
+    wgmma_split_k: int = 0
     # tf32: a product's A stored rounded to tf32 by the kernel that makes it, where tf32 products alone read it
     # (schedule's tf32_y / tf32_a; gemm_wgmma.cl then rounds neither operand). H200 b16 tf32 Gemm kernel ms: gpt2
     # 5.83 -> 4.77, vit_b_16 5.77 -> 4.92

@@ -671,8 +671,8 @@ def test_wgmma_rules_and_ptx():
     assert rules.wgmma_resident(rules.GEMM_TILES["wgmma_f16"]["huge"]) == 2  # (96 KiB of a unit's 228)
     assert rules.wgmma_resident(deep) == 1
     # split-K where the tiles are few and deep: a weight gradient's 768 x 2304 over 4096 tokens (108 tiles on 264
-    # slots) in 2 slices, 768 x 768 (36) in 7; 144 tiles stay whole (two slices would take a second wave)
-    assert [rules.pick_splits(g, 264, 4096, k0=rules.WGMMA_K0) for g in (108, 36, 144)] == [2, 7, 1]
+    # slots) in 2 slices, 768 x 768 (36) in 7, 3072 x 768 (144) in 5 (2.7 waves of whole slots)
+    assert [rules.pick_splits(g, 264, 4096, k0=rules.WGMMA_K0) for g in (108, 36, 144)] == [2, 7, 5]
     macro = wgmma_macro(256)
     assert macro.count('"+f"') == 128 and "m64n256k16.f32.f16.f16 {%0," in macro and "%127}, %128, %129, p, 1" in macro
     assert "%65, p, 1, 1, 1, 0;" in wgmma_macro(128, trans_a=True) and "p, 1, 1, 0, 1;" in wgmma_macro(64, trans_b=True)

@@ -397,8 +397,8 @@ def test_wgmma_transposed_operands(M, K, N, trans_a, trans_b):
     """On Hopper in fp16, products of two activations with A stored [K, M] (transA: a weight gradient) or B stored
     [K, N] (a weight's gradient or a product by a weight read as stored) run on gemm_wgmma.cl with wgmma's transposed
     (MN-major) operands, Options.wgmma_mn: ragged rows, columns and depth (K not a multiple of a slice's 64), the deep
-    128 x 256 tile (no epilogue), K split over work-groups where the tiles are few (Options.wgmma_split_k; slices
-    left empty too), against float64; with wgmma_mn and wgmma_split_k off they run on gemm_ldsm.cl or whole and
+    128 x 256 tile (no epilogue), K split over work-groups where the tiles are few (Options.wgmma_split_k on;
+    slices left empty too), against float64; with wgmma_mn and wgmma_split_k off they run on gemm_ldsm.cl or whole and
     agree."""
     ctx = context()
     c16 = dlnet.Context(ctx.info, precision="fp16")
@@ -412,7 +412,7 @@ def test_wgmma_transposed_operands(M, K, N, trans_a, trans_b):
     model = make_model(nodes, {"x": x, "z": z}, ["y"])
     a, b = np.maximum(x.astype(np.float64), 0), np.tanh(z.astype(np.float64))
     ref = (a.T if trans_a else a) @ (b.T if trans_b else b) / np.sqrt(K)
-    net = dlnet.Net(c16).load_onnx(model)
+    net = dlnet.Net(c16.with_options(wgmma_split_k=2048)).load_onnx(model)
     y = net.run({"x": x, "z": z})["y"]
     assert ("wgmma128x256" if M == 2048 else "wgmma128x128") in str(net.graph)
     assert ("splitK" in " ".join(launch.label for launch in net.launches)) == (K >= 4096)

@@ -79,32 +79,54 @@ inline ulong wg_desc(uint addr, uint lbo, uint sbo) {
 #define WG_DESC_B(st, s) wg_desc((st) + (s) * 2048, WG_MN_LBO, WG_MN_SBO)
 #endif
 
-// the chunks of rows r0.. (ROWS of them, R in the product) of slice k0 into the tile at shared address `dst`, a row's
-// 8 chunks from consecutive work-items; WHOLE: all inside the product (no checks)
-#define WG_ISSUE_ROWS(ROWS, dst, PTR, r0, R, WHOLE) \
+// A slice's copies. Work-item tid copies chunks tid, tid + WG_THREADS, ... of each tile: in a K-major tile chunk c is
+// chunk c % 8 of row c / 8 (a row's 8 from consecutive work-items), in an MN-major one (F16) chunk c % (ROWS / 8) of
+// k line c / (ROWS / 8) at (cm / 8) * 8192 + kr * 128 + ((cm % 8) ^ (kr % 8)) * 16. Either way a work-item's chunks
+// are a fixed global step and a fixed shared step apart and keep their swizzle, so where the slice lies inside the
+// product (WG_FAST) each is one add from its first, set once before the K loop (WG_SETUP: first address at k 0, its
+// shared offset, the steps, elements per k); at the edges (WG_ISSUE_ROWS / _MN) each chunk is clamped and
+// zero-filled where it leaves the product.
+#if WG_THREADS / 8 % 8 || WG_THREADS / (TM / 8) % 8 || WG_THREADS / (TN / 8) % 8
+#error "gemm_wgmma.cl: a work-item's chunks must keep their swizzle (WG_THREADS / 8, / (TM / 8), / (TN / 8))"
+#endif
+#define WG_SETUP_ROWS(X, ROWS, PTR, r0) \
+    const __global X##_T* X##_g = PTR((r0) + tid / 8, tid % 8 * WG_CE); \
+    const long X##_step = PTR(WG_THREADS / 8, 0) - PTR(0, 0), X##_k1 = PTR(0, 1) - PTR(0, 0); \
+    const uint X##_s = WG_TILE_OFF(tid / 8, tid % 8), X##_ss = WG_THREADS / 8 * 128;
+#define WG_SETUP_MN(X, ROWS, PTR, r0) \
+    const int X##_c = tid % (ROWS / 8), X##_l = tid / (ROWS / 8); \
+    const __global X##_T* X##_g = PTR((r0) + X##_c * 8, X##_l); \
+    const long X##_step = PTR(0, WG_THREADS / (ROWS / 8)) - PTR(0, 0), X##_k1 = PTR(0, 1) - PTR(0, 0); \
+    const uint X##_s = X##_c / 8 * 8192 + X##_l * 128 + (((X##_c % 8) ^ (X##_l % 8)) << 4), \
+        X##_ss = WG_THREADS / (ROWS / 8) * 128;
+#define WG_FAST_COPY(X, ROWS, dst) { \
+    const __global X##_T* g_ = X##_g + k0 * X##_k1; \
+    _Pragma("unroll") for (int i = 0; i < ROWS * 8 / WG_THREADS; i++) \
+        WG_CP16((dst) + X##_s + i * X##_ss, g_ + i * X##_step, 16); }
+#define WG_ISSUE_ROWS(ROWS, dst, PTR, r0, R) \
     for (int c = tid; c < ROWS * 8; c += WG_THREADS) { \
         const int r = c / 8, kc = c % 8, row = (r0) + r, k = k0 + kc * WG_CE; \
-        if (WHOLE) WG_CP16((dst) + WG_TILE_OFF(r, kc), PTR(row, k), 16); \
-        else WG_CP16((dst) + WG_TILE_OFF(r, kc), PTR(min(row, (R) - 1), min(k, KK - WG_CE)), \
-                     (row < (R) && k < KK) ? min(16, WG_EB * (KK - k)) : 0); }
-// ... of an MN-major operand (F16): its k lines of ROWS halves from consecutive work-items, chunk cm of line kr (k0 +
-// kr) at (cm / 8) * 8192 + kr * 128 + ((cm % 8) ^ (kr % 8)) * 16; a last partial chunk of rows is zero-filled
-#define WG_ISSUE_MN(ROWS, dst, PTR, r0, R, WHOLE) \
+        WG_CP16((dst) + WG_TILE_OFF(r, kc), PTR(min(row, (R) - 1), min(k, KK - WG_CE)), \
+                (row < (R) && k < KK) ? min(16, WG_EB * (KK - k)) : 0); }
+#define WG_ISSUE_MN(ROWS, dst, PTR, r0, R) \
     for (int c = tid; c < ROWS * 8; c += WG_THREADS) { \
         const int kr = c / (ROWS / 8), cm = c % (ROWS / 8), row = (r0) + cm * 8, k = k0 + kr; \
-        const uint o_ = (dst) + cm / 8 * 8192 + kr * 128 + (((cm % 8) ^ (kr % 8)) << 4); \
-        if (WHOLE) WG_CP16(o_, PTR(row, k), 16); \
-        else { const bool in_ = row < (R) && k < KK; \
-               WG_CP16(o_, PTR(in_ ? row : 0, in_ ? k : 0), in_ ? min(16, 2 * ((R) - row)) : 0); } }
+        const bool in_ = row < (R) && k < KK; \
+        WG_CP16((dst) + cm / 8 * 8192 + kr * 128 + (((cm % 8) ^ (kr % 8)) << 4), PTR(in_ ? row : 0, in_ ? k : 0), \
+                in_ ? min(16, 2 * ((R) - row)) : 0); }
 #if defined(A_ALONG_M)
 #define WG_ISSUE_A WG_ISSUE_MN
+#define WG_SETUP_A WG_SETUP_MN
 #else
 #define WG_ISSUE_A WG_ISSUE_ROWS
+#define WG_SETUP_A WG_SETUP_ROWS
 #endif
 #if defined(B_NK)
 #define WG_ISSUE_B WG_ISSUE_ROWS
+#define WG_SETUP_B WG_SETUP_ROWS
 #else
 #define WG_ISSUE_B WG_ISSUE_MN
+#define WG_SETUP_B WG_SETUP_MN
 #endif
 #ifndef WG_WAIT
 #define WG_WAIT 1
@@ -130,11 +152,11 @@ inline ulong wg_desc(uint addr, uint lbo, uint sbo) {
 #define WG_ISSUE(st, k0_) { \
     const int k0 = (k0_); \
     if (m0 + TM <= M && n0 + TN <= NN && k0 + TK <= KK) { \
-        WG_ISSUE_A(TM, st, WG_PTR_A, m0, M, 1) \
-        WG_ISSUE_B(TN, (st) + WG_A_BYTES, WG_PTR_B, n0, NN, 1) \
+        WG_FAST_COPY(A, TM, st) \
+        WG_FAST_COPY(B, TN, (st) + WG_A_BYTES) \
     } else { \
-        WG_ISSUE_A(TM, st, WG_PTR_A, m0, M, 0) \
-        WG_ISSUE_B(TN, (st) + WG_A_BYTES, WG_PTR_B, n0, NN, 0) \
+        WG_ISSUE_A(TM, st, WG_PTR_A, m0, M) \
+        WG_ISSUE_B(TN, (st) + WG_A_BYTES, WG_PTR_B, n0, NN) \
     } }
 
 __kernel __attribute__((reqd_work_group_size(WG_THREADS, 1, 1)))
@@ -144,6 +166,8 @@ void KERNEL_NAME(LDSM_ARGS) {
     const uint sbase = (uint)(ulong)smem;
     const int tid = get_local_id(0), wg = tid / 128;
     TILE_ORIGIN(m0, n0)
+    WG_SETUP_A(A, TM, WG_PTR_A, m0)
+    WG_SETUP_B(B, TN, WG_PTR_B, n0)
     float acc[WGM][TN / 2];
     #pragma unroll
     for (int i = 0; i < WGM; i++)
