@@ -5,9 +5,10 @@ interleaved rounds (OpenCL profiling events); beside them PyTorch CUDA's F.linea
 has it) in the same process. On a Hopper GPU; asserts nothing.
 
     python3 bench/probes/wgmma_layers.py [--precision fp16|tf32] [--bare] [--sizes 4096x768x3072,...]
-                                         [--tiles 128,256,4;128,128,3] [--rounds 10]
+                                         [--tiles 128,256,4;128,128,3] [--rounds 10] [--set name=value ...]
 """
 import argparse
+import ast
 import os
 import statistics
 import sys
@@ -45,8 +46,10 @@ def main():
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--precision", default="fp16", choices=("fp16", "tf32"))
     ap.add_argument("--bare", action="store_true", help="the product alone: MatMul(x, w), no bias, nothing fused")
+    ap.add_argument("--set", nargs="*", default=[], help="dlnet.Options fields, name=value (Python literals)")
     args = ap.parse_args()
-    ctx = dlnet.Context("gpu", precision=args.precision, profile=True)
+    ctx = dlnet.Context("gpu", precision=args.precision, profile=True).with_options(
+        **{k: ast.literal_eval(v) for k, v in (kv.split("=", 1) for kv in args.set)})
     tiles = [None, ()] + [tuple(int(v) for v in t.split(",")) for t in args.tiles.split(";")]
     names = ["ldsm" if args.precision == "fp16" else "mma.sync", "wgmma (rules)"] + \
         [f"wgmma {t[0]}x{t[1]}/{t[2]}" for t in tiles[2:]]
