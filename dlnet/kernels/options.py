@@ -90,10 +90,9 @@ class Options:
     wgmma_mn: bool = True
     # ... and products at least this deep, with enough tiles, on its 128 x 256 tile (rules.GEMM_TILES["wgmma_f16"])
     wgmma_deep_k: int = 2048
-    # ... wgmma groups each warpgroup leaves running at the end of a K slice (gemm_wgmma.cl's WG_WAIT): 1 lets the
-    # next slice's copies start under them but copies one slice less ahead (STAGES - 2). H200 b16 Gemm kernel ms,
-    # 1 / 0: tf32 gpt2 4.77 / 4.81, vit 4.92 / 5.04; fp16 gpt2 3.04 / 3.12, vit 2.79 / 2.92
-    wgmma_wait: int = 1
+    # ... wgmma groups each warpgroup leaves running at the end of a K slice (gemm_wgmma.cl's WG_WAIT) where set;
+    # -1: the tile's own (rules.GEMM_TILES: 0 on 128 x 128, 1 on 128 x 256)
+    wgmma_wait: int = -1
     # ... products at least this deep whose grid leaves the device's slots idle split K (gemm_reduce.cl adds the
     # partial sums; 0: never): a weight gradient's few tiles over all the tokens. Off: H200, gpt2's fp16 training
     # step, the 48 weight gradients split took 3.39 ms and their reductions 1.00 against 4.3 whole

@@ -54,12 +54,17 @@ GEMM_TILES = {
     # (bench/probes/wgmma_layers.py), 128 x 128 / 3 against 128 x 256 / 4: f16 8192^3 2.62 / 2.36, 4096^3 0.364 /
     # 0.355, but with GELU 0.389 / 0.465 (one work-group a unit: no other one's products under its epilogue); tf32
     # 4096^3 0.854 / 0.754, with GELU 0.899 / 0.846.
-    "wgmma_f16": {"core": "gemm_wgmma", "huge": dict(TM=128, TN=128, TK=64, WG=2, STAGES=3, GROUP_M=8, F16=1, B_NK=1),
-                  "deep": dict(TM=128, TN=256, TK=64, WG=2, STAGES=4, GROUP_M=8, F16=1, B_NK=1)},
+    # WG_WAIT: wgmma groups a warpgroup leaves running at the end of a slice (gemm_wgmma.cl). 128 x 128 waits for all
+    # (copies then go 2 slices ahead): H200, bench/probes/wgmma_layers.py, Gemm kernel ms, WG_WAIT 1 / 0, f16 4096 x
+    # 3072 -> 768 0.0628 / 0.0557, with GELU 0.0679 / 0.0572; tf32 0.1344 / 0.1240, 4096 x 768 -> 3072 0.1358 /
+    # 0.1309 (every layer shape the same or faster; with the per-chunk address arithmetic of session 36 it was slower)
+    "wgmma_f16": {"core": "gemm_wgmma",
+                  "huge": dict(TM=128, TN=128, TK=64, WG=2, STAGES=3, GROUP_M=8, F16=1, B_NK=1, WG_WAIT=0),
+                  "deep": dict(TM=128, TN=256, TK=64, WG=2, STAGES=4, GROUP_M=8, F16=1, B_NK=1, WG_WAIT=1)},
     # ... on float A and B read as tf32 (precision "tf32"), 32 floats a 128-byte row, rounded in shared memory
-    "wgmma_tf32": {"core": "gemm_wgmma", "huge": dict(TM=128, TN=128, TK=32, WG=2, STAGES=3, GROUP_M=8, TF32=1,
-                                                      B_NK=1),
-                   "deep": dict(TM=128, TN=256, TK=32, WG=2, STAGES=4, GROUP_M=8, TF32=1, B_NK=1)},
+    "wgmma_tf32": {"core": "gemm_wgmma",
+                   "huge": dict(TM=128, TN=128, TK=32, WG=2, STAGES=3, GROUP_M=8, TF32=1, B_NK=1, WG_WAIT=0),
+                   "deep": dict(TM=128, TN=256, TK=32, WG=2, STAGES=4, GROUP_M=8, TF32=1, B_NK=1, WG_WAIT=1)},
     "cpu": {"core": "gemm_vec", "huge": dict(RM=8), "big": dict(RM=8), "narrow_m": dict(RM=1), "narrow_n": dict(RM=8)},
 }
 # How the fp32 GPU tiles run, for picking one per layer: work-groups resident per compute unit, the device's rate in
@@ -298,7 +303,7 @@ def wgmma_tiles(dev, options, M, N, K, act=None):
         tiles = deep
     else:
         tiles = table["huge"]
-    return tiles if options.wgmma_wait == 1 else dict(tiles, WG_WAIT=options.wgmma_wait)
+    return tiles if options.wgmma_wait < 0 else dict(tiles, WG_WAIT=options.wgmma_wait)
 
 
 # gemm_wgmma.cl's fixed cost a tile in units of K, for split-K (pick_splits): its pipeline's fill and its epilogue
