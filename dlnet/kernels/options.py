@@ -85,8 +85,9 @@ class Options:
     # (fp16) or gemm_mma.cl (tf32)
     wgmma: bool = True
     # ... fp16 products whose A runs along M or B along N (a weight gradient's operands, a product by a weight read as
-    # stored, attention's gradient) on wgmma too, its operands transposed in shared memory (MN-major), instead of on
-    # gemm_ldsm.cl
+    # stored) on wgmma too, its operands transposed in shared memory (MN-major), instead of on gemm_ldsm.cl. H200
+    # (bench/probes/weight_grads.py, ms, on / off): gpt2's dW 4096 x 768 x 3072 0.066 / 0.092, 4096 x 768 x 2304
+    # 0.060 / 0.088; gpt2's fp16 training step 22.0 / 23.9 (bench/gpu_train.py)
     wgmma_mn: bool = True
     # ... and products at least this deep, with enough tiles, on its 128 x 256 tile (rules.GEMM_TILES["wgmma_f16"])
     wgmma_deep_k: int = 2048
@@ -95,7 +96,8 @@ class Options:
     wgmma_wait: int = -1
     # ... products at least this deep whose grid leaves the device's slots idle split K (gemm_reduce.cl adds the
     # partial sums; 0: never): a weight gradient's few tiles over all the tokens. Off: H200, gpt2's fp16 training
-    # step, the 48 weight gradients split took 3.39 ms and their reductions 1.00 against 4.3 whole
+    # step's Gemm kernels took 13.15 ms with its 48 weight gradients split (3.39, their reductions 1.00) against 12.90
+    # whole (bench/gpu_profile.py, before a slice's copies were made cheap)
     wgmma_split_k: int = 0
     # tf32: a product's A stored rounded to tf32 by the kernel that makes it, where tf32 products alone read it
     # (schedule's tf32_y / tf32_a; gemm_wgmma.cl then rounds neither operand). H200 b16 tf32 Gemm kernel ms: gpt2

@@ -44,7 +44,8 @@ GEMM_TILES = {
     "ldsm_f16": {"core": "gemm_ldsm",
                  "huge": dict(TM=128, TN=128, TK=32, WARPS_M=2, WARPS_N=2, STAGES=4, GROUP_M=8, F16=1, LDSM_PIPE=1),
                  "big": dict(TM=64, TN=64, TK=64, WARPS_M=2, WARPS_N=2, STAGES=3, GROUP_M=8, F16=1)},
-    # gemm_wgmma.cl (Hopper's wgmma, f16 A and B both K-major), one tile: 128 x 128 in 3 stages (96 KiB), so that two
+    # gemm_wgmma.cl (Hopper's wgmma; f16 A and B K-major, or transposed where matmul's _ldsm_f16 sends them there:
+    # those tables without B_NK then), one tile: 128 x 128 in 3 stages (96 KiB), so that two
     # work-groups share a compute unit and one's epilogue (bias, GELU, half stores) overlaps the other's products.
     # H200, transformer layers with their epilogues (bench/probes/wgmma_layers.py, ms): 4096 x 768 -> 3072 + GELU
     # 0.096 against 0.148 for 128 x 256 in 4 stages (one work-group a unit) and 0.157 on gemm_ldsm.cl; the bare
@@ -53,7 +54,9 @@ GEMM_TILES = {
     # stages (192 KiB, one work-group a unit): their epilogue is short beside the K loop. H200, Gemm kernel ms
     # (bench/probes/wgmma_layers.py), 128 x 128 / 3 against 128 x 256 / 4: f16 8192^3 2.62 / 2.36, 4096^3 0.364 /
     # 0.355, but with GELU 0.389 / 0.465 (one work-group a unit: no other one's products under its epilogue); tf32
-    # 4096^3 0.854 / 0.754, with GELU 0.899 / 0.846.
+    # 4096^3 0.854 / 0.754, with GELU 0.899 / 0.846. Tried again once a slice's copies were cheap (session 37, same
+    # probe, tf32 / f16 ms at 4096 x 768 -> 3072): 128 x 256 / 3 0.179 / 0.120, 256 x 128 / 3 0.189 / 0.120, 128 x 128
+    # in 4 or 6 stages (one work-group a unit) 0.186 / 0.111 and 0.181 / 0.108, against 0.134 / 0.074 on 128 x 128 / 3.
     # WG_WAIT: wgmma groups a warpgroup leaves running at the end of a slice (gemm_wgmma.cl). 128 x 128 waits for all
     # (copies then go 2 slices ahead): H200, bench/probes/wgmma_layers.py, Gemm kernel ms, WG_WAIT 1 / 0, f16 4096 x
     # 3072 -> 768 0.0628 / 0.0557, with GELU 0.0679 / 0.0572; tf32 0.1344 / 0.1240, 4096 x 768 -> 3072 0.1358 /

@@ -13,12 +13,13 @@
 // kc ^ (row % 8), 8-row groups 1024 bytes apart; a k step (k16 f16, k8 tf32) starts 32 bytes further along the lines.
 // An MN-major tile is blocks of 64 rows (8192 bytes), each k of the slice one 128-byte line of a block's 64 halves,
 // swizzled alike (chunk cm of line k at cm ^ (k % 8)); a k step starts 16 lines (2048 bytes) further.
-// STAGES slices: at slice t the stage of slice t - 2 is refilled (every warpgroup has waited for all but its last
-// wgmma group by then). TF32: wgmma drops each float's low 13 bits, so every work-item adds half a tf32 unit to the
+// STAGES slices: at slice t the stage of slice t + WG_P is refilled, the one slice t + WG_P - STAGES was read from
+// (every warpgroup has waited for all but its last WG_WAIT wgmma groups by then). TF32: wgmma drops each float's low 13 bits, so every work-item adds half a tf32 unit to the
 // floats of A it copied (mma_tf32.cl's TF32_BITS: rounding to nearest, as the mma.sync cores round), slice t + 1's
 // while slice t's wgmma runs; B too unless B_TF32 (a weight rounded so at load); A too unless A_TF32 (stored rounded
 // by the kernel that made it: schedule's tf32_y).
-// WG_WAIT (1): wgmma groups left running at the end of a slice; slices are copied WG_P = STAGES - 1 - WG_WAIT ahead.
+// WG_WAIT (the tile's: 0 on 128 x 128, 1 on 128 x 256; 1 unless given): wgmma groups left running at the end of a
+// slice; slices are copied WG_P = STAGES - 1 - WG_WAIT ahead.
 // SPLITS > 1 (split-K, for grids too small to fill the device): group z = batch index * SPLITS + slice of K, whole
 // slices of TK each; raw partial sums go to ws, and gemm_reduce.cl adds them and applies the epilogue.
 // The including file gives KERNEL_NAME, LDSM_ARGS, PROLOGUE, PTR_A(m, k), PTR_B(k, n), STORE2(m, n, v0, v1) and
@@ -83,7 +84,7 @@ inline ulong wg_desc(uint addr, uint lbo, uint sbo) {
 // chunk c % 8 of row c / 8 (a row's 8 from consecutive work-items), in an MN-major one (F16) chunk c % (ROWS / 8) of
 // k line c / (ROWS / 8) at (cm / 8) * 8192 + kr * 128 + ((cm % 8) ^ (kr % 8)) * 16. Either way a work-item's chunks
 // are a fixed global step and a fixed shared step apart and keep their swizzle, so where the slice lies inside the
-// product (WG_FAST) each is one add from its first, set once before the K loop (WG_SETUP: first address at k 0, its
+// product (WG_FAST_COPY) each is one add from its first, set once before the K loop (WG_SETUP: first address at k 0, its
 // shared offset, the steps, elements per k); at the edges (WG_ISSUE_ROWS / _MN) each chunk is clamped and
 // zero-filled where it leaves the product.
 #if WG_THREADS / 8 % 8 || WG_THREADS / (TM / 8) % 8 || WG_THREADS / (TN / 8) % 8
