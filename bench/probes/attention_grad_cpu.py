@@ -1,6 +1,8 @@
 """Probe: the training step of one causal self-attention layer (d 768, 12 heads, batch 2, a Linear head) on the CPU
-device, attention's gradient fused (AttentionGrad, attention_grad.cl) against its decomposition, alternated in one
-process; prints each one's median step, its loss, and the kernel time of its slowest kinds. Asserts nothing.
+device, attention's gradient fused (AttentionGrad: rows in vector lanes, attention_grad_lanes.cl, and with
+Options.attention_cpu_lanes off 8 rows a work-item, attention_grad.cl, the forward's attention then too) against its
+decomposition, alternated in one process; prints each one's median step, its loss, its AttentionGrad kernels' ms and
+the kernel time of its slowest kinds. Asserts nothing.
 
     python3 bench/probes/attention_grad_cpu.py [--tokens 64,128,256,512] [--reps 7]
 """
@@ -46,7 +48,7 @@ def main():
     ap.add_argument("--reps", type=int, default=7)
     args = ap.parse_args()
     torch.manual_seed(0)
-    print(f"{'T':>4} {'gradient':>14} {'step ms':>8} {'loss':>10}  slowest kernels (ms)")
+    print(f"{'T':>4} {'gradient':>19} {'step ms':>8} {'loss':>10} {'dq, dk dv ms':>13}  slowest kernels (ms)")
     for t in (int(s) for s in args.tokens.split(",")):
         model, x = Layer(), torch.randn(2, t, D)
         f = io.BytesIO()
@@ -54,8 +56,10 @@ def main():
         proto = onnx.load_from_string(f.getvalue())
         feeds = {"input": x.numpy(), "target": np.random.default_rng(t).integers(0, 16, 2)}
         runs = {}
-        for name, kinds in (("decomposed", ()), ("AttentionGrad", ("cpu",))):
-            ctx = dlnet.Context("cpu", profile=True).with_options(fused_attention_grad=kinds)
+        for name, kinds, lanes in (("decomposed", (), True), ("AttentionGrad rows", ("cpu",), False),
+                                   ("AttentionGrad lanes", ("cpu",), True)):
+            ctx = dlnet.Context("cpu", profile=True).with_options(fused_attention_grad=kinds,
+                                                                 attention_cpu_lanes=lanes)
             tr = dlnet.Trainer(dlnet.Net(ctx).load_onnx(proto), loss="cross_entropy",
                                optimizer=dlnet.optim.SGD(lr=0.0))
             tr.step(feeds)
@@ -66,8 +70,10 @@ def main():
                 loss = tr.step(feeds)
                 times.append(time.perf_counter() - start)
         for name, (ctx, tr, times) in runs.items():
-            top = sorted(kernel_ms(ctx, tr._active.plan).items(), key=lambda kv: -kv[1])[:3]
-            print(f"{t:4d} {name:>14} {1e3 * np.median(times):8.1f} {loss:10.6f}  " +
+            kinds = kernel_ms(ctx, tr._active.plan)
+            grad = [kinds.get(k, 0.0) for k in ("AttentionGrad/dq", "AttentionGrad/dk/dv")]
+            top = sorted(kinds.items(), key=lambda kv: -kv[1])[:3]
+            print(f"{t:4d} {name:>19} {1e3 * np.median(times):8.1f} {loss:10.6f} {grad[0]:6.1f} {grad[1]:6.1f}  " +
                   ", ".join(f"{k} {v:.1f}" for k, v in top))
 
 

@@ -16,13 +16,17 @@ CASES = [  # (B, Hq, Hk, Tq, Tk, D, DV, attrs, mask)
     (1, 6, 2, 20, 33, 80, 24, {"causal": 1, "causal_offset": -3}, None),  # (the first 3 rows see no key)
     (2, 4, 1, 9, 17, 12, 5, {"layout": ("bthd", "bhtd", "tbhd", "thbd")}, "bool"),
     (2, 2, 2, 16, 16, 32, 32, {"causal": 1}, "float"),
+    (1, 2, 2, 3, 20, 16, 16, {"causal": 1, "causal_offset": 17}, "float"),  # (3 query rows: dq a row at a time)
+    (1, 4, 2, 12, 5, 8, 16, {}, "bool"),  # (5 keys: dk and dv a row at a time)
 ]
 
 
 @pytest.mark.parametrize("B,Hq,Hk,Tq,Tk,D,DV,attrs,mask", CASES)
-@pytest.mark.parametrize("as_gpu", [False, True])
-def test_attention_grad_matches_numpy(B, Hq, Hk, Tq, Tk, D, DV, attrs, mask, as_gpu):
-    """as_gpu: the GPU's launch (one row a work-item, the device's work-groups) on the test device."""
+@pytest.mark.parametrize("launch", ["cpu", "cpu rows", "gpu"])
+def test_attention_grad_matches_numpy(B, Hq, Hk, Tq, Tk, D, DV, attrs, mask, launch):
+    """launch: a CPU's (8 query or key rows in vector lanes where there are 8, attention_grad_lanes.cl; "cpu rows":
+    Options.attention_cpu_lanes off, 8 rows a work-item in turn) or a GPU's (one row a work-item, the device's
+    work-groups) on the test device."""
     rng = np.random.default_rng(B * 100 + Tq)
     layout = attrs.get("layout", ("bhtd",) * 4)
     logical = [(B, Hq, Tq, D), (B, Hk, Tk, D), (B, Hk, Tk, DV), (B, Hq, Tq, DV), (B, Hq, Tq, DV)]
@@ -38,7 +42,11 @@ def test_attention_grad_matches_numpy(B, Hq, Hk, Tq, Tk, D, DV, attrs, mask, as_
     outs = Builder(g).op("AttentionGrad", values, node_attrs, n_out=4)
     g.outputs, g.output_names = outs, ["dq", "dk", "dv", "stats"]
     ref = outs[0].producer.spec.numpy(outs[0].producer, *arrays, *[v.const for v in values[5:]])
-    plan = Plan(gpu_like() if as_gpu else context(), g)
+    ctx = gpu_like() if launch == "gpu" else context().with_options(attention_cpu_lanes=launch == "cpu")
+    plan = Plan(ctx, g)
+    if ctx.dev.is_cpu:
+        lanes = [launch == "cpu" and t >= 8 for t in (Tq, Tk)]  # (the IR prints the launch of dq and of dk, dv)
+        assert outs[0].producer.schedule["tile"] == "/".join("lanes" if f else "8" for f in lanes)
     try:
         got = plan.run(arrays)
     finally:

@@ -195,7 +195,12 @@ class AttentionFamily:
         B, Hq, Hk, Tq, Tk, D, DV, defs, strides = attention_geometry(node, q, k, v, mask)
         rows = GRAD_ROWS if self.dev.is_cpu else 1  # (GPUs: one row's chunks a work-item, in registers)
         defs["RB"] = rows
-        src = defines(defs) + "".join(kernel_source(f) for f in ("cpu_math", "attention_rows", "attention_grad"))
+        # CPUs: 8 rows in vector lanes where there are 8 query (key) rows (attention_grad_lanes.cl)
+        lanes_q, lanes_kv = (self.dev.is_cpu and self.options.attention_cpu_lanes and t >= CPU_LANE_ROWS
+                             for t in (Tq, Tk))
+        self.record_tile("/".join(("lanes" if f else f"{rows}") for f in (lanes_q, lanes_kv)))
+        src = defines(defs) + "".join(kernel_source(f) for f in ("cpu_math", "attention_rows", "attention_grad") +
+                                      (("attention_grad_lanes",) if lanes_q or lanes_kv else ()))
         of = {x.id: [np.int64(s) for s in operand_strides(x.shape, lay, element_strides(x))]
               for x, lay in zip((q, k, v, y, dy, dq, dk, dv), layout + layout[3:] + layout[:3], strict=True)}
         head = [np.int32(Tq), np.int32(Tk), np.int32(Hq), np.int32(Hk), np.float32(a["scale"]),
@@ -203,10 +208,12 @@ class AttentionFamily:
         m = self.args(mask) if mask is not None else self.dummy()
         label = f"{node.name} AttentionGrad"
         local = (1, 1) if self.dev.is_cpu else None  # (PoCL: no work-item loops around the rows' private arrays)
-        self.emit(src, "attention_grad_q", self.args(q) + self.args(k) + self.args(v) + self.args(y) + self.args(dy) +
-                  m + self.args(dq) + self.args(stats) + head + [s for x in (q, k, v, y, dy, dq) for s in of[x.id]],
-                  (max(-(-Tq // rows), 1), B * Hq), local, label + " dq")
-        self.emit(src, "attention_grad_kv", self.args(q) + self.args(k) + self.args(v) + self.args(dy) + m +
-                  self.args(stats) + self.args(dk) + self.args(dv) + head +
-                  [s for x in (q, k, v, dy, dk, dv) for s in of[x.id]], (max(-(-Tk // rows), 1), B * Hk), local,
+        per_q, per_kv = (CPU_LANE_ROWS if f else rows for f in (lanes_q, lanes_kv))
+        self.emit(src, "attention_grad_q" + "_lanes" * lanes_q, self.args(q) + self.args(k) + self.args(v) +
+                  self.args(y) + self.args(dy) + m + self.args(dq) + self.args(stats) + head +
+                  [s for x in (q, k, v, y, dy, dq) for s in of[x.id]], (max(-(-Tq // per_q), 1), B * Hq), local,
+                  label + " dq")
+        self.emit(src, "attention_grad_kv" + "_lanes" * lanes_kv, self.args(q) + self.args(k) + self.args(v) +
+                  self.args(dy) + m + self.args(stats) + self.args(dk) + self.args(dv) + head +
+                  [s for x in (q, k, v, dy, dk, dv) for s in of[x.id]], (max(-(-Tk // per_kv), 1), B * Hk), local,
                   label + " dk dv")
