@@ -109,7 +109,8 @@ class Options:
     # tokens, d 64), the 12 layers' attention: 1 warp 3.09 ms, 2 1.49, 4 1.07, 8 0.79 (the fp32 kernel 2.40)
     attention_mma_warps: int = 8
     # CPUs: attention of at least 8 query rows with the rows in vector lanes (attention_cpu_rows; False:
-    # attention_cpu's 4 rows a work-item and a horizontal sum per score)
+    # attention_cpu's 4 rows a work-item and a horizontal sum per score), and its gradient's dq (dk, dv) where there
+    # are 8 query (key) rows (attention_grad_lanes.cl; False: attention_grad.cl's 8 rows a work-item in turn)
     attention_cpu_lanes: bool = True
     # decoding (attention.cl's tile of a few query rows): the keys split over up to this many work-groups per head,
     # each a run of whole key tiles, the last to finish merging them (FlashDecoding; 1: one work-group streams them)
