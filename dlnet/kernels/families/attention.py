@@ -43,7 +43,8 @@ CPU_LANE_ROWS = 8
 # attention_grad.cl: query rows (dq) or key rows (dk, dv) per work-item, RB. 2 cores (EPYC, PoCL), a causal layer of
 # 12 heads of 512 x 64, batch 2, dq / dk dv kernel ms: 1 row 55 / 44, 4 rows 54 / 40, 8 rows 45 / 36 (local size 1;
 # PoCL's default one: 64 / 59 at 1 row); where there are 8 query (key) rows, 8 in vector lanes instead
-# (attention_grad_lanes.cl, Options.attention_cpu_lanes): 56.8 / 47.3 -> 16.2 / 15.9 (bench/probes/attention_grad_cpu.py)
+# (attention_grad_lanes.cl, Options.attention_cpu_lanes): 56.8 / 47.3 -> 16.2 / 15.9
+# (bench/probes/attention_grad_cpu.py)
 GRAD_ROWS = 8
 
 # The tile per device kind: 4 x 4 scores a work-item and (a head dim of 128) 4 x 16 outputs in registers; CPUs
