@@ -39,28 +39,58 @@ inline void put8(__global float* row, int c, int n, float8 x) {
 #define MASKED(z, mrow, j) (z)
 #endif
 
-__kernel void attention_grad_q(__global const float* q, ulong q_off, __global const float* k, ulong k_off,
-                               __global const float* v, ulong v_off, __global const float* y, ulong y_off,
-                               __global const float* dy, ulong dy_off, __global const MASK_T* mask, ulong mask_off,
-                               __global float* dq, ulong dq_off, __global float* stats, ulong stats_off, int Tq,
-                               int Tk, int Hq, int Hk, float scale, int causal_offset, long msb, long msh, long msq,
-                               long msk, STRIDES3(q), STRIDES3(k), STRIDES3(v), STRIDES3(y), STRIDES3(dy),
-                               STRIDES3(dq)) {
-    const int i0 = get_global_id(0) * RB;
-    const long bh = get_global_id(1);
-    if (i0 >= Tq) return;
-    const int nq = IMIN(RB, Tq - i0);
-    const long b = bh / Hq;
-    const int h = bh % Hq;
-    const long kvh = h / (Hq / Hk);
-    q += q_off + b * qsb + h * qsh + i0 * qst;
-    dq += dq_off + b * dqsb + h * dqsh + i0 * dqst;
-    y += y_off + b * ysb + h * ysh + i0 * yst;
-    dy += dy_off + b * dysb + h * dysh + i0 * dyst;
-    k += k_off + b * ksb + kvh * ksh;
-    v += v_off + b * vsb + kvh * vsh;
-    mask += mask_off + b * msb + h * msh + i0 * msq;
+// the kernels' arguments (attention_grad_lanes.cl's too), and where a work-item's ROWS query (key) rows of one batch *
+// head start: i0 and nq (j0 and nk), the operands moved to them
+#define GRAD_Q_ARGS \
+    __global const float* q, ulong q_off, __global const float* k, ulong k_off, __global const float* v, \
+    ulong v_off, __global const float* y, ulong y_off, __global const float* dy, ulong dy_off, \
+    __global const MASK_T* mask, ulong mask_off, __global float* dq, ulong dq_off, __global float* stats, \
+    ulong stats_off, int Tq, int Tk, int Hq, int Hk, float scale, int causal_offset, long msb, long msh, long msq, \
+    long msk, STRIDES3(q), STRIDES3(k), STRIDES3(v), STRIDES3(y), STRIDES3(dy), STRIDES3(dq)
+#define GRAD_Q_START(ROWS) \
+    const int i0 = get_global_id(0) * (ROWS); \
+    const long bh = get_global_id(1); \
+    if (i0 >= Tq) return; \
+    const int nq = IMIN((ROWS), Tq - i0); \
+    const long b = bh / Hq; \
+    const int h = bh % Hq; \
+    const long kvh = h / (Hq / Hk); \
+    q += q_off + b * qsb + h * qsh + i0 * qst; \
+    dq += dq_off + b * dqsb + h * dqsh + i0 * dqst; \
+    y += y_off + b * ysb + h * ysh + i0 * yst; \
+    dy += dy_off + b * dysb + h * dysh + i0 * dyst; \
+    k += k_off + b * ksb + kvh * ksh; \
+    v += v_off + b * vsb + kvh * vsh; \
+    mask += mask_off + b * msb + h * msh + i0 * msq; \
     stats += stats_off + 2 * (bh * Tq + i0);
+#define GRAD_KV_ARGS \
+    __global const float* q, ulong q_off, __global const float* k, ulong k_off, __global const float* v, \
+    ulong v_off, __global const float* dy, ulong dy_off, __global const MASK_T* mask, ulong mask_off, \
+    __global const float* stats, ulong stats_off, __global float* dk, ulong dk_off, __global float* dv, \
+    ulong dv_off, int Tq, int Tk, int Hq, int Hk, float scale, int causal_offset, long msb, long msh, long msq, \
+    long msk, STRIDES3(q), STRIDES3(k), STRIDES3(v), STRIDES3(dy), STRIDES3(dk), STRIDES3(dv)
+#define GRAD_KV_START(ROWS) \
+    const int j0 = get_global_id(0) * (ROWS); \
+    const long bh = get_global_id(1); \
+    if (j0 >= Tk) return; \
+    const int nk = IMIN((ROWS), Tk - j0); \
+    const long b = bh / Hk; \
+    const int hk = bh % Hk, group = Hq / Hk; \
+    k += k_off + b * ksb + hk * ksh + j0 * kst; \
+    v += v_off + b * vsb + hk * vsh + j0 * vst; \
+    dk += dk_off + b * dksb + hk * dksh + j0 * dkst; \
+    dv += dv_off + b * dvsb + hk * dvsh + j0 * dvst; \
+    const int i_first = CAUSAL && j0 - causal_offset > 0 ? j0 - causal_offset : 0;  /* (the first row to see j0) */
+// q head g of the group's: its q and dy rows (qh, dyh), statistics (st) and mask rows at key j0 (mh)
+#define GRAD_KV_HEAD(g) \
+    const int h = hk * group + (g); \
+    __global const float* qh = q + q_off + b * qsb + h * qsh; \
+    __global const float* dyh = dy + dy_off + b * dysb + h * dysh; \
+    __global const float* st = stats + stats_off + 2 * (b * Hq + h) * (long)Tq; \
+    __global const MASK_T* mh = mask + mask_off + b * msb + h * msh + j0 * msk;
+
+__kernel void attention_grad_q(GRAD_Q_ARGS) {
+    GRAD_Q_START(RB)
     float8 qv[RB][D8], dyv[RB][DV8], acc[RB][D8];
     float m[RB], l[RB], rowsum[RB], lse[RB];
     for (int r = 0; r < RB; r++) {
@@ -128,23 +158,8 @@ __kernel void attention_grad_q(__global const float* q, ulong q_off, __global co
         for (int c = 0; c < D8; c++) put8(dq + r * dqst, c, D, acc[r][c]);
 }
 
-__kernel void attention_grad_kv(__global const float* q, ulong q_off, __global const float* k, ulong k_off,
-                                __global const float* v, ulong v_off, __global const float* dy, ulong dy_off,
-                                __global const MASK_T* mask, ulong mask_off, __global const float* stats,
-                                ulong stats_off, __global float* dk, ulong dk_off, __global float* dv, ulong dv_off,
-                                int Tq, int Tk, int Hq, int Hk, float scale, int causal_offset, long msb, long msh,
-                                long msq, long msk, STRIDES3(q), STRIDES3(k), STRIDES3(v), STRIDES3(dy),
-                                STRIDES3(dk), STRIDES3(dv)) {
-    const int j0 = get_global_id(0) * RB;
-    const long bh = get_global_id(1);
-    if (j0 >= Tk) return;
-    const int nk = IMIN(RB, Tk - j0);
-    const long b = bh / Hk;
-    const int hk = bh % Hk, group = Hq / Hk;
-    k += k_off + b * ksb + hk * ksh + j0 * kst;
-    v += v_off + b * vsb + hk * vsh + j0 * vst;
-    dk += dk_off + b * dksb + hk * dksh + j0 * dkst;
-    dv += dv_off + b * dvsb + hk * dvsh + j0 * dvst;
+__kernel void attention_grad_kv(GRAD_KV_ARGS) {
+    GRAD_KV_START(RB)
     float8 kv[RB][D8], vv[RB][DV8], dkv[RB][D8], dvv[RB][DV8];
     for (int r = 0; r < RB; r++) {
         for (int c = 0; c < D8; c++) {
@@ -156,17 +171,8 @@ __kernel void attention_grad_kv(__global const float* q, ulong q_off, __global c
             dvv[r][c] = (float8)(0.0f);
         }
     }
-#if CAUSAL
-    const int i_first = j0 - causal_offset > 0 ? j0 - causal_offset : 0;
-#else
-    const int i_first = 0;
-#endif
     for (int g = 0; g < group; g++) {
-        const int h = hk * group + g;
-        __global const float* qh = q + q_off + b * qsb + h * qsh;
-        __global const float* dyh = dy + dy_off + b * dysb + h * dysh;
-        __global const float* st = stats + stats_off + 2 * (b * Hq + h) * (long)Tq;
-        __global const MASK_T* mh = mask + mask_off + b * msb + h * msh + j0 * msk;
+        GRAD_KV_HEAD(g)
         for (int i = i_first; i < Tq; i++) {
             const float lse = st[2 * i], rowsum = st[2 * i + 1];
             if (lse == INFINITY) continue;

@@ -67,28 +67,8 @@ inline float8 mask_lanes(__global const MASK_T* mrow, long sr, int n) {
 #define MASK_LANES(z, mrow, sr, n) (z)
 #endif
 
-__kernel void attention_grad_q_lanes(__global const float* q, ulong q_off, __global const float* k, ulong k_off,
-                                     __global const float* v, ulong v_off, __global const float* y, ulong y_off,
-                                     __global const float* dy, ulong dy_off, __global const MASK_T* mask,
-                                     ulong mask_off, __global float* dq, ulong dq_off, __global float* stats,
-                                     ulong stats_off, int Tq, int Tk, int Hq, int Hk, float scale, int causal_offset,
-                                     long msb, long msh, long msq, long msk, STRIDES3(q), STRIDES3(k), STRIDES3(v),
-                                     STRIDES3(y), STRIDES3(dy), STRIDES3(dq)) {
-    const int i0 = get_global_id(0) * 8;
-    const long bh = get_global_id(1);
-    if (i0 >= Tq) return;
-    const int nq = IMIN(8, Tq - i0);
-    const long b = bh / Hq;
-    const int h = bh % Hq;
-    const long kvh = h / (Hq / Hk);
-    q += q_off + b * qsb + h * qsh + i0 * qst;
-    dq += dq_off + b * dqsb + h * dqsh + i0 * dqst;
-    y += y_off + b * ysb + h * ysh + i0 * yst;
-    dy += dy_off + b * dysb + h * dysh + i0 * dyst;
-    k += k_off + b * ksb + kvh * ksh;
-    v += v_off + b * vsb + kvh * vsh;
-    mask += mask_off + b * msb + h * msh + i0 * msq;
-    stats += stats_off + 2 * (bh * Tq + i0);
+__kernel void attention_grad_q_lanes(GRAD_Q_ARGS) {
+    GRAD_Q_START(8)
     float8 qt[D], dyt[DV], dqt[D], rowsum = (float8)(0.0f);
     for (int d = 0; d < D; d++) {
         qt[d] = lanes8(q, qst, nq, d) * scale;
@@ -153,23 +133,8 @@ __kernel void attention_grad_q_lanes(__global const float* q, ulong q_off, __glo
     for (int r = 0; r < nq; r++) put_lane(dq + r * dqst, dqt, D, r);
 }
 
-__kernel void attention_grad_kv_lanes(__global const float* q, ulong q_off, __global const float* k, ulong k_off,
-                                      __global const float* v, ulong v_off, __global const float* dy, ulong dy_off,
-                                      __global const MASK_T* mask, ulong mask_off, __global const float* stats,
-                                      ulong stats_off, __global float* dk, ulong dk_off, __global float* dv,
-                                      ulong dv_off, int Tq, int Tk, int Hq, int Hk, float scale, int causal_offset,
-                                      long msb, long msh, long msq, long msk, STRIDES3(q), STRIDES3(k), STRIDES3(v),
-                                      STRIDES3(dy), STRIDES3(dk), STRIDES3(dv)) {
-    const int j0 = get_global_id(0) * 8;
-    const long bh = get_global_id(1);
-    if (j0 >= Tk) return;
-    const int nk = IMIN(8, Tk - j0);
-    const long b = bh / Hk;
-    const int hk = bh % Hk, group = Hq / Hk;
-    k += k_off + b * ksb + hk * ksh + j0 * kst;
-    v += v_off + b * vsb + hk * vsh + j0 * vst;
-    dk += dk_off + b * dksb + hk * dksh + j0 * dkst;
-    dv += dv_off + b * dvsb + hk * dvsh + j0 * dvst;
+__kernel void attention_grad_kv_lanes(GRAD_KV_ARGS) {
+    GRAD_KV_START(8)
     float8 kt[D], vt[DV], dkt[D], dvt[DV];
     for (int d = 0; d < D; d++) {
         kt[d] = lanes8(k, kst, nk, d) * scale;
@@ -180,17 +145,8 @@ __kernel void attention_grad_kv_lanes(__global const float* q, ulong q_off, __gl
         dvt[d] = (float8)(0.0f);
     }
     const int8 key = (int8)(0, 1, 2, 3, 4, 5, 6, 7) + (int8)(j0);
-#if CAUSAL
-    const int i_first = j0 - causal_offset > 0 ? j0 - causal_offset : 0;
-#else
-    const int i_first = 0;
-#endif
     for (int g = 0; g < group; g++) {
-        const int h = hk * group + g;
-        __global const float* qh = q + q_off + b * qsb + h * qsh;
-        __global const float* dyh = dy + dy_off + b * dysb + h * dysh;
-        __global const float* st = stats + stats_off + 2 * (b * Hq + h) * (long)Tq;
-        __global const MASK_T* mh = mask + mask_off + b * msb + h * msh + j0 * msk;
+        GRAD_KV_HEAD(g)
         for (int i0 = i_first; i0 < Tq; i0 += 8) {
             ROWS8(qr, qh, qst, i0, Tq - 1)
             ROWS8(dyr, dyh, dyst, i0, Tq - 1)
