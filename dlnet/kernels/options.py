@@ -174,6 +174,10 @@ class Options:
     # --- CPU products (gemm_cpu.cl) --------------------------------------------------------------------------------
     # A's rows contiguous: its loads indexed by k itself, not by k * sak from MR stepped pointers
     gemm_cpu_unit_k: bool = True
+    # 2-D products whose B is not a constant (a parameter in training, an activation) on gemm_cpu.cl too, B packed by
+    # gemm_cpu_pack before each run (False: gemm_vec.cl, B read in place). 2 cores, a causal attention layer's training
+    # step (bench/probes/attention_grad_cpu.py, T 512): qkv's product and its gradients 236 + 227 ms on gemm_vec
+    gemm_cpu_pack: bool = True
 
     # --- CPU convolutions (conv_cpu.cl, dwconv_cpu.cl) -----------------------------------------------------------
     # work-items per core that a register-tiled convolution's tiles are split into (row or channel blocks shared out)

@@ -110,18 +110,21 @@ class ImplicitGemm(Algo):
 
 
 class GemmCpu(Algo):
-    """gemm_cpu.cl: a 2-D product with a constant B, packed once (CPUs). A transformer's [batch, tokens, d] MatMul is
+    """gemm_cpu.cl: a 2-D product on a CPU, B packed into panels once where it is a constant, else by a kernel before
+    each run (Options.gemm_cpu_pack: a parameter's or an activation's). A transformer's [batch, tokens, d] MatMul is
     one by then: device_passes flattens its rows (graph/passes/layout.py flatten_gemm_rows)."""
     name = "gemm_cpu"
 
     @staticmethod
     def applies(node, dev, options):
         a, b, y = node.inputs[0], node.inputs[1], node.outputs[0]
-        return not dev.tiled and y.rank == 2 and a.rank == b.rank == 2 and b.const is not None and not b.param
+        return not dev.tiled and y.rank == 2 and a.rank == b.rank == 2 and \
+            (b.const is not None and not b.param or options.gemm_cpu_pack)
 
     @staticmethod
-    def half_io(node, dev):  # (B is packed in float32 at lowering, from its weight: kept float32)
-        return half.HalfIO((0, 2), True)
+    def half_io(node, dev):  # (a constant B is packed in float32 at lowering; gemm_cpu_pack reads any other in half)
+        b = node.inputs[1]
+        return half.HalfIO((0, 2) if b.const is not None and not b.param else (0, 1, 2), True)
 
 
 class Gemv(Algo):

@@ -1,6 +1,7 @@
 """Gemm shaped to cross the edges of the CPU kernel's tiling (rows past a 6-row tile, columns past a 16-column
 panel, M = 1 fully connected layers), with transposes, alpha/beta, broadcast C and a fused activation, against
-NumPy in float64. Constant B takes the packed path on CPU devices, B as an input the portable one."""
+NumPy in float64. On CPU devices a constant B is packed at lowering, B as an input by gemm_cpu_pack before each run
+(with Options.gemm_cpu_pack off it takes the portable gemm_vec.cl)."""
 import numpy as np
 import pytest
 from onnx import helper
@@ -34,13 +35,17 @@ def gemm_model(M, K, N, trans_a, trans_b, c_shape, b_as_input, relu):
     return make_model(nodes, feeds, ["y"], inits), feeds, np.maximum(want, 0) if relu else want
 
 
-@pytest.mark.parametrize("b_as_input", [False, True], ids=["const-b", "input-b"])
+@pytest.mark.parametrize("b_as_input,pack", [(False, True), (True, True), (True, False)],
+                         ids=["const-b", "input-b", "input-b-portable"])
 @pytest.mark.parametrize("shape", SHAPES, ids=["x".join(map(str, s)) for s in SHAPES])
-def test_gemm_matches_numpy(ctx, shape, b_as_input):
+def test_gemm_matches_numpy(ctx, shape, b_as_input, pack):
     M, K, N = shape
     for trans_a, trans_b, c_shape, relu in [(0, 1, (N,), True), (1, 0, (M, N), False), (0, 0, (1, 1), False)]:
         model, feeds, want = gemm_model(M, K, N, trans_a, trans_b, c_shape, b_as_input, relu)
-        net = dlnet.Net(ctx).load_onnx(model)
+        net = dlnet.Net(ctx.with_options(gemm_cpu_pack=pack)).load_onnx(model)
+        if ctx.dev.is_cpu and not ctx.dev.tiled and M > 1:  # (M = 1: a GEMV, not a GEMM)
+            algo = next(n for n in net.graph.nodes if n.op == "Gemm").schedule["algo"]
+            assert algo == ("gemm_cpu" if pack else "gemm"), algo
         got = list(net.run(feeds).values())[0]
         assert got.shape == want.shape
         assert rel_l2(got, want) < 1e-5, (trans_a, trans_b, c_shape)

@@ -1,5 +1,6 @@
-// Gemm on CPU devices with a constant B: y = ACT(alpha * A B + beta * C). B is packed at lowering as
-// bp[nb][k][NR] (columns past N zero) so each work-item streams one contiguous panel; it holds an MR x NR tile of
+// Gemm on CPU devices: y = ACT(alpha * A B + beta * C). B is packed as bp[nb][k][NR] (columns past N zero) so each
+// work-item streams one contiguous panel: a constant B at lowering, any other (a parameter, an activation) by
+// gemm_cpu_pack before each run; it holds an MR x NR tile of
 // y in MR * NV float8 accumulators over the whole of K. As in conv_cpu.cl, no OpenCL built-ins inside loops
 // (PoCL calls them out of line, spilling the accumulators); float8u does unaligned vector loads.
 #if !defined(MR) || !defined(NV)
@@ -16,6 +17,15 @@
 #else
 #define A_T float
 #define LOAD_A(p, i) (p)[i]
+#endif
+#if defined(B_HALF)  // (gemm_cpu_pack's B; the panels are float)
+#define B_T half
+#define LOAD_B(p, i) vload_half(i, p)
+#define LOAD_B8(p) vload_half8(0, p)
+#else
+#define B_T float
+#define LOAD_B(p, i) (p)[i]
+#define LOAD_B8(p) (*(__global const float8u*)(p))
 #endif
 #if defined(C_HALF)
 #define C_T half
@@ -98,5 +108,29 @@ void gemm_cpu(__global const A_T* a, ulong a_off, __global const float* bp, ulon
                 STORE_Y((long)m * N + n, ACT(r));
             }
         }
+    }
+}
+
+// B [K, N] (element strides sbk, sbn; B_HALF: stored in half) packed in float as gemm_cpu reads it, bp[nb][k][NR],
+// columns past N zero: a work-item per panel, its rows read 8 at once where B's rows are contiguous, else column by
+// column along k
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void gemm_cpu_pack(__global const B_T* b, ulong b_off, __global float* bp, ulong bp_off, int N, int K, long sbk,
+                   long sbn) {
+    const int nb = get_global_id(0), n0 = nb * NR;
+    b += b_off;
+    __global float* p = bp + bp_off + (long)nb * K * NR;
+    if (sbn == 1 && n0 + NR <= N) {
+        for (int k = 0; k < K; k++)
+            _Pragma("unroll") for (int j = 0; j < NV; j++)
+                *(__global float8u*)(p + (long)k * NR + 8 * j) = LOAD_B8(b + k * sbk + n0 + 8 * j);
+        return;
+    }
+    for (int j = 0; j < NR; j++) {
+        __global const B_T* col = b + (n0 + j) * sbn;
+        if (n0 + j < N)
+            for (int k = 0; k < K; k++) p[(long)k * NR + j] = LOAD_B(col, k * sbk);
+        else
+            for (int k = 0; k < K; k++) p[(long)k * NR + j] = 0.0f;
     }
 }

@@ -309,17 +309,22 @@ class MatmulFamily:
         return True
 
     def gemm_cpu(self, node, a, b, c, y, M, N, K, sam, sak, sbk, sbn, cs):
-        """A 2-D Gemm with a constant B on a CPU device: B packed here, once, into panels of NR columns."""
+        """A 2-D Gemm on a CPU device: a constant B packed here, once, into panels of NR columns; any other B (a
+        parameter, an activation) packed so by gemm_cpu_pack before each run, into the plan's "pack" scratch."""
         MR, NV = min(M, GEMM_CPU_TILES["rows"]), GEMM_CPU_TILES["NV"]
         NR = 8 * NV
         NB = -(-N // NR)
-        bmat = np.lib.stride_tricks.as_strided(np.asarray(b.const, np.float32).ravel(), (K, N),
-                                               (4 * sbk, 4 * sbn))
-        packed = np.zeros((K, NB * NR), np.float32)
-        packed[:, :N] = bmat
-        packed = packed.reshape(K, NB, NR).transpose(1, 0, 2)
+        pack = b.const is None or b.param
+        if pack:
+            bp = self.dummy()
+        else:
+            bmat = np.lib.stride_tricks.as_strided(np.asarray(b.const, np.float32).ravel(), (K, N),
+                                                   (4 * sbk, 4 * sbn))
+            packed = np.zeros((K, NB * NR), np.float32)
+            packed[:, :N] = bmat
+            bp = [self.meta(packed.reshape(K, NB, NR).transpose(1, 0, 2).ravel(), np.float32), np.uint64(0)]
         at = node.attrs
-        defs = {"MR": MR, "NV": NV, **half_defines(A=a, C=c, Y=y)}
+        defs = {"MR": MR, "NV": NV, **half_defines(A=a, B=b, C=c, Y=y)}
         self.record_tile(f"{MR}x{NR}")
         if c is not None:
             defs["HAS_C"] = 1
@@ -327,11 +332,17 @@ class MatmulFamily:
             defs["A_UNIT_K"] = 1
         act = act_macro(at.get("act"))  # (a GELU epilogue: cpu_math.cl's erf, not PoCL's out-of-line one)
         src = defines(defs) + cpu_math(act) + act + kernel_source("gemm_cpu")
-        args = self.args(a) + [self.meta(packed.ravel(), np.float32), np.uint64(0)] + \
-            (self.args(c) if c is not None else self.dummy()) + self.args(y) + [
+        args = self.args(a) + bp + (self.args(c) if c is not None else self.dummy()) + self.args(y) + [
             np.int32(M), np.int32(N), np.int32(K), np.int64(sam), np.int64(sak), np.int64(cs[-2]), np.int64(cs[-1]),
             np.float32(at.get("alpha", 1.0)), np.float32(at.get("beta", 1.0))]
+        if pack:
+            self.emit(src, "gemm_cpu_pack", self.args(b) + self.dummy() + [np.int32(N), np.int32(K), np.int64(sbk),
+                                                                             np.int64(sbn)], (NB,), (1,),
+                      f"{node.name} Gemm pack")
+            self.use_scratch(self.launches[-1].kernel, 2, 4 * K * NB * NR, "pack")
         self.emit(src, "gemm_cpu", args, (-(-M // MR), NB), (1, 1), f"{node.name} Gemm")
+        if pack:
+            self.use_scratch(self.launches[-1].kernel, 2, 4 * K * NB * NR, "pack")
 
     def pick(self, M, N, K, batches, deep, where):
         """rules.pick_tiles with this device's measurements; the node being lowered records the tile it took."""
