@@ -1,9 +1,10 @@
-"""Probe: a training step (forward, cross-entropy, backward, Adam) of bench/cpu_transformers.py's vit or gpt2 on the
+"""Probe: a training step (forward, cross-entropy, backward, Adam) of bench/cpu_transformers.py's vit or gpt2, or of a
+small CNN (three 3x3 convolutions of 32, 64 and 128 channels over 64 x 64 images, pooled, a Linear head) on the
 CPU device under two settings of an Options field, both trainers in one process, steps interleaved; beside them
 PyTorch's CPU step of the same module (its own threads, the same batch, Adam) as the peer. Prints each one's median
 step ms and first loss. Asserts nothing.
 
-    python bench/probes/cpu_train_ab.py [--model vit|gpt2] [--layers 2] [--batch 2] [--flag gemm_cpu_pack]
+    python bench/probes/cpu_train_ab.py [--model vit|gpt2|cnn] [--layers 2] [--batch 2] [--flag gemm_cpu_pack]
                                         [--values False,True] [--steps 5]
 """
 import argparse
@@ -24,6 +25,14 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import cpu_transformers  # noqa: E402
 
 
+def small_cnn():
+    torch.manual_seed(0)
+    nn = torch.nn
+    return nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 64, 3, padding=1, stride=2),
+                         nn.ReLU(), nn.Conv2d(64, 128, 3, padding=1, stride=2), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                         nn.Flatten(), nn.Linear(128, 10)), torch.randn(1, 3, 64, 64)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="vit")
@@ -33,7 +42,7 @@ def main():
     ap.add_argument("--values", default="False,True")
     ap.add_argument("--steps", type=int, default=5)
     args = ap.parse_args()
-    model, x = cpu_transformers.build(args.model, args.layers)
+    model, x = small_cnn() if args.model == "cnn" else cpu_transformers.build(args.model, args.layers)
     x = x.repeat(args.batch, *([1] * (x.dim() - 1)))
     with torch.no_grad():
         classes = model(x).shape[-1]
