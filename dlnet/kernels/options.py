@@ -178,6 +178,9 @@ class Options:
     # gemm_cpu_pack before each run (False: gemm_vec.cl, B read in place). 2 cores, a causal attention layer's training
     # step (bench/probes/attention_grad_cpu.py, T 512): qkv's product and its gradients 236 + 227 ms on gemm_vec
     gemm_cpu_pack: bool = True
+    # convolution gradients (other than depthwise and Winograd ones) as gemm_cpu.cl products too: dy gathered into rows
+    # of channels, then dW = dy col^T or colgrad = w^T dy (False: conv_grad_gemm.cl on gemm_vec.cl)
+    conv_grad_cpu_panels: bool = True
 
     # --- CPU convolutions (conv_cpu.cl, dwconv_cpu.cl) -----------------------------------------------------------
     # work-items per core that a register-tiled convolution's tiles are split into (row or channel blocks shared out)

@@ -29,6 +29,16 @@ __kernel void im2col(__global const COL_X_T* x, ulong x_off, __global float* col
     col[i] = in ? COL_LDX(x_off + img * x_nstride + ((long)c * H + iy) * W + ix) : 0.0f;
 }
 
+// rows[k, (image, p)] = x[image, k, p]: a tensor of images, KT channels and OHW pixels as rows of channels over every
+// image's pixels (the CPU's convolution gradients' dy, a product's operand with one stride)
+__kernel void rows_of_images(__global const COL_X_T* x, ulong x_off, __global float* rows, int KT, int OHW, int NPIX,
+                             long total) {
+    const long i = get_global_id(0);
+    if (i >= total) return;
+    const int k = i / NPIX, pix = i % NPIX, img = pix / OHW;
+    rows[i] = COL_LDX(x_off + ((long)img * KT + k) * OHW + (pix - img * OHW));
+}
+
 // dx[image, c, iy, ix] = sum over taps (ky, kx) that read (iy, ix) of colgrad[(c, ky, kx), (image, oy, ox)]:
 // the adjoint of im2col as a gather (deterministic, no atomics).
 __kernel void col2im(__global const float* col, __global COL_DX_T* dx, ulong dx_off, int C, int H, int W, int OH,

@@ -7,7 +7,7 @@ from ...graph.ops.nn import conv_geometry
 from ..device import TILED_CORES
 from ..emitter import act_macro, compiled_geometry, core_source, defines
 from ..half import NONE, HalfIO, copy_pipeline_io, half_defines, without_copies
-from ..rules import round_up
+from ..rules import GEMM_CPU_TILES, round_up
 from ..runtime import kernel_source
 
 
@@ -61,6 +61,9 @@ class ConvGradFamily:
             self.winograd(dy, None, self.dummy(), self.dummy(), out, act_macro(None), [2 - p[0], 2 - p[1]], label,
                           w=other, flip=True)
             return
+        if not self.dev.tiled and self.options.conv_grad_cpu_panels:
+            self._conv_grad_cpu(node, which, g, N, Cin, K, C, group, geo, halves, label)
+            return
         if which == "dx" and core in TILED_CORES and list(s) == [1, 1] and KH * KW > 1 and \
                 p[0] <= d[0] * (KH - 1) and p[1] <= d[1] * (KW - 1):
             self._dx_flipped(node, g, N, Cin, K, C, group, label)
@@ -98,6 +101,46 @@ class ConvGradFamily:
             col_dx = "#define COL_DX_HALF 1\n" if "DX_HALF" in halves else ""
             self.emit(col_dx + kernel_source("im2col"), "col2im", col_args, (max(out.size, 1),), None,
                       label + " col2im")
+            self.use_scratch(self.launches[-1].kernel, 0, work, "work")
+
+    def _conv_grad_cpu(self, node, which, g, N, Cin, K, C, group, geo, halves, label):
+        """CPUs: the gradient as gemm_cpu.cl products (B in panels), per group: dy gathered once into rows of
+        channels over every image's pixels (dyr [group K, NPIX]), then dW = dyr col^T with col = im2col(x), or
+        colgrad = w^T dyr, which col2im adds into dX."""
+        dy, other = node.inputs
+        out = node.outputs[0]
+        OHW = g.OH * g.OW
+        NPIX, CKK = N * OHW, C * g.KH * g.KW
+        rows = group * K * NPIX
+        dy_half = "#define COL_X_HALF 1\n" if "DY_HALF" in halves else ""
+        self.emit(dy_half + kernel_source("im2col"), "rows_of_images", self.args(dy) + [self.dummy()[0]] + [
+            np.int32(group * K), np.int32(OHW), np.int32(NPIX), np.int64(rows)], (max(rows, 1),), None,
+            label + " rows")
+        self.use_scratch(self.launches[-1].kernel, 2, 4 * rows, "dyrows")
+        work = 4 * group * CKK * NPIX
+        if which == "dw":  # col = im2col(x)
+            col_x = "#define COL_X_HALF 1\n" if "X_HALF" in halves else ""
+            self.emit(col_x + kernel_source("im2col"), "im2col", self.args(other) + [self.dummy()[0]] + geo +
+                      [np.int64(Cin * g.H * g.W), np.int32(NPIX), np.int64(group * CKK * NPIX)],
+                      (group * CKK * NPIX,), None, label + " im2col")
+            self.use_scratch(self.launches[-1].kernel, 2, work, "work")
+        self.record_tile(f"{min(K if which == 'dw' else CKK, GEMM_CPU_TILES['rows'])}x{8 * GEMM_CPU_TILES['NV']}")
+        dyr = ("dyrows", 4 * rows)
+        for gi in range(group):
+            at = np.uint64(gi * K * NPIX)  # (group gi's rows of dyr)
+            col = np.uint64(gi * CKK * NPIX)  # (its rows of col or colgrad in the work buffer)
+            (buf, off), scratch = self.args(out if which == "dw" else other), self.dummy()[0]
+            weights = [buf, np.uint64(int(off) + gi * K * CKK)]  # (its block of dw or w)
+            if which == "dw":  # dw[k, j] = sum_p dyr[k, p] col[j, p]
+                self.cpu_product([scratch, at], [scratch, col], None, weights, K, CKK, NPIX, (NPIX, 1, 1, NPIX, 0, 0),
+                                 half_defines(Y=out), label, pools={"a": dyr, "b": ("work", work)})
+            else:  # colgrad[j, p] = sum_k w[k, j] dyr[k, p]
+                self.cpu_product(weights, [scratch, at], None, [scratch, col], CKK, NPIX, K, (1, CKK, NPIX, 1, 0, 0),
+                                 half_defines(A=other), label, pools={"b": dyr, "y": ("work", work)})
+        if which == "dx":  # dx = col2im(colgrad)
+            col_dx = "#define COL_DX_HALF 1\n" if "DX_HALF" in halves else ""
+            self.emit(col_dx + kernel_source("im2col"), "col2im", [self.dummy()[0]] + self.args(out) + geo +
+                      [np.int32(NPIX), np.int64(out.size)], (max(out.size, 1),), None, label + " col2im")
             self.use_scratch(self.launches[-1].kernel, 0, work, "work")
 
     def _dx_flipped(self, node, g, N, Cin, K, C, group, label):

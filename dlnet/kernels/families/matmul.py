@@ -310,39 +310,58 @@ class MatmulFamily:
 
     def gemm_cpu(self, node, a, b, c, y, M, N, K, sam, sak, sbk, sbn, cs):
         """A 2-D Gemm on a CPU device: a constant B packed here, once, into panels of NR columns; any other B (a
-        parameter, an activation) packed so by gemm_cpu_pack before each run, into the plan's "pack" scratch."""
+        parameter, an activation) packed so by gemm_cpu_pack before each run (cpu_product)."""
+        at = node.attrs
+        packed = None
+        if b.const is not None and not b.param:
+            NR = 8 * GEMM_CPU_TILES["NV"]
+            NB = -(-N // NR)
+            bmat = np.lib.stride_tricks.as_strided(np.asarray(b.const, np.float32).ravel(), (K, N),
+                                                   (4 * sbk, 4 * sbn))
+            panels = np.zeros((K, NB * NR), np.float32)
+            panels[:, :N] = bmat
+            packed = [self.meta(panels.reshape(K, NB, NR).transpose(1, 0, 2).ravel(), np.float32), np.uint64(0)]
+        self.record_tile(f"{min(M, GEMM_CPU_TILES['rows'])}x{8 * GEMM_CPU_TILES['NV']}")
+        self.cpu_product(self.args(a), packed or self.args(b), self.args(c) if c is not None else None, self.args(y),
+                         M, N, K, (sam, sak, sbk, sbn, cs[-2], cs[-1]), half_defines(A=a, B=b, C=c, Y=y),
+                         f"{node.name} Gemm", at.get("act"), at.get("alpha", 1.0), at.get("beta", 1.0),
+                         packed=packed is not None)
+
+    def cpu_product(self, a, b, c, y, M, N, K, strides, halves, label, act=None, alpha=1.0, beta=0.0, packed=False,
+                    pools=None):
+        """gemm_cpu.cl's y = act(alpha A B + beta C), M x N x K, y's rows contiguous: a, b, c, y are (buffer, element
+        offset) argument pairs (c None: no C), strides (sam, sak, sbk, sbn, scm, scn); b already in panels (packed)
+        or packed into the plan's "pack" scratch by gemm_cpu_pack first; pools: {"a" | "b" | "y": (pool, bytes)},
+        operands in a scratch pool of the plan (their pair's buffer a placeholder, bound at finish)."""
+        sam, sak, sbk, sbn, scm, scn = strides
         MR, NV = min(M, GEMM_CPU_TILES["rows"]), GEMM_CPU_TILES["NV"]
         NR = 8 * NV
         NB = -(-N // NR)
-        pack = b.const is None or b.param
-        if pack:
-            bp = self.dummy()
-        else:
-            bmat = np.lib.stride_tricks.as_strided(np.asarray(b.const, np.float32).ravel(), (K, N),
-                                                   (4 * sbk, 4 * sbn))
-            packed = np.zeros((K, NB * NR), np.float32)
-            packed[:, :N] = bmat
-            bp = [self.meta(packed.reshape(K, NB, NR).transpose(1, 0, 2).ravel(), np.float32), np.uint64(0)]
-        at = node.attrs
-        defs = {"MR": MR, "NV": NV, **half_defines(A=a, B=b, C=c, Y=y)}
-        self.record_tile(f"{MR}x{NR}")
+        pools = pools or {}
+        defs = {"MR": MR, "NV": NV, **(halves or {})}
         if c is not None:
             defs["HAS_C"] = 1
         if sak == 1 and self.options.gemm_cpu_unit_k:
             defs["A_UNIT_K"] = 1
-        act = act_macro(at.get("act"))  # (a GELU epilogue: cpu_math.cl's erf, not PoCL's out-of-line one)
+        act = act_macro(act)  # (a GELU epilogue: cpu_math.cl's erf, not PoCL's out-of-line one)
         src = defines(defs) + cpu_math(act) + act + kernel_source("gemm_cpu")
-        args = self.args(a) + bp + (self.args(c) if c is not None else self.dummy()) + self.args(y) + [
-            np.int32(M), np.int32(N), np.int32(K), np.int64(sam), np.int64(sak), np.int64(cs[-2]), np.int64(cs[-1]),
-            np.float32(at.get("alpha", 1.0)), np.float32(at.get("beta", 1.0))]
-        if pack:
-            self.emit(src, "gemm_cpu_pack", self.args(b) + self.dummy() + [np.int32(N), np.int32(K), np.int64(sbk),
-                                                                             np.int64(sbn)], (NB,), (1,),
-                      f"{node.name} Gemm pack")
-            self.use_scratch(self.launches[-1].kernel, 2, 4 * K * NB * NR, "pack")
-        self.emit(src, "gemm_cpu", args, (-(-M // MR), NB), (1, 1), f"{node.name} Gemm")
-        if pack:
-            self.use_scratch(self.launches[-1].kernel, 2, 4 * K * NB * NR, "pack")
+        pack_bytes = 4 * K * NB * NR
+        if not packed:
+            self.emit(src, "gemm_cpu_pack", b + self.dummy() + [np.int32(N), np.int32(K), np.int64(sbk),
+                                                                 np.int64(sbn)], (NB,), (1,), label + " pack")
+            self.use_scratch(self.launches[-1].kernel, 2, pack_bytes, "pack")
+            if "b" in pools:
+                self.use_scratch(self.launches[-1].kernel, 0, pools["b"][1], pools["b"][0])
+            b = self.dummy()
+        self.emit(src, "gemm_cpu", a + b + (c if c is not None else self.dummy()) + y + [
+            np.int32(M), np.int32(N), np.int32(K), np.int64(sam), np.int64(sak), np.int64(scm), np.int64(scn),
+            np.float32(alpha), np.float32(beta)], (-(-M // MR), NB), (1, 1), label)
+        kernel = self.launches[-1].kernel
+        if not packed:
+            self.use_scratch(kernel, 2, pack_bytes, "pack")
+        for name, index in (("a", 0), ("y", 6)):
+            if name in pools:
+                self.use_scratch(kernel, index, pools[name][1], pools[name][0])
 
     def pick(self, M, N, K, batches, deep, where):
         """rules.pick_tiles with this device's measurements; the node being lowered records the tile it took."""
