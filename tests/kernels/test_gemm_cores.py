@@ -324,6 +324,24 @@ def test_conv_gradients(core):
     check_gradients_against_torch(ctx, tol, model, x, y)
 
 
+@pytest.mark.parametrize("panels", [True, False])
+def test_conv_gradients_in_panels_on_cpus(panels):
+    """On CPU devices dW and dX of convolutions run as gemm_cpu.cl products (Options.conv_grad_cpu_panels: dy
+    gathered into rows of channels, B packed into panels; a product per group), against torch autograd: groups,
+    stride, padding, dilation, a 1x1 layer, ragged panels (40 output channels, 3 x 3 x 3 = 27 columns)."""
+    torch = pytest.importorskip("torch")
+    ctx = context()
+    if ctx.dev.tiled:
+        pytest.skip("the CPU devices' path")
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1),
+                                torch.nn.Conv2d(8, 8, 3, padding=2, dilation=2, groups=2),
+                                torch.nn.Conv2d(8, 8, 1, groups=2), torch.nn.Conv2d(8, 40, 3, padding=1, stride=2),
+                                torch.nn.Flatten(), torch.nn.Linear(40 * 5 * 5, 10))
+    x, y = f32(3, 3, 9, 9), rng.integers(0, 10, 3)
+    labels = check_gradients_against_torch(ctx.with_options(conv_grad_cpu_panels=panels), 1e-5, model, x, y)
+    assert any(label.endswith("ConvGradW rows") for label in labels) == panels, labels
+
+
 @pytest.mark.slow
 def test_conv_weight_gradient_split_k(core):
     """dW with its pixel axis split across slices (split-K) and ragged at the end: 2 * 23 * 23 = 1058 pixels, so
