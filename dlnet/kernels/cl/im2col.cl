@@ -7,6 +7,13 @@
 #define COL_X_T float
 #define COL_LDX(i) x[i]
 #endif
+// HC ... (CPUs: emitter.compiled_geometry before this file, with CC and NNC): the layer's geometry, channels and
+// pixel count compiled in, so that the kernels' divisions and remainders become multiplications and shifts
+#if defined(HC)
+#define COL_CONSTANTS(NNV) GEOMETRY C = CC; NNV = NNC;
+#else
+#define COL_CONSTANTS(NNV)
+#endif
 #if defined(COL_DX_HALF)
 #define COL_DX_T half
 #define COL_STDX(i, v) vstore_half(v, i, dx)
@@ -19,6 +26,7 @@
 __kernel void im2col(__global const COL_X_T* x, ulong x_off, __global float* col, int C, int H, int W, int OH, int OW,
                      int KH, int KW, int SH, int SW, int PH, int PW, int DH, int DW, long x_nstride, int NN,
                      long total) {
+    COL_CONSTANTS(NN)
     const long i = get_global_id(0);
     if (i >= total) return;
     const int n = i % NN; const int k = i / NN;
@@ -33,6 +41,9 @@ __kernel void im2col(__global const COL_X_T* x, ulong x_off, __global float* col
 // image's pixels (the CPU's convolution gradients' dy, a product's operand with one stride)
 __kernel void rows_of_images(__global const COL_X_T* x, ulong x_off, __global float* rows, int KT, int OHW, int NPIX,
                              long total) {
+#if defined(HC)
+    NPIX = NNC; OHW = OHC * OWC;
+#endif
     const long i = get_global_id(0);
     if (i >= total) return;
     const int k = i / NPIX, pix = i % NPIX, img = pix / OHW;
@@ -43,6 +54,7 @@ __kernel void rows_of_images(__global const COL_X_T* x, ulong x_off, __global fl
 // the adjoint of im2col as a gather (deterministic, no atomics).
 __kernel void col2im(__global const float* col, __global COL_DX_T* dx, ulong dx_off, int C, int H, int W, int OH,
                      int OW, int KH, int KW, int SH, int SW, int PH, int PW, int DH, int DW, int NPIX, long total) {
+    COL_CONSTANTS(NPIX)
     const long i = get_global_id(0);
     if (i >= total) return;
     const int ix = i % W; long t = i / W;
@@ -76,3 +88,48 @@ __kernel void flip_weights(__global const float* w, ulong w_off, __global float*
     const int c = r % C; const int g = r / C;
     wf[i] = w[w_off + (((long)g * K + k) * C + c) * KHW + (KHW - 1 - t)];
 }
+
+// The same two on CPUs (the geometry compiled in), a work-item per plane: im2col_planes writes the row of col of tap
+// k = (c, ky, kx) over image img's pixels (oy, ox) in turn, col2im_planes gathers image img's channel c of dx pixel by
+// pixel; no division per element.
+#if defined(HC)
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void im2col_planes(__global const COL_X_T* x, ulong x_off, __global float* col, long x_nstride) {
+    const int img = get_global_id(0), k = get_global_id(1);
+    const int kx = k % KWC, ky = k / KWC % KHC, c = k / (KWC * KHC);
+    __global float* row = col + (long)k * NNC + (long)img * OHC * OWC;
+    const long base = x_off + img * x_nstride + (long)c * HC * WC;
+    for (int oy = 0; oy < OHC; oy++) {
+        const int iy = oy * SHC - PHC + ky * DHC;
+        if (iy < 0 || iy >= HC) {
+            for (int ox = 0; ox < OWC; ox++) row[oy * OWC + ox] = 0.0f;
+            continue;
+        }
+        for (int ox = 0; ox < OWC; ox++) {
+            const int ix = ox * SWC - PWC + kx * DWC;
+            row[oy * OWC + ox] = ix >= 0 && ix < WC ? COL_LDX(base + (long)iy * WC + ix) : 0.0f;
+        }
+    }
+}
+
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void col2im_planes(__global const float* col, __global COL_DX_T* dx, ulong dx_off) {
+    const int img = get_global_id(0), c = get_global_id(1);
+    const long out = dx_off + ((long)img * CC + c) * HC * WC;
+    for (int iy = 0; iy < HC; iy++)
+        for (int ix = 0; ix < WC; ix++) {
+            float acc = 0.0f;
+            for (int ky = 0; ky < KHC; ky++) {
+                const int ty = iy + PHC - ky * DHC;
+                if (ty < 0 || ty % SHC || ty / SHC >= OHC) continue;
+                const __global float* r = col + (long)((c * KHC + ky) * KWC) * NNC + ((long)img * OHC + ty / SHC) * OWC;
+                for (int kx = 0; kx < KWC; kx++) {
+                    const int tx = ix + PWC - kx * DWC;
+                    if (tx < 0 || tx % SWC || tx / SWC >= OWC) continue;
+                    acc += r[(long)kx * NNC + tx / SWC];
+                }
+            }
+            COL_STDX(out + (long)iy * WC + ix, acc);
+        }
+}
+#endif

@@ -112,17 +112,17 @@ class ConvGradFamily:
         OHW = g.OH * g.OW
         NPIX, CKK = N * OHW, C * g.KH * g.KW
         rows = group * K * NPIX
+        im2col = defines({"CC": Cin, "NNC": NPIX}) + compiled_geometry(geo[1:]) + kernel_source("im2col")
         dy_half = "#define COL_X_HALF 1\n" if "DY_HALF" in halves else ""
-        self.emit(dy_half + kernel_source("im2col"), "rows_of_images", self.args(dy) + [self.dummy()[0]] + [
+        self.emit(dy_half + im2col, "rows_of_images", self.args(dy) + [self.dummy()[0]] + [
             np.int32(group * K), np.int32(OHW), np.int32(NPIX), np.int64(rows)], (max(rows, 1),), None,
             label + " rows")
         self.use_scratch(self.launches[-1].kernel, 2, 4 * rows, "dyrows")
         work = 4 * group * CKK * NPIX
         if which == "dw":  # col = im2col(x)
             col_x = "#define COL_X_HALF 1\n" if "X_HALF" in halves else ""
-            self.emit(col_x + kernel_source("im2col"), "im2col", self.args(other) + [self.dummy()[0]] + geo +
-                      [np.int64(Cin * g.H * g.W), np.int32(NPIX), np.int64(group * CKK * NPIX)],
-                      (group * CKK * NPIX,), None, label + " im2col")
+            self.emit(col_x + im2col, "im2col_planes", self.args(other) + [self.dummy()[0]] +
+                      [np.int64(Cin * g.H * g.W)], (N, group * CKK), (1, 1), label + " im2col")
             self.use_scratch(self.launches[-1].kernel, 2, work, "work")
         self.record_tile(f"{min(K if which == 'dw' else CKK, GEMM_CPU_TILES['rows'])}x{8 * GEMM_CPU_TILES['NV']}")
         dyr = ("dyrows", 4 * rows)
@@ -139,8 +139,8 @@ class ConvGradFamily:
                                  half_defines(A=other), label, pools={"b": dyr, "y": ("work", work)})
         if which == "dx":  # dx = col2im(colgrad)
             col_dx = "#define COL_DX_HALF 1\n" if "DX_HALF" in halves else ""
-            self.emit(col_dx + kernel_source("im2col"), "col2im", [self.dummy()[0]] + self.args(out) + geo +
-                      [np.int32(NPIX), np.int64(out.size)], (max(out.size, 1),), None, label + " col2im")
+            self.emit(col_dx + im2col, "col2im_planes", [self.dummy()[0]] + self.args(out), (N, Cin), (1, 1),
+                      label + " col2im")
             self.use_scratch(self.launches[-1].kernel, 0, work, "work")
 
     def _dx_flipped(self, node, g, N, Cin, K, C, group, label):
