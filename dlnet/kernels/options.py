@@ -180,7 +180,8 @@ class Options:
     gemm_cpu_pack: bool = True
     # convolution gradients (other than depthwise and Winograd ones) as gemm_cpu.cl products too: dy gathered into rows
     # of channels, then dW = dy col^T or colgrad = w^T dy, im2col / col2im a plane per work-item (False:
-    # conv_grad_gemm.cl on gemm_vec.cl). 2 cores, a small CNN's training step 202 -> 33 ms (bench/probes/cpu_train_ab.py)
+    # conv_grad_gemm.cl on gemm_vec.cl). 2 cores, a small CNN's training step 202 -> 33 ms
+    # (bench/probes/cpu_train_ab.py)
     conv_grad_cpu_panels: bool = True
 
     # --- CPU convolutions (conv_cpu.cl, dwconv_cpu.cl) -----------------------------------------------------------
