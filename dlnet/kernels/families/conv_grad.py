@@ -7,7 +7,7 @@ from ...graph.ops.nn import conv_geometry
 from ..device import TILED_CORES
 from ..emitter import act_macro, compiled_geometry, core_source, defines
 from ..half import NONE, HalfIO, copy_pipeline_io, half_defines, without_copies
-from ..rules import GEMM_CPU_TILES, round_up
+from ..rules import round_up
 from ..runtime import kernel_source
 
 
@@ -124,12 +124,11 @@ class ConvGradFamily:
             self.emit(col_x + im2col, "im2col_planes", self.args(other) + [self.dummy()[0]] +
                       [np.int64(Cin * g.H * g.W)], (N, group * CKK), (1, 1), label + " im2col")
             self.use_scratch(self.launches[-1].kernel, 2, work, "work")
-        self.record_tile(f"{min(K if which == 'dw' else CKK, GEMM_CPU_TILES['rows'])}x{8 * GEMM_CPU_TILES['NV']}")
         dyr = ("dyrows", 4 * rows)
+        (buf, off), scratch = self.args(out if which == "dw" else other), self.dummy()[0]
         for gi in range(group):
             at = np.uint64(gi * K * NPIX)  # (group gi's rows of dyr)
             col = np.uint64(gi * CKK * NPIX)  # (its rows of col or colgrad in the work buffer)
-            (buf, off), scratch = self.args(out if which == "dw" else other), self.dummy()[0]
             weights = [buf, np.uint64(int(off) + gi * K * CKK)]  # (its block of dw or w)
             if which == "dw":  # dw[k, j] = sum_p dyr[k, p] col[j, p]
                 self.cpu_product([scratch, at], [scratch, col], None, weights, K, CKK, NPIX, (NPIX, 1, 1, NPIX, 0, 0),

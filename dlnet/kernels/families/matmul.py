@@ -321,7 +321,6 @@ class MatmulFamily:
             panels = np.zeros((K, NB * NR), np.float32)
             panels[:, :N] = bmat
             packed = [self.meta(panels.reshape(K, NB, NR).transpose(1, 0, 2).ravel(), np.float32), np.uint64(0)]
-        self.record_tile(f"{min(M, GEMM_CPU_TILES['rows'])}x{8 * GEMM_CPU_TILES['NV']}")
         self.cpu_product(self.args(a), packed or self.args(b), self.args(c) if c is not None else None, self.args(y),
                          M, N, K, (sam, sak, sbk, sbn, cs[-2], cs[-1]), half_defines(A=a, B=b, C=c, Y=y),
                          f"{node.name} Gemm", at.get("act"), at.get("alpha", 1.0), at.get("beta", 1.0),
@@ -332,12 +331,14 @@ class MatmulFamily:
         """gemm_cpu.cl's y = act(alpha A B + beta C), M x N x K, y's rows contiguous: a, b, c, y are (buffer, element
         offset) argument pairs (c None: no C), strides (sam, sak, sbk, sbn, scm, scn); b already in panels (packed)
         or packed into the plan's "pack" scratch by gemm_cpu_pack first; pools: {"a" | "b" | "y": (pool, bytes)},
-        operands in a scratch pool of the plan (their pair's buffer a placeholder, bound at finish)."""
+        operands in a scratch pool of the plan (their pair's buffer a placeholder, bound at finish). Records the
+        node's tile."""
         sam, sak, sbk, sbn, scm, scn = strides
         MR, NV = min(M, GEMM_CPU_TILES["rows"]), GEMM_CPU_TILES["NV"]
         NR = 8 * NV
         NB = -(-N // NR)
         pools = pools or {}
+        self.record_tile(f"{MR}x{NR}")
         defs = {"MR": MR, "NV": NV, **(halves or {})}
         if c is not None:
             defs["HAS_C"] = 1
