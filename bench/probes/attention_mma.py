@@ -51,7 +51,7 @@ def main():
             if f16:
                 defs.update(F16=1, Y_HALF=1)
             src = "".join(f"#define {a} {b}\n" for a, b in defs.items()) + kernel_source("mma_tf32") + \
-                kernel_source("tf32_store") + kernel_source("attention_mma")
+                kernel_source("ptx_lanes") + kernel_source("tf32_store") + kernel_source("attention_mma")
             knl = cl.Kernel(cl.Program(ctx, src).build(), "attention_mma")
             bufs = [cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(a)) for a in xs]
             ybuf = cl.Buffer(ctx, mf.READ_WRITE, B * H * T * D * (2 if f16 else 4))

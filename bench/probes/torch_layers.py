@@ -1,17 +1,22 @@
-"""Probe: where PyTorch's GPU time goes for one inference of a torchvision net (torch.profiler, CUDA kernels),
-to hold dlnet's per-layer kernel times (bench/gpu_profile.py) against.
+"""Probe: where PyTorch's GPU time goes for one inference of a torchvision net or one of bench/gpu.py's
+transformers (gpt2, bert) (torch.profiler, CUDA kernels), to hold dlnet's per-layer kernel times
+(bench/gpu_profile.py) against.
 
-    python3 bench/probes/torch_layers.py --net alexnet --batch 16 --precision tf32 [--top 25]
+    python3 bench/probes/torch_layers.py --net alexnet --batch 16 --precision tf32|fp32|fp16 [--top 25]
 
-Prints the total CUDA kernel time of one inference (median of 5 profiled runs' sums) and the slowest kernels with
-the module each ran in. Runs on the GPU machine; asserts nothing.
+Prints the total CUDA kernel time of one inference (median of 5 profiled runs' sums), the slowest kernels in launch
+order, and the time by kernel name (fp16: `model.half()`). Runs on the GPU machine; asserts nothing.
 """
 import argparse
+import os
 import statistics
+import sys
 
 import torch
-import torchvision
 from torch.profiler import ProfilerActivity, profile, record_function
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from gpu import make_model  # noqa: E402
 
 
 def main():
@@ -25,8 +30,12 @@ def main():
     torch.backends.cudnn.allow_tf32 = tf32
     torch.backends.cuda.matmul.allow_tf32 = tf32
     torch.backends.cudnn.benchmark = False
-    model = getattr(torchvision.models, args.net)().eval().cuda()
-    x = torch.randn(args.batch, 3, 224, 224, device="cuda")
+    model, inputs = make_model(args.net)
+    model = model.cuda()
+    x = torch.from_numpy(inputs(args.batch)).cuda()
+    if args.precision == "fp16":
+        model = model.half()
+        x = x.half() if x.is_floating_point() else x
     with torch.no_grad():
         for _ in range(5):
             model(x)
@@ -46,6 +55,14 @@ def main():
     rows = sorted(((statistics.median(v), k) for k, v in per.items()), reverse=True)[:args.top]
     for ms, (i, name) in sorted(rows, key=lambda r: r[1][0]):
         print(f"{i:4d} {ms:8.3f}  {name}")
+    by_name = {}
+    for (i, name), v in per.items():
+        by_name.setdefault(name, [0.0, 0])
+        by_name[name][0] += statistics.median(v)
+        by_name[name][1] += 1
+    print("by kernel name: ms, launches")
+    for name, (ms, n) in sorted(by_name.items(), key=lambda r: -r[1][0])[:args.top]:
+        print(f"{ms:8.3f} {n:5d}  {name}")
 
 
 if __name__ == "__main__":

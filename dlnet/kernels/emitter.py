@@ -21,7 +21,7 @@ def core_source(core):
         return "#define ZID get_group_id(2)\n#ifndef STORE2\n#define STORE2(m, n, v0, v1) { STORE(m, n, v0); " \
                "if ((n) + 1 < NN) STORE(m, (n) + 1, v1); }\n#endif\n" \
                "#define LDSM_ARGS KERNEL_ARGS, __global float* ws, ulong ws_off\n" + kernel_source("mma_tf32") + \
-            kernel_source(core)
+            kernel_source("ptx_lanes") + kernel_source(core)
     return kernel_source("gemm_fetch") + kernel_source(core) if core in TILED_CORES else kernel_source(core)
 
 

@@ -99,6 +99,13 @@ class Options:
     # step's Gemm kernels took 13.15 ms with its 48 weight gradients split (3.39, their reductions 1.00) against 12.90
     # whole (bench/gpu_profile.py, before a slice's copies were made cheap)
     wgmma_split_k: int = 0
+    # gemm_wgmma.cl's tile stored through __local memory in runs of 8 columns (Y_ROWS8: 16-byte stores, C read 8 at a
+    # time) where there is a C (a bias, a residual) and y's rows allow, not as each work-item's fragments (4 or 8
+    # bytes in each of 8 rows a warp store). H200, bench/probes/wgmma_layers.py (bias, half out in fp16), Gemm kernel
+    # ms, fragments / staged: fp16 4096 x 768 -> 3072 0.0750 / 0.0568, -> 2304 0.0724 / 0.0507, 4096 x 3072 -> 768
+    # 0.0562 / 0.0508; tf32 0.1278 / 0.1092, 0.1238 / 0.0938, 0.1267 / 0.1185. A bare product (no C, float y) lost:
+    # fp16 4096 x 768 -> 3072 0.0532 / 0.0635, tf32 0.1032 / 0.1085.
+    wgmma_staged_y: bool = True
     # tf32: a product's A stored rounded to tf32 by the kernel that makes it, where tf32 products alone read it
     # (schedule's tf32_y / tf32_a; gemm_wgmma.cl then rounds neither operand). H200 b16 tf32 Gemm kernel ms: gpt2
     # 5.83 -> 4.77, vit_b_16 5.77 -> 4.92
@@ -108,6 +115,9 @@ class Options:
     # its work-groups' warps, 16 query rows each: each K/V tile loaded once for more rows. H100, ViT-B/16 b16 (197
     # tokens, d 64), the 12 layers' attention: 1 warp 3.09 ms, 2 1.49, 4 1.07, 8 0.79 (the fp32 kernel 2.40)
     attention_mma_warps: int = 8
+    # NVIDIA: AddLayerNorm with a warp per row and its chunks in registers (add_layernorm_warp; False: a work-group
+    # per row, add_layernorm_wg)
+    norm_warps: bool = True
     # CPUs: attention of at least 8 query rows with the rows in vector lanes (attention_cpu_rows; False:
     # attention_cpu's 4 rows a work-item and a horizontal sum per score), and its gradient's dq (dk, dv) where there
     # are 8 query (key) rows (attention_grad_lanes.cl; False: attention_grad.cl's 8 rows a work-item in turn)

@@ -599,6 +599,7 @@ def test_tf32_wgmma_core(M, N, K, act):
     off, y_ldsm, _ = _tf32_linear(ctx, M, N, K, act, wgmma=False)
     assert "wgmma" not in str(off.graph)
     assert rel_l2(y, y_ldsm) < 2e-5
+    assert "/y8" in str(net.graph)  # (its tile through __local memory in runs of 8 columns)
 
 
 def test_fp32_on_the_tf32_cores_rules():

@@ -448,6 +448,10 @@ def test_wgmma_products_in_half(M, K, N, trans_b):
     off = dlnet.Net(c16.with_options(wgmma=False)).load_onnx(model)
     assert "wgmma" not in str(off.graph)
     assert rel_l2(y, off.run({"x": x})["y"]) < 2e-3
+    # the tile stored through __local memory in runs of 8 columns (N a multiple of 8) or as fragments: the same values
+    frags = dlnet.Net(c16.with_options(wgmma_staged_y=False)).load_onnx(model)
+    assert "/y8" in str(net.graph) and "/y8" not in str(frags.graph)
+    assert rel_l2(y, frags.run({"x": x})["y"]) == 0.0
 
 
 def test_products_of_an_input_on_wgmma():

@@ -167,6 +167,36 @@ def test_residual_norm_is_one_kernel(case, gpu):
     net.release()
 
 
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+@pytest.mark.parametrize("d", [768, 64, 200, 2048, 2056, 45])
+def test_residual_norm_rows_of_a_warp(d, precision):
+    """Rows of transformer widths, their count no multiple of a work-group's 4: on NVIDIA add_layernorm_warp takes
+    rows of a multiple of 8 elements up to 2048 (a warp per row, its chunks in registers; the IR's tile "warp/4"),
+    add_layernorm_wg the others. Against float64, with the sum read again (s * LayerNorm(s)); in fp16 a and b come
+    from half products of the graph."""
+    feeds = {"x": rng.standard_normal((3, 37, d)).astype(np.float32),
+             "z": rng.standard_normal((3, 37, d)).astype(np.float32)}
+    inits = {"scale": rng.random(d).astype(np.float32) + 0.5, "bias": rng.standard_normal(d).astype(np.float32),
+             "h": np.float32(0.5), "t": np.float32(2.0)}
+    nodes = [helper.make_node("Mul", ["x", "h"], ["a"]), helper.make_node("Mul", ["z", "t"], ["b"]),
+             helper.make_node("Add", ["a", "b"], ["s"])] + \
+        [helper.make_node("LayerNormalization", ["s", "scale", "bias"], ["n"], epsilon=1e-3),
+         helper.make_node("Mul", ["s", "n"], ["y"])]
+    model = model_of(nodes, feeds, ["y"], inits)
+    base = context()
+    ctx = base if precision == "fp32" else dlnet.Context(base.info, precision="fp16", options=base.options)
+    net = dlnet.Net(ctx).load_onnx(model)
+    got = net.run(feeds)["y"]
+    s = 0.5 * feeds["x"].astype(np.float64) + 2.0 * feeds["z"]
+    n = (s - s.mean(-1, keepdims=True)) / np.sqrt(s.var(-1, keepdims=True) + 1e-3) * inits["scale"] + inits["bias"]
+    assert rel_l2(got, s * n) <= (1e-5 if precision == "fp32" else 3e-3)
+    fused = [x for x in net.graph.nodes if x.op == "AddLayerNorm"]
+    assert len(fused) == 1 and len(fused[0].outputs) == 2
+    warp = ctx.dev.is_nvidia and d % 8 == 0 and d <= 2048
+    assert (fused[0].schedule.get("tile") == "warp/4") == warp, fused[0].schedule
+    net.release()
+
+
 def test_bias_free_projection_keeps_the_residual_as_its_c():
     """x @ w + r, then LayerNorm: the Gemm takes the residual Add as its C (it writes the sum; the norm reads it),
     which moves less than writing x @ w for an AddLayerNorm to read back (passes/transformer.py)."""

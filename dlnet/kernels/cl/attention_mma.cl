@@ -1,6 +1,7 @@
 // Attention on NVIDIA tensor cores (precision="tf32"): attention.cl's maths, arguments and operand layouts, with
 // both products (S = q k^T and O = P v) as inline PTX mma.sync m16n8k8 on tf32 and fp32 accumulation (mma_tf32.cl
-// comes first: MMA_TF32, TF32_BITS). FlashAttention-2's shape: a work-group of WARPS warps takes BQ = 16 WARPS query
+// comes first: MMA_TF32, TF32_BITS; then ptx_lanes.cl: pack_half2, shfl_xor). FlashAttention-2's shape: a
+// work-group of WARPS warps takes BQ = 16 WARPS query
 // rows of one (batch, head), each warp 16 rows whose q fragments stay in registers for the whole pass; K and V come
 // through __local memory BK keys at a time (V stored transposed); the online softmax runs on the score fragments
 // themselves, a row's maximum and sum reduced over the 4 lanes that hold it (shfl.sync).
@@ -57,22 +58,9 @@
 #define MASK_T float
 #endif
 
-// two floats as a register of two halves (lo in the low 16 bits), rounded to nearest
-inline uint pack_half2(float lo, float hi) {
-    uint r;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-
 inline uint half_pair(__global const ushort* p) {  // two adjacent halves of global memory, any 2-byte alignment
     const ushort2 x = vload2(0, p);
     return (uint)x.s0 | ((uint)x.s1 << 16);
-}
-
-inline float shfl_xor(float v, int lanes) {
-    float r;
-    asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=f"(r) : "f"(v), "r"(lanes));
-    return r;
 }
 
 __kernel __attribute__((reqd_work_group_size(NT, 1, 1)))

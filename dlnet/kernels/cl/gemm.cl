@@ -78,10 +78,7 @@
 // aligned (y's offsets and NN even), so that the two are one 4-byte (half) or 8-byte store
 #if defined(Y_PAIRS)
 #if defined(Y_HALF)  // (NVIDIA only, as gemm_ldsm.cl is: both rounded to half in one cvt, one 4-byte store)
-#define STORE_PAIR(m, n, r) { \
-    uint h_; \
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(h_) : "f"((r).y), "f"((r).x)); \
-    *(__global uint*)(y + (m) * sym + (n)) = h_; }
+#define STORE_PAIR(m, n, r) (*(__global uint*)(y + (m) * sym + (n)) = pack_half2((r).x, (r).y))
 #else
 #define STORE_PAIR(m, n, r) (*(__global float2*)(y + (m) * sym + (n)) = (r))
 #endif
@@ -90,4 +87,20 @@
         const float r0_ = alpha * (v0) + CVAL(m, n), r1_ = alpha * (v1) + CVAL(m, (n) + 1); \
         STORE_PAIR(m, n, ((float2)(TF32Y(ACT(r0_)), TF32Y(ACT(r1_))))); \
     } else STORE(m, n, v0); }
+#endif
+// Y_ROWS8 (gemm_wgmma.cl's STORE8, columns n .. n + 7 of row m, n a multiple of 8): y's rows contiguous and every
+// chunk of 8 starting 16-byte aligned (NN, y's offsets multiples of 8), one 16-byte store (half) or two (float)
+#if defined(Y_ROWS8)
+#define Y8_VAL(m, n, v, i) TF32Y(ACT(alpha * (v) + CVAL(m, (n) + (i))))
+#if defined(Y_HALF)
+#define Y8_PUT(p, r) (*(__global uint4*)(p) = (uint4)(pack_half2((r).s0, (r).s1), pack_half2((r).s2, (r).s3), \
+                                                        pack_half2((r).s4, (r).s5), pack_half2((r).s6, (r).s7)))
+#else
+#define Y8_PUT(p, r) { *(__global float4*)(p) = (r).lo; *(__global float4*)((p) + 4) = (r).hi; }
+#endif
+#define STORE8(m, n, v) { \
+    const float8 r8_ = (float8)(Y8_VAL(m, n, (v).s0, 0), Y8_VAL(m, n, (v).s1, 1), Y8_VAL(m, n, (v).s2, 2), \
+                                Y8_VAL(m, n, (v).s3, 3), Y8_VAL(m, n, (v).s4, 4), Y8_VAL(m, n, (v).s5, 5), \
+                                Y8_VAL(m, n, (v).s6, 6), Y8_VAL(m, n, (v).s7, 7)); \
+    Y8_PUT(y + (m) * sym + (n), r8_); }
 #endif

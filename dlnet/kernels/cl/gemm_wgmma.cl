@@ -221,6 +221,37 @@ void KERNEL_NAME(LDSM_ARGS) {
     asm volatile("cp.async.wait_group 0;" ::: "memory");
     // D fragments (m64nN, f32): warp q of a warpgroup holds rows 16 q + g (+ 8); n8 block j columns 8 j + 2 t (+ 1)
     const int q = tid % 128 / 32, g = tid % 32 / 4, t = tid % 4;
+#if defined(Y_ROWS8) && SPLITS == 1
+    // The tile goes out through __local memory (the stages, free now): each work-item writes its fragments there as
+    // float2s, then each writes rows' runs of 8 columns, one 16-byte store (half) or two (float) each (gemm.cl's
+    // STORE8), a warp's stores covering whole lines, where the fragments' own stores are 4 or 8 bytes in each of 8
+    // rows. Staged rows are WG_YS floats apart: a half-warp's float2 writes (rows g .. g + 3) and a quarter-warp's
+    // float4 reads meet distinct banks.
+#define WG_YS (TN + 8)
+#if TM * WG_YS * 4 > STAGES * WG_STAGE_BYTES
+#error "gemm_wgmma.cl: the staged tile does not fit the stages"
+#endif
+    __local float* ys = (__local float*)smem;
+    barrier(CLK_LOCAL_MEM_FENCE);  // (every warpgroup's wgmma done reading the stages)
+    #pragma unroll
+    for (int i = 0; i < WGM; i++) {
+        const int r = (wg * WGM + i) * 64 + q * 16 + g;
+        #pragma unroll
+        for (int j = 0; j < TN / 8; j++) {
+            *(__local float2*)(ys + r * WG_YS + j * 8 + 2 * t) = (float2)(acc[i][4 * j], acc[i][4 * j + 1]);
+            *(__local float2*)(ys + (r + 8) * WG_YS + j * 8 + 2 * t) = (float2)(acc[i][4 * j + 2], acc[i][4 * j + 3]);
+        }
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    #pragma unroll 4
+    for (int e = tid; e < TM * TN / 8; e += WG_THREADS) {
+        const int r = e / (TN / 8), cb = e % (TN / 8) * 8, m = m0 + r, n = n0 + cb;
+        if (m < M && n < NN) {
+            __local const float4* p = (__local const float4*)(ys + r * WG_YS + cb);
+            STORE8(m, n, ((float8)(p[0], p[1])));
+        }
+    }
+#else
     #pragma unroll
     for (int i = 0; i < WGM; i++) {
         const int m = m0 + (wg * WGM + i) * 64 + q * 16 + g;
@@ -233,4 +264,5 @@ void KERNEL_NAME(LDSM_ARGS) {
             }
         }
     }
+#endif
 }

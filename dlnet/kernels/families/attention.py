@@ -164,8 +164,8 @@ class AttentionFamily:
             warps, bk = mma
             defs.update(WARPS=warps, BK=bk, **({"F16": 1} if all(halves) else {}))
             self.record_tile(f"mma{16 * warps}x{bk}")
-            self.emit(defines(defs) + kernel_source("mma_tf32") + kernel_source("tf32_store") +
-                      kernel_source("attention_mma"), "attention_mma", args,
+            self.emit(defines(defs) + kernel_source("mma_tf32") + kernel_source("ptx_lanes") +
+                      kernel_source("tf32_store") + kernel_source("attention_mma"), "attention_mma", args,
                       (max(-(-Tq // (16 * warps)), 1) * 32 * warps, B * Hq), (32 * warps, 1), label)
             return
         tile = attention_tile(self.dev, D, DV, tq=Tq)

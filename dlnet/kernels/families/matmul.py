@@ -123,6 +123,11 @@ class MatmulFamily:
             tiles = without_copies(tiles, halves, ("A", "B"))  # (precision "fp16")
         elif N % 2 == 0 and ya[1] % 2 == 0:  # (y's rows contiguous, N columns: pairs of columns stored as one)
             halves = dict(halves or {}, Y_PAIRS=1)
+            if core == "gemm_wgmma" and self.options.wgmma_staged_y and ca is not None and N % 8 == 0 and \
+                    ya[1] % 8 == 0 and not (offs[:, 3] % 8).any():  # (... runs of 8 from __local memory: Options)
+                halves["Y_ROWS8"] = 1
+                if self.node is not None:
+                    self.record_tile(self.node.schedule["tile"] + "/y8")
         src = gemm_source(core, tiles, strides, idx, act, ca is not None, aligned, halves)
         args = gemm_args(aa, ba, ca if ca is not None else self.dummy(), ya, self.meta(np.asarray(table).ravel()), M,
                          N, K, strides, idx, alpha, beta)

@@ -15,6 +15,10 @@ LAYERNORM_GROUP = (32, 256)
 # ... and where there are at most this many rows (decoding's one token a step), the largest power of two <= D / 2
 # within them: a lone row's work-group is the whole launch, so its time is each work-item's chain of loads and sums
 LAYERNORM_FEW_ROWS = 16
+# AddLayerNorm on NVIDIA (add_layernorm_warp): a warp per row, this many rows a work-group, for D a multiple of 8 up
+# to 8 x 32 x WARP_NCH_MAX (the row's chunks of 8 stay in each lane's registers)
+WARP_ROWS = 4
+WARP_NCH_MAX = 8
 
 
 # LayerNormAxis on GPUs (layernorm_axis.cl): a work-group of TP = 32 consecutive rows (pixels: x's loads coalesce) by
@@ -161,14 +165,28 @@ class NormPoolFamily:
         if len(node.outputs) > 1:
             defs["KEEP_SUM"] = 1
             args += self.args(node.outputs[1])
-        wg = 0 if self.dev.is_cpu else layernorm_group(D, rows)
         label = f"{node.name} AddLayerNorm"
+        if self.warp_rows(D, node.inputs + node.outputs):
+            defs.update(WARP_ROWS=WARP_ROWS, NCH=-(-D // 256))
+            self.record_tile(f"warp/{WARP_ROWS}")
+            src = defines(defs) + kernel_source("tf32_store") + kernel_source("ptx_lanes") + \
+                kernel_source("add_layernorm")
+            self.emit(src, "add_layernorm_warp", args, (-(-rows // WARP_ROWS) * 32 * WARP_ROWS,), (32 * WARP_ROWS,),
+                      label)
+            return
+        wg = 0 if self.dev.is_cpu else layernorm_group(D, rows)
         defs.update({"WG": wg} if wg else {})
         src = defines(defs) + kernel_source("tf32_store") + kernel_source("add_layernorm")
         if wg:
             self.emit(src, "add_layernorm_wg", args, (max(rows, 1) * wg,), (wg,), label)
         else:
             self.emit(src, "add_layernorm", args, (max(rows, 1),), None, label)
+
+    def warp_rows(self, D, values):
+        """Do rows of D elements of these operands take a warp each (add_layernorm_warp: NVIDIA, Options.norm_warps,
+        D a multiple of 8 whose chunks fit the registers, every operand 16-byte aligned)?"""
+        return self.dev.is_nvidia and self.options.norm_warps and D % 8 == 0 and D <= 256 * WARP_NCH_MAX and all(
+            self.loc(v)[1] * np.dtype(v.dtype).itemsize % 16 == 0 for v in values)
 
     def layernorm_axis(self, node):
         """LayerNormAxis (layernorm_axis.cl): x viewed as [outer, D, inner], rows (o, i) read D elements inner apart,
