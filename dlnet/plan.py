@@ -119,6 +119,7 @@ class Plan:
             self._clobbers = {}  # _clobbered's answers, per place of a kept value and the input it feeds
             self.input_chunks = lw.input_chunks  # {input index: [(first, end) element of each chunk]}
             self.output_locs = [None if v.const is not None else lw.loc(v) for v in graph.outputs]
+            self.staging = {}  # output index -> its pinned host array (_staged_download)
             ctx.finish()
         except Exception:
             self.release()
@@ -133,6 +134,7 @@ class Plan:
         return seen.values()
 
     def release(self):
+        self.staging = {}  # (the pinned arrays unmapped as they go)
         for k in list(getattr(self, "issued", ())):
             if k.owner is self:  # kept values move out of the arena before it goes
                 k.materialize()
@@ -212,7 +214,7 @@ class Plan:
             launch.enqueue(q, events)
             if i % FLUSH_EVERY == 0:
                 q.flush()
-        outs, events = [], []
+        outs, events, staged = [], [], []
         for index, (v, loc) in enumerate(zip(self.graph.outputs, self.output_locs)):
             if loc is None:
                 outs.append(np.array(v.const))
@@ -222,13 +224,34 @@ class Plan:
                 self.issued.add(outs[-1])
                 continue
             y = np.empty(v.shape, v.dtype)
-            if y.size:
+            lo, hi, chunk = ctx.options.download_staging
+            if not ctx.is_cpu and lo <= y.nbytes <= hi and y.size:
+                staged.append(self._staged_download(index, y, loc, chunk))
+            elif y.size:
                 events.append(cl.enqueue_copy(q, y, loc[0], src_offset=loc[1] * y.itemsize, is_blocking=False))
             outs.append(y)
+        for y, pinned, parts in staged:  # (each chunk into y as its copy lands, while the next ones still run)
+            for (a, b), event in parts:
+                event.wait()
+                y.reshape(-1)[a:b] = pinned[a:b]
         cl.wait_for_events(events) if events else ctx.finish()
         if ctx.options.debug_bounds:
             ctx.check_guards(self.graph.name)
         return outs
+
+    def _staged_download(self, index, y, loc, chunk):
+        """Enqueue output `index`'s copy into this plan's pinned array for it (made on first use), in chunks of about
+        `chunk` bytes: (y, the pinned array flat, [((first, end) element, the chunk's event), ...])."""
+        if index not in self.staging:
+            self.staging[index] = self.ctx.pinned((y.size,), y.dtype)
+        pinned, step = self.staging[index], max(1, chunk // y.itemsize)
+        parts = []
+        for a in range(0, y.size, step):
+            b = min(y.size, a + step)
+            parts.append(((a, b), cl.enqueue_copy(self.ctx.queue, pinned[a:b], loc[0],
+                                                  src_offset=(loc[1] + a) * y.itemsize, is_blocking=False)))
+        self.ctx.queue.flush()
+        return y, pinned, parts
 
     def _bind_kept(self, kept_in):
         """Copy the Kept inputs into their places in the arena, device to device, before anything else this run

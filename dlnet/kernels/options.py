@@ -176,6 +176,10 @@ class Options:
     # slices of the batch (H100 9.6 MB from pinned memory then 4 kernels: 0.333 -> 0.224 ms in 4 chunks; 1: off)
     input_chunks: int = 4
     input_chunk_min_bytes: int = 1 << 20
+    # GPUs: an output of (min, max) bytes comes back through a pinned host array of its plan (the device's copy at
+    # the bus's speed), into the new array in chunks of the third, each as its copy lands. H200, gpt2 b16 fp16's
+    # 3.2 MB of logits into an ordinary array: 0.648 ms (bench/gpu_overhead.py). (0, 0): off
+    download_staging: tuple = (1 << 18, 1 << 27, 1 << 20)
     # the chain continues while earlier convolutions did fewer flops per input byte than this (alexnet b16 fp32
     # 1.44 -> 1.31 ms) and a slice keeps this many output pixels
     chunk_flops_per_byte: dict = field(default_factory=lambda: {"fp32": 1000, "tf32": 2000, "fp16": 2000})

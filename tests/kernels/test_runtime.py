@@ -196,6 +196,29 @@ def test_pinned_input_array_runs_like_a_plain_one(ctx):
     assert bound.input_array("x").shape == (3, 3, 8, 8)
 
 
+def test_outputs_downloaded_through_pinned_chunks(ctx):
+    """On GPUs an output of Options.download_staging's sizes comes back through its plan's pinned array in chunks
+    (here of 1000 bytes: a ragged last one, on the test device taken for a GPU): the values of a plain download, and
+    each run's arrays its own (the next run does not write over them); a small output, below the sizes, as before."""
+    from onnx import helper
+
+    from tests.conftest import make_model, reference, rel_l2
+    rng = np.random.default_rng(8)
+    model = make_model([helper.make_node("Sigmoid", ["x"], ["y"]), helper.make_node("ReduceSum", ["x"], ["s"],
+                                                                                      keepdims=0)],
+                       {"x": ("float32", [3, 1001])}, ["y", "s"])
+    staged = ctx.with_options(download_staging=(256, 1 << 20, 1000))
+    staged.is_cpu = False
+    net = dlnet.Net(staged).load_onnx(model)
+    runs = [rng.standard_normal((3, 1001)).astype(np.float32) for _ in range(2)]
+    outs = [net.run({"x": x}) for x in runs]
+    assert list(net._last.staging) == [0]  # (y: 12 KB staged; s: 12 bytes, plainly)
+    for x, got in zip(runs, outs):
+        want = reference(model, {"x": x})
+        assert rel_l2(got["y"], want[0]) < 1e-6 and rel_l2(got["s"], want[1]) < 1e-5
+    assert not np.shares_memory(outs[0]["y"], outs[1]["y"])
+
+
 @pytest.mark.parametrize("group,width", [(1, 10), (8, 19)], ids=["dense", "depthwise"])
 def test_conv_writes_over_its_residual(ctx, group, width):
     """A convolution with a fused residual that dies there writes its output over it (the planner's in-place
