@@ -1,5 +1,6 @@
 // NVIDIA (inline PTX) helpers across a warp's lanes and for half pairs in registers, for kernels that run on NVIDIA
-// devices only (attention_mma.cl, add_layernorm.cl's add_layernorm_warp): the driver has no cl_khr_fp16 built-ins.
+// devices only (attention_mma.cl, add_layernorm.cl's add_layernorm_warp, gemm.cl's half stores from gemm_ldsm.cl and
+// gemm_wgmma.cl): the driver has no cl_khr_fp16 built-ins.
 
 // two floats as a register of two halves (lo in the low 16 bits), rounded to nearest
 inline uint pack_half2(float lo, float hi) {

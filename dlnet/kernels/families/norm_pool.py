@@ -151,7 +151,8 @@ class NormPoolFamily:
 
     def add_layernorm(self, node):
         """AddLayerNorm (graph/ops/transformer.py): s = a + b and LayerNorm / RMSNorm of it in one pass over each row
-        (add_layernorm.cl), writing s too where it is kept; work-items and groups as layernorm's."""
+        (add_layernorm.cl), writing s too where it is kept; a warp per row on NVIDIA (warp_rows), else work-items and
+        groups as layernorm's."""
         a, b, scale = node.inputs[:3]
         y = node.outputs[0]
         D = a.shape[-1]
