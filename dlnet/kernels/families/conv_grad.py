@@ -114,9 +114,8 @@ class ConvGradFamily:
         rows = group * K * NPIX
         im2col = defines({"CC": Cin, "NNC": NPIX}) + compiled_geometry(geo[1:]) + kernel_source("im2col")
         dy_half = "#define COL_X_HALF 1\n" if "DY_HALF" in halves else ""
-        self.emit(dy_half + im2col, "rows_of_images", self.args(dy) + [self.dummy()[0]] + [
-            np.int32(group * K), np.int32(OHW), np.int32(NPIX), np.int64(rows)], (max(rows, 1),), None,
-            label + " rows")
+        self.emit(dy_half + im2col, "rows_of_images", self.args(dy) + [self.dummy()[0]] + [np.int32(group * K)],
+                  (N, group * K), (1, 1), label + " rows")
         self.use_scratch(self.launches[-1].kernel, 2, 4 * rows, "dyrows")
         work = 4 * group * CKK * NPIX
         if which == "dw":  # col = im2col(x)
@@ -136,10 +135,10 @@ class ConvGradFamily:
             else:  # colgrad[j, p] = sum_k w[k, j] dyr[k, p]
                 self.cpu_product(weights, [scratch, at], None, [scratch, col], CKK, NPIX, K, (1, CKK, NPIX, 1, 0, 0),
                                  half_defines(A=other), label, pools={"b": dyr, "y": ("work", work)})
-        if which == "dx":  # dx = col2im(colgrad)
+        if which == "dx":  # dx = col2im(colgrad): scattered into float planes, gathered into half ones
             col_dx = "#define COL_DX_HALF 1\n" if "DX_HALF" in halves else ""
-            self.emit(col_dx + im2col, "col2im_planes", [self.dummy()[0]] + self.args(out), (N, Cin), (1, 1),
-                      label + " col2im")
+            self.emit(col_dx + im2col, "col2im_planes" if col_dx else "col2im_scatter", [self.dummy()[0]] +
+                      self.args(out), (N, Cin), (1, 1), label + " col2im")
             self.use_scratch(self.launches[-1].kernel, 0, work, "work")
 
     def _dx_flipped(self, node, g, N, Cin, K, C, group, label):
