@@ -26,6 +26,29 @@ inline float dl_exp_neg(float x) {
     return x < -87.3f ? 0.0f : e;
 }
 
+// e^x for any x, the same way: within float's exponents through two powers of two (2^n as 2^(n/2) 2^(n - n/2), each
+// normal for n in [-126, 128]); above log(FLT_MAX) +inf, below log(FLT_MIN) 0, a NaN passes. A GELU's gradient (exp(-x^2 / 2) among
+// erf's terms) called the built-in out of line: ViT's 394 x 3072 on 2 cores 14.4 ms a launch.
+inline float dl_exp(float x) {
+    const float xc = x < -87.3365479f ? -87.3365479f : (x > 88.7228394f ? 88.7228394f : x);
+    const float t = xc * 1.44269504088896341f + 0.5f;
+    const int n = (int)t - (t < (float)(int)t);
+    const float fn = (float)n;
+    float r = xc - fn * 0.693359375f;
+    r = r + fn * 2.12194440e-4f;
+    const float r2 = r * r;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r2 + r + 1.0f;
+    const int h = n >> 1;
+    const float e = p * as_float((h + 127) << 23) * as_float((n - h + 127) << 23);
+    return x < -87.3365479f ? 0.0f : (x > 88.7228394f ? INFINITY : e);
+}
+
 // erf x: a rational approximation on [-4, 4] (odd over even polynomial, Eigen's and XLA's float erf: within 4.3e-7
 // of math.erf on [-10, 10]); +-1 beyond.
 inline float dl_erf(float x) {
