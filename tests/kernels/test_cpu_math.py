@@ -115,3 +115,31 @@ def test_pointwise_chains_written_in_place_over_their_input(ctx):
     s1 = x.astype(np.float64) @ w1 + b1
     want = x + (ORACLES["Gelu"](s1) @ w2 + b2)
     assert rel_l2(got, want) < 1e-5
+
+
+def test_exp_matches_numpy_over_floats_range(ctx):
+    """Exp in a generated kernel (cpu_math.cl's dl_exp on CPU devices): within 2 ulp of float64's exp wherever the
+    result is a normal float, +inf above log(FLT_MAX), 0 below log(FLT_MIN) (or numpy's subnormal there), NaN and
+    +-inf as IEEE says; and a GELU's gradient chain (erf's exp(-x^2 / 2) term) against float64."""
+    rng = np.random.default_rng()
+    x = np.concatenate([SPECIAL, rng.uniform(-100, 100, 20000), np.linspace(88.70, 88.73, 301),
+                        np.linspace(-87.4, -87.3, 301)]).astype(np.float32)
+    net = dlnet.Net(ctx).load_onnx(make_model([helper.make_node("Exp", ["x"], ["y"])], {"x": x}, ["y"]))
+    got = net.run({"x": x})["y"].astype(np.float64)
+    net.release()
+    with np.errstate(over="ignore"):
+        want = np.exp(x.astype(np.float64))
+    normal = (want >= np.finfo(np.float32).tiny) & (want <= np.finfo(np.float32).max)
+    assert np.max(np.abs(got[normal] - want[normal]) / want[normal]) < 2 * 2.0 ** -23
+    assert (np.isnan(got) == np.isnan(x)).all()
+    assert (got[want > np.finfo(np.float32).max] == np.inf).all()
+    assert (got[(want < np.finfo(np.float32).tiny) & ~np.isnan(x)] < np.finfo(np.float32).tiny).all()
+    s = rng.standard_normal(4096).astype(np.float32) * 3  # d/ds of s Phi(s) = Phi(s) + s exp(-s^2 / 2) / sqrt(2 pi)
+    nodes = [helper.make_node("Mul", ["s", "s"], ["q"]), helper.make_node("Mul", ["q", "h"], ["e"]),
+             helper.make_node("Exp", ["e"], ["p"]), helper.make_node("Mul", ["s", "p"], ["t"]),
+             helper.make_node("Mul", ["t", "c"], ["y"])]
+    model = make_model(nodes, {"s": s}, ["y"], {"h": np.float32(-0.5), "c": np.float32(1 / math.sqrt(2 * math.pi))})
+    net = dlnet.Net(ctx).load_onnx(model)
+    s64 = s.astype(np.float64)
+    assert rel_l2(net.run({"s": s})["y"], s64 * np.exp(-s64 * s64 / 2) / math.sqrt(2 * math.pi)) < 1e-6
+    net.release()
