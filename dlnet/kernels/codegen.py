@@ -229,6 +229,27 @@ def reduce_source(rank_out, rank_red, in_dtypes, acc_dtype, out_dtype, pre, comb
     return "\n".join(lines)
 
 
+def reduce_columns_cpu_source(pre, combine, init, post, I="long"):  # noqa: E741
+    """Kernel `red_cols` for CPU devices: float32 sums (or the mode's combine) down the columns of x viewed as
+    [count, n_out] rows `stride` apart (a bias gradient: dy [rows, N] over rows), 8 neighbouring columns a work-item
+    in one float8 accumulator, so each row's 8 are one vector load; the ragged last work-item's columns one by one.
+    The mode's strings (ReduceFamily.REDUCE) serve float8 and float alike."""
+    def body(t, load):
+        return [f"    {t} acc = ({t})({init});", f"    for ({I} r = 0; r < count; r++) {{",
+                f"      const {t} x0v = {load};", f"      {t} v = {pre};", f"      {combine}", "    }"]
+    lines = [f"__kernel void red_cols(__global float* y, ulong y_off, __global const float* x0, ulong x0_off, "
+             f"{I} n_out, {I} count, {I} stride) {{",
+             f"  const {I} i0 = ({I})get_global_id(0) * 8;",
+             "  if (i0 >= n_out) return;",
+             "  y += y_off + i0;", "  x0 += x0_off + i0;",
+             "  if (i0 + 8 <= n_out) {"]
+    lines += body("float8", "vload8(0, x0 + r * stride)")
+    lines += [f"    vstore8({post}, 0, y);", "    return;", "  }",
+              "  for (int c = 0; c < n_out - i0; c++) {"]
+    lines += body("float", "x0[r * stride + c]")
+    return "\n".join(lines + [f"    y[c] = {post};", "  }", "}"])
+
+
 def _reduce_args(in_dtypes, acc_t, out_dtype, index_t, splits):
     """The parameters of `red` and `red_finish`: y, the operands, meta, then `part` where the work is split."""
     args = [f"__global {_ctype(out_dtype)}* y", "ulong y_off"]

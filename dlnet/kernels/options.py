@@ -258,6 +258,10 @@ class Options:
     pool_cpu_separable: bool = True
     # CPU reductions: accumulators per output over interleaved elements (GlobalAveragePool 0.115 -> 0.039 ms)
     reduce_lanes: int = 4
+    # ... and a float32 sum down columns (a bias gradient over tokens: [rows, N] over rows) as 8 columns a work-item
+    # in one float8 (red_cols; False: a work-item a column, reading 4 bytes a row). A 2-layer ViT's step, its mlp.0
+    # bias gradient (394 rows of 3072): 1.75 ms before
+    reduce_columns_cpu: bool = True
     # GPU pointwise kernels (codegen.elementwise_source): elements per work-item where every operand's innermost dim
     # is contiguous or broadcast, as one vector load and store each (4), or one element (1). H200, training step
     # (session 36): gpt2 fp16 28.7 -> 24.1 ms, vit fp16 29.9 -> 26.5, gpt2 fp32 61.9 -> 59.1, vit fp32 56.8 -> 53.9

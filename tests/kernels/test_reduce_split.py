@@ -131,3 +131,28 @@ def test_reduce_lanes_over_two_dims(op, shape, axes, lanes):
     assert got.shape == want.shape
     assert np.array_equal(np.isnan(got), np.isnan(want))
     assert rel_l2(np.nan_to_num(got), np.nan_to_num(want)) < 1e-5
+
+
+@pytest.mark.parametrize("op", ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceL1", "ReduceL2",
+                                "ReduceLogSumExp", "ReduceSumSquare"])
+@pytest.mark.parametrize("shape,axes", [((394, 3072), [0]), ((3, 70, 45), [0, 1]), ((5, 37), [0]),
+                                        ((2, 197, 21), [0])])
+def test_reduce_columns_on_cpus(op, shape, axes):
+    """CPUs: a float32 reduction down columns (a bias gradient over tokens) runs red_cols, 8 columns a work-item in a
+    float8, the ragged last work-item's columns (45 and 37: 5 past whole 8s; 197 x 21: 1) one by one, kept dims that
+    are one run in x (a position table's gradient over the batch) as one; against onnx.reference, with a NaN that a
+    max or min keeps; with Options.reduce_columns_cpu off, the work-item per column."""
+    ctx = context()
+    if not ctx.is_cpu:
+        pytest.skip("the CPU devices' path")
+    x = rng.standard_normal(shape).astype(np.float32)
+    if op in ("ReduceMax", "ReduceMin"):
+        x.reshape(-1, shape[-1])[1, 2] = np.nan
+    model = reduce_model(op, x, axes, 0)
+    want = reference(model, {"x": x})[0]
+    for on in (True, False):
+        net = dlnet.Net(ctx.with_options(reduce_columns_cpu=on)).load_onnx(model)
+        assert any(launch.label.endswith("Reduce columns") for launch in net.launches) == on
+        got = net.run({"x": x})["y"]
+        assert got.shape == want.shape and np.array_equal(np.isnan(got), np.isnan(want))
+        assert rel_l2(np.nan_to_num(got), np.nan_to_num(want)) < 1e-5

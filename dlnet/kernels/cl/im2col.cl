@@ -149,7 +149,8 @@ void col2im_scatter(__global const float* col, __global float* dx, ulong dx_off)
         for (int kx = 0; kx < KWC; kx++) {
             const __global float* r = col + (long)((c * KHC + ky) * KWC + kx) * NNC + (long)img * OHC * OWC;
             const int x0 = kx * DWC - PWC;  // (ix = ox SWC + x0: the columns ox in [lo, hi) fall inside)
-            const int lo = x0 < 0 ? (SWC - 1 - x0) / SWC : 0, hi = WC - 1 - x0 < 0 ? 0 : min(OWC, (WC - 1 - x0) / SWC + 1);
+            const int lo = x0 < 0 ? (SWC - 1 - x0) / SWC : 0;
+            const int hi = WC - 1 - x0 < 0 ? 0 : min(OWC, (WC - 1 - x0) / SWC + 1);
             for (int oy = 0; oy < OHC; oy++) {
                 const int iy = oy * SHC - PHC + ky * DHC;
                 if (iy < 0 || iy >= HC) continue;

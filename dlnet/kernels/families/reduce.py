@@ -73,6 +73,11 @@ class ReduceFamily:
             init = "INFINITY" if acc in ("float32", "float64") else f"({ct}){np.iinfo(acc).max}" \
                 if acc != "bool" else "1"
         n_out, count = int(np.prod(out_dims)), int(np.prod(red_dims))
+        if self._cpu_columns(x, y, operands, keep, axes, out_dims, red_dims, prologue):
+            src = codegen.reduce_columns_cpu_source(pre, combine, init, post)
+            args = self.args(y) + self.args(x) + [np.int64(n_out), np.int64(count), np.int64(x_red[0])]
+            self.emit(src, "red_cols", args, (-(-n_out // 8),), None, f"{node.name} Reduce columns")
+            return
         # GPUs: a work-group per output once each output reduces many elements (batch-norm statistics, losses), of
         # fewer work-items (at least 4 elements each) for shorter rows: LayerNorm's gradient takes four means of
         # 768 elements over ViT-B/16's 3152 rows at batch 16, which one work-item a row ran at 24 work-items a unit;
@@ -108,6 +113,15 @@ class ReduceFamily:
             self.emit(src, "red", args, (n_out * group,), (group,), f"{node.name} Reduce")
         else:
             self.emit(src, "red", args, (n_out,), None, f"{node.name} Reduce")
+
+    def _cpu_columns(self, x, y, operands, keep, axes, out_dims, red_dims, prologue):
+        """CPUs: a float32 reduction down columns (red_cols): x [count, n_out] contiguous along the outputs, one
+        reduced run of rows outside them (a bias gradient over tokens; the GPU's columns split, on one work-item)."""
+        xs = operands[0][2]
+        return self.dev.is_cpu and self.options.reduce_columns_cpu and not prologue and len(operands) == 1 and \
+            x.dtype == y.dtype == "float32" and len(red_dims) == 1 and \
+            self._columns(operands, keep, axes, int(np.prod(out_dims))) and xs[keep[-1]] == 1 and \
+            all(xs[a] == xs[b] * x.shape[b] for a, b in zip(keep, keep[1:]))  # (the kept dims: one run in x)
 
     @staticmethod
     def _columns(operands, keep, axes, n_out):
