@@ -215,6 +215,7 @@ class Plan:
             if i % FLUSH_EVERY == 0:
                 q.flush()
         outs, events, staged = [], [], []
+        lo, hi, chunk = ctx.options.download_staging
         for index, (v, loc) in enumerate(zip(self.graph.outputs, self.output_locs)):
             if loc is None:
                 outs.append(np.array(v.const))
@@ -224,16 +225,16 @@ class Plan:
                 self.issued.add(outs[-1])
                 continue
             y = np.empty(v.shape, v.dtype)
-            lo, hi, chunk = ctx.options.download_staging
             if not ctx.is_cpu and lo <= y.nbytes <= hi and y.size:
                 staged.append(self._staged_download(index, y, loc, chunk))
             elif y.size:
                 events.append(cl.enqueue_copy(q, y, loc[0], src_offset=loc[1] * y.itemsize, is_blocking=False))
             outs.append(y)
         for y, pinned, parts in staged:  # (each chunk into y as its copy lands, while the next ones still run)
+            flat = y.reshape(-1)
             for (a, b), event in parts:
                 event.wait()
-                y.reshape(-1)[a:b] = pinned[a:b]
+                flat[a:b] = pinned[a:b]
         cl.wait_for_events(events) if events else ctx.finish()
         if ctx.options.debug_bounds:
             ctx.check_guards(self.graph.name)

@@ -118,7 +118,7 @@ class ReduceFamily:
         """CPUs: a float32 reduction down columns (red_cols): x [count, n_out] contiguous along the outputs, one
         reduced run of rows outside them (a bias gradient over tokens; the GPU's columns split, on one work-item)."""
         xs = operands[0][2]
-        return self.dev.is_cpu and self.options.reduce_columns_cpu and not prologue and len(operands) == 1 and \
+        return self.dev.is_cpu and self.options.reduce_columns_cpu and not prologue and \
             x.dtype == y.dtype == "float32" and len(red_dims) == 1 and \
             self._columns(operands, keep, axes, int(np.prod(out_dims))) and xs[keep[-1]] == 1 and \
             all(xs[a] == xs[b] * x.shape[b] for a, b in zip(keep, keep[1:]))  # (the kept dims: one run in x)
