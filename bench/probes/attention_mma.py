@@ -1,8 +1,11 @@
-"""attention_mma.cl alone on the GPU machine, in tf32 (float q, k, v) and F16 (half q, k, v, fp32 accumulation):
-relative L2 error against float64 attention of the same inputs, and kernel time against PyTorch's
-scaled_dot_product_attention (float with TF32 on / half) in the same process. [B, H, T, D] contiguous operands.
+"""attention_mma.cl alone on the GPU machine, in tf32 (float q, k, v) and F16 (half q, k, v, fp32 accumulation;
+f16: K and V through registers, f16cp: by cp.async and ldmatrix, KV_ASYNC): relative L2 error against float64
+attention of the same inputs, and kernel time against PyTorch's scaled_dot_product_attention (float with TF32 on /
+half) in the same process, each the median of --iters, PyTorch's over 20 back-to-back calls (no launch gap).
+[B, H, T, D] contiguous operands.
 
-    python3 bench/probes/attention_mma.py [--shapes 16x12x197x64,8x12x256x64c] [--warps 8] [--iters 20]
+    python3 bench/probes/attention_mma.py [--shapes 16x12x197x64,8x12x256x64c] [--modes tf32,f16,f16cp]
+        [--warps 8,4] [--bk 64] [--iters 20]
 
 A shape ending in c is causal. Prints a table; asserts nothing.
 """
@@ -27,7 +30,9 @@ def main():
     import torch
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="16x12x197x64,8x12x256x64c,1x12x1024x64c,4x16x512x128")
-    ap.add_argument("--warps", type=int, default=8)
+    ap.add_argument("--modes", default="tf32,f16,f16cp")
+    ap.add_argument("--warps", default="8")
+    ap.add_argument("--bk", type=int, default=0, help="keys a tile (0: 64, 32 past head dim 64)")
     ap.add_argument("--iters", type=int, default=20)
     args = ap.parse_args()
     plat = next(p for p in cl.get_platforms() if "NVIDIA" in p.name)
@@ -41,15 +46,15 @@ def main():
         B, H, T, D = (int(x) for x in spec.rstrip("c").split("x"))
         rng = np.random.default_rng(0)
         q, k, v = (rng.standard_normal((B, H, T, D)).astype(np.float32) for _ in range(3))
-        for mode in ("tf32", "f16"):
-            f16 = mode == "f16"
+        for mode, nw in ((m, int(w)) for m in args.modes.split(",") for w in args.warps.split(",")):
+            f16 = mode.startswith("f16")
             xs = [a.astype(np.float16) for a in (q, k, v)] if f16 else [q, k, v]
             want = oracle(*(a.astype(np.float64) for a in xs), causal)
-            bk = 64 if D <= 64 else 32
-            warps = min(args.warps, -(-T // 16))
+            bk = args.bk or (64 if D <= 64 else 32)
+            warps = min(nw, -(-T // 16))
             defs = {"D": D, "DV": D, "WARPS": warps, "BK": bk, "CAUSAL": int(causal)}
             if f16:
-                defs.update(F16=1, Y_HALF=1)
+                defs.update(F16=1, Y_HALF=1, **({"KV_ASYNC": 1, "Y_PAIRS": 1} if mode == "f16cp" else {}))
             src = "".join(f"#define {a} {b}\n" for a, b in defs.items()) + kernel_source("mma_tf32") + \
                 kernel_source("ptx_lanes") + kernel_source("tf32_store") + kernel_source("attention_mma")
             knl = cl.Kernel(cl.Program(ctx, src).build(), "attention_mma")
@@ -81,17 +86,18 @@ def main():
             for _ in range(args.iters):
                 s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 s.record()
-                torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)
+                for _ in range(20):
+                    torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)
                 e.record()
                 torch.cuda.synchronize()
-                tts.append(s.elapsed_time(e))
+                tts.append(s.elapsed_time(e) / 20)
             tt = statistics.median(tts)
             flop = 4.0 * B * H * T * T * D / (2 if causal else 1)
-            rows.append((spec, mode, t, flop / t * 1e-9, tt, tt / t, err))
-    print("\n| shape (BxHxTxD, c causal) | mode | dlnet ms | TFLOP/s | torch SDPA ms | ratio | rel err |")
-    print("|---|---|---|---|---|---|---|")
+            rows.append((spec, mode, warps, t, flop / t * 1e-9, tt, tt / t, err))
+    print("\n| shape (BxHxTxD, c causal) | mode | warps | dlnet ms | TFLOP/s | torch SDPA ms | ratio | rel err |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r[0]} | {r[1]} | {r[2]:.3f} | {r[3]:.0f} | {r[4]:.3f} | {r[5]:.2f} | {r[6]:.1e} |")
+        print(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]:.4f} | {r[4]:.0f} | {r[5]:.4f} | {r[6]:.2f} | {r[7]:.1e} |")
 
 
 if __name__ == "__main__":

@@ -98,7 +98,7 @@ def main():
             d["B_NK"] = 1
         d["F16" if f16 else "TF32"] = 1
         d["ELEM"] = "ushort" if f16 else "float"
-        src = "".join(f"#define {k} {v}\n" for k, v in d.items()) + ARGS + kernel_source("mma_tf32") + kernel_source("gemm_ldsm")
+        src = "".join(f"#define {k} {v}\n" for k, v in d.items()) + ARGS + kernel_source("mma_tf32") + kernel_source("ptx_lanes") + kernel_source("gemm_ldsm")
         try:
             progs[cfg] = cl.Program(ctx, src).build(options="-cl-nv-verbose")
             log = progs[cfg].get_build_info(dev, cl.program_build_info.LOG)

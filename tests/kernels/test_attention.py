@@ -99,6 +99,7 @@ CASES = {
     "rank2": ((12, 24), None, 30, None, None, {}),
     "softcap-scale": ((2, 2, 21, 32), 2, 21, None, None, {"softcap": 1.5, "scale": 0.9}),
     "dv80-d32": ((2, 2, 35, 32), 2, 35, 80, None, {}),
+    "dv24-d48-causal-cache": ((1, 2, 30, 48), 2, 45, 24, None, {"causal": 1, "causal_offset": 15}),
     "d20-dv12": ((2, 3, 19, 20), 3, 23, 12, None, {}),  # (no multiple of the CPU kernel's 8-float chunks)
     "padding-and-causal-d128": ((2, 2, 40, 128), 2, 40, None, ((2, 1, 1, 40), "bool"), {"causal": 1}),
     "negative-offset": ((1, 2, 12, 16), 2, 12, None, None, {"causal": 1, "causal_offset": -5}),
@@ -174,6 +175,58 @@ def test_tensor_core_kernel_matches_float64(case):
     assert rel_l2(got, want) <= 5e-3, rel_l2(got, want)
     d, dv, tq = q.shape[-1], v.shape[-1], q.shape[-2]
     assert schedule["tile"].startswith("mma") == (d % 8 == 0 and dv % 8 == 0 and tq > 8), schedule["tile"]
+
+
+def half_context(copies):
+    """precision "fp16" on the NVIDIA test device, K and V by cp.async (copies) or through registers, or a skip."""
+    ctx = context()
+    if not ctx.is_nvidia:
+        pytest.skip("attention_mma.cl needs an NVIDIA device (inline PTX mma.sync)")
+    import dlnet
+    return dlnet.Context(ctx.info, precision="fp16").with_options(attention_async=copies)
+
+
+def run_half_attention(q, k, v, mask, ctx, **attrs):
+    """precision "fp16": (y, the Attention node's schedule) of Mul(Attention(q c, k c, v c), c') with powers of two c
+    and c' along the last dim, so that q, k, v and y are stored in half between in-graph kernels (the graph's inputs
+    and outputs stay float32); q, k and v must be half values (c keeps them exact). Returns y / c'."""
+    g = Graph("attention")
+    b = Builder(g)
+    arrays = [q, k, v] + ([mask] if mask is not None else [])
+    inputs = [g.add_input(f"x{i}", a.dtype, a.shape) for i, a in enumerate(arrays)]
+    powers = [2.0 ** (np.arange(x.shape[-1]) % 3 - 1) for x in (q, k, v)]
+    scaled = [b.op("Mul", [x, b.const(c.astype(np.float32))]) for x, c in zip(inputs, powers)]
+    y = b.op("Attention", scaled + inputs[3:], dict(attrs, scale=attrs.get("scale", float(1 / np.sqrt(q.shape[-1])))))
+    node = y.producer
+    out = 2.0 ** (np.arange(y.shape[-1]) % 2)
+    g.outputs, g.output_names = [b.op("Mul", [y, b.const(out.astype(np.float32))])], ["y"]
+    plan = Plan(ctx, g)
+    try:
+        assert all(x.dtype == "float16" for x in node.inputs[:3] + node.outputs), node
+        return plan.run(arrays)[0] / out, node.schedule
+    finally:
+        plan.release()
+
+
+@pytest.mark.parametrize("copies", [True, False], ids=["cp", "regs"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_tensor_core_kernel_in_half(case, copies):
+    """attention_mma.cl's F16 form (q, k, v and y in half, mma.sync m16n8k16, fp32 accumulation) against the float64
+    oracle of the same half values; K and V by cp.async and ldmatrix (KV_ASYNC, the tile's "/cp") where the head
+    dims are multiples of 16, else (and with attention_async off) through registers."""
+    ctx = half_context(copies)
+    q, k, v, mask, attrs = make_case(case)
+    q, k, v = (x.astype(np.float16).astype(np.float32) for x in (q, k, v))
+    got, schedule = run_half_attention(q, k, v, mask, ctx, **attrs)
+    c = [2.0 ** (np.arange(x.shape[-1]) % 3 - 1) for x in (q, k, v)]
+    want = oracle(q * c[0], k * c[1], v * c[2], mask, attrs.get("scale"), attrs.get("causal", 0),
+                  attrs.get("causal_offset", 0), attrs.get("softcap", 0.0))
+    assert np.isfinite(got).all()
+    assert rel_l2(got, want) <= 4e-3, rel_l2(got, want)
+    d, dv, tq = q.shape[-1], v.shape[-1], q.shape[-2]
+    mma = d % 16 == 0 and dv % 8 == 0 and tq > 8
+    assert schedule["tile"].startswith("mma") == mma, schedule["tile"]
+    assert schedule["tile"].endswith("/cp") == (mma and dv % 16 == 0 and copies), schedule["tile"]
 
 
 @pytest.mark.parametrize("algo", ALGOS)
@@ -310,3 +363,20 @@ def test_tensor_core_kernel_layouts(case):
     want = oracle(*logical, None, None, attrs.get("causal", 0), attrs.get("causal_offset", 0))
     assert rel_l2(got.transpose(to_logical(layout[3])), want) <= 5e-3
     assert schedule["tile"].startswith("mma") == (tq > 8)
+
+
+@pytest.mark.parametrize("case", list(LAYOUT_CASES))
+def test_tensor_core_kernel_layouts_in_half(case):
+    """... and in half, K and V by cp.async from rows strided by the layouts (one 16-byte aligned row each)."""
+    ctx = half_context(True)
+    qs, hk, tk, layout, attrs = LAYOUT_CASES[case]
+    rng = np.random.default_rng(sum(map(ord, case)))
+    b, hq, tq, d = qs
+    logical = [x.astype(np.float16).astype(np.float32)
+               for x in (_normal(rng, *qs), _normal(rng, b, hk, tk, d), _normal(rng, b, hk, tk, d))]
+    stored = [np.ascontiguousarray(x.transpose(to_stored(s))) for x, s in zip(logical, layout)]
+    got, schedule = run_half_attention(*stored, None, ctx, layout=layout, **attrs)
+    c = 2.0 ** (np.arange(d) % 3 - 1)
+    want = oracle(*(x * c for x in logical), None, None, attrs.get("causal", 0), attrs.get("causal_offset", 0))
+    assert rel_l2(got.transpose(to_logical(layout[3])), want) <= 4e-3
+    assert schedule["tile"].endswith("/cp") == (tq > 8)

@@ -13,7 +13,15 @@
 //   F16 (precision="fp16": q, k and v stored in half): mma.sync m16n8k16 on f16 with fp32 accumulation. Its A and B
 //   registers hold two halves adjacent along k, and its k steps of 16 are two 8-wide blocks: so the natural order
 //   serves (FlashAttention-2's): S's fragments of key blocks 2J and 2J + 1, packed to half pairs, are P's A fragment
-//   for keys 16J..16J + 15, and V^T's 32-bit words give B. Y_HALF: y stored in half too.
+//   for keys 16J..16J + 15, and V^T's 32-bit words give B. Y_HALF: y stored in half too (Y_PAIRS: two halves a
+//   32-bit store, y's offset and strides even).
+//   KV_ASYNC (F16, DV a multiple of 16, k's and v's offsets and strides multiples of 8 halves): K and V come by
+//   16-byte cp.async (ptx_lanes.cl) into two stages of __local memory, tile i + 1 in flight while tile i is used,
+//   both row-major with rows padded by 16 bytes; S's B fragments are K's rows by ldmatrix, O's are V's by
+//   ldmatrix.trans (no transposing copy).
+// The softmax works in base 2 (scores times log2 e, ex2.approx). A tile needs no per-score test where every key is
+// there and, causal, visible to the warp's every row (no MASK, no SOFTCAP): its scores are only scaled; a warp skips
+// a causal tile none of its rows sees.
 #if !defined(D) || !defined(DV) || !defined(WARPS) || !defined(BK)
 #error "attention_mma.cl needs D, DV, WARPS and BK"
 #endif
@@ -33,6 +41,26 @@
 #define ET4 float4
 #define KS (D + (40 - D % 32) % 32)
 #define VS (BK + (40 - BK % 32) % 32)
+#endif
+#if defined(KV_ASYNC)
+#if !defined(F16) || DV % 16
+#error "attention_mma.cl KV_ASYNC: F16, and DV a multiple of 16"
+#endif
+#define KSB (2 * D + 16)  // bytes a row of K's and V's stages: ldmatrix's 8 rows of 16 bytes in distinct banks
+#define VSB (2 * DV + 16)
+#define STAGE_B (BK * (KSB + VSB))
+// tile k0's BK rows of K and of V into stage st (zeros past Tk)
+#define KV_ISSUE(st, k0) { \
+    const uint ks_ = sbase + (st) * STAGE_B, vs_ = ks_ + BK * KSB; \
+    for (int e = lid; e < BK * D / 8; e += NT) { \
+        const int r = e / (D / 8), c = e % (D / 8) * 8; \
+        PTX_CP16(ks_ + r * KSB + 2 * c, k + min((k0) + r, Tk - 1) * kst + c, (k0) + r < Tk ? 16 : 0); } \
+    for (int e = lid; e < BK * DV / 8; e += NT) { \
+        const int r = e / (DV / 8), c = e % (DV / 8) * 8; \
+        PTX_CP16(vs_ + r * VSB + 2 * c, v + min((k0) + r, Tk - 1) * vst + c, (k0) + r < Tk ? 16 : 0); } }
+#endif
+#if defined(Y_PAIRS) && !defined(Y_HALF)
+#error "attention_mma.cl: Y_PAIRS stores halves"
 #endif
 #if defined(Y_HALF)
 #define YT half
@@ -69,8 +97,13 @@ void attention_mma(__global const ET* q, ulong q_off, __global const ET* k, ulon
                    __global YT* y, ulong y_off, int Tq, int Tk, int Hq, int Hk, float scale, float softcap,
                    int causal_offset, long msb, long msh, long msq, long msk, long qsb, long qsh, long qst, long ksb,
                    long ksh, long kst, long vsb, long vsh, long vst, long ysb, long ysh, long yst) {
+#if defined(KV_ASYNC)
+    __local uint kv[2 * STAGE_B / 4] __attribute__((aligned(16)));
+    const uint sbase = (uint)(ulong)kv;
+#else
     __local ET ks[BK * KS] __attribute__((aligned(16)));
     __local ET vt[DV * VS] __attribute__((aligned(16)));
+#endif
     const int lid = get_local_id(0), lane = lid % 32, g = lane / 4, t = lane % 4;
     const int q0 = get_group_id(0) * BQ;
     const long bh = get_group_id(1);
@@ -85,7 +118,7 @@ void attention_mma(__global const ET* q, ulong q_off, __global const ET* k, ulon
 #if MASK
     mask += mask_off + b * msb + h * msh + q0 * msq;
 #endif
-    const int r0 = (lid / 32) * 16 + g, r1 = r0 + 8;  // this lane's two rows of the block
+    const int w0 = (lid / 32) * 16, r0 = w0 + g, r1 = r0 + 8;  // the warp's first row, this lane's two rows
 #if defined(F16)
     uint qa[D / 16][4];
     #pragma unroll
@@ -108,15 +141,33 @@ void attention_mma(__global const ET* q, ulong q_off, __global const ET* k, ulon
     #pragma unroll
     for (int n = 0; n < DV / 8; n++)
         o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;  // (in base 2)
+    const float scale2 = scale * M_LOG2E_F;
 #if CAUSAL
     const int kv_end = min(Tk, q0 + nq + causal_offset);  // past the last key the block's last row sees
+    const int warp_end = min(q0 + w0 + 16 + causal_offset, kv_end);  // ... and this warp's
 #else
-    const int kv_end = Tk;
+    const int kv_end = Tk, warp_end = Tk;
 #endif
-    for (int k0 = 0; k0 < kv_end; k0 += BK) {
+#if defined(KV_ASYNC)
+    // lane's ldmatrix row in a stage: K's key lane % 8 + 8 (lane / 16) at d offset 16 bytes ((lane / 8) % 2) (b0, b1
+    // of two key blocks); V's key lane % 8 + 8 ((lane / 8) % 2) at dv offset 16 bytes (lane / 16) (b0, b1 of two
+    // column blocks)
+    const uint k_lane = (lane % 8 + (lane / 16) * 8) * KSB + ((lane / 8) % 2) * 16;
+    const uint v_lane = (lane % 8 + ((lane / 8) % 2) * 8) * VSB + (lane / 16) * 16;
+    if (kv_end > 0) KV_ISSUE(0, 0)
+    PTX_COMMIT();
+#endif
+    for (int k0 = 0, it = 0; k0 < kv_end; k0 += BK, it++) {
         const int nk = min(BK, Tk - k0);
         barrier(CLK_LOCAL_MEM_FENCE);  // every warp is done with the last tile
+#if defined(KV_ASYNC)
+        if (k0 + BK < kv_end) KV_ISSUE((it + 1) % 2, k0 + BK)
+        PTX_COMMIT();
+        PTX_WAIT(1);  // this tile's copies have landed
+        barrier(CLK_LOCAL_MEM_FENCE);
+        const uint ks_ = sbase + (it % 2) * STAGE_B + k_lane, vs_ = sbase + (it % 2) * STAGE_B + BK * KSB + v_lane;
+#else
         for (int e = lid; e < BK * D / 4; e += NT) {
             const int r = e / (D / 4), d = e % (D / 4) * 4;
             vstore4(r < nk ? vload4(0, k + (k0 + r) * kst + d) : (ET4)(0), 0, ks + r * KS + d);
@@ -127,7 +178,23 @@ void attention_mma(__global const ET* q, ulong q_off, __global const ET* k, ulon
             vt[d * VS + r] = x.x; vt[(d + 1) * VS + r] = x.y; vt[(d + 2) * VS + r] = x.z; vt[(d + 3) * VS + r] = x.w;
         }
         barrier(CLK_LOCAL_MEM_FENCE);
+#endif
+        if (w0 >= nq || k0 >= warp_end) continue;  // (no row of this warp is stored, or sees these keys)
         float s[BK / 8][4];
+#if defined(KV_ASYNC)
+        #pragma unroll
+        for (int j = 0; j < BK / 8; j += 2) {
+            s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+            s[j + 1][0] = s[j + 1][1] = s[j + 1][2] = s[j + 1][3] = 0.0f;
+            #pragma unroll
+            for (int c = 0; c < D / 16; c++) {
+                uint b[4];
+                PTX_LDSM_X4(b, ks_ + 8 * j * KSB + 32 * c);
+                MMA_F16(s[j], qa[c], b[0], b[1]);
+                MMA_F16(s[j + 1], qa[c], b[2], b[3]);
+            }
+        }
+#else
         #pragma unroll
         for (int j = 0; j < BK / 8; j++) {
             s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
@@ -146,42 +213,52 @@ void attention_mma(__global const ET* q, ulong q_off, __global const ET* k, ulon
             }
 #endif
         }
+#endif
         float top0 = m0, top1 = m1;
-        #pragma unroll
-        for (int j = 0; j < BK / 8; j++)
+        if (!MASK && !SOFTCAP && nk == BK && (!CAUSAL || k0 + BK <= q0 + w0 + 1 + causal_offset)) {
             #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int r = e < 2 ? r0 : r1, key = 8 * j + 2 * t + (e & 1);
-                float z = -INFINITY;
-                if (r < nq && key < nk) {
-                    z = s[j][e] * scale;
+            for (int j = 0; j < BK / 8; j++) {  // (every key there and seen by every row)
+                s[j][0] *= scale2; s[j][1] *= scale2; s[j][2] *= scale2; s[j][3] *= scale2;
+                top0 = fmax(top0, fmax(s[j][0], s[j][1])); top1 = fmax(top1, fmax(s[j][2], s[j][3]));
+            }
+        } else {
+            #pragma unroll
+            for (int j = 0; j < BK / 8; j++)
+                #pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int r = e < 2 ? r0 : r1, key = 8 * j + 2 * t + (e & 1);
+                    float z = -INFINITY;
+                    if (r < nq && key < nk) {
+                        z = s[j][e] * scale;
 #if SOFTCAP
-                    z = softcap * tanh(z / softcap);
+                        z = softcap * tanh(z / softcap);
 #endif
 #if MASK == 1
-                    z += mask[r * msq + (k0 + key) * msk];
+                        z += mask[r * msq + (k0 + key) * msk];
 #elif MASK == 2
-                    if (!mask[r * msq + (k0 + key) * msk]) z = -INFINITY;
+                        if (!mask[r * msq + (k0 + key) * msk]) z = -INFINITY;
 #endif
 #if CAUSAL
-                    if (k0 + key > q0 + r + causal_offset) z = -INFINITY;
+                        if (k0 + key > q0 + r + causal_offset) z = -INFINITY;
 #endif
+                        z *= M_LOG2E_F;
+                    }
+                    s[j][e] = z;
+                    if (e < 2) top0 = fmax(top0, z); else top1 = fmax(top1, z);
                 }
-                s[j][e] = z;
-                if (e < 2) top0 = fmax(top0, z); else top1 = fmax(top1, z);
-            }
+        }
         top0 = fmax(top0, shfl_xor(top0, 1)); top0 = fmax(top0, shfl_xor(top0, 2));
         top1 = fmax(top1, shfl_xor(top1, 1)); top1 = fmax(top1, shfl_xor(top1, 2));
         const float mu0 = top0 == -INFINITY ? 0.0f : top0, mu1 = top1 == -INFINITY ? 0.0f : top1;  // (never inf - inf)
-        const float alpha0 = exp(m0 - mu0), alpha1 = exp(m1 - mu1);
+        const float alpha0 = ex2(m0 - mu0), alpha1 = ex2(m1 - mu1);
         m0 = top0; m1 = top1;
         float sum0 = 0.0f, sum1 = 0.0f;
 #if defined(F16)
         uint pa[BK / 16][4];
         #pragma unroll
         for (int j = 0; j < BK / 8; j++) {
-            const float p0 = exp(s[j][0] - mu0), p1 = exp(s[j][1] - mu0);
-            const float p2 = exp(s[j][2] - mu1), p3 = exp(s[j][3] - mu1);
+            const float p0 = ex2(s[j][0] - mu0), p1 = ex2(s[j][1] - mu0);
+            const float p2 = ex2(s[j][2] - mu1), p3 = ex2(s[j][3] - mu1);
             sum0 += p0 + p1; sum1 += p2 + p3;
             pa[j / 2][2 * (j % 2)] = pack_half2(p0, p1); pa[j / 2][2 * (j % 2) + 1] = pack_half2(p2, p3);
         }
@@ -189,14 +266,28 @@ void attention_mma(__global const ET* q, ulong q_off, __global const ET* k, ulon
         uint pa[BK / 8][4];
         #pragma unroll
         for (int j = 0; j < BK / 8; j++) {
-            const float p0 = exp(s[j][0] - mu0), p1 = exp(s[j][1] - mu0);
-            const float p2 = exp(s[j][2] - mu1), p3 = exp(s[j][3] - mu1);
+            const float p0 = ex2(s[j][0] - mu0), p1 = ex2(s[j][1] - mu0);
+            const float p2 = ex2(s[j][2] - mu1), p3 = ex2(s[j][3] - mu1);
             sum0 += p0 + p1; sum1 += p2 + p3;
             pa[j][0] = TF32_BITS(p0); pa[j][1] = TF32_BITS(p2); pa[j][2] = TF32_BITS(p1); pa[j][3] = TF32_BITS(p3);
         }
 #endif
         l0 = l0 * alpha0 + sum0;  // this lane's columns only: summed over the row's 4 lanes at the end
         l1 = l1 * alpha1 + sum1;
+#if defined(KV_ASYNC)
+        #pragma unroll
+        for (int n = 0; n < DV / 8; n += 2) {
+            o[n][0] *= alpha0; o[n][1] *= alpha0; o[n][2] *= alpha1; o[n][3] *= alpha1;
+            o[n + 1][0] *= alpha0; o[n + 1][1] *= alpha0; o[n + 1][2] *= alpha1; o[n + 1][3] *= alpha1;
+            #pragma unroll
+            for (int j = 0; j < BK / 16; j++) {
+                uint b[4];
+                PTX_LDSM_X4_T(b, vs_ + 16 * j * VSB + 16 * n);
+                MMA_F16(o[n], pa[j], b[0], b[1]);
+                MMA_F16(o[n + 1], pa[j], b[2], b[3]);
+            }
+        }
+#else
         #pragma unroll
         for (int n = 0; n < DV / 8; n++) {
             o[n][0] *= alpha0; o[n][1] *= alpha0; o[n][2] *= alpha1; o[n][3] *= alpha1;
@@ -215,13 +306,19 @@ void attention_mma(__global const ET* q, ulong q_off, __global const ET* k, ulon
             }
 #endif
         }
+#endif
     }
     l0 += shfl_xor(l0, 1); l0 += shfl_xor(l0, 2);
     l1 += shfl_xor(l1, 1); l1 += shfl_xor(l1, 2);
     const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;  // (no visible key: 0)
     #pragma unroll
     for (int n = 0; n < DV / 8; n++) {
+#if defined(Y_PAIRS)
+        if (r0 < nq) *(__global uint*)(y + r0 * yst + 8 * n + 2 * t) = pack_half2(o[n][0] * inv0, o[n][1] * inv0);
+        if (r1 < nq) *(__global uint*)(y + r1 * yst + 8 * n + 2 * t) = pack_half2(o[n][2] * inv1, o[n][3] * inv1);
+#else
         if (r0 < nq) { Y_STORE(o[n][0] * inv0, r0 * yst + 8 * n + 2 * t); Y_STORE(o[n][1] * inv0, r0 * yst + 8 * n + 2 * t + 1); }
         if (r1 < nq) { Y_STORE(o[n][2] * inv1, r1 * yst + 8 * n + 2 * t); Y_STORE(o[n][3] * inv1, r1 * yst + 8 * n + 2 * t + 1); }
+#endif
     }
 }

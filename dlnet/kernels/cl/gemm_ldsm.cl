@@ -1,6 +1,6 @@
 // Tensor-core GEMM core for NVIDIA GPUs fed by ldmatrix: F16 (A and B stored as half, mma.sync m16n8k16) or TF32
 // (A and B float, mma.sync m16n8k8 on tf32, inputs rounded to nearest as mma_tf32.cl does); fp32 accumulation.
-// mma_tf32.cl comes first (MMA_F16, MMA_TF32, TF32_BITS).
+// mma_tf32.cl comes first (MMA_F16, MMA_TF32, TF32_BITS), then ptx_lanes.cl (PTX_CP16, PTX_LDSM_X4).
 // Fragment layouts (PTX ISA), g = lane / 4, t = lane % 4:
 //   f16:  a0..a3 = A[g][2t..], A[g+8][2t..], A[g][2t+8..], A[g+8][2t+8..] (each register two halves along k);
 //         b0, b1 = B[2t..][g], B[2t+8..][g]
@@ -59,18 +59,6 @@
 #endif
 #define STAGE_BYTES (AS_BYTES + BS_BYTES)
 
-#define LDSM_CP16(dst, src, nbytes) \
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(nbytes) : "memory")
-#define LDSM_COMMIT() asm volatile("cp.async.commit_group;" ::: "memory")
-#define LDSM_STR_(x) #x
-#define LDSM_STR(x) LDSM_STR_(x)
-#define LDSM_WAIT(n) asm volatile("cp.async.wait_group " LDSM_STR(n) ";" ::: "memory")
-#define LDSM_X4(r, addr) \
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];" \
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr))
-#define LDSM_X4_T(r, addr) \
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];" \
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr))
 // the products: mma_tf32.cl's MMA_F16 / MMA_TF32 (it comes first), tf32 inputs rounded as it rounds them
 #if defined(F16)
 #define MMA_STEP(d, a, b0, b1) MMA_F16(d, a, b0, b1)
@@ -86,26 +74,26 @@
 #define LDSM_ISSUE_B(bs, k0) \
     for (int l = 0; l < TN * TK / CE / NTHREADS; l++) { \
         const int c = tid + l * NTHREADS, nn = c / (TK / CE), kk = c % (TK / CE) * CE, n = n0 + nn; \
-        LDSM_CP16((bs) + nn * BS_STRIDE + kk * EB, PTR_B((k0) + kk, min(n, NN - 1)), \
+        PTX_CP16((bs) + nn * BS_STRIDE + kk * EB, PTR_B((k0) + kk, min(n, NN - 1)), \
                   n < NN ? LDSM_BYTES(KK - (k0) - kk) : 0); }
 #else
 #define LDSM_ISSUE_B(bs, k0) \
     for (int l = 0; l < TN * TK / CE / NTHREADS; l++) { \
         const int c = tid + l * NTHREADS, kk = c / (TN / CE), nn = c % (TN / CE) * CE, k = (k0) + kk; \
-        LDSM_CP16((bs) + kk * BS_STRIDE + nn * EB, PTR_B(min(k, KK - 1), n0 + nn), \
+        PTX_CP16((bs) + kk * BS_STRIDE + nn * EB, PTR_B(min(k, KK - 1), n0 + nn), \
                   k < KK ? LDSM_BYTES(NN - n0 - nn) : 0); }
 #endif
 #if defined(A_ALONG_M)
 #define LDSM_ISSUE_A(as, k0) \
     for (int l = 0; l < TM * TK / CE / NTHREADS; l++) { \
         const int c = tid + l * NTHREADS, kk = c / (TM / CE), mm = c % (TM / CE) * CE, k = (k0) + kk; \
-        LDSM_CP16((as) + kk * AS_STRIDE + mm * EB, PTR_A(m0 + mm, min(k, KK - 1)), \
+        PTX_CP16((as) + kk * AS_STRIDE + mm * EB, PTR_A(m0 + mm, min(k, KK - 1)), \
                   k < KK ? LDSM_BYTES(M - m0 - mm) : 0); }
 #else
 #define LDSM_ISSUE_A(as, k0) \
     for (int l = 0; l < TM * TK / CE / NTHREADS; l++) { \
         const int c = tid + l * NTHREADS, mm = c / (TK / CE), kk = c % (TK / CE) * CE, m = m0 + mm; \
-        LDSM_CP16((as) + mm * AS_STRIDE + kk * EB, PTR_A(min(m, M - 1), (k0) + kk), \
+        PTX_CP16((as) + mm * AS_STRIDE + kk * EB, PTR_A(min(m, M - 1), (k0) + kk), \
                   m < M ? LDSM_BYTES(KK - (k0) - kk) : 0); }
 #endif
 // one slice of TK: A's TM rows and B's into stage `st`
@@ -140,7 +128,7 @@ void KERNEL_NAME(LDSM_ARGS) {
     #pragma unroll
     for (int s = 0; s < STAGES - 1; s++) {
         if (s < ntiles) LDSM_ISSUE(s, s * TK)
-        LDSM_COMMIT();
+        PTX_COMMIT();
     }
     // a lane's ldmatrix row address within a stage, in bytes: A's row lane % 16 at k offset 16 bytes (lane / 16)
     // for [M][K] (k = lane % 8 + 8 (lane / 16) at m = 8 ((lane / 8) % 2) for [K][M]), giving a0..a3; B's rows as its
@@ -149,11 +137,11 @@ void KERNEL_NAME(LDSM_ARGS) {
 #if defined(A_ALONG_M)
     const uint a_lane = (lane % 8 + (lane / 16) * 8) * AS_STRIDE + (wm * MI * 16 + ((lane / 8) % 2) * 8) * EB;
 #define A_STEP(i, kq) ((kq) * AS_STRIDE + (i) * 16 * EB)
-#define LDSM_A(r, addr) LDSM_X4_T(r, addr)
+#define LDSM_A(r, addr) PTX_LDSM_X4_T(r, addr)
 #else
     const uint a_lane = (wm * MI * 16 + lane % 16) * AS_STRIDE + (lane / 16) * 16;
 #define A_STEP(i, kq) ((i) * 16 * AS_STRIDE + (kq) * EB)
-#define LDSM_A(r, addr) LDSM_X4(r, addr)
+#define LDSM_A(r, addr) PTX_LDSM_X4(r, addr)
 #endif
 #if defined(B_NK)
     const uint b_lane = (wn * NI * 8 + lane % 8 + (lane / 16) * 8) * BS_STRIDE + ((lane / 8) % 2) * 16;
@@ -163,9 +151,9 @@ void KERNEL_NAME(LDSM_ARGS) {
 #define B_STEP(jj, kq) ((kq) * BS_STRIDE + (jj) * 8 * EB)
 #endif
 #if defined(B_NK)
-#define LDSM_B(r, addr) LDSM_X4(r, addr)
+#define LDSM_B(r, addr) PTX_LDSM_X4(r, addr)
 #else
-#define LDSM_B(r, addr) LDSM_X4_T(r, addr)
+#define LDSM_B(r, addr) PTX_LDSM_X4_T(r, addr)
 #endif
 // a warp's fragments of one k step (kq, in elements) of the stage at byte addresses as_, bs_
 #define LDSM_FRAGS(a, b, as_, bs_, kq) { \
@@ -192,19 +180,19 @@ void KERNEL_NAME(LDSM_ARGS) {
 #if defined(LDSM_PIPE) && KQ % 2 == 0
     // fragments double-buffered: a k step's ldmatrix are issued before the previous step's mma; the next slice's
     // first fragments are loaded (after its wait and barrier) before the slice's last mma
-    LDSM_WAIT(STAGES - 2);
+    PTX_WAIT(STAGES - 2);
     barrier(CLK_LOCAL_MEM_FENCE);
     uint af[2][MI][4], bf[2][NI][2];
     LDSM_FRAGS(af[0], bf[0], sbase, sbase + AS_BYTES, 0)
     for (int tt = 0; tt < ntiles; tt++) {
         const int tn = tt + STAGES - 1;  // (into the stage read before the last barrier)
         if (tn < ntiles) LDSM_ISSUE(tn % STAGES, tn * TK)
-        LDSM_COMMIT();
+        PTX_COMMIT();
         const uint as_ = sbase + (tt % STAGES) * STAGE_BYTES, bs_ = as_ + AS_BYTES;
         #pragma unroll
         for (int q = 0; q < KQ; q++) {
             if (q == KQ - 1) {
-                LDSM_WAIT(STAGES - 2);
+                PTX_WAIT(STAGES - 2);
                 barrier(CLK_LOCAL_MEM_FENCE);
                 if (tt + 1 < ntiles) {
                     const uint an = sbase + ((tt + 1) % STAGES) * STAGE_BYTES;
@@ -218,11 +206,11 @@ void KERNEL_NAME(LDSM_ARGS) {
     }
 #else
     for (int tt = 0; tt < ntiles; tt++) {
-        LDSM_WAIT(STAGES - 2);
+        PTX_WAIT(STAGES - 2);
         barrier(CLK_LOCAL_MEM_FENCE);
         const int tn = tt + STAGES - 1;
         if (tn < ntiles) LDSM_ISSUE(tn % STAGES, tn * TK)
-        LDSM_COMMIT();
+        PTX_COMMIT();
         const uint as_ = sbase + (tt % STAGES) * STAGE_BYTES, bs_ = as_ + AS_BYTES;
         #pragma unroll
         for (int kq = 0; kq < TK; kq += KSTEP) {
@@ -232,7 +220,7 @@ void KERNEL_NAME(LDSM_ARGS) {
         }
     }
 #endif
-    LDSM_WAIT(0);
+    PTX_WAIT(0);
     #pragma unroll
     for (int i = 0; i < MI; i++) {
         const int m = m0 + wm * MI * 16 + i * 16 + g;

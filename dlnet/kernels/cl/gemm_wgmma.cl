@@ -55,10 +55,6 @@
 #define WGM (TM / (64 * WG))
 #define WG_A_BYTES (TM * 128)
 #define WG_STAGE_BYTES ((TM + TN) * 128)
-#define WG_CP16(dst, src, nbytes) \
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(nbytes) : "memory")
-#define WG_STR_(x) #x
-#define WG_STR(x) WG_STR_(x)
 #define WG_TILE_OFF(r, kc) ((r) * 128 + (((kc) ^ ((r) & 7)) << 4))
 
 // a 128-byte-swizzled operand at shared address `addr`: start >> 4, the leading and stride byte offsets >> 4: K-major
@@ -103,17 +99,17 @@ inline ulong wg_desc(uint addr, uint lbo, uint sbo) {
 #define WG_FAST_COPY(X, ROWS, dst) { \
     const __global X##_T* g_ = X##_g + k0 * X##_k1; \
     _Pragma("unroll") for (int i = 0; i < ROWS * 8 / WG_THREADS; i++) \
-        WG_CP16((dst) + X##_s + i * X##_ss, g_ + i * X##_step, 16); }
+        PTX_CP16((dst) + X##_s + i * X##_ss, g_ + i * X##_step, 16); }
 #define WG_ISSUE_ROWS(ROWS, dst, PTR, r0, R) \
     for (int c = tid; c < ROWS * 8; c += WG_THREADS) { \
         const int r = c / 8, kc = c % 8, row = (r0) + r, k = k0 + kc * WG_CE; \
-        WG_CP16((dst) + WG_TILE_OFF(r, kc), PTR(min(row, (R) - 1), min(k, KK - WG_CE)), \
+        PTX_CP16((dst) + WG_TILE_OFF(r, kc), PTR(min(row, (R) - 1), min(k, KK - WG_CE)), \
                 (row < (R) && k < KK) ? min(16, WG_EB * (KK - k)) : 0); }
 #define WG_ISSUE_MN(ROWS, dst, PTR, r0, R) \
     for (int c = tid; c < ROWS * 8; c += WG_THREADS) { \
         const int kr = c / (ROWS / 8), cm = c % (ROWS / 8), row = (r0) + cm * 8, k = k0 + kr; \
         const bool in_ = row < (R) && k < KK; \
-        WG_CP16((dst) + cm / 8 * 8192 + kr * 128 + (((cm % 8) ^ (kr % 8)) << 4), PTR(in_ ? row : 0, in_ ? k : 0), \
+        PTX_CP16((dst) + cm / 8 * 8192 + kr * 128 + (((cm % 8) ^ (kr % 8)) << 4), PTR(in_ ? row : 0, in_ ? k : 0), \
                 in_ ? min(16, 2 * ((R) - row)) : 0); }
 #if defined(A_ALONG_M)
 #define WG_ISSUE_A WG_ISSUE_MN
@@ -180,23 +176,23 @@ void KERNEL_NAME(LDSM_ARGS) {
     const int ntiles = max(0, (min(KK, kbeg + kchunk) - kbeg + TK - 1) / TK);
     for (int s = 0; s < WG_P; s++) {
         if (s < ntiles) WG_ISSUE(sbase + s * WG_STAGE_BYTES, kbeg + s * TK)
-        asm volatile("cp.async.commit_group;" ::: "memory");
+        PTX_COMMIT();
     }
 #if defined(WG_ROUNDS)
-    asm volatile("cp.async.wait_group " WG_STR(WG_P) " - 1;" ::: "memory");
+    asm volatile("cp.async.wait_group " PTX_STR(WG_P) " - 1;" ::: "memory");
     WG_ROUND(0)
 #endif
     for (int tt = 0; tt < ntiles; tt++) {
         // slice tt has landed (one group committed a slice, empty or not; TF32: and was rounded); the copies are made
         // visible to the async proxy wgmma reads through, then to every warpgroup
 #if !defined(WG_ROUNDS)
-        asm volatile("cp.async.wait_group " WG_STR(WG_P) " - 1;" ::: "memory");
+        asm volatile("cp.async.wait_group " PTX_STR(WG_P) " - 1;" ::: "memory");
 #endif
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         barrier(CLK_LOCAL_MEM_FENCE);
         const int tn = tt + WG_P;
         if (tn < ntiles) WG_ISSUE(sbase + (tn % STAGES) * WG_STAGE_BYTES, kbeg + tn * TK)
-        asm volatile("cp.async.commit_group;" ::: "memory");
+        PTX_COMMIT();
         const uint st = sbase + (tt % STAGES) * WG_STAGE_BYTES;
         asm volatile("// @WG wgmma.fence.sync.aligned;" ::: "memory");
         #pragma unroll
@@ -211,11 +207,11 @@ void KERNEL_NAME(LDSM_ARGS) {
         asm volatile("// @WG wgmma.commit_group.sync.aligned;" ::: "memory");
 #if defined(WG_ROUNDS)
         if (tt + 1 < ntiles) {  // (slice tt + 1 landed, rounded while slice tt's products run)
-            asm volatile("cp.async.wait_group " WG_STR(WG_P) " - 1;" ::: "memory");
+            asm volatile("cp.async.wait_group " PTX_STR(WG_P) " - 1;" ::: "memory");
             WG_ROUND((tt + 1) % STAGES * WG_STAGE_BYTES)
         }
 #endif
-        asm volatile("// @WG wgmma.wait_group.sync.aligned " WG_STR(WG_WAIT) ";" ::: "memory");
+        asm volatile("// @WG wgmma.wait_group.sync.aligned " PTX_STR(WG_WAIT) ";" ::: "memory");
     }
     asm volatile("// @WG wgmma.wait_group.sync.aligned 0;" ::: "memory");
     asm volatile("cp.async.wait_group 0;" ::: "memory");

@@ -1,7 +1,8 @@
 """The fused attention kernels: softmax(q k^T * scale + mask) v with an online softmax, never the Tq x Tk scores.
 attention.cl (algo "flash"): K/V tiles through __local memory, a work-group per (block of query rows, batch * head);
 attention_cpu.cl (algo "flash_cpu", CPUs): a work-item per few query rows, keys from global memory, no barriers;
-attention_mma.cl (the "flash" algo's tensor-core form, NVIDIA in tf32 mode): both products on mma.sync.
+attention_mma.cl (the "flash" algo's tensor-core form, NVIDIA in tf32 and fp16 modes): both products on mma.sync;
+in half, K and V by cp.async and ldmatrix where their rows are 16-byte aligned (the IR tile's "/cp").
 attention_grad.cl (AttentionGrad): the gradient, a work-item per query row (dq) then per key row (dk, dv); on CPUs
 attention_grad_lanes.cl's 8 rows in vector lanes."""
 from dataclasses import dataclass
@@ -143,11 +144,11 @@ class AttentionFamily:
         layout = a["layout"]
         B, Hq, Hk, Tq, Tk, D, DV, defs, strides = attention_geometry(node, q, k, v, mask)
         defs.update(SOFTCAP=int(a["softcap"] > 0), **half_defines(Q=q, K=k, V=v, Y=y), **tf32_defines(node))
+        steps = [operand_strides(x.shape, lay, element_strides(x)) for x, lay in zip((q, k, v, y), layout, strict=True)]
         args = self.args(q) + self.args(k) + self.args(v) + (self.args(mask) if mask is not None else self.dummy()) \
             + self.args(y) + [np.int32(Tq), np.int32(Tk), np.int32(Hq), np.int32(Hk), np.float32(a["scale"]),
                               np.float32(a["softcap"]), np.int32(a["causal_offset"])] + [np.int64(s) for s in strides] \
-            + [np.int64(s) for x, lay in zip((q, k, v, y), layout, strict=True)
-               for s in operand_strides(x.shape, lay, element_strides(x))]
+            + [np.int64(s) for st in steps for s in st]
         label = f"{node.name} Attention"
         if node.schedule["algo"] == "flash_cpu":  # (schedule.py; Lowerer.lower makes sure there is one)
             rows = max(1, min(CPU_ROWS, Tq))
@@ -162,8 +163,14 @@ class AttentionFamily:
         mma = mma_tile(self.dev, self.options, D, DV, Tq, all(halves)) if all(halves) or not any(halves) else None
         if mma is not None:
             warps, bk = mma
+            k_ok, v_ok, y_ok = (all(int(n) % m == 0 for n in [self.args(x)[1]] + st)  # (16-byte rows; 4-byte pairs)
+                                for x, st, m in zip((k, v, y), steps[1:], (8, 8, 2), strict=True))
+            copies = all(halves) and DV % 16 == 0 and k_ok and v_ok and self.options.attention_async
+            if copies:
+                warps = min(warps, self.options.attention_async_warps)
             defs.update(WARPS=warps, BK=bk, **({"F16": 1} if all(halves) else {}))
-            self.record_tile(f"mma{16 * warps}x{bk}")
+            defs.update({"KV_ASYNC": 1} if copies else {}, **({"Y_PAIRS": 1} if "Y_HALF" in defs and y_ok else {}))
+            self.record_tile(f"mma{16 * warps}x{bk}" + ("/cp" if copies else ""))
             self.emit(defines(defs) + kernel_source("mma_tf32") + kernel_source("ptx_lanes") +
                       kernel_source("tf32_store") + kernel_source("attention_mma"), "attention_mma", args,
                       (max(-(-Tq // (16 * warps)), 1) * 32 * warps, B * Hq), (32 * warps, 1), label)
