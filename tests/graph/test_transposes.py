@@ -1,5 +1,6 @@
-"""graph/passes/transposes.py: Transpose -> LayerNorm (-> Transpose back) as one LayerNormAxis (layernorm_axis.cl), and
-a Transpose read only by a pointwise chain as that chain's strided operand; each against onnx's reference evaluator,
+"""graph/passes/transposes.py: Transpose -> LayerNorm (-> Transpose back) as one LayerNormAxis (layernorm_axis.cl),
+a Transpose read only by a pointwise chain as that chain's strided operand, and row-wise work between a Transpose
+that keeps the last axis and its inverse done in the input's order; each against onnx's reference evaluator,
 on the CPU device and with the GPU kernels on PoCL (matrix_core="portable": layernorm_axis.cl's work-groups of rows
 by 8 work-items)."""
 import numpy as np
@@ -103,3 +104,43 @@ def test_transpose_read_by_a_pointwise_chain_is_a_strided_operand(dev_ctx, shape
     assert got["y"].shape == out_shape == want.shape
     assert rel_l2(got["y"], want) <= 1e-6
     assert "Transpose" not in ops and any(m[0] == "Transpose" for m in members), (ops, members)
+
+
+def _rows_model(shape, perm, middle, out="back"):
+    """Relu(x) -> Transpose(perm) -> `middle` ("linear": h = MatMul + bias, h * Tanh(h) * s, MatMul; "mixing": a
+    Softmax across the first axis) -> Transpose back (out "back"; "output": the middle's result is also a graph
+    output) -> Add x."""
+    rng = np.random.default_rng(8)
+    c = shape[-1]
+    back = [int(i) for i in np.argsort(perm)]
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Transpose", ["r"], ["t"], perm=perm)]
+    inits = {}
+    if middle == "linear":
+        nodes += [helper.make_node("MatMul", ["t", "w1"], ["h"]), helper.make_node("Add", ["h", "b1"], ["hb"]),
+                  helper.make_node("Tanh", ["hb"], ["a"]), helper.make_node("Mul", ["a", "hb"], ["p"]),
+                  helper.make_node("Mul", ["p", "s"], ["ps"]), helper.make_node("MatMul", ["ps", "w2"], ["m"])]
+        inits = {"w1": rng.standard_normal((c, 12)).astype(np.float32) / 3,
+                 "b1": rng.standard_normal(12).astype(np.float32), "s": rng.random((1, 12)).astype(np.float32),
+                 "w2": rng.standard_normal((12, c)).astype(np.float32) / 3}
+    else:
+        nodes.append(helper.make_node("Softmax", ["t"], ["m"], axis=0))
+    nodes += [helper.make_node("Transpose", ["m"], ["mb"], perm=back), helper.make_node("Add", ["mb", "x"], ["y"])]
+    outputs = ["y"] + (["m"] if out == "output" else [])
+    return make_model(nodes, {"x": ("float32", shape)}, outputs, inits)
+
+
+@pytest.mark.parametrize("shape, perm, middle, out, gone", [
+    ((3, 5, 8), (1, 0, 2), "linear", "back", True),  # nn.MultiheadAttention(batch_first=True)'s pair of copies
+    ((2, 3, 4, 6), (2, 0, 1, 3), "linear", "back", True),  # three leading axes: the way back is not perm itself
+    ((3, 5, 8), (1, 0, 2), "mixing", "back", False),  # a Softmax across rows: the copies stay
+    ((3, 5, 8), (1, 0, 2), "linear", "output", False),  # a value between is the user's: it keeps its order
+])
+def test_row_wise_work_between_transposes_runs_in_input_order(dev_ctx, shape, perm, middle, out, gone):
+    model = _rows_model(shape, perm, middle, out)
+    feeds = {"x": np.random.default_rng(9).standard_normal(shape).astype(np.float32)}
+    want = reference(model, feeds)
+    got, ops, members = _run(model, feeds, dev_ctx)
+    for name, w in zip(["y", "m"], want):
+        assert rel_l2(got[name], w) <= 1e-5, name
+    moved = [op for op in ops + [m for ms in members for m in ms] if op == "Transpose"]
+    assert (not moved) == gone, (ops, members)

@@ -13,6 +13,12 @@ around a LayerNorm: 80 Transpose copies in convnext_small. Here:
 
 Both leave the products (Linear layers) as they are: on [N*H*W, C] rows, the GEMM cores' best layout.
 
+- `rows_in_input_order`: a Transpose that swaps leading axes and keeps the last (nn.MultiheadAttention's batch-first
+  module runs sequence-first: [B, T, C] -> [T, B, C] before its projections, and back after them: 24 copies in
+  ViT-B/16) feeds work done row by row (products on rows, views, pointwise nodes, attention through its layout) up
+  to the Transposes that put the axes back: that work is done on the rows in the input's order instead, and both
+  copies go.
+
 - `transposes_into_products` (training graphs): a Gemm reading a 2-D Transpose (a Linear layer's weight as exporters
   write it, MatMul(x, Transpose(W))) reads the Transpose's input with transA / transB flipped: no copy of the weight
   each step, nor of its gradient back (the gradient of the Gemm is W's own layout).
@@ -21,6 +27,8 @@ Both leave the products (Linear layers) as they are: on [N*H*W, C] rows, the GEM
 - `slice_grads_into_concat` (training graphs): the gradient of a Split (q, k and v of a packed projection) summed
   from its pieces' SliceGrads, each a zero-filled copy of the whole input, is one Concat of the pieces' gradients.
 """
+import numpy as np
+
 from ..ir import Node
 from ..ops.normalization import channels_last
 
@@ -93,6 +101,95 @@ def transposes_into_pointwise(graph):
         out = user.outputs[0]
         out.producer = None
         graph.add_node(Node("Fused", inputs, [out], {"nodes": [node] + members}, user.name), at - 1)
+        changed = True
+    return changed
+
+
+def _row_form(v, lead, rows):
+    """("split", tail) where v is [*lead, *tail], ("rows", tail) where it is [rows, *tail], else None."""
+    n = len(lead)
+    if v.shape[:n] == tuple(lead):
+        return "split", v.shape[n:]
+    if v.rank >= 1 and v.shape[0] == rows:
+        return "rows", v.shape[1:]
+    return None
+
+
+def _row_region(graph, t, lead, inv):
+    """The nodes that read rows of `t` (a [*lead, C] Transpose output) and the values they make, up to Transposes
+    of perm inv + (last,) (back to the input's order): (nodes, values, those Transposes), or None where some reader
+    works across rows or a value leaves the region otherwise."""
+    rows = int(np.prod(lead))
+    values, nodes, backs, todo = {t.id: t}, [], [], [t]
+    while todo:  # (the closure first: a node's other operands may join the region later)
+        v = todo.pop()
+        if v in graph.outputs or _row_form(v, lead, rows) is None:
+            return None
+        for u in [u for u in v.users if u in graph.nodes and u not in nodes and u not in backs]:
+            if u.op == "Transpose":
+                if tuple(u.attrs["perm"]) != inv + (len(lead),) or v.rank != len(lead) + 1:
+                    return None
+                backs.append(u)
+                continue
+            nodes.append(u)
+            for y in u.outputs:
+                values[y.id] = y
+                todo.append(y)
+    for u in nodes:
+        ins = [i for i, x in enumerate(u.inputs) if x is not None and x.id in values]
+        y = u.outputs[0]
+        tail = len(_row_form(y, lead, rows)[1])
+        if u.op in ("Reshape", "ColumnView"):
+            ok = True
+        elif u.spec.kind == "pointwise":  # (the others broadcast along the rows)
+            ok = all(u.inputs[i].shape == y.shape for i in ins) and all(
+                all(d == 1 for d in x.shape[:max(x.rank - tail, 0)])
+                for i, x in enumerate(u.inputs) if x is not None and i not in ins)
+        elif u.op == "Gemm":  # (A's rows by a matrix; a bias, or a C of the same rows)
+            c = u.inputs[2] if len(u.inputs) > 2 else None
+            ok = ins[0] == 0 and 1 not in ins and not u.attrs.get("transA") and u.inputs[1].rank == 2 and \
+                (c.shape == y.shape if 2 in ins else c is None or all(d == 1 for d in c.shape[:-1]))
+        elif u.op == "Attention":  # (q's rows, k's and v's where they are rows too: each through its layout)
+            ok = 0 in ins and 3 not in ins and len(u.outputs) == 1 and all(
+                _row_form(x, lead, rows)[0] == "split" and x.rank == 4 for x in u.inputs[:3] + [y]
+                if x.id in values)
+        else:
+            ok = False
+        if not ok:
+            return None
+    return nodes, values, backs
+
+
+def rows_in_input_order(graph):
+    """Transpose(x, perm) keeping the last axis -> row-wise work -> Transpose back: the work on x's rows (module
+    docstring); the shapes and views between take x's order, Attention's layouts the swapped axes."""
+    changed = False
+    for node in list(graph.nodes):
+        if node.op != "Transpose" or node not in graph.nodes or node.inputs[0].const is not None:
+            continue
+        x, t, perm = node.inputs[0], node.outputs[0], tuple(node.attrs["perm"])
+        if x.rank < 3 or perm[-1] != x.rank - 1 or _moves_nothing(x, perm):
+            continue
+        lead, inv = t.shape[:-1], tuple(int(i) for i in np.argsort(perm[:-1]))
+        region = _row_region(graph, t, lead, inv)
+        if region is None or not region[2]:
+            continue
+        nodes, values, backs = region
+        rows, n = int(np.prod(lead)), len(lead)
+        split = {vid for vid, v in values.items() if _row_form(v, lead, rows)[0] == "split"}
+        for vid in split:  # [*lead, *tail] -> [*x's lead, *tail]; rows stay rows (now in x's order)
+            values[vid].shape = x.shape[:-1] + values[vid].shape[n:]
+        for u in nodes:
+            if u.op in ("Reshape", "ColumnView"):
+                u.attrs["shape"] = u.outputs[0].shape
+            if u.op == "Attention":  # (stored axis j holds what axis inv[j] held)
+                u.attrs["layout"] = tuple("".join(lay[inv[j]] for j in range(n)) + lay[n:] if v.id in split else lay
+                                          for lay, v in zip(u.attrs["layout"], u.inputs[:3] + u.outputs[:1]))
+        graph.replace_all_uses(t, x)
+        graph.remove_node(node)
+        for back in backs:
+            graph.replace_all_uses(back.outputs[0], back.inputs[0])
+            graph.remove_node(back)
         changed = True
     return changed
 
