@@ -1,10 +1,10 @@
-"""attention_mma.cl alone on the GPU machine, in tf32 (float q, k, v) and F16 (half q, k, v, fp32 accumulation;
-f16: K and V through registers, f16cp: by cp.async and ldmatrix, KV_ASYNC): relative L2 error against float64
-attention of the same inputs, and kernel time against PyTorch's scaled_dot_product_attention (float with TF32 on /
+"""attention_mma.cl alone on the GPU machine, in tf32 (float q, k, v) and F16 (half q, k, v, fp32 accumulation);
+K and V through registers, or with a mode ending in cp (tf32cp, f16cp) by cp.async (KV_ASYNC): relative L2 error
+against float64 attention of the same inputs, and kernel time against PyTorch's scaled_dot_product_attention (float with TF32 on /
 half) in the same process, each the median of --iters, PyTorch's over 20 back-to-back calls (no launch gap).
 [B, H, T, D] contiguous operands.
 
-    python3 bench/probes/attention_mma.py [--shapes 16x12x197x64,8x12x256x64c] [--modes tf32,f16,f16cp]
+    python3 bench/probes/attention_mma.py [--shapes 16x12x197x64,8x12x256x64c] [--modes tf32,tf32cp,f16,f16cp]
         [--warps 8,4] [--bk 64] [--iters 20]
 
 A shape ending in c is causal. Prints a table; asserts nothing.
@@ -30,7 +30,7 @@ def main():
     import torch
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="16x12x197x64,8x12x256x64c,1x12x1024x64c,4x16x512x128")
-    ap.add_argument("--modes", default="tf32,f16,f16cp")
+    ap.add_argument("--modes", default="tf32,tf32cp,f16,f16cp")
     ap.add_argument("--warps", default="8")
     ap.add_argument("--bk", type=int, default=0, help="keys a tile (0: 64, 32 past head dim 64)")
     ap.add_argument("--iters", type=int, default=20)
@@ -54,7 +54,9 @@ def main():
             warps = min(nw, -(-T // 16))
             defs = {"D": D, "DV": D, "WARPS": warps, "BK": bk, "CAUSAL": int(causal)}
             if f16:
-                defs.update(F16=1, Y_HALF=1, **({"KV_ASYNC": 1, "Y_PAIRS": 1} if mode == "f16cp" else {}))
+                defs.update(F16=1, Y_HALF=1, **({"Y_PAIRS": 1} if mode == "f16cp" else {}))
+            if mode.endswith("cp"):
+                defs["KV_ASYNC"] = 1
             src = "".join(f"#define {a} {b}\n" for a, b in defs.items()) + kernel_source("mma_tf32") + \
                 kernel_source("ptx_lanes") + kernel_source("tf32_store") + kernel_source("attention_mma")
             knl = cl.Kernel(cl.Program(ctx, src).build(), "attention_mma")

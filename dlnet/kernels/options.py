@@ -115,8 +115,8 @@ class Options:
     # its work-groups' warps, 16 query rows each: each K/V tile loaded once for more rows. H100, ViT-B/16 b16 (197
     # tokens, d 64), the 12 layers' attention: 1 warp 3.09 ms, 2 1.49, 4 1.07, 8 0.79 (the fp32 kernel 2.40)
     attention_mma_warps: int = 8
-    # fp16 (q, k and v in half, 16-byte aligned rows): attention_mma.cl's K and V tiles by cp.async into two stages,
-    # read by ldmatrix (KV_ASYNC; False: through registers, V transposed by scalar stores), with up to this many warps
+    # attention_mma.cl's K and V tiles by cp.async into two stages where their rows are 16-byte aligned (KV_ASYNC;
+    # fp16: read by ldmatrix; False: through registers, V transposed by scalar stores), with up to this many warps
     # a work-group. H200, kernel ms (bench/probes/attention_mma.py), registers 8 warps -> cp.async 8 / 4 warps:
     # 16 x 12 x 256 x 64 causal 0.0532 -> 0.0295 / 0.0249; 16 x 12 x 197 x 64 0.0486 -> 0.0318 / 0.0277
     attention_async: bool = True

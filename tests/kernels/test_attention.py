@@ -158,15 +158,17 @@ def make_case(case):
     return q, k, v, mask, attrs
 
 
+@pytest.mark.parametrize("copies", [True, False], ids=["cp", "regs"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_tensor_core_kernel_matches_float64(case):
+def test_tensor_core_kernel_matches_float64(case, copies):
     """attention_mma.cl (NVIDIA, tf32 mode: both products on mma.sync) against the float64 oracle, at tf32's
-    precision; the cases it does not take (head dims not multiples of 8, decoding's few rows) keep attention.cl."""
+    precision, K and V by cp.async ("/cp") or through registers; the cases it does not take (head dims not multiples
+    of 8, decoding's few rows) keep attention.cl."""
     ctx = context()
     if not ctx.is_nvidia:
         pytest.skip("attention_mma.cl needs an NVIDIA device (inline PTX mma.sync)")
     import dlnet
-    ctx = dlnet.Context(ctx.info, precision="tf32")
+    ctx = dlnet.Context(ctx.info, precision="tf32").with_options(attention_async=copies)
     q, k, v, mask, attrs = make_case(case)
     got, schedule = run_attention(q, k, v, mask, "flash", ctx=ctx, **attrs)
     want = oracle(q, k, v, mask, attrs.get("scale"), attrs.get("causal", 0), attrs.get("causal_offset", 0),
@@ -174,7 +176,9 @@ def test_tensor_core_kernel_matches_float64(case):
     assert np.isfinite(got).all()
     assert rel_l2(got, want) <= 5e-3, rel_l2(got, want)
     d, dv, tq = q.shape[-1], v.shape[-1], q.shape[-2]
-    assert schedule["tile"].startswith("mma") == (d % 8 == 0 and dv % 8 == 0 and tq > 8), schedule["tile"]
+    mma = d % 8 == 0 and dv % 8 == 0 and tq > 8
+    assert schedule["tile"].startswith("mma") == mma, schedule["tile"]
+    assert schedule["tile"].endswith("/cp") == (mma and copies), schedule["tile"]
 
 
 def half_context(copies):
@@ -362,7 +366,7 @@ def test_tensor_core_kernel_layouts(case):
                                   layout=layout, **attrs)
     want = oracle(*logical, None, None, attrs.get("causal", 0), attrs.get("causal_offset", 0))
     assert rel_l2(got.transpose(to_logical(layout[3])), want) <= 5e-3
-    assert schedule["tile"].startswith("mma") == (tq > 8)
+    assert schedule["tile"].startswith("mma") == schedule["tile"].endswith("/cp") == (tq > 8), schedule["tile"]
 
 
 @pytest.mark.parametrize("case", list(LAYOUT_CASES))

@@ -15,10 +15,11 @@
 //   serves (FlashAttention-2's): S's fragments of key blocks 2J and 2J + 1, packed to half pairs, are P's A fragment
 //   for keys 16J..16J + 15, and V^T's 32-bit words give B. Y_HALF: y stored in half too (Y_PAIRS: two halves a
 //   32-bit store, y's offset and strides even).
-//   KV_ASYNC (F16, DV a multiple of 16, k's and v's offsets and strides multiples of 8 halves): K and V come by
-//   16-byte cp.async (ptx_lanes.cl) into two stages of __local memory, tile i + 1 in flight while tile i is used,
-//   both row-major with rows padded by 16 bytes; S's B fragments are K's rows by ldmatrix, O's are V's by
-//   ldmatrix.trans (no transposing copy).
+// KV_ASYNC (k's and v's offsets and strides on 16 bytes; F16: DV a multiple of 16): K and V come by 16-byte cp.async
+// (ptx_lanes.cl) into two stages of __local memory, tile i + 1 in flight while tile i is used, both row-major (no
+// transposing copy). F16: rows padded by 16 bytes, S's B fragments K's rows by ldmatrix, O's V's by ldmatrix.trans;
+// tf32: K's rows as above (KS), V's padded to 4 mod 16 floats, b0, b1 of O = P v two floats of rows 2t, 2t + 1 at
+// column g (32 distinct banks).
 // The softmax works in base 2 (scores times log2 e, ex2.approx). A tile needs no per-score test where every key is
 // there and, causal, visible to the warp's every row (no MASK, no SOFTCAP): its scores are only scaled; a warp skips
 // a causal tile none of its rows sees.
@@ -43,21 +44,34 @@
 #define VS (BK + (40 - BK % 32) % 32)
 #endif
 #if defined(KV_ASYNC)
-#if !defined(F16) || DV % 16
-#error "attention_mma.cl KV_ASYNC: F16, and DV a multiple of 16"
+#if defined(F16)
+#if DV % 16
+#error "attention_mma.cl KV_ASYNC F16: DV must be a multiple of 16"
 #endif
 #define KSB (2 * D + 16)  // bytes a row of K's and V's stages: ldmatrix's 8 rows of 16 bytes in distinct banks
 #define VSB (2 * DV + 16)
+#else
+#define KSB (4 * KS)
+#define VSB (4 * (DV + 4))
+#endif
+#define EC (16 / (int)sizeof(ET))  // elements a copy
 #define STAGE_B (BK * (KSB + VSB))
 // tile k0's BK rows of K and of V into stage st (zeros past Tk)
 #define KV_ISSUE(st, k0) { \
     const uint ks_ = sbase + (st) * STAGE_B, vs_ = ks_ + BK * KSB; \
-    for (int e = lid; e < BK * D / 8; e += NT) { \
-        const int r = e / (D / 8), c = e % (D / 8) * 8; \
-        PTX_CP16(ks_ + r * KSB + 2 * c, k + min((k0) + r, Tk - 1) * kst + c, (k0) + r < Tk ? 16 : 0); } \
-    for (int e = lid; e < BK * DV / 8; e += NT) { \
-        const int r = e / (DV / 8), c = e % (DV / 8) * 8; \
-        PTX_CP16(vs_ + r * VSB + 2 * c, v + min((k0) + r, Tk - 1) * vst + c, (k0) + r < Tk ? 16 : 0); } }
+    for (int e = lid; e < BK * D / EC; e += NT) { \
+        const int r = e / (D / EC), c = e % (D / EC) * EC; \
+        PTX_CP16(ks_ + r * KSB + c * (int)sizeof(ET), k + min((k0) + r, Tk - 1) * kst + c, (k0) + r < Tk ? 16 : 0); } \
+    for (int e = lid; e < BK * DV / EC; e += NT) { \
+        const int r = e / (DV / EC), c = e % (DV / EC) * EC; \
+        PTX_CP16(vs_ + r * VSB + c * (int)sizeof(ET), v + min((k0) + r, Tk - 1) * vst + c, (k0) + r < Tk ? 16 : 0); } }
+// tf32: lane (g, t)'s float pairs of K (S's B) and of V (O's B), from a stage at kp / vp or the single tiles
+#define K_PAIR(j, c) (*(__local const float2*)(kp + (8 * (j) + g) * KSB + 4 * (8 * (c) + 2 * t)))
+#define V_PAIR(n, j) ((float2)(*(__local const float*)(vp + (8 * (j) + 2 * t) * VSB + 4 * (8 * (n) + g)), \
+                               *(__local const float*)(vp + (8 * (j) + 2 * t + 1) * VSB + 4 * (8 * (n) + g))))
+#else
+#define K_PAIR(j, c) (*(__local const float2*)&ks[(8 * (j) + g) * KS + 8 * (c) + 2 * t])
+#define V_PAIR(n, j) (*(__local const float2*)&vt[(8 * (n) + g) * VS + 8 * (j) + 2 * t])
 #endif
 #if defined(Y_PAIRS) && !defined(Y_HALF)
 #error "attention_mma.cl: Y_PAIRS stores halves"
@@ -167,6 +181,8 @@ void attention_mma(__global const ET* q, ulong q_off, __global const ET* k, ulon
         PTX_WAIT(1);  // this tile's copies have landed
         barrier(CLK_LOCAL_MEM_FENCE);
         const uint ks_ = sbase + (it % 2) * STAGE_B + k_lane, vs_ = sbase + (it % 2) * STAGE_B + BK * KSB + v_lane;
+        __local const uchar* kp = (__local const uchar*)kv + (it % 2) * STAGE_B;
+        __local const uchar* vp = kp + BK * KSB;
 #else
         for (int e = lid; e < BK * D / 4; e += NT) {
             const int r = e / (D / 4), d = e % (D / 4) * 4;
@@ -181,7 +197,7 @@ void attention_mma(__global const ET* q, ulong q_off, __global const ET* k, ulon
 #endif
         if (w0 >= nq || k0 >= warp_end) continue;  // (no row of this warp is stored, or sees these keys)
         float s[BK / 8][4];
-#if defined(KV_ASYNC)
+#if defined(KV_ASYNC) && defined(F16)
         #pragma unroll
         for (int j = 0; j < BK / 8; j += 2) {
             s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
@@ -207,7 +223,7 @@ void attention_mma(__global const ET* q, ulong q_off, __global const ET* k, ulon
 #else
             #pragma unroll
             for (int c = 0; c < D / 8; c++) {
-                const float2 kb = *(__local const float2*)&ks[(8 * j + g) * KS + 8 * c + 2 * t];
+                const float2 kb = K_PAIR(j, c);
                 const uint bb[2] = {TF32_BITS(kb.x), TF32_BITS(kb.y)};
                 MMA_TF32(s[j], qa[c], bb);
             }
@@ -274,7 +290,7 @@ void attention_mma(__global const ET* q, ulong q_off, __global const ET* k, ulon
 #endif
         l0 = l0 * alpha0 + sum0;  // this lane's columns only: summed over the row's 4 lanes at the end
         l1 = l1 * alpha1 + sum1;
-#if defined(KV_ASYNC)
+#if defined(KV_ASYNC) && defined(F16)
         #pragma unroll
         for (int n = 0; n < DV / 8; n += 2) {
             o[n][0] *= alpha0; o[n][1] *= alpha0; o[n][2] *= alpha1; o[n][3] *= alpha1;
@@ -300,7 +316,7 @@ void attention_mma(__global const ET* q, ulong q_off, __global const ET* k, ulon
 #else
             #pragma unroll
             for (int j = 0; j < BK / 8; j++) {
-                const float2 vb = *(__local const float2*)&vt[(8 * n + g) * VS + 8 * j + 2 * t];
+                const float2 vb = V_PAIR(n, j);
                 const uint bb[2] = {TF32_BITS(vb.x), TF32_BITS(vb.y)};
                 MMA_TF32(o[n], pa[j], bb);
             }

@@ -2,7 +2,7 @@
 attention.cl (algo "flash"): K/V tiles through __local memory, a work-group per (block of query rows, batch * head);
 attention_cpu.cl (algo "flash_cpu", CPUs): a work-item per few query rows, keys from global memory, no barriers;
 attention_mma.cl (the "flash" algo's tensor-core form, NVIDIA in tf32 and fp16 modes): both products on mma.sync;
-in half, K and V by cp.async and ldmatrix where their rows are 16-byte aligned (the IR tile's "/cp").
+K and V by cp.async (in half, read by ldmatrix) where their rows are 16-byte aligned (the IR tile's "/cp").
 attention_grad.cl (AttentionGrad): the gradient, a work-item per query row (dq) then per key row (dk, dv); on CPUs
 attention_grad_lanes.cl's 8 rows in vector lanes."""
 from dataclasses import dataclass
@@ -65,6 +65,10 @@ DECODE_ROWS, DECODE_KEYS = 8, 64
 # work-group (no more than the rows need), BK keys a tile (32 for head
 # dims past 64, which keeps K and V^T in 48 KiB), for head dims that are multiples of 8 up to MMA_MAX_D
 MMA_KEYS, MMA_MAX_D = 64, 128
+# ... K and V by cp.async (KV_ASYNC) in tf32: 32 keys a tile (two stages of 32 hold what one of 64 did). H200, kernel
+# ms (bench/probes/attention_mma.py, 4 warps), 64 -> 32 keys: 16 x 12 x 256 x 64 causal 0.0511 -> 0.0439, 16 x 12 x
+# 197 x 64 0.0525 -> 0.0457 (through registers, 8 warps and 64 keys: 0.0737 and 0.0784)
+ASYNC_TF32_KEYS = 32
 
 
 def mma_tile(dev, options, d, dv, tq, f16=False):
@@ -163,11 +167,13 @@ class AttentionFamily:
         mma = mma_tile(self.dev, self.options, D, DV, Tq, all(halves)) if all(halves) or not any(halves) else None
         if mma is not None:
             warps, bk = mma
-            k_ok, v_ok, y_ok = (all(int(n) % m == 0 for n in [self.args(x)[1]] + st)  # (16-byte rows; 4-byte pairs)
-                                for x, st, m in zip((k, v, y), steps[1:], (8, 8, 2), strict=True))
-            copies = all(halves) and DV % 16 == 0 and k_ok and v_ok and self.options.attention_async
+            e = 8 if all(halves) else 4  # (elements in 16 bytes: K's and V's rows by cp.async; y's half pairs)
+            k_ok, v_ok, y_ok = (all(int(n) % m == 0 for n in [self.args(x)[1]] + st)
+                                for x, st, m in zip((k, v, y), steps[1:], (e, e, 2), strict=True))
+            copies = (DV % 16 == 0 or not all(halves)) and k_ok and v_ok and self.options.attention_async
             if copies:
                 warps = min(warps, self.options.attention_async_warps)
+                bk = bk if all(halves) else min(bk, ASYNC_TF32_KEYS)
             defs.update(WARPS=warps, BK=bk, **({"F16": 1} if all(halves) else {}))
             defs.update({"KV_ASYNC": 1} if copies else {}, **({"Y_PAIRS": 1} if "Y_HALF" in defs and y_ok else {}))
             self.record_tile(f"mma{16 * warps}x{bk}" + ("/cp" if copies else ""))
