@@ -110,15 +110,17 @@ class Options:
     # (schedule's tf32_y / tf32_a; gemm_wgmma.cl then rounds neither operand). H200 b16 tf32 Gemm kernel ms: gpt2
     # 5.83 -> 4.77, vit_b_16 5.77 -> 4.92
     tf32_producers: bool = True
-    # tf32: attention's two products on the tensor cores (attention_mma.cl) for head dims that are multiples of 8
+    # tf32 and fp16: attention's two products on the tensor cores (attention_mma.cl) for head dims that are multiples
+    # of 8 (fp16: of 16)
     attention_mma: bool = True
     # its work-groups' warps, 16 query rows each: each K/V tile loaded once for more rows. H100, ViT-B/16 b16 (197
     # tokens, d 64), the 12 layers' attention: 1 warp 3.09 ms, 2 1.49, 4 1.07, 8 0.79 (the fp32 kernel 2.40)
     attention_mma_warps: int = 8
     # attention_mma.cl's K and V tiles by cp.async into two stages where their rows are 16-byte aligned (KV_ASYNC;
     # fp16: read by ldmatrix; False: through registers, V transposed by scalar stores), with up to this many warps
-    # a work-group. H200, kernel ms (bench/probes/attention_mma.py), registers 8 warps -> cp.async 8 / 4 warps:
-    # 16 x 12 x 256 x 64 causal 0.0532 -> 0.0295 / 0.0249; 16 x 12 x 197 x 64 0.0486 -> 0.0318 / 0.0277
+    # a work-group where the head dims are at most 64. H200, kernel ms (bench/probes/attention_mma.py), fp16,
+    # registers 8 warps -> cp.async 8 / 4 warps: 16 x 12 x 256 x 64 causal 0.0532 -> 0.0295 / 0.0249; 16 x 12 x 197 x
+    # 64 0.0486 -> 0.0318 / 0.0277
     attention_async: bool = True
     attention_async_warps: int = 4
     # NVIDIA: AddLayerNorm with a warp per row and its chunks in registers (add_layernorm_warp; False: a work-group

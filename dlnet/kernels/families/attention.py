@@ -67,7 +67,8 @@ DECODE_ROWS, DECODE_KEYS = 8, 64
 MMA_KEYS, MMA_MAX_D = 64, 128
 # ... K and V by cp.async (KV_ASYNC) in tf32: 32 keys a tile (two stages of 32 hold what one of 64 did). H200, kernel
 # ms (bench/probes/attention_mma.py, 4 warps), 64 -> 32 keys: 16 x 12 x 256 x 64 causal 0.0511 -> 0.0439, 16 x 12 x
-# 197 x 64 0.0525 -> 0.0457 (through registers, 8 warps and 64 keys: 0.0737 and 0.0784)
+# 197 x 64 0.0525 -> 0.0457 (through registers, 8 warps and 64 keys: 0.0742 and 0.0794). Head dims past 64 (32 keys
+# already) keep 8 warps: 4 x 16 x 512 x 128 causal 0.1100 with 8, 0.1396 with 4 (fp16: 0.0535, 0.0531).
 ASYNC_TF32_KEYS = 32
 
 
@@ -171,7 +172,7 @@ class AttentionFamily:
             k_ok, v_ok, y_ok = (all(int(n) % m == 0 for n in [self.args(x)[1]] + st)
                                 for x, st, m in zip((k, v, y), steps[1:], (e, e, 2), strict=True))
             copies = (DV % 16 == 0 or not all(halves)) and k_ok and v_ok and self.options.attention_async
-            if copies:
+            if copies and max(D, DV) <= 64:  # (past 64, 32 keys a tile and 8 warps: ASYNC_TF32_KEYS)
                 warps = min(warps, self.options.attention_async_warps)
                 bk = bk if all(halves) else min(bk, ASYNC_TF32_KEYS)
             defs.update(WARPS=warps, BK=bk, **({"F16": 1} if all(halves) else {}))
