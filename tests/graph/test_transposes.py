@@ -144,3 +144,21 @@ def test_row_wise_work_between_transposes_runs_in_input_order(dev_ctx, shape, pe
         assert rel_l2(got[name], w) <= 1e-5, name
     moved = [op for op in ops + [m for ms in members for m in ms] if op == "Transpose"]
     assert (not moved) == gone, (ops, members)
+
+
+def test_rows_whose_last_axis_is_one_keep_their_transposes(ctx):
+    """[4, 4, 1] -> Transpose (1, 0, 2) -> Reshape [4, 4] -> MatMul: the product's rows are the Transpose's output
+    rows but its K is their second lead axis, not their elements: the copies stay, and the result is the same."""
+    rng = np.random.default_rng(10)
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Transpose", ["r"], ["t"], perm=[1, 0, 2]),
+             helper.make_node("Reshape", ["t", "s2"], ["t2"]), helper.make_node("MatMul", ["t2", "w"], ["m"]),
+             helper.make_node("Reshape", ["m", "s3"], ["m3"]),
+             helper.make_node("Transpose", ["m3"], ["mb"], perm=[1, 0, 2]), helper.make_node("Add", ["mb", "x"], ["y"])]
+    inits = {"s2": np.array([4, 4], np.int64), "s3": np.array([4, 4, 1], np.int64),
+             "w": rng.standard_normal((4, 4)).astype(np.float32)}
+    model = make_model(nodes, {"x": ("float32", (4, 4, 1))}, ["y"], inits)
+    feeds = {"x": rng.standard_normal((4, 4, 1)).astype(np.float32)}
+    (want,) = reference(model, feeds)
+    got, ops, members = _run(model, feeds, ctx)
+    assert rel_l2(got["y"], want) <= 1e-6
+    assert "Transpose" in ops + [m for ms in members for m in ms], ops

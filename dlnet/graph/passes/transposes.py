@@ -106,11 +106,12 @@ def transposes_into_pointwise(graph):
 
 
 def _row_form(v, lead, rows):
-    """("split", tail) where v is [*lead, *tail], ("rows", tail) where it is [rows, *tail], else None."""
+    """("split", tail) where v is [*lead, *tail], ("rows", tail) where it is [rows, *tail], else None; the tail is
+    never empty (a product's K, a row's elements)."""
     n = len(lead)
-    if v.shape[:n] == tuple(lead):
+    if v.rank > n and v.shape[:n] == tuple(lead):
         return "split", v.shape[n:]
-    if v.rank >= 1 and v.shape[0] == rows:
+    if v.rank > 1 and v.shape[0] == rows:
         return "rows", v.shape[1:]
     return None
 
