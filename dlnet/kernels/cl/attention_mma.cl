@@ -55,6 +55,12 @@
 #define VSB (4 * (DV + 4))
 #endif
 #define EC (16 / (int)sizeof(ET))  // elements a copy
+// F16: d0 += a b and d1 += a b' for the two column blocks whose B fragments one ldmatrix (LDSM) brings from addr
+#define MMA_PAIR(LDSM, addr, a, d0, d1) { \
+    uint b_[4]; \
+    LDSM(b_, addr); \
+    MMA_F16(d0, a, b_[0], b_[1]); \
+    MMA_F16(d1, a, b_[2], b_[3]); }
 #define STAGE_B (BK * (KSB + VSB))
 // tile k0's BK rows of K and of V into stage st (zeros past Tk)
 #define KV_ISSUE(st, k0) { \
@@ -203,12 +209,8 @@ void attention_mma(__global const ET* q, ulong q_off, __global const ET* k, ulon
             s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
             s[j + 1][0] = s[j + 1][1] = s[j + 1][2] = s[j + 1][3] = 0.0f;
             #pragma unroll
-            for (int c = 0; c < D / 16; c++) {
-                uint b[4];
-                PTX_LDSM_X4(b, ks_ + 8 * j * KSB + 32 * c);
-                MMA_F16(s[j], qa[c], b[0], b[1]);
-                MMA_F16(s[j + 1], qa[c], b[2], b[3]);
-            }
+            for (int c = 0; c < D / 16; c++)
+                MMA_PAIR(PTX_LDSM_X4, ks_ + 8 * j * KSB + 32 * c, qa[c], s[j], s[j + 1]);
         }
 #else
         #pragma unroll
@@ -296,12 +298,8 @@ void attention_mma(__global const ET* q, ulong q_off, __global const ET* k, ulon
             o[n][0] *= alpha0; o[n][1] *= alpha0; o[n][2] *= alpha1; o[n][3] *= alpha1;
             o[n + 1][0] *= alpha0; o[n + 1][1] *= alpha0; o[n + 1][2] *= alpha1; o[n + 1][3] *= alpha1;
             #pragma unroll
-            for (int j = 0; j < BK / 16; j++) {
-                uint b[4];
-                PTX_LDSM_X4_T(b, vs_ + 16 * j * VSB + 16 * n);
-                MMA_F16(o[n], pa[j], b[0], b[1]);
-                MMA_F16(o[n + 1], pa[j], b[2], b[3]);
-            }
+            for (int j = 0; j < BK / 16; j++)
+                MMA_PAIR(PTX_LDSM_X4_T, vs_ + 16 * j * VSB + 16 * n, pa[j], o[n], o[n + 1]);
         }
 #else
         #pragma unroll
