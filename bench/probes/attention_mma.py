@@ -52,7 +52,8 @@ def main():
             want = oracle(*(a.astype(np.float64) for a in xs), causal)
             bk = args.bk or (64 if D <= 64 else 32)
             warps = min(nw, -(-T // 16))
-            defs = {"D": D, "DV": D, "WARPS": warps, "BK": bk, "CAUSAL": int(causal)}
+            defs = {"D": D, "DV": D, "WARPS": warps, "BK": bk, "CAUSAL": int(causal), "MASK": 0, "MASK_T": "float",
+                    "SOFTCAP": 0}
             if f16:
                 defs.update(F16=1, Y_HALF=1, **({"Y_PAIRS": 1} if mode == "f16cp" else {}))
             if mode.endswith("cp"):

@@ -13,20 +13,12 @@
 //   (strides 0 where it broadcasts); MASK 1 adds it (float), MASK 2 lets key j through where it is nonzero (bool).
 //   CAUSAL: key j is visible to query i iff j <= i + causal_offset. SOFTCAP: s = softcap * tanh(s / softcap)
 //   before the mask. A row with no visible key writes 0.
-#if !defined(D) || !defined(DV) || !defined(BQ) || !defined(BK) || !defined(NTR) || !defined(NTC)
-#error "attention.cl needs D, DV, BQ, BK, NTR and NTC"
+#if !defined(D) || !defined(DV) || !defined(BQ) || !defined(BK) || !defined(NTR) || !defined(NTC) || !defined(MASK) || \
+    !defined(MASK_T) || !defined(CAUSAL) || !defined(SOFTCAP)
+#error "attention.cl needs D, DV, BQ, BK, NTR, NTC, MASK, MASK_T, CAUSAL and SOFTCAP"
 #endif
 #if BQ % NTR || BK % NTC || NTC > BK || BK % 4
 #error "attention.cl: NTR must divide BQ, NTC divide BK, and BK be a multiple of 4"
-#endif
-#ifndef MASK
-#define MASK 0
-#endif
-#ifndef CAUSAL
-#define CAUSAL 0
-#endif
-#ifndef SOFTCAP
-#define SOFTCAP 0
 #endif
 
 #define NT (NTR * NTC)
@@ -47,11 +39,6 @@
 #define DVP (DV + 1)
 #define BKP (BK + 4)
 #define KV_ROW (DP > DVP ? DP : DVP)
-#if MASK == 2
-#define MASK_T uchar
-#else
-#define MASK_T float
-#endif
 
 // precision "fp16" (kernels/half.py): Q_HALF, K_HALF, V_HALF, Y_HALF store that operand in half (LDQ/LDK/LDV read
 // one element as float, STY writes one); the scores, the softmax and the sums stay float

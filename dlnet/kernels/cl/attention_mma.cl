@@ -23,8 +23,9 @@
 // The softmax works in base 2 (scores times log2 e, ex2.approx). A tile needs no per-score test where every key is
 // there and, causal, visible to the warp's every row (no MASK, no SOFTCAP): its scores are only scaled; a warp skips
 // a causal tile none of its rows sees.
-#if !defined(D) || !defined(DV) || !defined(WARPS) || !defined(BK)
-#error "attention_mma.cl needs D, DV, WARPS and BK"
+#if !defined(D) || !defined(DV) || !defined(WARPS) || !defined(BK) || !defined(MASK) || !defined(MASK_T) || \
+    !defined(CAUSAL) || !defined(SOFTCAP)
+#error "attention_mma.cl needs D, DV, WARPS, BK, MASK, MASK_T, CAUSAL and SOFTCAP"
 #endif
 #if defined(F16)
 #if D % 16 || DV % 8 || BK % 16
@@ -89,22 +90,8 @@
 #define YT float
 #define Y_STORE(val, i) (y[i] = TF32Y(val))
 #endif
-#ifndef MASK
-#define MASK 0
-#endif
-#ifndef CAUSAL
-#define CAUSAL 0
-#endif
-#ifndef SOFTCAP
-#define SOFTCAP 0
-#endif
 #define BQ (16 * WARPS)
 #define NT (32 * WARPS)
-#if MASK == 2
-#define MASK_T uchar
-#else
-#define MASK_T float
-#endif
 
 inline uint half_pair(__global const ushort* p) {  // two adjacent halves of global memory, any 2-byte alignment
     const ushort2 x = vload2(0, p);

@@ -1,25 +1,12 @@
 // Rows of the head dim in float8 chunks, for the attention kernels that run a work-item per row (attention_cpu.cl,
 // attention_grad.cl): D8 / DV8 chunks of a q / k and a v row, chunk8 (chunk8h: from half) loads with zeros past the
-// row's end, hsum8 adds a chunk's lanes; MASK (1 float added, 2 bool), CAUSAL and SOFTCAP default to 0.
-#if !defined(D) || !defined(DV)
-#error "attention_rows.cl needs D and DV"
-#endif
-#ifndef MASK
-#define MASK 0
-#endif
-#ifndef CAUSAL
-#define CAUSAL 0
-#endif
-#ifndef SOFTCAP
-#define SOFTCAP 0
+// row's end, hsum8 adds a chunk's lanes. MASK (0, 1 float added, 2 bool) and its element type MASK_T, CAUSAL and
+// SOFTCAP come from the host (families/attention.py attention_geometry), as for every attention kernel.
+#if !defined(D) || !defined(DV) || !defined(MASK) || !defined(MASK_T) || !defined(CAUSAL) || !defined(SOFTCAP)
+#error "attention_rows.cl needs D, DV, MASK, MASK_T, CAUSAL and SOFTCAP"
 #endif
 #define D8 ((D + 7) / 8)
 #define DV8 ((DV + 7) / 8)
-#if MASK == 2
-#define MASK_T uchar
-#else
-#define MASK_T float
-#endif
 
 typedef float8 __attribute__((aligned(4))) float8u;
 // min of two ints without the built-in (PoCL calls it out of line, spilling the live vector registers around it)

@@ -131,9 +131,11 @@ def attention_geometry(node, q, k, v, mask):
     qs, ks, vs = (logical_shape(x.shape, s) for x, s in zip((q, k, v), a["layout"], strict=False))
     (B, Hq), (_, Hk) = lead4(qs), lead4(ks)
     Tq, D, Tk, DV = qs[-2], qs[-1], ks[-2], vs[-1]
-    defs, strides = {"D": D, "DV": DV, "CAUSAL": int(bool(a["causal"]))}, [0, 0, 0, 0]
+    # (MASK: 0 none, 1 float added, 2 bool; SOFTCAP: the forward's tanh cap, never in AttentionGrad)
+    defs, strides = {"D": D, "DV": DV, "CAUSAL": int(bool(a["causal"])), "MASK": 0, "MASK_T": "float",
+                     "SOFTCAP": int(a.get("softcap", 0.0) > 0)}, [0, 0, 0, 0]
     if mask is not None:
-        defs["MASK"] = 2 if mask.dtype == "bool" else 1
+        defs.update({"MASK": 2, "MASK_T": "uchar"} if mask.dtype == "bool" else {"MASK": 1})
         strides = mask_strides(mask, (B, Hq, Tq, Tk))
     return B, Hq, Hk, Tq, Tk, D, DV, defs, strides
 
@@ -148,7 +150,7 @@ class AttentionFamily:
             raise ModelError(f"node {node.name} (Attention): float32 only, got {q.dtype}")
         layout = a["layout"]
         B, Hq, Hk, Tq, Tk, D, DV, defs, strides = attention_geometry(node, q, k, v, mask)
-        defs.update(SOFTCAP=int(a["softcap"] > 0), **half_defines(Q=q, K=k, V=v, Y=y), **tf32_defines(node))
+        defs.update(**half_defines(Q=q, K=k, V=v, Y=y), **tf32_defines(node))
         steps = [operand_strides(x.shape, lay, element_strides(x)) for x, lay in zip((q, k, v, y), layout, strict=True)]
         args = self.args(q) + self.args(k) + self.args(v) + (self.args(mask) if mask is not None else self.dummy()) \
             + self.args(y) + [np.int32(Tq), np.int32(Tk), np.int32(Hq), np.int32(Hk), np.float32(a["scale"]),
