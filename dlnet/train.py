@@ -77,6 +77,7 @@ class _TrainPlan:
         practice, over a table of chunks of every trained tensor; with clipping a sum-of-squares launch per pair
         and one clip_scale before them; one copy of every running statistic."""
         ctx, lw, opt = trainer.ctx, self.plan.lowerer, trainer.optimizer
+        options = OPTIONS + (("-DVEC8",) if ctx.dev.kind in ctx.options.optim_vectors else ())
         self.launches, self.tables = [], []
         state = trainer.state_arena([n for n, _, _ in self.params])
         groups = {}  # (weight buffer, gradient buffer) -> (buffers, table rows)
@@ -91,15 +92,15 @@ class _TrainPlan:
             self.partial = ctx.alloc(4 * self.n_partial)
             base = 0
             for _, gbuf, _, table, n_rows in tables:
-                k = ctx.kernel(kernel_source("optim"), "sumsq", OPTIONS)
+                k = ctx.kernel(kernel_source("optim"), "sumsq", options)
                 k.set_args(gbuf, table, self.partial, np.int32(base))
                 self.launches.append(Launch(k, (n_rows * LOCAL,), (LOCAL,), "sumsq"))
                 base += n_rows
-            k = ctx.kernel(kernel_source("optim"), "clip_scale", OPTIONS)
+            k = ctx.kernel(kernel_source("optim"), "clip_scale", options)
             k.set_args(self.partial, np.int32(base), trainer.hp_buf, np.int32(opt.max_norm_at), state.scale)
             self.launches.append(Launch(k, (LOCAL,), (LOCAL,), "clip_scale"))
         for pbuf, gbuf, n_params, table, n_rows in tables:
-            k = ctx.kernel(kernel_source("optim"), opt.kernel, OPTIONS)
+            k = ctx.kernel(kernel_source("optim"), opt.kernel, options)
             slots = [state.buffers[s] for s in opt.slots] or [state.scale]  # sgd without momentum: unread
             k.set_args(pbuf, gbuf, *slots, trainer.hp_buf, state.scale, table)
             self.launches.append(Launch(k, (n_rows * LOCAL,), (LOCAL,), f"{opt.kernel} {n_params} parameters"))
@@ -109,7 +110,7 @@ class _TrainPlan:
             copies.setdefault((dbuf.int_ptr, sbuf.int_ptr), ((dbuf, sbuf), []))[1].append((doff, soff, 0, old.size))
         for (dbuf, sbuf), rows in copies.values():
             table, n_rows = self._table(ctx, rows)
-            k = ctx.kernel(kernel_source("optim"), "copy_state", OPTIONS)
+            k = ctx.kernel(kernel_source("optim"), "copy_state", options)
             k.set_args(dbuf, sbuf, table)
             self.launches.append(Launch(k, (n_rows * LOCAL,), (LOCAL,), f"running statistics ({len(rows)})"))
 

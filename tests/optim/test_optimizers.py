@@ -30,12 +30,14 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("vectors", [True, False], ids=["vec8", "scalar"])
 @pytest.mark.parametrize("name,mine,theirs", CASES, ids=[c[0] for c in CASES])
-def test_steps_match_torch_optim(name, mine, theirs):
+def test_steps_match_torch_optim(name, mine, theirs, vectors):
+    """... with the updates eight elements a work-item (optim.cl's VEC8, rows of every length: ragged ends) or one."""
     x, y = data(8)
     model = make(name.split("_")[0] if name.startswith(("wide_", "bn_")) else "linear")
     proto = export(model, x)
-    net = dlnet.Net(context()).load_onnx(proto)
+    net = dlnet.Net(context().with_options(optim_vectors=("cpu", "gpu") if vectors else ())).load_onnx(proto)
     tr = dlnet.Trainer(net, optimizer=mine())
     ref = copy.deepcopy(model)
     opt = theirs(ref.parameters())

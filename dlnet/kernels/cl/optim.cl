@@ -60,52 +60,68 @@ void clip_scale(__global const float* partial, int count, __global const float* 
     }
 }
 
+// The updates walk a row's elements one per work-item in turn, or with VEC8 (CPUs: Options.optim_vectors) eight
+// consecutive ones a work-item as one float8 (the row's last few one by one): PoCL then runs whole vector lanes. 2
+// cores (EPYC, PoCL), Adam over 15.5M parameters: 68 -> 20 ms, the same values bit for bit (bench/probes/optim_cpu.py).
+#define LD1(ptr, i) (ptr)[i]
+#define ST1(val, ptr, i) ((ptr)[i] = (val))
+#define LD8(ptr, i) vload8(0, (ptr) + (i))
+#define ST8(val, ptr, i) vstore8((val), 0, (ptr) + (i))
+#if defined(VEC8)
+#define FOR_ELEMENTS(AT) \
+    for (int i = 8 * (int)get_local_id(0); i < n; i += 8 * LOCAL) { \
+        if (i + 8 <= n) AT(float8, LD8, ST8, i) \
+        else for (int j = i; j < n; j++) AT(float, LD1, ST1, j) }
+#else
+#define FOR_ELEMENTS(AT) for (int i = get_local_id(0); i < n; i += LOCAL) AT(float, LD1, ST1, i)
+#endif
+
 // hp: lr, momentum, dampening, weight_decay, nesterov, max_norm, first_step; buf: the momentum arena (unused
 // without momentum)
+#define SGD_AT(T, LD, ST, i) { \
+    const T pi = LD(p, i); \
+    T d = LD(g, i) * c + wd * pi; \
+    if (mom != 0.0f) { \
+        const T b = hp[6] != 0.0f ? d : mom * LD(buf, i) + (1.0f - damp) * d; \
+        ST(b, buf, i); \
+        d = hp[4] != 0.0f ? d + mom * b : b; \
+    } \
+    ST(pi - lr * d, p, i); }
 __kernel __attribute__((reqd_work_group_size(LOCAL, 1, 1)))
 void sgd(__global float* p, __global const float* g, __global float* buf, __global const float* hp,
          __global const float* scale, __global const long* table) {
     __global const long* row = ROW;
-    const long p_off = row[0], g_off = row[1], s_off = row[2];
     const int n = (int)row[3];
     if (SKIP_STEP) return;
+    p += row[0]; g += row[1]; buf += row[2];
     const float c = hp[5] > 0.0f || LOSS_SCALED ? scale[0] : 1.0f;
     const float lr = hp[0], mom = hp[1], damp = hp[2], wd = hp[3];
-    for (int i = get_local_id(0); i < n; i += LOCAL) {
-        const float pi = p[p_off + i];
-        float d = g[g_off + i] * c + wd * pi;
-        if (mom != 0.0f) {
-            const float b = hp[6] != 0.0f ? d : mom * buf[s_off + i] + (1.0f - damp) * d;
-            buf[s_off + i] = b;
-            d = hp[4] != 0.0f ? d + mom * b : b;
-        }
-        p[p_off + i] = pi - lr * d;
-    }
+    FOR_ELEMENTS(SGD_AT)
 }
 
 // hp: lr, beta1, beta2, eps, weight_decay, 1 - beta1^t, 1 - beta2^t, decoupled (AdamW), max_norm
+#define ADAM_AT(T, LD, ST, i) { \
+    T pi = LD(p, i); \
+    T d = LD(g, i) * c; \
+    if (decoupled) pi *= 1.0f - lr * wd; \
+    else d += wd * pi; \
+    const T mi = b1 * LD(m, i) + (1.0f - b1) * d; \
+    const T vi = b2 * LD(v, i) + (1.0f - b2) * d * d; \
+    ST(mi, m, i); \
+    ST(vi, v, i); \
+    ST(pi - step * mi / (sqrt(vi) / root2 + eps), p, i); }
 __kernel __attribute__((reqd_work_group_size(LOCAL, 1, 1)))
 void adam(__global float* p, __global const float* g, __global float* m, __global float* v,
           __global const float* hp, __global const float* scale, __global const long* table) {
     __global const long* row = ROW;
-    const long p_off = row[0], g_off = row[1], s_off = row[2];
     const int n = (int)row[3];
     if (SKIP_STEP) return;
+    p += row[0]; g += row[1]; m += row[2]; v += row[2];
     const float c = hp[8] > 0.0f || LOSS_SCALED ? scale[0] : 1.0f;
     const float lr = hp[0], b1 = hp[1], b2 = hp[2], eps = hp[3], wd = hp[4];
     const float step = lr / hp[5], root2 = sqrt(hp[6]);
     const int decoupled = hp[7] != 0.0f;
-    for (int i = get_local_id(0); i < n; i += LOCAL) {
-        float pi = p[p_off + i];
-        float d = g[g_off + i] * c;
-        if (decoupled) pi *= 1.0f - lr * wd;
-        else d += wd * pi;
-        const float mi = b1 * m[s_off + i] + (1.0f - b1) * d;
-        const float vi = b2 * v[s_off + i] + (1.0f - b2) * d * d;
-        m[s_off + i] = mi;
-        v[s_off + i] = vi;
-        p[p_off + i] = pi - step * mi / (sqrt(vi) / root2 + eps);
-    }
+    FOR_ELEMENTS(ADAM_AT)
 }
 
 // row = (destination offset, source offset, unused, elements): BatchNormalization's running statistics
