@@ -6,6 +6,8 @@ step ms and first loss. Asserts nothing.
 
     python bench/probes/cpu_train_ab.py [--model vit|gpt2|cnn] [--layers 2] [--batch 2] [--flag gemm_cpu_pack]
                                         [--values False,True] [--steps 5]
+
+--values: Python literals, split at ";" where there is one (tuples: --values "();('cpu',)"), else at ",".
 """
 import argparse
 import ast
@@ -52,7 +54,7 @@ def main():
     target = np.random.default_rng(0).integers(0, classes, args.batch)
     feeds = {"input": x.numpy(), "target": target}
     runs = {}
-    for value in (ast.literal_eval(v) for v in args.values.split(",")):
+    for value in (ast.literal_eval(v) for v in args.values.split(";" if ";" in args.values else ",")):
         ctx = dlnet.Context("cpu").with_options(**{args.flag: value})
         tr = dlnet.Trainer(dlnet.Net(ctx).load_onnx(proto), loss="cross_entropy", optimizer=dlnet.optim.Adam(lr=1e-4))
         runs[f"dlnet {args.flag}={value}"] = (lambda tr=tr: tr.step(feeds), [], [])
