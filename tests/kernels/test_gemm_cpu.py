@@ -17,6 +17,7 @@ SHAPES = [  # (M, K, N)
     (5, 33, 17),     # MR = 5, one column past a panel
     (7, 64, 48),     # one row past a 6-row tile
     (13, 20, 1),     # a single output column
+    (20, 37, 40),    # transA: A packed in panels of 6 rows (gemm_cpu_pack_a), the last 2 rows past M zero
 ]
 
 
@@ -44,8 +45,10 @@ def test_gemm_matches_numpy(ctx, shape, b_as_input, pack):
         model, feeds, want = gemm_model(M, K, N, trans_a, trans_b, c_shape, b_as_input, relu)
         net = dlnet.Net(ctx.with_options(gemm_cpu_pack=pack)).load_onnx(model)
         if ctx.dev.is_cpu and not ctx.dev.tiled and M > 1:  # (M = 1: a GEMV, not a GEMM)
-            algo = next(n for n in net.graph.nodes if n.op == "Gemm").schedule["algo"]
-            assert algo == ("gemm_cpu" if pack else "gemm"), algo
+            schedule = next(n for n in net.graph.nodes if n.op == "Gemm").schedule
+            assert schedule["algo"] == ("gemm_cpu" if pack else "gemm"), schedule
+            if pack:  # (A read along its columns by several panels of 16: packed)
+                assert schedule["tile"].endswith("/pa") == (trans_a and M > 6 and N > 16), schedule
         got = list(net.run(feeds).values())[0]
         assert got.shape == want.shape
         assert rel_l2(got, want) < 1e-5, (trans_a, trans_b, c_shape)

@@ -44,6 +44,13 @@
 #define STORE_Y(i, v) y[i] = (v)
 #endif
 typedef float8 __attribute__((aligned(4))) float8u;
+// A_PACKED: A comes in panels ap[mb][k][MR] of floats (gemm_cpu_pack_a, where A's rows are not contiguous: a weight
+// gradient's X^T), each tile's MR values of a k adjacent, where read in place they sit sak apart, a cache line each
+#if defined(A_PACKED)
+#define AK_T float
+#else
+#define AK_T A_T
+#endif
 // A_UNIT_K: A's rows are contiguous (sak == 1), so its loads index the MR row pointers by k itself (one induction
 // variable, not MR pointers stepped by sak each k)
 #if defined(A_UNIT_K)
@@ -53,13 +60,19 @@ typedef float8 __attribute__((aligned(4))) float8u;
 #endif
 
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
-void gemm_cpu(__global const A_T* a, ulong a_off, __global const float* bp, ulong bp_off,
+void gemm_cpu(__global const AK_T* a, ulong a_off, __global const float* bp, ulong bp_off,
               __global const C_T* c, ulong c_off, __global Y_T* y, ulong y_off, int M, int N, int K,
               long sam, long sak, long scm, long scn, float alpha, float beta) {
     const int mb = get_global_id(0), nb = get_global_id(1);
     const int m0 = mb * MR, n0 = nb * NR;
+#if defined(A_PACKED)
+    __global const float* ap = a + a_off + (long)mb * K * MR;
+#define A_AT(i, k) ap[(k) * MR + (i)]
+#else
     __global const A_T* ar[MR];
     _Pragma("unroll") for (int i = 0; i < MR; i++) ar[i] = a + a_off + (m0 + i < M ? m0 + i : M - 1) * sam;
+#define A_AT(i, k) LOAD_A(ar[i], A_K(k))
+#endif
     __global const float* b = bp + bp_off + (long)nb * K * NR;
     float8 acc[MR][NV];
     _Pragma("unroll") for (int i = 0; i < MR; i++)
@@ -68,7 +81,7 @@ void gemm_cpu(__global const A_T* a, ulong a_off, __global const float* bp, ulon
         float8 bv[NV];
         _Pragma("unroll") for (int j = 0; j < NV; j++) bv[j] = *(__global const float8u*)(b + k * NR + 8 * j);
         _Pragma("unroll") for (int i = 0; i < MR; i++) {
-            const float8 av = (float8)(LOAD_A(ar[i], A_K(k)));
+            const float8 av = (float8)(A_AT(i, k));
             _Pragma("unroll") for (int j = 0; j < NV; j++) acc[i][j] = av * bv[j] + acc[i][j];
         }
     }
@@ -133,4 +146,17 @@ void gemm_cpu_pack(__global const B_T* b, ulong b_off, __global float* bp, ulong
         else
             for (int k = 0; k < K; k++) p[(long)k * NR + j] = 0.0f;
     }
+}
+
+// A [M, K] (element strides sam, sak; A_HALF: stored in half) packed in float as gemm_cpu reads it with A_PACKED,
+// ap[mb][k][MR], rows past M zero: a work-item per panel, MR adjacent values a k where A's columns are contiguous
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void gemm_cpu_pack_a(__global const A_T* a, ulong a_off, __global float* ap, ulong ap_off, int M, int K, long sam,
+                     long sak) {
+    const int mb = get_global_id(0), m0 = mb * MR;
+    a += a_off;
+    __global float* p = ap + ap_off + (long)mb * K * MR;
+    for (int k = 0; k < K; k++)
+        _Pragma("unroll") for (int i = 0; i < MR; i++)
+            p[(long)k * MR + i] = m0 + i < M ? LOAD_A(a, (m0 + i) * sam + k * sak) : 0.0f;
 }

@@ -335,23 +335,35 @@ class MatmulFamily:
                     pools=None):
         """gemm_cpu.cl's y = act(alpha A B + beta C), M x N x K, y's rows contiguous: a, b, c, y are (buffer, element
         offset) argument pairs (c None: no C), strides (sam, sak, sbk, sbn, scm, scn); b already in panels (packed)
-        or packed into the plan's "pack" scratch by gemm_cpu_pack first; pools: {"a" | "b" | "y": (pool, bytes)},
-        operands in a scratch pool of the plan (their pair's buffer a placeholder, bound at finish). Records the
-        node's tile."""
+        or packed into the plan's "pack" scratch by gemm_cpu_pack first; A whose rows are not contiguous packed into
+        "pack_a" by gemm_cpu_pack_a (Options.gemm_cpu_pack_a; the tile's "/pa"); pools: {"a" | "b" | "y": (pool,
+        bytes)}, operands in a scratch pool of the plan (their pair's buffer a placeholder, bound at finish). Records
+        the node's tile."""
         sam, sak, sbk, sbn, scm, scn = strides
         MR, NV = min(M, GEMM_CPU_TILES["rows"]), GEMM_CPU_TILES["NV"]
         NR = 8 * NV
         NB = -(-N // NR)
         pools = pools or {}
-        self.record_tile(f"{MR}x{NR}")
+        pack_a = sak != 1 and M > MR and NB > 1 and self.options.gemm_cpu_pack_a  # (A read by NB column blocks)
+        self.record_tile(f"{MR}x{NR}" + ("/pa" if pack_a else ""))
         defs = {"MR": MR, "NV": NV, **(halves or {})}
         if c is not None:
             defs["HAS_C"] = 1
         if sak == 1 and self.options.gemm_cpu_unit_k:
             defs["A_UNIT_K"] = 1
+        if pack_a:
+            defs["A_PACKED"] = 1
         act = act_macro(act)  # (a GELU epilogue: cpu_math.cl's erf, not PoCL's out-of-line one)
         src = defines(defs) + cpu_math(act) + act + kernel_source("gemm_cpu")
         pack_bytes = 4 * K * NB * NR
+        if pack_a:
+            MB = -(-M // MR)
+            self.emit(src, "gemm_cpu_pack_a", a + self.dummy() + [np.int32(M), np.int32(K), np.int64(sam),
+                                                                   np.int64(sak)], (MB,), (1,), label + " pack A")
+            self.use_scratch(self.launches[-1].kernel, 2, 4 * K * MB * MR, "pack_a")
+            if "a" in pools:
+                self.use_scratch(self.launches[-1].kernel, 0, pools["a"][1], pools["a"][0])
+            a, pools = self.dummy(), dict(pools, a=("pack_a", 4 * K * MB * MR))
         if not packed:
             self.emit(src, "gemm_cpu_pack", b + self.dummy() + [np.int32(N), np.int32(K), np.int64(sbk),
                                                                  np.int64(sbn)], (NB,), (1,), label + " pack")
