@@ -201,7 +201,7 @@ class Options:
     # step (bench/probes/attention_grad_cpu.py, T 512): qkv's product and its gradients 236 + 227 ms on gemm_vec
     gemm_cpu_pack: bool = True
     # ... and A packed too where its rows are not contiguous (a weight gradient's X^T, read along its columns) and
-    # several column blocks read it: gemm_cpu_pack_a, then MR adjacent floats a k
+    # several column blocks read it: gemm_cpu_pack in panels of MR rows, then MR adjacent floats a k
     gemm_cpu_pack_a: bool = True
     # convolution gradients (other than depthwise and Winograd ones) as gemm_cpu.cl products too: dy gathered into rows
     # of channels, then dW = dy col^T or colgrad = w^T dy, im2col / col2im a plane per work-item (False:

@@ -17,7 +17,7 @@ SHAPES = [  # (M, K, N)
     (5, 33, 17),     # MR = 5, one column past a panel
     (7, 64, 48),     # one row past a 6-row tile
     (13, 20, 1),     # a single output column
-    (20, 37, 40),    # transA: A packed in panels of 6 rows (gemm_cpu_pack_a), the last 2 rows past M zero
+    (20, 37, 40),    # transA: A packed in panels of 6 rows (gemm_cpu_pack on A^T), the last 2 rows past M zero
 ]
 
 

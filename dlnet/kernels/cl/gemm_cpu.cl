@@ -44,8 +44,9 @@
 #define STORE_Y(i, v) y[i] = (v)
 #endif
 typedef float8 __attribute__((aligned(4))) float8u;
-// A_PACKED: A comes in panels ap[mb][k][MR] of floats (gemm_cpu_pack_a, where A's rows are not contiguous: a weight
-// gradient's X^T), each tile's MR values of a k adjacent, where read in place they sit sak apart, a cache line each
+// A_PACKED: A comes in panels ap[mb][k][MR] of floats (gemm_cpu_pack with PW = MR, where A's rows are not
+// contiguous: a weight gradient's X^T), each tile's MR values of a k adjacent, where read in place they sit sak apart,
+// a cache line each
 #if defined(A_PACKED)
 #define AK_T float
 #else
@@ -124,39 +125,39 @@ void gemm_cpu(__global const AK_T* a, ulong a_off, __global const float* bp, ulo
     }
 }
 
-// B [K, N] (element strides sbk, sbn; B_HALF: stored in half) packed in float as gemm_cpu reads it, bp[nb][k][NR],
-// columns past N zero: a work-item per panel, its rows read 8 at once where B's rows are contiguous, else column by
-// column along k
+// B [K, N] (element strides sbk, sbn; B_HALF: stored in half) packed in float as gemm_cpu reads it: panels
+// bp[nb][k][PW] of PW of its N columns (PW: NR; columns past N zero). Launched with PW = MR (and B_HALF for A_HALF)
+// on A^T it packs A for A_PACKED: A's rows are then the columns (sbn = sam, sbk = sak). A work-item per panel: where
+// the columns are contiguous (sbn == 1) row by row along k (8 at once where the panel is whole and PW a multiple of
+// 8), else column by column along k
+#ifndef PW
+#define PW NR
+#endif
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void gemm_cpu_pack(__global const B_T* b, ulong b_off, __global float* bp, ulong bp_off, int N, int K, long sbk,
                    long sbn) {
-    const int nb = get_global_id(0), n0 = nb * NR;
+    const int nb = get_global_id(0), n0 = nb * PW;
     b += b_off;
-    __global float* p = bp + bp_off + (long)nb * K * NR;
-    if (sbn == 1 && n0 + NR <= N) {
+    __global float* p = bp + bp_off + (long)nb * K * PW;
+#if PW % 8 == 0
+    if (sbn == 1 && n0 + PW <= N) {
         for (int k = 0; k < K; k++)
-            _Pragma("unroll") for (int j = 0; j < NV; j++)
-                *(__global float8u*)(p + (long)k * NR + 8 * j) = LOAD_B8(b + k * sbk + n0 + 8 * j);
+            _Pragma("unroll") for (int j = 0; j < PW / 8; j++)
+                *(__global float8u*)(p + (long)k * PW + 8 * j) = LOAD_B8(b + k * sbk + n0 + 8 * j);
         return;
     }
-    for (int j = 0; j < NR; j++) {
+#endif
+    if (sbn == 1) {
+        for (int k = 0; k < K; k++)
+            _Pragma("unroll") for (int j = 0; j < PW; j++)
+                p[(long)k * PW + j] = n0 + j < N ? LOAD_B(b, n0 + j + k * sbk) : 0.0f;
+        return;
+    }
+    for (int j = 0; j < PW; j++) {
         __global const B_T* col = b + (n0 + j) * sbn;
         if (n0 + j < N)
-            for (int k = 0; k < K; k++) p[(long)k * NR + j] = LOAD_B(col, k * sbk);
+            for (int k = 0; k < K; k++) p[(long)k * PW + j] = LOAD_B(col, k * sbk);
         else
-            for (int k = 0; k < K; k++) p[(long)k * NR + j] = 0.0f;
+            for (int k = 0; k < K; k++) p[(long)k * PW + j] = 0.0f;
     }
-}
-
-// A [M, K] (element strides sam, sak; A_HALF: stored in half) packed in float as gemm_cpu reads it with A_PACKED,
-// ap[mb][k][MR], rows past M zero: a work-item per panel, MR adjacent values a k where A's columns are contiguous
-__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
-void gemm_cpu_pack_a(__global const A_T* a, ulong a_off, __global float* ap, ulong ap_off, int M, int K, long sam,
-                     long sak) {
-    const int mb = get_global_id(0), m0 = mb * MR;
-    a += a_off;
-    __global float* p = ap + ap_off + (long)mb * K * MR;
-    for (int k = 0; k < K; k++)
-        _Pragma("unroll") for (int i = 0; i < MR; i++)
-            p[(long)k * MR + i] = m0 + i < M ? LOAD_A(a, (m0 + i) * sam + k * sak) : 0.0f;
 }

@@ -335,8 +335,8 @@ class MatmulFamily:
                     pools=None):
         """gemm_cpu.cl's y = act(alpha A B + beta C), M x N x K, y's rows contiguous: a, b, c, y are (buffer, element
         offset) argument pairs (c None: no C), strides (sam, sak, sbk, sbn, scm, scn); b already in panels (packed)
-        or packed into the plan's "pack" scratch by gemm_cpu_pack first; A whose rows are not contiguous packed into
-        "pack_a" by gemm_cpu_pack_a (Options.gemm_cpu_pack_a; the tile's "/pa"); pools: {"a" | "b" | "y": (pool,
+        or packed into the plan's "pack" scratch by gemm_cpu_pack first (and an A whose rows are not contiguous into
+        "pack_a" in panels of MR rows: Options.gemm_cpu_pack_a, the tile's "/pa"); pools: {"a" | "b" | "y": (pool,
         bytes)}, operands in a scratch pool of the plan (their pair's buffer a placeholder, bound at finish). Records
         the node's tile."""
         sam, sak, sbk, sbn, scm, scn = strides
@@ -356,10 +356,12 @@ class MatmulFamily:
         act = act_macro(act)  # (a GELU epilogue: cpu_math.cl's erf, not PoCL's out-of-line one)
         src = defines(defs) + cpu_math(act) + act + kernel_source("gemm_cpu")
         pack_bytes = 4 * K * NB * NR
-        if pack_a:
+        if pack_a:  # (gemm_cpu_pack on A^T, in panels of MR)
             MB = -(-M // MR)
-            self.emit(src, "gemm_cpu_pack_a", a + self.dummy() + [np.int32(M), np.int32(K), np.int64(sam),
-                                                                   np.int64(sak)], (MB,), (1,), label + " pack A")
+            pack_src = defines({"MR": MR, "NV": NV, "PW": MR, **({"B_HALF": 1} if "A_HALF" in defs else {})}) + \
+                act_macro(None) + kernel_source("gemm_cpu")
+            self.emit(pack_src, "gemm_cpu_pack", a + self.dummy() + [np.int32(M), np.int32(K), np.int64(sak),
+                                                                      np.int64(sam)], (MB,), (1,), label + " pack A")
             self.use_scratch(self.launches[-1].kernel, 2, 4 * K * MB * MR, "pack_a")
             if "a" in pools:
                 self.use_scratch(self.launches[-1].kernel, 0, pools["a"][1], pools["a"][0])
