@@ -117,15 +117,17 @@ def _row_form(v, lead, rows):
 
 
 def _row_region(graph, t, lead, inv):
-    """The nodes that read rows of `t` (a [*lead, C] Transpose output) and the values they make, up to Transposes
-    of perm inv + (last,) (back to the input's order): (nodes, values, those Transposes), or None where some reader
-    works across rows or a value leaves the region otherwise."""
+    """The nodes that read rows of `t` (a [*lead, C] Transpose output) and the row forms of the values they make
+    ({value id: (value, _row_form)}), up to Transposes of perm inv + (last,) (back to the input's order): (nodes,
+    forms, those Transposes), or None where some reader works across rows or a value leaves the region otherwise."""
     rows = int(np.prod(lead))
-    values, nodes, backs, todo = {t.id: t}, [], [], [t]
+    forms, nodes, backs, todo = {}, [], [], [t]
     while todo:  # (the closure first: a node's other operands may join the region later)
         v = todo.pop()
-        if v in graph.outputs or _row_form(v, lead, rows) is None:
+        form = _row_form(v, lead, rows)
+        if v in graph.outputs or form is None:
             return None
+        forms[v.id] = (v, form)
         for u in [u for u in v.users if u in graph.nodes and u not in nodes and u not in backs]:
             if u.op == "Transpose":
                 if tuple(u.attrs["perm"]) != inv + (len(lead),) or v.rank != len(lead) + 1:
@@ -133,13 +135,11 @@ def _row_region(graph, t, lead, inv):
                 backs.append(u)
                 continue
             nodes.append(u)
-            for y in u.outputs:
-                values[y.id] = y
-                todo.append(y)
+            todo += u.outputs
     for u in nodes:
-        ins = [i for i, x in enumerate(u.inputs) if x is not None and x.id in values]
+        ins = [i for i, x in enumerate(u.inputs) if x is not None and x.id in forms]
         y = u.outputs[0]
-        tail = len(_row_form(y, lead, rows)[1])
+        tail = len(forms[y.id][1][1])
         if u.op in ("Reshape", "ColumnView"):
             ok = True
         elif u.spec.kind == "pointwise":  # (the others broadcast along the rows)
@@ -152,13 +152,12 @@ def _row_region(graph, t, lead, inv):
                 (c.shape == y.shape if 2 in ins else c is None or all(d == 1 for d in c.shape[:-1]))
         elif u.op == "Attention":  # (q's rows, k's and v's where they are rows too: each through its layout)
             ok = 0 in ins and 3 not in ins and len(u.outputs) == 1 and all(
-                _row_form(x, lead, rows)[0] == "split" and x.rank == 4 for x in u.inputs[:3] + [y]
-                if x.id in values)
+                forms[x.id][1][0] == "split" and x.rank == 4 for x in u.inputs[:3] + [y] if x.id in forms)
         else:
             ok = False
         if not ok:
             return None
-    return nodes, values, backs
+    return nodes, forms, backs
 
 
 def rows_in_input_order(graph):
@@ -175,11 +174,12 @@ def rows_in_input_order(graph):
         region = _row_region(graph, t, lead, inv)
         if region is None or not region[2]:
             continue
-        nodes, values, backs = region
-        rows, n = int(np.prod(lead)), len(lead)
-        split = {vid for vid, v in values.items() if _row_form(v, lead, rows)[0] == "split"}
+        nodes, forms, backs = region
+        n = len(lead)
+        split = {vid for vid, (_, (kind, _)) in forms.items() if kind == "split"}
         for vid in split:  # [*lead, *tail] -> [*x's lead, *tail]; rows stay rows (now in x's order)
-            values[vid].shape = x.shape[:-1] + values[vid].shape[n:]
+            v = forms[vid][0]
+            v.shape = x.shape[:-1] + v.shape[n:]
         for u in nodes:
             if u.op in ("Reshape", "ColumnView"):
                 u.attrs["shape"] = u.outputs[0].shape
