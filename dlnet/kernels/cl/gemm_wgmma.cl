@@ -179,14 +179,14 @@ void KERNEL_NAME(LDSM_ARGS) {
         PTX_COMMIT();
     }
 #if defined(WG_ROUNDS)
-    asm volatile("cp.async.wait_group " PTX_STR(WG_P) " - 1;" ::: "memory");
+    PTX_WAIT(WG_P - 1);
     WG_ROUND(0)
 #endif
     for (int tt = 0; tt < ntiles; tt++) {
         // slice tt has landed (one group committed a slice, empty or not; TF32: and was rounded); the copies are made
         // visible to the async proxy wgmma reads through, then to every warpgroup
 #if !defined(WG_ROUNDS)
-        asm volatile("cp.async.wait_group " PTX_STR(WG_P) " - 1;" ::: "memory");
+        PTX_WAIT(WG_P - 1);
 #endif
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         barrier(CLK_LOCAL_MEM_FENCE);
@@ -207,14 +207,14 @@ void KERNEL_NAME(LDSM_ARGS) {
         asm volatile("// @WG wgmma.commit_group.sync.aligned;" ::: "memory");
 #if defined(WG_ROUNDS)
         if (tt + 1 < ntiles) {  // (slice tt + 1 landed, rounded while slice tt's products run)
-            asm volatile("cp.async.wait_group " PTX_STR(WG_P) " - 1;" ::: "memory");
+            PTX_WAIT(WG_P - 1);
             WG_ROUND((tt + 1) % STAGES * WG_STAGE_BYTES)
         }
 #endif
         asm volatile("// @WG wgmma.wait_group.sync.aligned " PTX_STR(WG_WAIT) ";" ::: "memory");
     }
     asm volatile("// @WG wgmma.wait_group.sync.aligned 0;" ::: "memory");
-    asm volatile("cp.async.wait_group 0;" ::: "memory");
+    PTX_WAIT(0);
     // D fragments (m64nN, f32): warp q of a warpgroup holds rows 16 q + g (+ 8); n8 block j columns 8 j + 2 t (+ 1)
     const int q = tid % 128 / 32, g = tid % 32 / 4, t = tid % 4;
 #if defined(Y_ROWS8) && SPLITS == 1
