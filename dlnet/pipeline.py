@@ -46,14 +46,15 @@ def training_import(model, path, shapes, attention_grads=False):
     of a sequence by a weight become one 2-D product before autodiff too, so their weight gradient is one product;
     LayerNorms keep their row statistics for their gradients; products read transposed weights as they are stored.
     Decomposed LayerNorms, RMSNorms and GELUs become their ops first, so that each takes its op's one gradient rule.
-    attention_grads: attention's gradient as one AttentionGrad node (fused kernels), not its decomposition."""
+    attention_grads: attention's gradient as one AttentionGrad node (fused kernels), not its decomposition (True:
+    every Attention node's; a function: those of the nodes it takes)."""
     imp = Importer(model, path)
     graph = imp.build(shapes, training=True)
     explicit_padding(graph)
     normalize_layers(graph)
     fuse_attention(graph)
     if attention_grads:
-        fused_attention_grads(graph)
+        fused_attention_grads(graph, None if attention_grads is True else attention_grads)
     transposes_into_products(graph)
     flatten_gemm_rows(graph)
     layer_norm_stats(graph)

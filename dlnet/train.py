@@ -14,6 +14,7 @@ from .errors import InputError, ModelError
 from .graph.autodiff import gradients
 from .graph.ir import Builder
 from .graph.ops.grad_nn import batchnorm_global_count
+from .kernels.families.attention import fused_grads
 from .kernels.launch import Launch, chunk_table
 from .kernels.runtime import cl, kernel_source
 from .optim import SGD, LossScaler
@@ -37,7 +38,7 @@ class _TrainPlan:
     def __init__(self, trainer, shapes):
         net = trainer.net
         ctx = trainer.ctx
-        g, imp = training_import(net.model, net.path, shapes, ctx.dev.kind in ctx.options.fused_attention_grad)
+        g, imp = training_import(net.model, net.path, shapes, fused_grads(ctx.dev, ctx.options))
         if trainer.sync_bn and trainer.comm.size > 1:
             batchnorm_global_count(g, trainer.comm.size)
         if trainer.output not in g.output_names:

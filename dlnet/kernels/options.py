@@ -123,6 +123,12 @@ class Options:
     # 64 0.0486 -> 0.0318 / 0.0277
     attention_async: bool = True
     attention_async_warps: int = 4
+    # training in tf32 and fp16: attention's gradient as one AttentionGrad node on the tensor cores
+    # (attention_grad_mma.cl, FlashAttention-2's backward) where its head dims allow, not the decomposition
+    attention_grad_mma: bool = True
+    # tests: the PTX helpers of the tensor-core kernels emulated through __local memory (mma_emu.cl), so that
+    # attention_grad_mma.cl runs on any device (slowly)
+    mma_emulate: bool = False
     # NVIDIA: AddLayerNorm with a warp per row and its chunks in registers (add_layernorm_warp; False: a work-group
     # per row, add_layernorm_wg)
     norm_warps: bool = True

@@ -23,6 +23,7 @@ from ..graph.passes.layout import (
 from ..graph.passes.transposes import transposes_into_product_views
 from ..graph.passes.winograd import winograd_on_device, winograd_weights
 from . import half
+from .families.attention import grad_mma_tile, head_dims
 from .families.conv import is_depthwise
 from .families.conv_cpu import conv_cpu_algo
 from .families.conv_grad import ConvGradFamily
@@ -204,10 +205,29 @@ class Flash(Algo):
     half_io = FlashCpu.half_io
 
 
+class FlashGradMma(Algo):
+    """attention_grad_mma.cl: AttentionGrad on NVIDIA's tensor cores in tf32 and fp16 (FlashAttention-2's backward)."""
+    name = "flash_grad_mma"
+
+    @staticmethod
+    def half_io(node, dev):  # q, k, v, y and dy in, dq, dk and dv out (each row's statistics stay float)
+        return half.HalfIO((0, 1, 2, 3, 4), (0, 1, 2))
+
+    @staticmethod
+    def applies(node, dev, options):
+        return grad_mma_tile(dev, options, *head_dims(node)) is not None
+
+
+class FlashGrad(Algo):
+    """attention_grad.cl: a work-item per query row, then per key row (CPUs: 8 rows in vector lanes)."""
+    name = "flash_grad"
+
+
 ALGOS = {
     "Conv": [Winograd, DepthwisePlanesCpu, DepthwiseCpu, DepthwiseGpu, ConvCpu, ImplicitGemm],
     "Gemm": [GemmCpu, Gemv, GemmOuter, GemmCore],  # (the importer makes MatMul a Gemm)
     "Attention": [FlashCpu, Flash],
+    "AttentionGrad": [FlashGradMma, FlashGrad],
 }
 
 

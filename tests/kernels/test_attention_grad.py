@@ -4,6 +4,7 @@ masks, head dims of several chunks of 8 and ragged ones."""
 import numpy as np
 import pytest
 
+import dlnet
 from dlnet.graph.ir import Builder, Graph
 from dlnet.graph.ops.attention import stored_shape
 from dlnet.plan import Plan
@@ -58,3 +59,59 @@ def test_attention_grad_matches_numpy(B, Hq, Hk, Tq, Tk, D, DV, attrs, mask, lau
     assert np.array_equal(np.isinf(lse), np.isinf(ref_lse)) and rel_l2(rowsum, ref_rowsum) < 1e-5
     seen = ~np.isinf(ref_lse)
     assert rel_l2(lse[seen], ref_lse[seen]) < 1e-5
+
+
+MMA_CASES = [  # (B, Hq, Hk, Tq, Tk, D, DV, attrs, mask): head dims multiples of 16
+    (2, 4, 4, 37, 37, 64, 64, {"causal": 1}, None),
+    (1, 6, 2, 20, 33, 32, 16, {"causal": 1, "causal_offset": -3}, None),  # (the first 3 rows see no key)
+    (2, 4, 1, 9, 17, 16, 32, {"layout": ("bthd", "bhtd", "tbhd", "thbd")}, "bool"),
+    (2, 2, 2, 16, 16, 32, 32, {"causal": 1}, "float"),
+    (1, 2, 2, 3, 70, 16, 16, {"causal": 1, "causal_offset": 67}, "float"),  # (3 query rows, keys in two tiles)
+    (1, 4, 2, 80, 5, 16, 16, {}, "bool"),  # (5 keys; query rows in two work-groups)
+    (1, 2, 2, 130, 130, 64, 64, {}, None),  # (whole tiles without a per-score test, and ragged ones)
+]
+
+
+@pytest.mark.parametrize("B,Hq,Hk,Tq,Tk,D,DV,attrs,mask", MMA_CASES)
+@pytest.mark.parametrize("precision", ["fp16", "tf32"])
+def test_tensor_core_grad_matches_numpy(B, Hq, Hk, Tq, Tk, D, DV, attrs, mask, precision):
+    """attention_grad_mma.cl (algo flash_grad_mma) on NVIDIA, elsewhere with its PTX emulated (Options.mma_emulate):
+    f16 products in fp16 (the operands and gradients stored in half: a Mul by 1 on each side), tf32 in tf32."""
+    base = context()
+    ctx = dlnet.Context(base.info, precision=precision,
+                        options=base.with_options(mma_emulate=not base.dev.is_nvidia).options)
+    rng = np.random.default_rng(B * 100 + Tq + D)
+    layout = attrs.get("layout", ("bhtd",) * 4)
+    logical = [(B, Hq, Tq, D), (B, Hk, Tk, D), (B, Hk, Tk, DV), (B, Hq, Tq, DV), (B, Hq, Tq, DV)]
+    arrays = [rng.standard_normal(stored_shape(s, lay)).astype(np.float32)
+              for s, lay in zip(logical, layout + layout[3:], strict=True)]
+    if precision == "fp16":  # (the reference takes the values that the kernels read)
+        arrays = [a.astype(np.float16).astype(np.float32) for a in arrays]
+    g = Graph()
+    b = Builder(g)
+    one = g.constant(np.float32(1.0))
+    values = [b.op("Mul", [g.add_input(f"x{i}", "float32", a.shape), one]) for i, a in enumerate(arrays)]
+    if mask == "bool":
+        values.append(g.constant(rng.random((Tq, Tk)) > 0.3))
+    elif mask == "float":
+        values.append(g.constant(rng.standard_normal((B, 1, Tq, Tk)).astype(np.float32)))
+    outs = b.op("AttentionGrad", values, {"scale": 1.0 / np.sqrt(D), **attrs}, n_out=4)
+    node = outs[0].producer
+    g.outputs, g.output_names = [b.op("Mul", [x, one]) for x in outs[:3]] + [outs[3]], ["dq", "dk", "dv", "stats"]
+    ref = node.spec.numpy(node, *arrays, *[v.const for v in values[5:]])
+    plan = Plan(ctx, g)
+    try:
+        got = plan.run(arrays)
+    finally:
+        plan.release()
+    assert node.schedule["algo"] == "flash_grad_mma" and node.schedule["tile"].startswith("mma")
+    assert [x.dtype for x in node.inputs[:5] + node.outputs[:3]] == \
+        ["float16" if precision == "fp16" else "float32"] * 8
+    tol = 2e-2 if precision == "fp16" else 5e-3
+    for name, a, r in zip(g.output_names[:3], got, ref, strict=False):
+        assert a.shape == r.shape and rel_l2(a, r) < tol, (name, rel_l2(a, r))
+    lse, rowsum = (got[3].reshape(-1, 2)[:, i] for i in (0, 1))
+    ref_lse, ref_rowsum = (ref[3].reshape(-1, 2)[:, i] for i in (0, 1))
+    assert np.array_equal(np.isinf(lse), np.isinf(ref_lse)) and rel_l2(rowsum, ref_rowsum) < tol
+    seen = ~np.isinf(ref_lse)
+    assert rel_l2(lse[seen], ref_lse[seen]) < tol

@@ -50,14 +50,15 @@ def make(kind):
             q, k, v = self.qkv(x.flatten(2)).split([8, 6, 8], dim=-1)
             return self.fc(t.cat([t.tanh(q) * v, t.sigmoid(k)], -1).flatten(1))
 
-    class Attention(nn.Module):  # causal self-attention over 6 tokens of 18 features, 2 heads of 9
-        def __init__(self):
+    class Attention(nn.Module):  # causal self-attention over 6 tokens of 18 features, 2 heads of d (9)
+        def __init__(self, d=9):
             super().__init__()
-            self.qkv, self.fc = nn.Linear(18, 54), nn.Linear(6 * 18, 5)
+            self.d = d
+            self.qkv, self.fc = nn.Linear(18, 6 * d), nn.Linear(12 * d, 5)
 
         def forward(self, x):
-            b = x.shape[0]
-            q, k, v = (y.reshape(b, 6, 2, 9).transpose(1, 2) for y in self.qkv(x.reshape(b, 6, 18)).split(18, -1))
+            b, d = x.shape[0], self.d
+            q, k, v = (y.reshape(b, 6, 2, d).transpose(1, 2) for y in self.qkv(x.reshape(b, 6, 18)).split(2 * d, -1))
             y = t.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
             return self.fc(y.transpose(1, 2).reshape(b, -1))
 
@@ -88,6 +89,7 @@ def make(kind):
                                            nn.Linear(3 * 16, 5)),
         "split": Split,
         "attention": Attention,
+        "attention16": lambda: Attention(16),  # (head dims the tensor cores take: attention_grad_mma.cl)
         "residual": Residual,
         "concat": Concat,
     }

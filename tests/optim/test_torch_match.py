@@ -157,6 +157,27 @@ def test_attention_gradient_fused(ctx):
         assert close(grads[n], ref[n]), (n, np.abs(grads[n] - ref[n]).max(), np.abs(ref[n]).max())
 
 
+@pytest.mark.parametrize("precision", ["tf32", "fp16"])
+def test_attention_gradient_on_tensor_cores(ctx, precision):
+    """In tf32 and fp16 a head dim of 16 trains through attention_grad_mma.cl (algo flash_grad_mma; off NVIDIA with
+    its PTX emulated) even where Options.fused_attention_grad leaves the others to the decomposition; loss and
+    gradients match PyTorch's float32 to the precision's rounding."""
+    x, y = data()
+    model = make("attention16")
+    proto = export(model, x, opset=17)
+    ref_loss, ref = torch_grads(model, x, y)
+    options = ctx.with_options(fused_attention_grad=(), mma_emulate=not ctx.dev.is_nvidia).options
+    loss, grads, tr = dlnet_grads(dlnet.Context(ctx.info, precision=precision, options=options), proto, x, y)
+    grad = [n for n in tr._active.graph.nodes if n.op == "AttentionGrad"]
+    assert len(grad) == 1 and grad[0].schedule["algo"] == "flash_grad_mma"
+    rtol = 3e-2 if precision == "fp16" else 5e-3
+    assert abs(loss - ref_loss) <= rtol * abs(ref_loss)
+    scale = tr.scaler.scale if tr.scaler is not None else 1.0  # (fp16: the gradients of the loss times its scale)
+    for n in ref:
+        g = grads[n] / scale
+        assert close(g, ref[n], rtol, 1e-4), (n, np.abs(g - ref[n]).max(), np.abs(ref[n]).max())
+
+
 def test_label_smoothing_matches_torch(ctx):
     x, y = data()
     model = make("linear")

@@ -418,12 +418,12 @@ def _absorb_layouts(graph, node):
     return True
 
 
-def fused_attention_grads(graph):
-    """Every Attention node takes its fused gradient rule (Attention's fused_grad: one AttentionGrad node, no T x T
-    scores) where that applies, before autodiff."""
+def fused_attention_grads(graph, applies=None):
+    """Every Attention node (for which `applies(node)`, where given) takes its fused gradient rule (Attention's
+    fused_grad: one AttentionGrad node, no T x T scores) where that applies, before autodiff."""
     changed = False
     for node in graph.nodes:
-        if node.op == "Attention" and not node.attrs["fused_grad"]:
+        if node.op == "Attention" and not node.attrs["fused_grad"] and (applies is None or applies(node)):
             node.attrs["fused_grad"] = 1
             changed = True
     return changed

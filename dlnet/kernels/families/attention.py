@@ -3,8 +3,9 @@ attention.cl (algo "flash"): K/V tiles through __local memory, a work-group per 
 attention_cpu.cl (algo "flash_cpu", CPUs): a work-item per few query rows, keys from global memory, no barriers;
 attention_mma.cl (the "flash" algo's tensor-core form, NVIDIA in tf32 and fp16 modes): both products on mma.sync;
 K and V by cp.async (in half, read by ldmatrix) where their rows are 16-byte aligned (the IR tile's "/cp").
-attention_grad.cl (AttentionGrad): the gradient, a work-item per query row (dq) then per key row (dk, dv); on CPUs
-attention_grad_lanes.cl's 8 rows in vector lanes."""
+attention_grad.cl (AttentionGrad, algo "flash_grad"): the gradient, a work-item per query row (dq) then per key row
+(dk, dv); on CPUs attention_grad_lanes.cl's 8 rows in vector lanes. attention_grad_mma.cl (algo "flash_grad_mma",
+NVIDIA in tf32 and fp16 modes): FlashAttention-2's backward on mma.sync, 16 rows a warp."""
 from dataclasses import dataclass
 
 import numpy as np
@@ -70,6 +71,41 @@ MMA_KEYS, MMA_MAX_D = 64, 128
 # 197 x 64 0.0525 -> 0.0457 (through registers, 8 warps and 64 keys: 0.0742 and 0.0794). Head dims past 64 (32 keys
 # already) keep 8 warps: 4 x 16 x 512 x 128 causal 0.1100 with 8, 0.1396 with 4 (fp16: 0.0535, 0.0531).
 ASYNC_TF32_KEYS = 32
+# attention_grad_mma.cl (AttentionGrad on NVIDIA's tensor cores in tf32 and fp16): up to GRAD_MMA_WARPS warps of 16
+# rows a work-group, and the other side's rows BT a tile, the largest of GRAD_MMA_TILES whose __local tiles fit
+GRAD_MMA_WARPS, GRAD_MMA_TILES = 4, (64, 32, 16)
+
+
+def head_dims(node):
+    """(D, DV) of an Attention or AttentionGrad node: q's (and k's) head dim and v's."""
+    layout = node.attrs["layout"]
+    return logical_shape(node.inputs[0].shape, layout[0])[-1], logical_shape(node.inputs[2].shape, layout[2])[-1]
+
+
+def fused_grads(dev, options):
+    """pipeline.training_import's attention_grads on dev: every Attention's gradient fused where
+    Options.fused_attention_grad names the device's kind, else those that run on the tensor cores
+    (attention_grad_mma.cl)."""
+    if dev.kind in options.fused_attention_grad:
+        return True
+    return lambda node: grad_mma_tile(dev, options, *head_dims(node)) is not None
+
+
+def grad_mma_tile(dev, options, d, dv):
+    """BT of attention_grad_mma.cl for head dims d (q, k) and dv (v) on dev (fp16: f16 products, else tf32), or None
+    where it does not run (Options.mma_emulate: on any device, its PTX emulated)."""
+    f16 = dev.half_storage
+    nvidia = dev.is_nvidia and not dev.is_cpu and (dev.tensor_cores or f16)
+    if not options.attention_grad_mma or not (nvidia or options.mma_emulate):
+        return None
+    step, size = (16, 2) if f16 else (8, 4)
+    if d % step or dv % step or max(d, dv) > MMA_MAX_D:
+        return None
+    pad = lambda n: n if n // 8 % 2 else n + 8  # noqa: E731 (attention_grad_mma.cl's PAD)
+    for bt in GRAD_MMA_TILES:  # (the dk dv kernel's tiles: q and dy by rows and transposed, two floats a row)
+        if bt % step == 0 and size * (bt * (pad(d) + pad(dv)) + (d + dv) * pad(bt)) + 8 * bt <= dev.local_mem:
+            return bt
+    return None
 
 
 def mma_tile(dev, options, d, dv, tq, f16=False):
@@ -205,34 +241,50 @@ class AttentionFamily:
                   (blocks * nt, B * Hq), (nt, 1), label)
 
     def attention_grad(self, node):
-        """AttentionGrad: attention_grad.cl's two kernels, dq (and each query row's statistics) then dk and dv."""
+        """AttentionGrad: two kernels, dq (and each query row's statistics) then dk and dv: attention_grad_mma.cl's
+        on the tensor cores (algo flash_grad_mma), else attention_grad.cl's."""
         q, k, v, y, dy = node.inputs[:5]
         mask = node.inputs[5] if len(node.inputs) > 5 else None
         dq, dk, dv, stats = node.outputs
         a = node.attrs
         layout = a["layout"]
         B, Hq, Hk, Tq, Tk, D, DV, defs, strides = attention_geometry(node, q, k, v, mask)
+        bt = grad_mma_tile(self.dev, self.options, D, DV) if node.schedule.get("algo") == "flash_grad_mma" else None
         rows = GRAD_ROWS if self.dev.is_cpu else 1  # (GPUs: one row's chunks a work-item, in registers)
-        defs["RB"] = rows
         # CPUs: 8 rows in vector lanes where there are 8 query (key) rows (attention_grad_lanes.cl)
         lanes_q, lanes_kv = (self.dev.is_cpu and self.options.attention_cpu_lanes and t >= CPU_LANE_ROWS
                              for t in (Tq, Tk))
-        self.record_tile("/".join(("lanes" if f else f"{rows}") for f in (lanes_q, lanes_kv)))
-        src = defines(defs) + "".join(kernel_source(f) for f in ("cpu_math", "attention_rows", "attention_grad") +
-                                      (("attention_grad_lanes",) if lanes_q or lanes_kv else ()))
+        if bt is not None:
+            warps = min(GRAD_MMA_WARPS, max(-(-max(Tq, Tk) // 16), 1))
+            defs.update(WARPS=warps, BT=bt, **({"F16": 1} if self.dev.half_storage else {}))
+            defs.update({f"{tag}_H": int(x.dtype == "float16") for tag, x in
+                         zip(("Q", "K", "V", "Y", "G", "GQ", "GK", "GV"), (q, k, v, y, dy, dq, dk, dv), strict=True)})
+            helpers = ("mma_emu",) if self.options.mma_emulate else ("mma_tf32", "ptx_lanes")
+            src = defines(defs) + "".join(kernel_source(f) for f in helpers + ("attention_grad_mma",))
+            self.record_tile(f"mma{16 * warps}x{bt}")
+            per_q = per_kv = 16 * warps
+            local = (32 * warps, 1)
+            names = ("attention_grad_mma_q", "attention_grad_mma_kv")
+        else:
+            defs["RB"] = rows
+            self.record_tile("/".join(("lanes" if f else f"{rows}") for f in (lanes_q, lanes_kv)))
+            src = defines(defs) + "".join(kernel_source(f) for f in ("cpu_math", "attention_rows", "attention_grad") +
+                                          (("attention_grad_lanes",) if lanes_q or lanes_kv else ()))
+            local = (1, 1) if self.dev.is_cpu else None  # (PoCL: no work-item loops around the rows' private arrays)
+            per_q, per_kv = (CPU_LANE_ROWS if f else rows for f in (lanes_q, lanes_kv))
+            names = ("attention_grad_q" + "_lanes" * lanes_q, "attention_grad_kv" + "_lanes" * lanes_kv)
         of = {x.id: [np.int64(s) for s in operand_strides(x.shape, lay, element_strides(x))]
               for x, lay in zip((q, k, v, y, dy, dq, dk, dv), layout + layout[3:] + layout[:3], strict=True)}
         head = [np.int32(Tq), np.int32(Tk), np.int32(Hq), np.int32(Hk), np.float32(a["scale"]),
                 np.int32(a["causal_offset"])] + [np.int64(s) for s in strides]
         m = self.args(mask) if mask is not None else self.dummy()
         label = f"{node.name} AttentionGrad"
-        local = (1, 1) if self.dev.is_cpu else None  # (PoCL: no work-item loops around the rows' private arrays)
-        per_q, per_kv = (CPU_LANE_ROWS if f else rows for f in (lanes_q, lanes_kv))
-        self.emit(src, "attention_grad_q" + "_lanes" * lanes_q, self.args(q) + self.args(k) + self.args(v) +
+        width = 1 if local is None or local[0] == 1 else local[0]  # (work-items along the rows of a group)
+        self.emit(src, names[0], self.args(q) + self.args(k) + self.args(v) +
                   self.args(y) + self.args(dy) + m + self.args(dq) + self.args(stats) + head +
-                  [s for x in (q, k, v, y, dy, dq) for s in of[x.id]], (max(-(-Tq // per_q), 1), B * Hq), local,
-                  label + " dq")
-        self.emit(src, "attention_grad_kv" + "_lanes" * lanes_kv, self.args(q) + self.args(k) + self.args(v) +
+                  [s for x in (q, k, v, y, dy, dq) for s in of[x.id]], (max(-(-Tq // per_q), 1) * width, B * Hq),
+                  local, label + " dq")
+        self.emit(src, names[1], self.args(q) + self.args(k) + self.args(v) +
                   self.args(dy) + m + self.args(stats) + self.args(dk) + self.args(dv) + head +
-                  [s for x in (q, k, v, dy, dk, dv) for s in of[x.id]], (max(-(-Tk // per_kv), 1), B * Hk), local,
-                  label + " dk dv")
+                  [s for x in (q, k, v, dy, dk, dv) for s in of[x.id]], (max(-(-Tk // per_kv), 1) * width, B * Hk),
+                  local, label + " dk dv")
