@@ -73,13 +73,17 @@ MMA_CASES = [  # (B, Hq, Hk, Tq, Tk, D, DV, attrs, mask): head dims multiples of
 
 
 @pytest.mark.parametrize("B,Hq,Hk,Tq,Tk,D,DV,attrs,mask", MMA_CASES)
-@pytest.mark.parametrize("precision", ["fp16", "tf32"])
-def test_tensor_core_grad_matches_numpy(B, Hq, Hk, Tq, Tk, D, DV, attrs, mask, precision):
+@pytest.mark.parametrize("mode", ["fp16", pytest.param("fp16 stored", marks=pytest.mark.slow),
+                                  pytest.param("tf32", marks=pytest.mark.slow)])
+def test_tensor_core_grad_matches_numpy(B, Hq, Hk, Tq, Tk, D, DV, attrs, mask, mode):
     """attention_grad_mma.cl (algo flash_grad_mma) on NVIDIA, elsewhere with its PTX emulated (Options.mma_emulate):
-    f16 products in fp16 (the operands and gradients stored in half: a Mul by 1 on each side), tf32 in tf32."""
+    f16 products in fp16 (the operands and gradients stored in half: a Mul by 1 on each side), their tiles by
+    cp.async (the tile's "/cp"), or stored by the work-items ("fp16 stored": Options.attention_async off); tf32 in
+    tf32."""
     base = context()
-    ctx = dlnet.Context(base.info, precision=precision,
-                        options=base.with_options(mma_emulate=not base.dev.is_nvidia).options)
+    precision = mode.split()[0]
+    options = base.with_options(mma_emulate=not base.dev.is_nvidia, attention_async=mode != "fp16 stored").options
+    ctx = dlnet.Context(base.info, precision=precision, options=options)
     rng = np.random.default_rng(B * 100 + Tq + D)
     layout = attrs.get("layout", ("bhtd",) * 4)
     logical = [(B, Hq, Tq, D), (B, Hk, Tk, D), (B, Hk, Tk, DV), (B, Hq, Tq, DV), (B, Hq, Tq, DV)]
@@ -105,6 +109,7 @@ def test_tensor_core_grad_matches_numpy(B, Hq, Hk, Tq, Tk, D, DV, attrs, mask, p
     finally:
         plan.release()
     assert node.schedule["algo"] == "flash_grad_mma" and node.schedule["tile"].startswith("mma")
+    assert node.schedule["tile"].endswith("/cp") == (mode == "fp16")
     assert [x.dtype for x in node.inputs[:5] + node.outputs[:3]] == \
         ["float16" if precision == "fp16" else "float32"] * 8
     tol = 2e-2 if precision == "fp16" else 5e-3

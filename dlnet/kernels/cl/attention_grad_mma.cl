@@ -1,7 +1,7 @@
 // Attention's gradient on NVIDIA tensor cores (AttentionGrad in precision "fp16" (F16: mma.sync m16n8k16 on f16) or
 // "tf32" (m16n8k8 on tf32), fp32 accumulation): attention_grad.cl's maths and arguments, FlashAttention-2's backward
-// in two kernels with no atomics (mma_tf32.cl, then ptx_lanes.cl, come first: MMA_F16, MMA_TF32, TF32_BITS, ex2,
-// pack_half2, shfl_xor).
+// in two kernels with no atomics (mma_tf32.cl, then ptx_lanes.cl, come first: MMA_F16, MMA_TF32, MMA_PAIR,
+// TF32_BITS, ex2, pack_half2, shfl_xor, PTX_CP16, PTX_LDSM_X4).
 //   attention_grad_mma_q: a work-group of WARPS warps takes 16 WARPS query rows of one (batch, q head), each warp 16
 // rows whose q and dy fragments stay in registers; K (and V) come through __local memory BT keys a tile. A first pass
 // over the keys makes each row's log-sum-exp (the forward's online softmax), a second its dq:
@@ -15,6 +15,10 @@
 // (their columns its k), and its B from a tile in __local memory stored as B's rows n, k contiguous (rows padded so
 // that a warp's B loads meet distinct banks). F16 keeps tiles in half, tf32 in tf32 bits (rounded as they are stored).
 // Each operand is float or half (X_H 0 or 1 per operand tag: Q K V Y G (dy), GQ GK GV (dq, dk, dv)).
+// GA (F16, q, k, v and dy in half, their rows 16-byte aligned): the tiles come by 16-byte cp.async into two stages
+// of __local memory, tile i + 1 in flight while tile i is used, rows only (16 bytes of padding a row); B fragments by
+// ldmatrix, .trans where a product reads a tile transposed (attention_mma.cl's KV_ASYNC). Else the tiles are stored
+// by work-items (converted, and transposed where a product needs), and B fragments read from them word by word.
 // MMA_EMU (tests on CPUs): mma_emu.cl's lane exchanges through __local memory stand for the PTX ones, and no warp
 // skips a tile (every work-item meets every barrier).
 #if !defined(D) || !defined(DV) || !defined(WARPS) || !defined(BT) || !defined(MASK) || !defined(MASK_T) || \
@@ -106,6 +110,33 @@
     (tile)[(i) + 2 * (S)] = TF32_BITS((f_).z); (tile)[(i) + 3 * (S)] = TF32_BITS((f_).w); }
 #endif
 
+#if defined(GA)
+#if !defined(F16)
+#error "attention_grad_mma.cl: GA needs F16"
+#endif
+#define SKB (2 * D + 16)  // bytes a row of the q or k tiles, and of the dy or v tiles
+#define SVB (2 * DV + 16)
+#define GA_STAGE (BT * (SKB + SVB))
+// BT rows of L halves at p (ld apart; zeros from row n on, n > 0) by cp.async into the tile at shared address dst
+#define GA_ROWS(dst, p, ld, L, S, n) \
+    for (int e = lid; e < BT * ((L) / 8); e += NT) { \
+        const int r_ = e / ((L) / 8), c_ = e % ((L) / 8) * 8; \
+        PTX_CP16((dst) + r_ * (S) + 2 * c_, (p) + min(r_, (n) - 1) * (ld) + c_, r_ < (n) ? 16 : 0); }
+// lane's ldmatrix row: B's rows n, k contiguous (b0, b1 of two n blocks), or the tile's rows k read transposed
+#define ROW_LANE(S) ((lane % 8 + lane / 16 * 8) * (S) + lane / 8 % 2 * 16)
+#define COL_LANE(S) ((lane % 8 + lane / 8 % 2 * 8) * (S) + lane / 16 * 16)
+#define PRODUCT_R(x, a, tile, S, NB, KD) \
+    UNROLL for (int j = 0; j < (NB); j += 2) \
+        UNROLL for (int c = 0; c < (KD) / 16; c++) \
+            MMA_PAIR(PTX_LDSM_X4, (tile) + ROW_LANE(S) + 8 * j * (S) + 32 * c, a[c], x[j], x[j + 1]);
+#define PRODUCT_CT(x, y, tile, S, tt, ST, NB, KD) \
+    UNROLL for (int c = 0; c < (KD) / 16; c++) { \
+        uint a_[4]; \
+        C_TO_A(a_, y, c); \
+        UNROLL for (int n = 0; n < (NB); n += 2) \
+            MMA_PAIR(PTX_LDSM_X4_T, (tile) + COL_LANE(S) + 16 * c * (S) + 16 * n, a_, x[n], x[n + 1]); }
+#endif
+
 // R rows of L elements of operand X (rows at p, ld apart; zeros from row n on) into a tile: rows S apart (TILE_IN),
 // or transposed, element (r, c) at c S + r (TILE_IN_T; consecutive work-items take consecutive rows)
 #define TILE_IN(X, tile, S, p, ld, R, L, n) \
@@ -121,21 +152,24 @@
 #define ZERO(x, NB) \
     UNROLL for (int j = 0; j < (NB); j++) x[j][0] = x[j][1] = x[j][2] = x[j][3] = 0.0f;
 // x[j] += A B for the NB n blocks of a tile (B's rows n at S apart), KD deep: A in registers (a[KD / KSTEP][4]), or
-// (PRODUCT_C) made from C fragments y whose KD columns are its k
-#define PRODUCT(x, a, tile, S, NB, KD) \
+// (PRODUCT_CT) made from C fragments y whose KD columns are its k, B the rows k of a tile (GA: read transposed by
+// ldmatrix) or the rows n of its transposed copy tt (ST apart)
+#if !defined(GA)
+#define PRODUCT_R(x, a, tile, S, NB, KD) \
     UNROLL for (int j = 0; j < (NB); j++) \
         UNROLL for (int c = 0; c < (KD) / KSTEP; c++) { \
             uint b_[2]; \
             B_LOAD(b_, tile, S, 8 * j, KSTEP * c); \
             MMA(x[j], a[c], b_); }
-#define PRODUCT_C(x, y, tile, S, NB, KD) \
+#define PRODUCT_CT(x, y, tile, S, tt, ST, NB, KD) \
     UNROLL for (int c = 0; c < (KD) / KSTEP; c++) { \
         uint a_[4]; \
         C_TO_A(a_, y, c); \
         UNROLL for (int j = 0; j < (NB); j++) { \
             uint b_[2]; \
-            B_LOAD(b_, tile, S, 8 * j, KSTEP * c); \
+            B_LOAD(b_, tt, ST, 8 * j, KSTEP * c); \
             MMA(x[j], a_, b_); } }
+#endif
 // a score x of query i and key j (absolute; the mask m at its (batch, head)) as z in base 2, -inf where not seen
 // or not ok (a row or key past the operands: no mask read)
 #if MASK == 1
@@ -154,6 +188,59 @@
 #define QS PAD(D)
 #define VS PAD(DV)
 #define TS PAD(BT)
+// each kernel's tiles: ta the rows of k (dq) or q (dk dv), tb those of v or dy; stage `it` of them (GA), or the one
+// tile of each, with their transposed copies tat, tbt (rows S_A, S_B and TS apart)
+#if defined(GA)
+#if defined(MMA_EMU)
+#define SHARED_ADDR(p) 0u
+#else
+#define SHARED_ADDR(p) ((uint)(ulong)(p))
+#endif
+#define TILES_DECL \
+    __local uint tiles[2 * GA_STAGE / 4] __attribute__((aligned(16))); \
+    const uint sb = SHARED_ADDR(tiles);
+#define T_A(it) (sb + (it) % 2 * GA_STAGE)
+#define T_B(it) (sb + (it) % 2 * GA_STAGE + BT * SKB)
+#define S_A SKB
+#define S_B SVB
+#else
+#define TILES_DECL \
+    __local TILE_T ta[BT * QS] __attribute__((aligned(16))); \
+    __local TILE_T tb[BT * VS] __attribute__((aligned(16))); \
+    __local TILE_T tat[D * TS] __attribute__((aligned(16))); \
+    __local TILE_T tbt[DV * TS] __attribute__((aligned(16)));
+#define T_A(it) ta
+#define T_B(it) tb
+#define S_A QS
+#define S_B VS
+#endif
+// tile `it`'s rows of X (A: L = D, B: L = DV) at p (ld apart; zeros from row n on): by cp.async into its stage (GA), or
+// stored, with its transposed copy where TR
+#if defined(GA)
+#define FILL_A(X, it, p, ld, n, TR) GA_ROWS(T_A(it), p, ld, D, SKB, n)
+#define FILL_B(X, it, p, ld, n, TR) GA_ROWS(T_B(it), p, ld, DV, SVB, n)
+#else
+#define FILL_A(X, it, p, ld, n, TR) { \
+    TILE_IN(X, ta, QS, p, ld, BT, D, n) \
+    if (TR) TILE_IN_T(X, tat, TS, p, ld, BT, D, n) }
+#define FILL_B(X, it, p, ld, n, TR) { \
+    TILE_IN(X, tb, VS, p, ld, BT, DV, n) \
+    if (TR) TILE_IN_T(X, tbt, TS, p, ld, BT, DV, n) }
+#endif
+// the head of each loop over tiles: (GA) tile it + 1's copies issued (NEXT, where there is one), tile it's waited for;
+// else tile it stored now (NOW)
+#if defined(GA)
+#define TILE_TURN(more, NEXT, NOW) { \
+    if (more) { NEXT } \
+    PTX_COMMIT(); \
+    PTX_WAIT(1); }
+#define TILE_FIRST(some, NOW) { \
+    if (some) { NOW } \
+    PTX_COMMIT(); }
+#else
+#define TILE_TURN(more, NEXT, NOW) NOW
+#define TILE_FIRST(some, NOW)
+#endif
 
 __kernel __attribute__((reqd_work_group_size(NT, 1, 1)))
 void attention_grad_mma_q(__global const OPT(Q)* q, ulong q_off, __global const OPT(K)* k, ulong k_off,
@@ -162,9 +249,7 @@ void attention_grad_mma_q(__global const OPT(Q)* q, ulong q_off, __global const 
                           __global OPT(GQ)* dq, ulong dq_off, __global float* stats, ulong stats_off, int Tq, int Tk,
                           int Hq, int Hk, float scale, int causal_offset, long msb, long msh, long msq, long msk,
                           STRIDES3(q), STRIDES3(k), STRIDES3(v), STRIDES3(y), STRIDES3(dy), STRIDES3(dq)) {
-    __local TILE_T kt[BT * QS] __attribute__((aligned(16)));  // K's rows
-    __local TILE_T vt[BT * VS] __attribute__((aligned(16)));  // V's rows
-    __local TILE_T ktt[D * TS] __attribute__((aligned(16)));  // K transposed
+    TILES_DECL
 #if defined(MMA_EMU)
     MMA_EMU_DECL
 #endif
@@ -204,14 +289,16 @@ void attention_grad_mma_q(__global const OPT(Q)* q, ulong q_off, __global const 
     float s[BT / 8][4];
     // pass 1: each row's maximum and sum of 2^z (base 2), online
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
-    for (int k0 = 0; k0 < kv_end; k0 += BT) {
+    TILE_FIRST(kv_end > 0, FILL_A(K, 0, k, kst, min(BT, Tk), 0))
+    for (int k0 = 0, it = 0; k0 < kv_end; k0 += BT, it++) {
         const int nk = min(BT, Tk - k0);
         barrier(CLK_LOCAL_MEM_FENCE);
-        TILE_IN(K, kt, QS, k + k0 * kst, kst, BT, D, nk)
+        TILE_TURN(k0 + BT < kv_end, FILL_A(K, it + 1, k + (k0 + BT) * kst, kst, min(BT, Tk - k0 - BT), 0),
+                  FILL_A(K, it, k + k0 * kst, kst, nk, 0))
         barrier(CLK_LOCAL_MEM_FENCE);
         if (SKIP(w0 >= nq || k0 >= warp_end)) continue;
         ZERO(s, BT / 8)
-        PRODUCT(s, qa, kt, QS, BT / 8, D)
+        PRODUCT_R(s, qa, T_A(it), S_A, BT / 8, D)
         const bool full = !MASK && nk == BT && (!CAUSAL || k0 + BT <= i0 + w0 + 1 + causal_offset);
         float top0 = m0, top1 = m1;
         UNROLL for (int j = 0; j < BT / 8; j++)
@@ -238,18 +325,21 @@ void attention_grad_mma_q(__global const OPT(Q)* q, ulong q_off, __global const 
     // pass 2: dq
     float acc[D / 8][4], dp[BT / 8][4];
     ZERO(acc, D / 8)
-    for (int k0 = 0; k0 < kv_end; k0 += BT) {
+    barrier(CLK_LOCAL_MEM_FENCE);  // (every warp done with pass 1's tiles)
+    TILE_FIRST(kv_end > 0, FILL_A(K, 0, k, kst, min(BT, Tk), 1) FILL_B(V, 0, v, vst, min(BT, Tk), 0))
+    for (int k0 = 0, it = 0; k0 < kv_end; k0 += BT, it++) {
         const int nk = min(BT, Tk - k0);
         barrier(CLK_LOCAL_MEM_FENCE);
-        TILE_IN(K, kt, QS, k + k0 * kst, kst, BT, D, nk)
-        TILE_IN(V, vt, VS, v + k0 * vst, vst, BT, DV, nk)
-        TILE_IN_T(K, ktt, TS, k + k0 * kst, kst, BT, D, nk)
+        TILE_TURN(k0 + BT < kv_end,
+                  FILL_A(K, it + 1, k + (k0 + BT) * kst, kst, min(BT, Tk - k0 - BT), 1)
+                  FILL_B(V, it + 1, v + (k0 + BT) * vst, vst, min(BT, Tk - k0 - BT), 0),
+                  FILL_A(K, it, k + k0 * kst, kst, nk, 1) FILL_B(V, it, v + k0 * vst, vst, nk, 0))
         barrier(CLK_LOCAL_MEM_FENCE);
         if (SKIP(w0 >= nq || k0 >= warp_end)) continue;
         ZERO(s, BT / 8)
-        PRODUCT(s, qa, kt, QS, BT / 8, D)
+        PRODUCT_R(s, qa, T_A(it), S_A, BT / 8, D)
         ZERO(dp, BT / 8)
-        PRODUCT(dp, ga, vt, VS, BT / 8, DV)
+        PRODUCT_R(dp, ga, T_B(it), S_B, BT / 8, DV)
         const bool full = !MASK && nk == BT && (!CAUSAL || k0 + BT <= i0 + w0 + 1 + causal_offset);
         UNROLL for (int j = 0; j < BT / 8; j++)
             UNROLL for (int e = 0; e < 4; e++) {
@@ -257,7 +347,7 @@ void attention_grad_mma_q(__global const OPT(Q)* q, ulong q_off, __global const 
                 const float z = full ? s[j][e] * scale2 : Z(s[j][e], mask, i, key, key < Tk && i < Tq);
                 dp[j][e] = ex2(z - (e < 2 ? lse0 : lse1)) * (dp[j][e] - (e < 2 ? d0 : d1));  // ds
             }
-        PRODUCT_C(acc, dp, ktt, TS, D / 8, BT)
+        PRODUCT_CT(acc, dp, T_A(it), S_A, tat, TS, D / 8, BT)
     }
     UNROLL for (int n = 0; n < D / 8; n++) {
         const int c = 8 * n + 2 * t;
@@ -273,10 +363,7 @@ void attention_grad_mma_kv(__global const OPT(Q)* q, ulong q_off, __global const
                            __global OPT(GK)* dk, ulong dk_off, __global OPT(GV)* dv, ulong dv_off, int Tq, int Tk,
                            int Hq, int Hk, float scale, int causal_offset, long msb, long msh, long msq, long msk,
                            STRIDES3(q), STRIDES3(k), STRIDES3(v), STRIDES3(dy), STRIDES3(dk), STRIDES3(dv)) {
-    __local TILE_T qt[BT * QS] __attribute__((aligned(16)));  // q's rows
-    __local TILE_T gt[BT * VS] __attribute__((aligned(16)));  // dy's rows
-    __local TILE_T qtt[D * TS] __attribute__((aligned(16)));  // q transposed
-    __local TILE_T gtt[DV * TS] __attribute__((aligned(16)));  // dy transposed
+    TILES_DECL
     __local float lses[BT], ds_[BT];  // the tile's rows' lse (base 2) and D
 #if defined(MMA_EMU)
     MMA_EMU_DECL
@@ -300,43 +387,44 @@ void attention_grad_mma_kv(__global const OPT(Q)* q, ulong q_off, __global const
     ZERO(dva, DV / 8)
     const float scale2 = scale * M_LOG2E_F;
     const int i_first = CAUSAL && j0 - causal_offset > 0 ? j0 - causal_offset : 0;  // the first row to see key j0
-    for (int hh = 0; hh < group; hh++) {
-        const int h = hk * group + hh;
-        __global const OPT(Q)* qh = q + q_off + b * qsb + h * qsh;
-        __global const OPT(G)* gh = dy + dy_off + b * dysb + h * dysh;
-        __global const float* st = stats + stats_off + 2 * (b * Hq + h) * (long)Tq;
+    // the tiles of query rows: `per` a q head of the group, head after head
+    const int per = Tq > i_first ? (Tq - i_first + BT - 1) / BT : 0, count = group * per;
+#define Q_AT(it) (q + q_off + b * qsb + (hk * group + (it) / per) * qsh + (i_first + (it) % per * BT) * qst)
+#define G_AT(it) (dy + dy_off + b * dysb + (hk * group + (it) / per) * dysh + (i_first + (it) % per * BT) * dyst)
+#define ROWS_AT(it) min(BT, Tq - i_first - (it) % per * BT)
+    TILE_FIRST(count > 0, FILL_A(Q, 0, Q_AT(0), qst, ROWS_AT(0), 1) FILL_B(G, 0, G_AT(0), dyst, ROWS_AT(0), 1))
+    for (int it = 0; it < count; it++) {
+        const int h = hk * group + it / per, i0 = i_first + it % per * BT, nq = min(BT, Tq - i0);
+        __global const float* st = stats + stats_off + 2 * ((b * Hq + h) * (long)Tq + i0);
         __global const MASK_T* mh = mask + mask_off + b * msb + h * msh;
-        for (int i0 = i_first; i0 < Tq; i0 += BT) {
-            const int nq = min(BT, Tq - i0);
-            barrier(CLK_LOCAL_MEM_FENCE);
-            TILE_IN(Q, qt, QS, qh + i0 * qst, qst, BT, D, nq)
-            TILE_IN(G, gt, VS, gh + i0 * dyst, dyst, BT, DV, nq)
-            TILE_IN_T(Q, qtt, TS, qh + i0 * qst, qst, BT, D, nq)
-            TILE_IN_T(G, gtt, TS, gh + i0 * dyst, dyst, BT, DV, nq)
-            for (int e = lid; e < BT; e += NT) {
-                lses[e] = e < nq ? st[2 * (i0 + e)] * M_LOG2E_F : INFINITY;  // (a row past Tq: p 0)
-                ds_[e] = e < nq ? st[2 * (i0 + e) + 1] : 0.0f;
-            }
-            barrier(CLK_LOCAL_MEM_FENCE);
-            if (SKIP(w0 >= nk || (CAUSAL && j0 + w0 > i0 + nq - 1 + causal_offset))) continue;
-            ZERO(s, BT / 8)
-            PRODUCT(s, ka, qt, QS, BT / 8, D)  // z^T: rows keys, columns queries
-            // every key of the warp seen by every row of the tile (rows past Tq have lse +inf)
-            const bool full = !MASK && (!CAUSAL || j0 + w0 + 15 <= i0 + causal_offset);
-            UNROLL for (int j = 0; j < BT / 8; j++)
-                UNROLL for (int e = 0; e < 4; e++) {
-                    const int col = 8 * j + 2 * t + (e & 1), key = j0 + (e < 2 ? r0 : r1);
-                    const float z = full ? s[j][e] * scale2 : Z(s[j][e], mh, i0 + col, key, col < nq && key < Tk);
-                    s[j][e] = ex2(z - lses[col]);  // p^T
-                }
-            ZERO(dp, BT / 8)
-            PRODUCT(dp, va, gt, VS, BT / 8, DV)  // dp^T
-            PRODUCT_C(dva, s, gtt, TS, DV / 8, BT)
-            UNROLL for (int j = 0; j < BT / 8; j++)
-                UNROLL for (int e = 0; e < 4; e++)
-                    dp[j][e] = s[j][e] * (dp[j][e] - ds_[8 * j + 2 * t + (e & 1)]);  // ds^T
-            PRODUCT_C(dka, dp, qtt, TS, D / 8, BT)
+        barrier(CLK_LOCAL_MEM_FENCE);
+        TILE_TURN(it + 1 < count,
+                  FILL_A(Q, it + 1, Q_AT(it + 1), qst, ROWS_AT(it + 1), 1)
+                  FILL_B(G, it + 1, G_AT(it + 1), dyst, ROWS_AT(it + 1), 1),
+                  FILL_A(Q, it, Q_AT(it), qst, nq, 1) FILL_B(G, it, G_AT(it), dyst, nq, 1))
+        for (int e = lid; e < BT; e += NT) {
+            lses[e] = e < nq ? st[2 * e] * M_LOG2E_F : INFINITY;  // (a row past Tq: p 0)
+            ds_[e] = e < nq ? st[2 * e + 1] : 0.0f;
         }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (SKIP(w0 >= nk || (CAUSAL && j0 + w0 > i0 + nq - 1 + causal_offset))) continue;
+        ZERO(s, BT / 8)
+        PRODUCT_R(s, ka, T_A(it), S_A, BT / 8, D)  // z^T: rows keys, columns queries
+        // every key of the warp seen by every row of the tile (rows past Tq have lse +inf)
+        const bool full = !MASK && (!CAUSAL || j0 + w0 + 15 <= i0 + causal_offset);
+        UNROLL for (int j = 0; j < BT / 8; j++)
+            UNROLL for (int e = 0; e < 4; e++) {
+                const int col = 8 * j + 2 * t + (e & 1), key = j0 + (e < 2 ? r0 : r1);
+                const float z = full ? s[j][e] * scale2 : Z(s[j][e], mh, i0 + col, key, col < nq && key < Tk);
+                s[j][e] = ex2(z - lses[col]);  // p^T
+            }
+        ZERO(dp, BT / 8)
+        PRODUCT_R(dp, va, T_B(it), S_B, BT / 8, DV)  // dp^T
+        PRODUCT_CT(dva, s, T_B(it), S_B, tbt, TS, DV / 8, BT)
+        UNROLL for (int j = 0; j < BT / 8; j++)
+            UNROLL for (int e = 0; e < 4; e++)
+                dp[j][e] = s[j][e] * (dp[j][e] - ds_[8 * j + 2 * t + (e & 1)]);  // ds^T
+        PRODUCT_CT(dka, dp, T_A(it), S_A, tat, TS, D / 8, BT)
     }
     UNROLL for (int n = 0; n < D / 8; n++) {
         const int c = 8 * n + 2 * t;

@@ -56,12 +56,6 @@
 #define VSB (4 * (DV + 4))
 #endif
 #define EC (16 / (int)sizeof(ET))  // elements a copy
-// F16: d0 += a b and d1 += a b' for the two column blocks whose B fragments one ldmatrix (LDSM) brings from addr
-#define MMA_PAIR(LDSM, addr, a, d0, d1) { \
-    uint b_[4]; \
-    LDSM(b_, addr); \
-    MMA_F16(d0, a, b_[0], b_[1]); \
-    MMA_F16(d1, a, b_[2], b_[3]); }
 #define STAGE_B (BK * (KSB + VSB))
 // tile k0's BK rows of K and of V into stage st (zeros past Tk)
 #define KV_ISSUE(st, k0) { \

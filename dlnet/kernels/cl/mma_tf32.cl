@@ -52,6 +52,13 @@
                  : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]) \
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), \
                    "f"(d[0]), "f"(d[1]), "f"(d[2]), "f"(d[3]))
+// d0 += a b and d1 += a b' (f16) for the two column blocks whose B fragments one ldmatrix (LDSM: ptx_lanes.cl's
+// PTX_LDSM_X4 or PTX_LDSM_X4_T) brings from shared address addr
+#define MMA_PAIR(LDSM, addr, a, d0, d1) { \
+    uint b_[4]; \
+    LDSM(b_, addr); \
+    MMA_F16(d0, a, b_[0], b_[1]); \
+    MMA_F16(d1, a, b_[2], b_[3]); }
 
 // The TM x TN tile of a work-group of the tensor-core GEMM cores (gemm_ldsm.cl, gemm_wgmma.cl): its first row m0 and
 // column n0. GROUP_M: work-groups in runs of GROUP_M along m (a column of tiles shares B's panel in L2 while it is hot)

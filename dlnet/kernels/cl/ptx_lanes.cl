@@ -19,7 +19,6 @@
 #define PTX_LDSM_X4_T(r, addr) \
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];" \
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr))
-
 // 2^x by ex2.approx.ftz (2 ulp; -inf gives 0)
 inline float ex2(float x) {
     float r;

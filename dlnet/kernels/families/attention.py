@@ -254,14 +254,21 @@ class AttentionFamily:
         # CPUs: 8 rows in vector lanes where there are 8 query (key) rows (attention_grad_lanes.cl)
         lanes_q, lanes_kv = (self.dev.is_cpu and self.options.attention_cpu_lanes and t >= CPU_LANE_ROWS
                              for t in (Tq, Tk))
+        of = {x.id: [np.int64(s) for s in operand_strides(x.shape, lay, element_strides(x))]
+              for x, lay in zip((q, k, v, y, dy, dq, dk, dv), layout + layout[3:] + layout[:3], strict=True)}
         if bt is not None:
             warps = min(GRAD_MMA_WARPS, max(-(-max(Tq, Tk) // 16), 1))
             defs.update(WARPS=warps, BT=bt, **({"F16": 1} if self.dev.half_storage else {}))
             defs.update({f"{tag}_H": int(x.dtype == "float16") for tag, x in
                          zip(("Q", "K", "V", "Y", "G", "GQ", "GK", "GV"), (q, k, v, y, dy, dq, dk, dv), strict=True)})
-            helpers = ("mma_emu",) if self.options.mma_emulate else ("mma_tf32", "ptx_lanes")
+            # f16 tiles by cp.async where q, k, v and dy are half, their rows 16-byte aligned
+            copies = self.dev.half_storage and self.options.attention_async and all(
+                x.dtype == "float16" and all(int(n) % 8 == 0 for n in [self.args(x)[1]] + of[x.id])
+                for x in (q, k, v, dy))
+            defs.update({"GA": 1} if copies else {})
+            helpers = ("mma_tf32", "mma_emu") if self.options.mma_emulate else ("mma_tf32", "ptx_lanes")
             src = defines(defs) + "".join(kernel_source(f) for f in helpers + ("attention_grad_mma",))
-            self.record_tile(f"mma{16 * warps}x{bt}")
+            self.record_tile(f"mma{16 * warps}x{bt}" + "/cp" * copies)
             per_q = per_kv = 16 * warps
             local = (32 * warps, 1)
             names = ("attention_grad_mma_q", "attention_grad_mma_kv")
@@ -273,8 +280,6 @@ class AttentionFamily:
             local = (1, 1) if self.dev.is_cpu else None  # (PoCL: no work-item loops around the rows' private arrays)
             per_q, per_kv = (CPU_LANE_ROWS if f else rows for f in (lanes_q, lanes_kv))
             names = ("attention_grad_q" + "_lanes" * lanes_q, "attention_grad_kv" + "_lanes" * lanes_kv)
-        of = {x.id: [np.int64(s) for s in operand_strides(x.shape, lay, element_strides(x))]
-              for x, lay in zip((q, k, v, y, dy, dq, dk, dv), layout + layout[3:] + layout[:3], strict=True)}
         head = [np.int32(Tq), np.int32(Tk), np.int32(Hq), np.int32(Hk), np.float32(a["scale"]),
                 np.int32(a["causal_offset"])] + [np.int64(s) for s in strides]
         m = self.args(mask) if mask is not None else self.dummy()
