@@ -120,11 +120,15 @@ class Options:
     # fp16: read by ldmatrix; False: through registers, V transposed by scalar stores), with up to this many warps
     # a work-group where the head dims are at most 64. H200, kernel ms (bench/probes/attention_mma.py), fp16,
     # registers 8 warps -> cp.async 8 / 4 warps: 16 x 12 x 256 x 64 causal 0.0532 -> 0.0295 / 0.0249; 16 x 12 x 197 x
-    # 64 0.0486 -> 0.0318 / 0.0277
+    # 64 0.0486 -> 0.0318 / 0.0277. The same for attention_grad_mma.cl's f16 tiles (GA: q, k, v and dy by cp.async,
+    # B by ldmatrix; else stored by the work-items, with transposed copies): H200, the two kernels at 16 x 12 x 256 x
+    # 64 causal 0.324 -> 0.126 ms
     attention_async: bool = True
     attention_async_warps: int = 4
     # training in tf32 and fp16: attention's gradient as one AttentionGrad node on the tensor cores
-    # (attention_grad_mma.cl, FlashAttention-2's backward) where its head dims allow, not the decomposition
+    # (attention_grad_mma.cl, FlashAttention-2's backward) where its head dims allow, not the decomposition. H200,
+    # fp16, Adam b16 step ms: gpt2 20.88 -> 17.22, vit_b_16 25.36 -> 19.42 (bench/gpu_train.py); its two kernels at
+    # 16 x 12 x 256 x 64 causal 0.126 ms (PyTorch's FlashAttention backward 0.141; bench/probes/attention_grad_mma.py)
     attention_grad_mma: bool = True
     # tests: the PTX helpers of the tensor-core kernels emulated through __local memory (mma_emu.cl), so that
     # attention_grad_mma.cl runs on any device (slowly)
@@ -290,8 +294,8 @@ class Options:
     # training: the device kinds ("cpu", "gpu") whose attention gradient is one AttentionGrad node (attention_grad.cl,
     # no T x T scores) rather than its decomposition into products, softmax and pointwise ops. CPU (2 cores, PoCL),
     # training step of a 768-wide causal self-attention layer, 12 heads, batch 2: T 64 68.2 -> 61.6 ms, 128 133.4 ->
-    # 124.5, 256 319.7 -> 246.8, 512 788.6 -> 538.6; on GPUs the decomposition's products run on the tensor cores
-    # (not measured against it)
+    # 124.5, 256 319.7 -> 246.8, 512 788.6 -> 538.6. Elsewhere the gradients that attention_grad_mma.cl takes (tf32 and
+    # fp16 on NVIDIA: attention_grad_mma) are fused, the others decomposed (fp32 GPUs: products on the tensor cores)
     fused_attention_grad: tuple = ("cpu",)
     # training: the device kinds whose optimizer updates take eight consecutive elements a work-item as one float8
     # (optim.cl's VEC8). 2 cores (EPYC, PoCL), Adam over 15.5M parameters 68 -> 20 ms, the same values
