@@ -69,6 +69,7 @@ MMA_CASES = [  # (B, Hq, Hk, Tq, Tk, D, DV, attrs, mask): head dims multiples of
     (1, 2, 2, 3, 70, 16, 16, {"causal": 1, "causal_offset": 67}, "float"),  # (3 query rows, keys in two tiles)
     (1, 4, 2, 80, 5, 16, 16, {}, "bool"),  # (5 keys; query rows in two work-groups)
     (1, 2, 2, 130, 130, 64, 64, {}, None),  # (whole tiles without a per-score test, and ragged ones)
+    (1, 2, 1, 40, 40, 128, 64, {"causal": 1}, None),  # (the largest head dim)
 ]
 
 
