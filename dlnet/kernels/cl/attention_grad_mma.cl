@@ -190,6 +190,14 @@
 #define TS PAD(BT)
 // each kernel's tiles: ta the rows of k (dq) or q (dk dv), tb those of v or dy; stage `it` of them (GA), or the one
 // tile of each, with their transposed copies tat, tbt (rows S_A, S_B and TS apart)
+// a kernel's __local tiles (and the emulation's lane exchange), and this work-item's lane (g, t) of its warp
+#if !defined(MMA_EMU)
+#define MMA_EMU_DECL
+#endif
+#define KERNEL_START \
+    TILES_DECL \
+    MMA_EMU_DECL \
+    const int lid = get_local_id(0), lane = lid % 32, g = lane / 4, t = lane % 4;
 #if defined(GA)
 #if defined(MMA_EMU)
 #define SHARED_ADDR(p) 0u
@@ -249,11 +257,7 @@ void attention_grad_mma_q(__global const OPT(Q)* q, ulong q_off, __global const 
                           __global OPT(GQ)* dq, ulong dq_off, __global float* stats, ulong stats_off, int Tq, int Tk,
                           int Hq, int Hk, float scale, int causal_offset, long msb, long msh, long msq, long msk,
                           STRIDES3(q), STRIDES3(k), STRIDES3(v), STRIDES3(y), STRIDES3(dy), STRIDES3(dq)) {
-    TILES_DECL
-#if defined(MMA_EMU)
-    MMA_EMU_DECL
-#endif
-    const int lid = get_local_id(0), lane = lid % 32, g = lane / 4, t = lane % 4;
+    KERNEL_START
     const int i0 = get_group_id(0) * BR;
     const long bh = get_group_id(1), b = bh / Hq;
     const int h = bh % Hq;
@@ -363,12 +367,8 @@ void attention_grad_mma_kv(__global const OPT(Q)* q, ulong q_off, __global const
                            __global OPT(GK)* dk, ulong dk_off, __global OPT(GV)* dv, ulong dv_off, int Tq, int Tk,
                            int Hq, int Hk, float scale, int causal_offset, long msb, long msh, long msq, long msk,
                            STRIDES3(q), STRIDES3(k), STRIDES3(v), STRIDES3(dy), STRIDES3(dk), STRIDES3(dv)) {
-    TILES_DECL
+    KERNEL_START
     __local float lses[BT], ds_[BT];  // the tile's rows' lse (base 2) and D
-#if defined(MMA_EMU)
-    MMA_EMU_DECL
-#endif
-    const int lid = get_local_id(0), lane = lid % 32, g = lane / 4, t = lane % 4;
     const int j0 = get_group_id(0) * BR;
     const long bh = get_group_id(1), b = bh / Hk;
     const int hk = bh % Hk, group = Hq / Hk;
