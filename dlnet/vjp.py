@@ -12,6 +12,7 @@ import numpy as np
 from .errors import InputError
 from .graph.autodiff import gradients
 from .graph.ir import Builder
+from .kernels.families.attention import fused_grads
 from .kernels.tuner import tune_layers
 from .pipeline import training_import, training_passes
 from .plan import Plan
@@ -22,7 +23,7 @@ class VJPPlan:
     `wrt_inputs` and the parameters (float initializers) named in `params` (None: every parameter)."""
 
     def __init__(self, ctx, model, path, shapes, wrt_inputs=(), params=None):
-        g, imp = training_import(model, path, shapes)
+        g, imp = training_import(model, path, shapes, fused_grads(ctx.dev, ctx.options))
         n_in, n_out = len(g.inputs), len(g.outputs)
         self.input_names, self.output_names = [v.name for v in g.inputs], list(g.output_names)
         unknown = [n for n in wrt_inputs if n not in self.input_names]
