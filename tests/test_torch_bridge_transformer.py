@@ -130,6 +130,28 @@ def test_function_gradients_match_torch(attention):
         assert rel_l2(wrapped(x).numpy(), reference(x).numpy()) < 1e-5
 
 
+def test_function_gradients_on_tensor_cores():
+    """In tf32 the bridge's backward takes attention's gradient on the tensor cores (attention_grad_mma.cl, heads of
+    8; off NVIDIA with its PTX emulated), as the trainer does: the input's and the parameters' gradients match eager
+    autograd to tf32's rounding."""
+    base = context()
+    options = base.with_options(mma_emulate=not base.dev.is_nvidia).options
+    ctx = dlnet.Context(base.info, precision="tf32", options=options)
+    model, reference = block("sdpa").train(), block("sdpa").train()
+    x = torch.randn(4, T, D)
+    wrapped = dt.Module(model, (x,), ctx=ctx)
+    xa, xb = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    out, want = wrapped(xa), reference(xb)
+    w = torch.randn(out.shape)
+    (out * w).sum().backward()
+    (want * w).sum().backward()
+    nodes = [n for vjp in wrapped._runner.plans.values() for n in vjp.plan.graph.nodes if n.op == "AttentionGrad"]
+    assert len(nodes) == 1 and nodes[0].schedule["algo"] == "flash_grad_mma"
+    assert rel_l2(xa.grad.numpy(), xb.grad.numpy()) < 5e-3
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        assert rel_l2(p.grad.numpy(), q.grad.numpy()) < 5e-3, name
+
+
 @pytest.mark.parametrize("attention", ATTENTION)
 def test_torch_compile_forward_and_training_steps(attention, monkeypatch):
     """Two SGD steps through the compiled module against eager: the losses, then the parameters; then inference.
