@@ -1,12 +1,15 @@
-"""The device schedule (dlnet/kernels/schedule.py): every algorithm of the Conv, Gemm and Attention tables that this
-device can run is chosen where it applies, written on the node, printed, and matches a float64 reference."""
+"""The device schedule (dlnet/kernels/schedule.py): every algorithm of the Conv, Gemm, Attention and AttentionGrad
+tables that this device can run is chosen where it applies, written on the node, printed, and matches a float64
+reference."""
 import numpy as np
 import pytest
 from onnx import helper
 
 import dlnet
+from dlnet.graph.ir import Builder, Graph
 from dlnet.graph.parser import parse_graph
 from dlnet.kernels import schedule
+from dlnet.plan import Plan
 
 from ..conftest import context, make_model, rel_l2
 
@@ -97,9 +100,40 @@ def test_each_algorithm_where_it_applies(algo, kind, options, case):
     net.release()
 
 
+# AttentionGrad's table, which training graphs reach: (algorithm, precision, options off NVIDIA)
+GRAD_CASES = [("flash_grad", "fp32", {}), ("flash_grad_mma", "tf32", {"mma_emulate": True})]
+
+
+@pytest.mark.parametrize("algo,precision,options", GRAD_CASES, ids=[c[0] for c in GRAD_CASES])
+def test_attention_gradient_algorithms(algo, precision, options):
+    """AttentionGrad by attention_grad.cl (flash_grad) and on the tensor cores (flash_grad_mma: tf32 on NVIDIA, else
+    with its PTX emulated): the choice written on the node, printed and parsed back, the gradients against float64."""
+    base = context()
+    ctx = dlnet.Context(base.info, precision=precision,
+                        options=base.with_options(**({} if base.dev.is_nvidia else options)).options)
+    arrays = [f32(1, 2, 20, 16) for _ in range(5)]
+    g = Graph()
+    outs = Builder(g).op("AttentionGrad", [g.add_input(f"x{i}", "float32", a.shape) for i, a in enumerate(arrays)],
+                         {"scale": 0.25, "causal": 1}, n_out=4)
+    g.outputs, g.output_names = outs, ["dq", "dk", "dv", "stats"]
+    node = outs[0].producer
+    ref = node.spec.numpy(node, *arrays)
+    plan = Plan(ctx, g)
+    try:
+        got = plan.run(arrays)
+    finally:
+        plan.release()
+    assert node.schedule["algo"] == algo and node.schedule.get("tile")
+    text = str(plan.graph)
+    assert f"algo={algo} tile={node.schedule['tile']}" in text
+    assert parse_graph(text, {}).nodes[-1].schedule == node.schedule
+    for a, r in zip(got[:3], ref[:3], strict=True):
+        assert rel_l2(a, r) < (1e-5 if precision == "fp32" else 5e-3)
+
+
 def test_the_cases_cover_the_tables():
     """Every algorithm the tables can choose has a case above (the CPU conv paths and gemv's variants by name)."""
-    names = {c[0] for c in CASES}
+    names = {c[0] for c in CASES} | {c[0] for c in GRAD_CASES}
     table = {a.name for algos in schedule.ALGOS.values() for a in algos}
     expanded = (table - {"winograd", "cpu"}) | {"winograd2", "cpu_winograd", "cpu_direct", "cpu_local",
                                                "cpu_im2col", "cpu_pixels", "gemv_rows", "gemv_cols"}
