@@ -11,10 +11,13 @@ defines. Prints a table; asserts nothing.
 """
 import argparse
 import statistics
+from types import SimpleNamespace
 
 import numpy as np
 import pyopencl as cl
 
+from dlnet.kernels.families.attention import grad_mma_tile
+from dlnet.kernels.options import Options
 from dlnet.kernels.runtime import kernel_source
 
 
@@ -48,8 +51,8 @@ def main():
     ap.add_argument("--set", nargs="*", default=[], help="extra defines NAME=V")
     args = ap.parse_args()
     plat = next(p for p in cl.get_platforms() if "NVIDIA" in p.name)
-    dev = plat.get_devices()[0]
-    ctx = cl.Context([dev])
+    dev_cl = plat.get_devices()[0]
+    ctx = cl.Context([dev_cl])
     queue = cl.CommandQueue(ctx, properties=cl.command_queue_properties.PROFILING_ENABLE)
     mf = cl.mem_flags
     extra = dict(s.split("=") for s in args.set)
@@ -66,9 +69,10 @@ def main():
             xs = [a.astype(dt) for a in (q, k, v, dy)]
             y, *want = oracle(*(a.astype(np.float64) for a in xs), causal)
             xs.insert(3, y.astype(dt))
-            step, size = (16, 2) if f16 else (8, 4)
-            pad = lambda n: n if n // 8 % 2 else n + 8  # noqa: E731
-            bt = bt or next(t for t in (64, 32, 16) if size * (t * 2 * pad(D) + 2 * D * pad(t)) + 8 * t <= 48 * 1024)
+            size = 2 if f16 else 4
+            dev = SimpleNamespace(half_storage=f16, tensor_cores=not f16, is_nvidia=True, is_cpu=False,
+                                  local_mem=dev_cl.local_mem_size)
+            bt = bt or grad_mma_tile(dev, Options(), D, D)
             warps = min(nw, -(-T // 16))
             defs = {"D": D, "DV": D, "WARPS": warps, "BT": bt, "CAUSAL": int(causal), "MASK": 0, "MASK_T": "float",
                     **{f"{n}_H": int(f16) for n in ("Q", "K", "V", "Y", "G", "GQ", "GK", "GV")}, **extra}
@@ -77,7 +81,7 @@ def main():
             src = "".join(f"#define {n} {v}\n" for n, v in defs.items()) + kernel_source("mma_tf32") + \
                 kernel_source("ptx_lanes") + kernel_source("attention_grad_mma")
             prg = cl.Program(ctx, src).build(options=["-cl-nv-verbose"])
-            log = prg.get_build_info(dev, cl.program_build_info.LOG)
+            log = prg.get_build_info(dev_cl, cl.program_build_info.LOG)
             print(f"== {spec} {mode} warps {warps} bt {bt}\n" + "\n".join(
                 ln for ln in log.splitlines() if "registers" in ln or "spill" in ln), flush=True)
             bufs = [cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(a)) for a in xs]

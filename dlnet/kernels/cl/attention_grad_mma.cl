@@ -80,7 +80,7 @@
     a[0] = pack_half2(x[2 * (c)][0], x[2 * (c)][1]); a[1] = pack_half2(x[2 * (c)][2], x[2 * (c)][3]); \
     a[2] = pack_half2(x[2 * (c) + 1][0], x[2 * (c) + 1][1]); a[3] = pack_half2(x[2 * (c) + 1][2], x[2 * (c) + 1][3]); }
 // four floats into a tile at i (a multiple of 4), along a row or (PUT4T) down a column of rows S apart
-#define PUT4(tile, i, S, f_) \
+#define PUT4(tile, i, f_) \
     (*(__local uint2*)&(tile)[i] = (uint2)(pack_half2((f_).x, (f_).y), pack_half2((f_).z, (f_).w)))
 #define PUT4T(tile, i, S, f_) { \
     const uint w0_ = pack_half2((f_).x, (f_).y), w1_ = pack_half2((f_).z, (f_).w); \
@@ -103,7 +103,7 @@
 #define MMA(d, a, b) MMA_TF32(d, a, b)
 #define C_TO_A(a, x, c) { \
     a[0] = TF32_BITS(x[c][0]); a[1] = TF32_BITS(x[c][2]); a[2] = TF32_BITS(x[c][1]); a[3] = TF32_BITS(x[c][3]); }
-#define PUT4(tile, i, S, f_) \
+#define PUT4(tile, i, f_) \
     (*(__local uint4*)&(tile)[i] = (uint4)(TF32_BITS((f_).x), TF32_BITS((f_).y), TF32_BITS((f_).z), TF32_BITS((f_).w)))
 #define PUT4T(tile, i, S, f_) { \
     (tile)[i] = TF32_BITS((f_).x); (tile)[(i) + (S)] = TF32_BITS((f_).y); \
@@ -143,7 +143,7 @@
     for (int e = lid; e < (R) * ((L) / 4); e += NT) { \
         const int r_ = e / ((L) / 4), c_ = e % ((L) / 4) * 4; \
         const float4 x_ = r_ < (n) ? LD4(X, p, r_ * (ld) + c_) : (float4)(0.0f); \
-        PUT4(tile, r_ * (S) + c_, S, x_); }
+        PUT4(tile, r_ * (S) + c_, x_); }
 #define TILE_IN_T(X, tile, S, p, ld, R, L, n) \
     for (int e = lid; e < (R) * ((L) / 4); e += NT) { \
         const int r_ = e % (R), c_ = e / (R) * 4; \
@@ -188,8 +188,6 @@
 #define QS PAD(D)
 #define VS PAD(DV)
 #define TS PAD(BT)
-// each kernel's tiles: ta the rows of k (dq) or q (dk dv), tb those of v or dy; stage `it` of them (GA), or the one
-// tile of each, with their transposed copies tat, tbt (rows S_A, S_B and TS apart)
 // a kernel's __local tiles (and the emulation's lane exchange), and this work-item's lane (g, t) of its warp
 #if !defined(MMA_EMU)
 #define MMA_EMU_DECL
@@ -198,6 +196,8 @@
     TILES_DECL \
     MMA_EMU_DECL \
     const int lid = get_local_id(0), lane = lid % 32, g = lane / 4, t = lane % 4;
+// each kernel's tiles: ta the rows of k (dq) or q (dk dv), tb those of v or dy; stage `it` of them (GA), or the one
+// tile of each, with their transposed copies tat, tbt (rows S_A, S_B and TS apart)
 #if defined(GA)
 #if defined(MMA_EMU)
 #define SHARED_ADDR(p) 0u

@@ -250,10 +250,6 @@ class AttentionFamily:
         layout = a["layout"]
         B, Hq, Hk, Tq, Tk, D, DV, defs, strides = attention_geometry(node, q, k, v, mask)
         bt = grad_mma_tile(self.dev, self.options, D, DV) if node.schedule.get("algo") == "flash_grad_mma" else None
-        rows = GRAD_ROWS if self.dev.is_cpu else 1  # (GPUs: one row's chunks a work-item, in registers)
-        # CPUs: 8 rows in vector lanes where there are 8 query (key) rows (attention_grad_lanes.cl)
-        lanes_q, lanes_kv = (self.dev.is_cpu and self.options.attention_cpu_lanes and t >= CPU_LANE_ROWS
-                             for t in (Tq, Tk))
         of = {x.id: [np.int64(s) for s in operand_strides(x.shape, lay, element_strides(x))]
               for x, lay in zip((q, k, v, y, dy, dq, dk, dv), layout + layout[3:] + layout[:3], strict=True)}
         if bt is not None:
@@ -269,27 +265,28 @@ class AttentionFamily:
             helpers = ("mma_tf32", "mma_emu") if self.options.mma_emulate else ("mma_tf32", "ptx_lanes")
             src = defines(defs) + "".join(kernel_source(f) for f in helpers + ("attention_grad_mma",))
             self.record_tile(f"mma{16 * warps}x{bt}" + "/cp" * copies)
-            per_q = per_kv = 16 * warps
-            local = (32 * warps, 1)
+            local = (32 * warps, 1)  # (a work-group per 16 warps rows of each side)
+            sizes = [max(-(-t // (16 * warps)), 1) * 32 * warps for t in (Tq, Tk)]
             names = ("attention_grad_mma_q", "attention_grad_mma_kv")
         else:
+            rows = GRAD_ROWS if self.dev.is_cpu else 1  # (GPUs: one row's chunks a work-item, in registers)
+            # CPUs: 8 rows in vector lanes where there are 8 query (key) rows (attention_grad_lanes.cl)
+            lanes_q, lanes_kv = (self.dev.is_cpu and self.options.attention_cpu_lanes and t >= CPU_LANE_ROWS
+                                 for t in (Tq, Tk))
             defs["RB"] = rows
             self.record_tile("/".join(("lanes" if f else f"{rows}") for f in (lanes_q, lanes_kv)))
             src = defines(defs) + "".join(kernel_source(f) for f in ("cpu_math", "attention_rows", "attention_grad") +
                                           (("attention_grad_lanes",) if lanes_q or lanes_kv else ()))
             local = (1, 1) if self.dev.is_cpu else None  # (PoCL: no work-item loops around the rows' private arrays)
-            per_q, per_kv = (CPU_LANE_ROWS if f else rows for f in (lanes_q, lanes_kv))
+            sizes = [max(-(-t // (CPU_LANE_ROWS if f else rows)), 1) for t, f in ((Tq, lanes_q), (Tk, lanes_kv))]
             names = ("attention_grad_q" + "_lanes" * lanes_q, "attention_grad_kv" + "_lanes" * lanes_kv)
         head = [np.int32(Tq), np.int32(Tk), np.int32(Hq), np.int32(Hk), np.float32(a["scale"]),
                 np.int32(a["causal_offset"])] + [np.int64(s) for s in strides]
         m = self.args(mask) if mask is not None else self.dummy()
         label = f"{node.name} AttentionGrad"
-        width = 1 if local is None or local[0] == 1 else local[0]  # (work-items along the rows of a group)
         self.emit(src, names[0], self.args(q) + self.args(k) + self.args(v) +
                   self.args(y) + self.args(dy) + m + self.args(dq) + self.args(stats) + head +
-                  [s for x in (q, k, v, y, dy, dq) for s in of[x.id]], (max(-(-Tq // per_q), 1) * width, B * Hq),
-                  local, label + " dq")
+                  [s for x in (q, k, v, y, dy, dq) for s in of[x.id]], (sizes[0], B * Hq), local, label + " dq")
         self.emit(src, names[1], self.args(q) + self.args(k) + self.args(v) +
                   self.args(dy) + m + self.args(stats) + self.args(dk) + self.args(dv) + head +
-                  [s for x in (q, k, v, dy, dk, dv) for s in of[x.id]], (max(-(-Tk // per_kv), 1) * width, B * Hk),
-                  local, label + " dk dv")
+                  [s for x in (q, k, v, dy, dk, dv) for s in of[x.id]], (sizes[1], B * Hk), local, label + " dk dv")
