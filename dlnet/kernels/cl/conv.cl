@@ -82,4 +82,9 @@ inline float im2col(__global const X_T* x, int4 t, int n, int H, int W, int OH, 
 #else
 #define RES_IN_COLUMN(m) 0.0f
 #endif
-#define STORE_IN_COLUMN(m, v) { float r_ = (v) + BIAS(m) + RES_IN_COLUMN(m); STY(ybase_ + (IDX)(m) * OHW, ACT(r_)); }
+// what a row's store adds (bias, residual) apart from the store itself, so the cores can load those of several rows
+// before storing any (gemm_fetch.cl's STORE_PRE)
+#define EPI_T float2
+#define STORE_PRE_IN_COLUMN(m) ((float2)(BIAS(m), RES_IN_COLUMN(m)))
+#define STORE_WITH_IN_COLUMN(m, v, e) { float r_ = (v) + (e).x + (e).y; STY(ybase_ + (IDX)(m) * OHW, ACT(r_)); }
+#define STORE_IN_COLUMN(m, v) STORE_WITH_IN_COLUMN(m, v, STORE_PRE_IN_COLUMN(m))

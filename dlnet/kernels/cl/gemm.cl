@@ -69,11 +69,14 @@
 #else
 #define CVAL(m, n) 0.0f
 #endif
+// (STORE_PRE, STORE_WITH: the store apart from its load of C, gemm_fetch.cl)
+#define STORE_PRE(m, n) CVAL(m, n)
 #if defined(Y_HALF)
-#define STORE(m, n, v) { float r_ = alpha * (v) + CVAL(m, n); vstore_half(ACT(r_), (m) * sym + (n) * syn, y); }
+#define STORE_WITH(m, n, v, e) { float r_ = alpha * (v) + (e); vstore_half(ACT(r_), (m) * sym + (n) * syn, y); }
 #else
-#define STORE(m, n, v) { float r_ = alpha * (v) + CVAL(m, n); y[(m) * sym + (n) * syn] = TF32Y(ACT(r_)); }
+#define STORE_WITH(m, n, v, e) { float r_ = alpha * (v) + (e); y[(m) * sym + (n) * syn] = TF32Y(ACT(r_)); }
 #endif
+#define STORE(m, n, v) STORE_WITH(m, n, v, CVAL(m, n))
 // Y_PAIRS (gemm_ldsm.cl's STORE2, columns n and n + 1 of row m, n even): y's rows contiguous (syn 1) and every pair
 // aligned (y's offsets and NN even), so that the two are one 4-byte (half) or 8-byte store
 #if defined(Y_PAIRS)

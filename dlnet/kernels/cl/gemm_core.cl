@@ -22,7 +22,7 @@
 #if NTHREADS % TN
 #error "gemm_core.cl: the work-items must be a multiple of TN (gemm_fetch.cl)"
 #endif
-#if defined(A_VEC) || (defined(B_VEC) && (TK * TN / 4) % NTHREADS)
+#if defined(A_VEC) || ((defined(B_VEC) || defined(B_CVEC)) && (TK * TN / 4) % NTHREADS)
 #error "gemm_core.cl: A_VEC does not fit its k-major A tile; B_VEC needs TK * TN / 4 to divide among the work-items"
 #endif
 #if WM % 4 == 0
@@ -149,10 +149,16 @@ void KERNEL_NAME(KERNEL_ARGS, __global float* ws, ulong ws_off) {
         const int n = n0 + (j / VN) * NT_N * VN + tn * VN + j % VN;
         if (n >= NN) continue;
         STORE_COLUMN(n)
+        EPI_T e_[WM];  // the column's loads, then its stores (gemm_fetch.cl's STORE_PRE)
         #pragma unroll
         for (int i = 0; i < WM; i++) {
             const int m = m0 + (i / VM) * NT_M * VM + tm * VM + i % VM;
-            if (m < M) STORE_IN_COLUMN(m, acc[i][j]);
+            if (m < M) e_[i] = STORE_PRE_IN_COLUMN(m);
+        }
+        #pragma unroll
+        for (int i = 0; i < WM; i++) {
+            const int m = m0 + (i / VM) * NT_M * VM + tm * VM + i % VM;
+            if (m < M) STORE_WITH_IN_COLUMN(m, acc[i][j], e_[i]);
         }
     }
 #else
@@ -160,16 +166,25 @@ void KERNEL_NAME(KERNEL_ARGS, __global float* ws, ulong ws_off) {
     for (int i = 0; i < WM; i++) {
         const int m = m0 + (i / VM) * NT_M * VM + tm * VM + i % VM;
         if (m >= M) continue;
+#if SPLITS > 1
         #pragma unroll
         for (int j = 0; j < WN; j++) {
             const int n = n0 + (j / VN) * NT_N * VN + tn * VN + j % VN;
-            if (n >= NN) continue;
-#if SPLITS > 1
-            ws[((long)get_group_id(2) * M + m) * NN + n] = acc[i][j];
-#else
-            STORE(m, n, acc[i][j]);
-#endif
+            if (n < NN) ws[((long)get_group_id(2) * M + m) * NN + n] = acc[i][j];
         }
+#else
+        EPI_T e_[WN];  // the row's loads, then its stores (gemm_fetch.cl's STORE_PRE)
+        #pragma unroll
+        for (int j = 0; j < WN; j++) {
+            const int n = n0 + (j / VN) * NT_N * VN + tn * VN + j % VN;
+            if (n < NN) e_[j] = STORE_PRE(m, n);
+        }
+        #pragma unroll
+        for (int j = 0; j < WN; j++) {
+            const int n = n0 + (j / VN) * NT_N * VN + tn * VN + j % VN;
+            if (n < NN) STORE_WITH(m, n, acc[i][j], e_[j]);
+        }
+#endif
     }
 #endif
 }

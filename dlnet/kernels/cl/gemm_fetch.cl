@@ -14,6 +14,22 @@
     const int kslice = get_group_id(2) % SPLITS; \
     const int kchunk = (KK + SPLITS * TK - 1) / (SPLITS * TK) * TK; \
     const int kbeg = kslice * kchunk, kend = min(KK, kbeg + kchunk);
+// The epilogue: STORE_PRE(m, n) is what the store of row m adds from memory (C, a bias, a residual: EPI_T values),
+// STORE_WITH(m, n, v, e) the store given it (and STORE_PRE_IN_COLUMN, STORE_WITH_IN_COLUMN so per column). The cores
+// load those of a block of EPI_ROWS rows before storing any: y may be the buffer they read, so a load the compiler
+// finds after a store waits for it, a round trip to memory a row (tf32 wide_resnet50_2's 1x1 convolutions with a
+// residual, one work-group of 4 warps a unit: 16 TFLOP/s).
+#ifndef EPI_T
+#define EPI_T float
+#endif
+#ifndef STORE_PRE
+#define STORE_PRE(m, n) ((EPI_T)(0.0f))
+#define STORE_WITH(m, n, v, e) STORE(m, n, v)
+#endif
+#if defined(STORE_COLUMN) && !defined(STORE_PRE_IN_COLUMN)
+#define STORE_PRE_IN_COLUMN(m) ((EPI_T)(0.0f))
+#define STORE_WITH_IN_COLUMN(m, v, e) STORE_IN_COLUMN(m, v)
+#endif
 #define LA (TK * TM / NTHREADS)
 #define LB (TK * TN / NTHREADS)
 #ifdef A_ALONG_M
@@ -65,6 +81,8 @@
     ok_ = ok_ && bn_ < NN && (k0) < kend; \
     for (int l = 0; l < LB; l++) \
         rb[l] = ok_ ? BC_LOAD(p_, (IDX)l * (NTHREADS / TN) * BC_STEP) : 0.0f; }
+#elif defined(B_COLUMN) && defined(B_CVEC) && defined(STAGES)
+#define B_SETUP const int bn_ = n0 + tid % (TN / 4) * 4; B_COLUMN(bn_)
 #elif defined(B_COLUMN) && !defined(B_ALONG_K)
 // Every work-item fetches B elements of one column n = n0 + tid % TN (the cores' NTHREADS are multiples of TN):
 // the including file's B_COLUMN(n) works out once, before the K loop, what LOAD_BC(k) needs about column n (for a
@@ -133,6 +151,14 @@
     for (int l = 0; l < TK * TN / 4 / NTHREADS; l++) { \
         const int c = tid + l * NTHREADS, kk = c / (TN / 4), nn = c % (TN / 4) * 4, k = (k0) + kk, n = n0 + nn; \
         CP_ASYNC16(&BS_AT(buf, kk, nn), PTR_B(k, n), k < kend ? CP_BYTES(NN - n) : 0); }
+#elif defined(B_CVEC)
+// B's columns in runs of 4 contiguous ones, 16-byte aligned, that lie wholly inside or wholly past NN (a 1x1
+// convolution whose images hold whole groups of 4 pixels): each work-item copies 4 columns of one row at once, its
+// first column's B_COLUMN(n) worked out once (gemm_fetch.cl's B_SETUP above)
+#define ISSUE_B(buf, k0) \
+    for (int l = 0; l < TK * TN / 4 / NTHREADS; l++) { \
+        const int kk = tid / (TN / 4) + l * (NTHREADS / (TN / 4)), k = (k0) + kk; \
+        CP_ASYNC16(&BS_AT(buf, kk, bn_ - n0), PTR_BC(k), k < kend && bn_ < NN ? 16 : 0); }
 #elif defined(B_KVEC)
 #define ISSUE_B(buf, k0) \
     for (int l = 0; l < TK * TN / 4 / NTHREADS; l++) { \

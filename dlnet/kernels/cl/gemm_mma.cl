@@ -241,23 +241,37 @@ void KERNEL_NAME(KERNEL_ARGS, __global float* ws, ulong ws_off) {
                 smem[A_ROW(2 * i + (q >> 1), gid) * CS_STRIDE + B_COL(j, 2 * tig + (q & 1))] =
                     acc[i][j][q];
     barrier(CLK_LOCAL_MEM_FENCE);
-    // one column per work-item, NTHREADS / TN rows apart
+    // one column per work-item, NTHREADS / TN rows apart, in blocks of EPI_ROWS rows: their loads, then their stores
     const int cn = tid % TN, n = n0 + cn;
     if (n >= NN) return;
-#if defined(STORE_COLUMN) && SPLITS == 1
-    STORE_COLUMN(n)
-#endif
-    #pragma unroll 4
-    for (int r = tid / TN; r < TM; r += NTHREADS / TN) {
-        const int m = m0 + r;
-        if (m >= M) break;
-        const float v = smem[r * CS_STRIDE + cn];
+#define RSTEP (NTHREADS / TN)
 #if SPLITS > 1
-        ws[((long)get_group_id(2) * M + m) * NN + n] = v;
-#elif defined(STORE_COLUMN)
-        STORE_IN_COLUMN(m, v);
+    for (int r = tid / TN; r < TM && m0 + r < M; r += RSTEP)
+        ws[((long)get_group_id(2) * M + m0 + r) * NN + n] = smem[r * CS_STRIDE + cn];
 #else
-        STORE(m, n, v);
+#ifndef EPI_ROWS
+#define EPI_ROWS 16
 #endif
+#if defined(STORE_COLUMN)
+    STORE_COLUMN(n)
+#define EPI_PRE(m) STORE_PRE_IN_COLUMN(m)
+#define EPI_PUT(m, v, e) STORE_WITH_IN_COLUMN(m, v, e)
+#else
+#define EPI_PRE(m) STORE_PRE(m, n)
+#define EPI_PUT(m, v, e) STORE_WITH(m, n, v, e)
+#endif
+    for (int r0 = tid / TN; r0 < TM && m0 + r0 < M; r0 += EPI_ROWS * RSTEP) {
+        EPI_T e_[EPI_ROWS];
+        #pragma unroll
+        for (int u = 0; u < EPI_ROWS; u++) {
+            const int r = r0 + u * RSTEP;
+            if (r < TM && m0 + r < M) e_[u] = EPI_PRE(m0 + r);
+        }
+        #pragma unroll
+        for (int u = 0; u < EPI_ROWS; u++) {
+            const int r = r0 + u * RSTEP;
+            if (r < TM && m0 + r < M) EPI_PUT(m0 + r, smem[r * CS_STRIDE + cn], e_[u]);
+        }
     }
+#endif
 }
