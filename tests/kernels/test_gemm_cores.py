@@ -82,6 +82,9 @@ CONVS = [  # (x shape, w shape, attrs)
     ((2, 16, 20, 20), (40, 16, 3, 3), {"pads": [1, 1, 1, 1]}),
     ((1, 24, 15, 15), (48, 8, 3, 3), {"strides": [2, 2], "group": 3}),
     ((2, 64, 7, 7), (96, 64, 1, 1), {}),
+    # 1x1 on images of whole groups of 4 pixels (tensor cores: 16-byte copies of x), tiles across images, ragged rows
+    ((3, 64, 12, 12), (160, 64, 1, 1), {}),
+    ((2, 96, 8, 8), (96, 32, 1, 1), {"group": 3}),
     ((1, 256, 6, 6), (32, 256, 3, 3), {"pads": [1, 1, 1, 1]}),  # long K, few tiles: split-K
     ((2, 32, 13, 13), (24, 32, 5, 5), {"pads": [2, 2, 2, 2], "strides": [2, 2]}),  # tap-major depth (GPU cores)
     ((1, 16, 12, 11), (8, 16, 3, 3), {"pads": [2, 2, 2, 2], "dilations": [2, 2]}),
