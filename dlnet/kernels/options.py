@@ -163,8 +163,10 @@ class Options:
     # --- Winograd -------------------------------------------------------------------------------------------------
     # F(2x2, 3x3) for 3x3 stride-1 layers of at least this many channels (H100 b16: 64 beat 128 and 256; 0: never)
     winograd_min_channels: int = 64
-    # ... at least this many in tf32 on NVIDIA (vgg16 tf32 b16 against PyTorch: from 64 0.60, from 256 0.74)
-    winograd_min_channels_tf32: int = 256
+    # ... at least this many in tf32 on NVIDIA (vgg16 tf32 b16 against PyTorch: from 64 0.60, from 256 0.74; H200
+    # session 41, kernel ms from 256 / 128 / 64 channels: wide_resnet50_2 4.50 / 4.30 / 4.29, vgg16 4.02 / 3.82 / 4.48,
+    # resnet18 1.01 / 1.00 / 1.24, resnet50 2.73 / 2.72 / 2.87)
+    winograd_min_channels_tf32: int = 128
     # output tile m of F(m x m, 3x3) in fp32 and in tf32 inference (tf32's products are 3x faster)
     winograd_m: int = 2
     winograd_m_tf32: int = 4
