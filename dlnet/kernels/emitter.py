@@ -15,8 +15,9 @@ from .runtime import DTYPE_TO_C, cl, kernel_source
 
 def core_source(core):
     """The text of a GEMM core with what it needs before it."""
-    if core == "gemm_mma":
-        return kernel_source("gemm_fetch") + kernel_source("mma_tf32") + kernel_source(core)
+    if core == "gemm_mma":  # (MMA_EMULATED: rules.core_tiles on a device without PTX, tests)
+        return kernel_source("gemm_fetch") + kernel_source("mma_tf32") + "#if defined(MMA_EMULATED)\n#define NT " \
+            "NTHREADS\n" + kernel_source("mma_emu") + "#endif\n" + kernel_source(core)
     if core in ("gemm_ldsm", "gemm_wgmma"):  # (gemm.cl's batch index and one store of two columns; no split-K)
         return "#define ZID get_group_id(2)\n#ifndef STORE2\n#define STORE2(m, n, v0, v1) { STORE(m, n, v0); " \
                "if ((n) + 1 < NN) STORE(m, (n) + 1, v1); }\n#endif\n" \

@@ -27,6 +27,16 @@ def f32(*shape):
     return rng.standard_normal(shape).astype(np.float32)
 
 
+def tf32_context(**options):
+    """This device in tf32 on the tensor-core core, gemm_mma.cl (elsewhere than NVIDIA its mma.sync emulated:
+    Options.matrix_core "mma_emulated")."""
+    ctx = context()
+    options = ctx.options.replace(**options, matrix_core="auto" if ctx.is_nvidia else "mma_emulated")
+    ctx = dlnet.Context(ctx.info, precision="tf32", options=options)
+    assert ctx.dev.mma
+    return ctx
+
+
 @pytest.fixture(params=["native", "portable", "tf32", "3xtf32"])
 def core(request):
     """(context, tolerance) with the GEMM core under test selected; "3xtf32": precision fp32 on the tf32 cores, each
@@ -36,11 +46,8 @@ def core(request):
         ctx = ctx.with_options(matrix_core="portable")
         assert ctx.dev.core == "gemm_core"
         return ctx, 1e-5
-    if request.param == "tf32":
-        if not ctx.is_nvidia:
-            pytest.skip("the tf32 core needs an NVIDIA device (inline PTX mma.sync)")
-        # every product on the tf32 core, shallow ones too
-        return dlnet.Context(ctx.info, precision="tf32", options=ctx.options.replace(tf32_fp32_k=(0, 0))), 5e-3
+    if request.param == "tf32":  # every product on the tf32 core, shallow ones too
+        return tf32_context(tf32_fp32_k=(0, 0)), 5e-3
     if request.param == "3xtf32":
         if not ctx.is_nvidia:
             pytest.skip("the tf32 cores need an NVIDIA device (inline PTX mma.sync)")
@@ -229,10 +236,7 @@ def test_conv_tap_major(core):
 @pytest.mark.parametrize("M,N", [(64, 2100), (48, 4100)])
 def test_tf32_wide_tile(M, N):
     """The tf32 core's 64 x 128 tile (products of at most 64 rows and many columns), ragged, against float64."""
-    ctx = context()
-    if not ctx.is_nvidia:
-        pytest.skip("the tf32 core needs an NVIDIA device (inline PTX mma.sync)")
-    ctx = dlnet.Context(ctx.info, precision="tf32", options=ctx.options.replace(tf32_huge_fill=0))
+    ctx = tf32_context(tf32_huge_fill=0)
     assert rules.pick_tiles(ctx.dev, ctx.options, M, N, 300).tiles["WARPS_M"] == 1
     a, b = f32(M, 300), f32(300, N)
     model = make_model([helper.make_node("MatMul", ["a", "b"], ["y"])], {"a": a, "b": b}, ["y"])
@@ -260,6 +264,7 @@ def test_tf32_tile_choice(M, N, K, deep, shape):
     assert pick.tiles == rules.GEMM_TILES["tf32"][shape]
 
 
+@pytest.mark.slow  # (20 s a case with mma.sync emulated)
 @pytest.mark.parametrize("xs,ws,attrs,mm,mnk", [
     ((2, 64, 14, 14), (128, 64, 3, 3), {"pads": [1, 1, 1, 1]}, None, (128, 392, 576)),  # tall, tap-major
     ((2, 512, 7, 7), (160, 512, 1, 1), {}, None, (160, 98, 512)),  # tall, 1x1, ragged M
@@ -268,10 +273,7 @@ def test_tf32_tile_choice(M, N, K, deep, shape):
 ])
 def test_tf32_tall_and_huge96_tiles(xs, ws, attrs, mm, mnk):
     """The tf32 core's tall (128 x 64 x 32, three stages) and 96-row tiles against float64, with the epilogue."""
-    ctx = context()
-    if not ctx.is_nvidia:
-        pytest.skip("the tf32 core needs an NVIDIA device (inline PTX mma.sync)")
-    ctx = dlnet.Context(ctx.info, precision="tf32", options=ctx.options.replace(tf32_huge_fill=0))
+    ctx = tf32_context(tf32_huge_fill=0)
     if mm:
         M, K, N = mm
         assert rules.pick_tiles(ctx.dev, ctx.options, M, N, K).tiles["TM"] == 96

@@ -89,6 +89,9 @@ void KERNEL_NAME(KERNEL_ARGS, __global float* ws, ulong ws_off) {
     const int m0 = get_group_id(1) * TM;
     const int n0 = get_group_id(0) * TN;
     __local float smem[SMEM_FLOATS] __attribute__((aligned(16)));
+#if defined(MMA_EMU)
+    MMA_EMU_DECL  // (mma_emu.cl, tests)
+#endif
     float acc[MI][NI][4];
     #pragma unroll
     for (int i = 0; i < MI; i++)
