@@ -34,8 +34,8 @@ class Device:
     # and the tf32 cores split each operand in two tf32 halves (mma_tf32.cl's TF32X3); the kernels that would round
     # to tf32 alone (wgmma, attention_mma.cl, gemv_mma.cl, weights rounded at load) stay off: tensor_cores is False
     tf32x3: bool = False
-    # tests (options.matrix_core "mma_emulated", precision "tf32", a device without PTX): gemm_mma.cl with its mma.sync
-    # emulated (mma_emu.cl) and its tiles through registers, so the tensor-core core runs on PoCL too
+    # tests (options.matrix_core "mma_emulated", precision "tf32" or "fp16", a device without PTX): gemm_mma.cl with
+    # its mma.sync emulated (mma_emu.cl) and its tiles through registers, so the tensor-core core runs on PoCL too
     mma_emulated: bool = False
 
     @property
@@ -75,7 +75,7 @@ class Device:
         cpu = info.type == "CPU" if is_cpu is None else bool(is_cpu)
         nv = is_nvidia(info.vendor, info.platform) if nvidia is None else bool(nvidia)
         local = info.device.local_mem_size if info.device is not None else 48 << 10
-        emulated = options.matrix_core == "mma_emulated" and precision == "tf32" and not nv
+        emulated = options.matrix_core == "mma_emulated" and precision in ("tf32", "fp16") and not nv
         core = "gemm_core" if not cpu or options.matrix_core == "portable" or emulated else "gemm_vec"
         cc = compute_capability(info.device) if nv and not cpu else None
         # (mma.sync on tf32 needs compute capability 8: fp32 on older NVIDIA GPUs, or of unknown capability, stays on

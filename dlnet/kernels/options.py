@@ -43,8 +43,8 @@ class Options:
 
     # --- matrix cores ---------------------------------------------------------------------------------------------
     # "portable" runs the GPU's tiled core (gemm_core.cl) on any device: tests keep that fallback covered on PoCL; in
-    # fp32 on NVIDIA too (not the tensor cores of fp32_tf32x3). "mma_emulated" (tests; precision "tf32" on a device
-    # without PTX): the GPU cores with the tensor-core one, gemm_mma.cl, its mma.sync emulated (device.Device)
+    # fp32 on NVIDIA too (not the tensor cores of fp32_tf32x3). "mma_emulated" (tests; precision "tf32" or "fp16" on a
+    # device without PTX): the GPU cores with the tensor-core one, gemm_mma.cl, its mma.sync emulated (device.Device)
     matrix_core: str = "auto"
     # fp32 core on NVIDIA: K slices in a cp.async pipeline; H100 GEMM n=4096 41.1 TFLOP/s against 31.8 through
     # registers (0: through registers, the portable path)

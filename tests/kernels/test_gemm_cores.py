@@ -27,12 +27,12 @@ def f32(*shape):
     return rng.standard_normal(shape).astype(np.float32)
 
 
-def tf32_context(**options):
-    """This device in tf32 on the tensor-core core, gemm_mma.cl (elsewhere than NVIDIA its mma.sync emulated:
-    Options.matrix_core "mma_emulated")."""
+def tf32_context(precision="tf32", **options):
+    """This device in tf32 (or fp16) on the tensor-core core, gemm_mma.cl (elsewhere than NVIDIA its mma.sync
+    emulated: Options.matrix_core "mma_emulated")."""
     ctx = context()
     options = ctx.options.replace(**options, matrix_core="auto" if ctx.is_nvidia else "mma_emulated")
-    ctx = dlnet.Context(ctx.info, precision="tf32", options=options)
+    ctx = dlnet.Context(ctx.info, precision=precision, options=options)
     assert ctx.dev.mma
     return ctx
 
@@ -111,14 +111,31 @@ def conv_ref(x, w, b, attrs):
 def test_conv_with_epilogue(core, xs, ws, attrs):
     """Conv + bias + residual + Relu fused into the core's epilogue."""
     ctx, tol = core
+    check_conv_with_epilogue(ctx, tol, xs, ws, attrs)
+
+
+def check_conv_with_epilogue(ctx, tol, xs, ws, attrs, then=None):
+    """then: a unary op after the Relu (so that the convolution's output is an inner value, half in fp16)."""
     x, w, b = f32(*xs), f32(*ws), f32(ws[0])
     ref = conv_ref(x, w, b, attrs)
     r = f32(*ref.shape)
-    model = make_model([helper.make_node("Conv", ["x", "w", "b"], ["c"], **attrs),
-                        helper.make_node("Add", ["c", "r"], ["s"]), helper.make_node("Relu", ["s"], ["y"])],
-                       {"x": x, "r": r}, ["y"], {"w": w, "b": b})
-    y = dlnet.Net(ctx).load_onnx(model).run({"x": x, "r": r})["y"]
-    assert rel_l2(y, np.maximum(ref + r, 0)) < tol
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], **attrs), helper.make_node("Add", ["c", "r"], ["s"]),
+             helper.make_node("Relu", ["s"], ["t" if then else "y"])] + \
+        ([helper.make_node(then, ["t"], ["y"])] if then else [])
+    net = dlnet.Net(ctx).load_onnx(make_model(nodes, {"x": x, "r": r}, ["y"], {"w": w, "b": b}))
+    want = np.maximum(ref + r, 0)
+    assert rel_l2(net.run({"x": x, "r": r})["y"], 1 / (1 + np.exp(-want)) if then else want) < tol
+    return net
+
+
+@pytest.mark.parametrize("xs,ws,attrs", CONVS)
+def test_fp16_conv_with_epilogue_on_the_tensor_cores(xs, ws, attrs):
+    """precision "fp16" on gemm_mma.cl, y stored in half (elsewhere than NVIDIA through registers, no cp.async), the
+    epilogue's loads of a block of rows issued before its stores."""
+    ctx = tf32_context("fp16", tf32_fp32_k=(0, 0))
+    net = check_conv_with_epilogue(ctx, 1e-2, xs, ws, attrs, then="Sigmoid")
+    conv = next(n for n in net.graph.nodes if n.op == "Conv")
+    assert conv.outputs[0].dtype == "float16" and net.ctx.dev.mma
 
 
 @pytest.mark.parametrize("shared", [False, True])
