@@ -158,17 +158,14 @@ def make_case(case):
     return q, k, v, mask, attrs
 
 
+@pytest.mark.slow  # (elsewhere than NVIDIA, mma.sync emulated: seconds a case)
 @pytest.mark.parametrize("copies", [True, False], ids=["cp", "regs"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_tensor_core_kernel_matches_float64(case, copies):
     """attention_mma.cl (NVIDIA, tf32 mode: both products on mma.sync) against the float64 oracle, at tf32's
     precision, K and V by cp.async ("/cp") or through registers; the cases it does not take (head dims not multiples
     of 8, decoding's few rows) keep attention.cl."""
-    ctx = context()
-    if not ctx.is_nvidia:
-        pytest.skip("attention_mma.cl needs an NVIDIA device (inline PTX mma.sync)")
-    import dlnet
-    ctx = dlnet.Context(ctx.info, precision="tf32").with_options(attention_async=copies)
+    ctx = mma_context("tf32", attention_async=copies)
     q, k, v, mask, attrs = make_case(case)
     got, schedule = run_attention(q, k, v, mask, "flash", ctx=ctx, **attrs)
     want = oracle(q, k, v, mask, attrs.get("scale"), attrs.get("causal", 0), attrs.get("causal_offset", 0),
@@ -181,13 +178,20 @@ def test_tensor_core_kernel_matches_float64(case, copies):
     assert schedule["tile"].endswith("/cp") == (mma and copies), schedule["tile"]
 
 
-def half_context(copies):
-    """precision "fp16" on the NVIDIA test device, K and V by cp.async (copies) or through registers, or a skip."""
+def mma_context(precision, **options):
+    """The test device in `precision` ("tf32" or "fp16") where attention runs on attention_mma.cl: NVIDIA's, or any
+    other with the GPU cores and the kernel's PTX emulated (Options.matrix_core "mma_emulated", mma_emulate)."""
+    import dlnet
     ctx = context()
     if not ctx.is_nvidia:
-        pytest.skip("attention_mma.cl needs an NVIDIA device (inline PTX mma.sync)")
-    import dlnet
-    return dlnet.Context(ctx.info, precision="fp16").with_options(attention_async=copies)
+        options.update(matrix_core="mma_emulated", mma_emulate=True)
+    return dlnet.Context(ctx.info, precision=precision, options=ctx.options.replace(**options))
+
+
+def half_context(copies):
+    """precision "fp16" where attention runs on attention_mma.cl, K and V by cp.async (copies) or through
+    registers."""
+    return mma_context("fp16", attention_async=copies)
 
 
 def run_half_attention(q, k, v, mask, ctx, **attrs):
@@ -212,6 +216,7 @@ def run_half_attention(q, k, v, mask, ctx, **attrs):
         plan.release()
 
 
+@pytest.mark.slow  # (elsewhere than NVIDIA, mma.sync emulated: seconds a case)
 @pytest.mark.parametrize("copies", [True, False], ids=["cp", "regs"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_tensor_core_kernel_in_half(case, copies):
@@ -350,25 +355,22 @@ def test_layouts_match_float64(case, algo):
     assert schedule["algo"] == algo
 
 
+@pytest.mark.slow  # (elsewhere than NVIDIA, mma.sync emulated: seconds a case)
 @pytest.mark.parametrize("case", list(LAYOUT_CASES))
 def test_tensor_core_kernel_layouts(case):
     """attention_mma.cl reads q, k, v and writes y through their layouts' strides, as attention.cl does."""
-    ctx = context()
-    if not ctx.is_nvidia:
-        pytest.skip("attention_mma.cl needs an NVIDIA device (inline PTX mma.sync)")
-    import dlnet
     qs, hk, tk, layout, attrs = LAYOUT_CASES[case]
     rng = np.random.default_rng(sum(map(ord, case)))
     b, hq, tq, d = qs
     logical = [_normal(rng, *qs), _normal(rng, b, hk, tk, d), _normal(rng, b, hk, tk, d)]
     stored = [np.ascontiguousarray(x.transpose(to_stored(s))) for x, s in zip(logical, layout)]
-    got, schedule = run_attention(*stored, None, "flash", ctx=dlnet.Context(ctx.info, precision="tf32"),
-                                  layout=layout, **attrs)
+    got, schedule = run_attention(*stored, None, "flash", ctx=mma_context("tf32"), layout=layout, **attrs)
     want = oracle(*logical, None, None, attrs.get("causal", 0), attrs.get("causal_offset", 0))
     assert rel_l2(got.transpose(to_logical(layout[3])), want) <= 5e-3
     assert schedule["tile"].startswith("mma") == schedule["tile"].endswith("/cp") == (tq > 8), schedule["tile"]
 
 
+@pytest.mark.slow  # (elsewhere than NVIDIA, mma.sync emulated: seconds a case)
 @pytest.mark.parametrize("case", list(LAYOUT_CASES))
 def test_tensor_core_kernel_layouts_in_half(case):
     """... and in half, K and V by cp.async from rows strided by the layouts (one 16-byte aligned row each)."""

@@ -86,6 +86,13 @@
 #endif
 #define BQ (16 * WARPS)
 #define NT (32 * WARPS)
+#if defined(MMA_EMU)  // (tests: every warp reaches every emulated lane exchange, so none skips a tile; loops left
+#define SKIP(cond) 0     // rolled, as PoCL compiles each region between barriers on its own)
+#define UNROLL
+#else
+#define SKIP(cond) (cond)
+#define UNROLL _Pragma("unroll")
+#endif
 
 inline uint half_pair(__global const ushort* p) {  // two adjacent halves of global memory, any 2-byte alignment
     const ushort2 x = vload2(0, p);
@@ -98,9 +105,16 @@ void attention_mma(__global const ET* q, ulong q_off, __global const ET* k, ulon
                    __global YT* y, ulong y_off, int Tq, int Tk, int Hq, int Hk, float scale, float softcap,
                    int causal_offset, long msb, long msh, long msq, long msk, long qsb, long qsh, long qst, long ksb,
                    long ksh, long kst, long vsb, long vsh, long vst, long ysb, long ysh, long yst) {
+#if defined(MMA_EMU)
+    MMA_EMU_DECL  // (tests: mma_emu.cl, whose cp.async and ldmatrix take shared addresses as offsets into `tiles`)
+#endif
 #if defined(KV_ASYNC)
-    __local uint kv[2 * STAGE_B / 4] __attribute__((aligned(16)));
-    const uint sbase = (uint)(ulong)kv;
+    __local uint tiles[2 * STAGE_B / 4] __attribute__((aligned(16)));
+#if defined(MMA_EMU)
+    const uint sbase = 0;
+#else
+    const uint sbase = (uint)(ulong)tiles;
+#endif
 #else
     __local ET ks[BK * KS] __attribute__((aligned(16)));
     __local ET vt[DV * VS] __attribute__((aligned(16)));
@@ -122,7 +136,7 @@ void attention_mma(__global const ET* q, ulong q_off, __global const ET* k, ulon
     const int w0 = (lid / 32) * 16, r0 = w0 + g, r1 = r0 + 8;  // the warp's first row, this lane's two rows
 #if defined(F16)
     uint qa[D / 16][4];
-    #pragma unroll
+    UNROLL
     for (int c = 0; c < D / 16; c++) {
         __global const ushort* p0 = q + r0 * qst + 16 * c + 2 * t;
         __global const ushort* p1 = q + r1 * qst + 16 * c + 2 * t;
@@ -131,7 +145,7 @@ void attention_mma(__global const ET* q, ulong q_off, __global const ET* k, ulon
     }
 #else
     uint qa[D / 8][4];
-    #pragma unroll
+    UNROLL
     for (int c = 0; c < D / 8; c++) {
         const float2 x0 = r0 < nq ? vload2(0, q + r0 * qst + 8 * c + 2 * t) : (float2)(0.0f);
         const float2 x1 = r1 < nq ? vload2(0, q + r1 * qst + 8 * c + 2 * t) : (float2)(0.0f);
@@ -139,7 +153,7 @@ void attention_mma(__global const ET* q, ulong q_off, __global const ET* k, ulon
     }
 #endif
     float o[DV / 8][4];
-    #pragma unroll
+    UNROLL
     for (int n = 0; n < DV / 8; n++)
         o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;  // (in base 2)
@@ -168,7 +182,7 @@ void attention_mma(__global const ET* q, ulong q_off, __global const ET* k, ulon
         PTX_WAIT(1);  // this tile's copies have landed
         barrier(CLK_LOCAL_MEM_FENCE);
         const uint ks_ = sbase + (it % 2) * STAGE_B + k_lane, vs_ = sbase + (it % 2) * STAGE_B + BK * KSB + v_lane;
-        __local const uchar* kp = (__local const uchar*)kv + (it % 2) * STAGE_B;
+        __local const uchar* kp = (__local const uchar*)tiles + (it % 2) * STAGE_B;
         __local const uchar* vp = kp + BK * KSB;
 #else
         for (int e = lid; e < BK * D / 4; e += NT) {
@@ -182,29 +196,29 @@ void attention_mma(__global const ET* q, ulong q_off, __global const ET* k, ulon
         }
         barrier(CLK_LOCAL_MEM_FENCE);
 #endif
-        if (w0 >= nq || k0 >= warp_end) continue;  // (no row of this warp is stored, or sees these keys)
+        if (SKIP(w0 >= nq || k0 >= warp_end)) continue;  // (no row of this warp is stored, or sees these keys)
         float s[BK / 8][4];
 #if defined(KV_ASYNC) && defined(F16)
-        #pragma unroll
+        UNROLL
         for (int j = 0; j < BK / 8; j += 2) {
             s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
             s[j + 1][0] = s[j + 1][1] = s[j + 1][2] = s[j + 1][3] = 0.0f;
-            #pragma unroll
+            UNROLL
             for (int c = 0; c < D / 16; c++)
                 MMA_PAIR(PTX_LDSM_X4, ks_ + 8 * j * KSB + 32 * c, qa[c], s[j], s[j + 1]);
         }
 #else
-        #pragma unroll
+        UNROLL
         for (int j = 0; j < BK / 8; j++) {
             s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
 #if defined(F16)
-            #pragma unroll
+            UNROLL
             for (int c = 0; c < D / 16; c++) {
                 __local const uint* kw = (__local const uint*)&ks[(8 * j + g) * KS + 16 * c + 2 * t];
                 MMA_F16(s[j], qa[c], kw[0], kw[4]);
             }
 #else
-            #pragma unroll
+            UNROLL
             for (int c = 0; c < D / 8; c++) {
                 const float2 kb = K_PAIR(j, c);
                 const uint bb[2] = {TF32_BITS(kb.x), TF32_BITS(kb.y)};
@@ -215,15 +229,15 @@ void attention_mma(__global const ET* q, ulong q_off, __global const ET* k, ulon
 #endif
         float top0 = m0, top1 = m1;
         if (!MASK && !SOFTCAP && nk == BK && (!CAUSAL || k0 + BK <= q0 + w0 + 1 + causal_offset)) {
-            #pragma unroll
+            UNROLL
             for (int j = 0; j < BK / 8; j++) {  // (every key there and seen by every row)
                 s[j][0] *= scale2; s[j][1] *= scale2; s[j][2] *= scale2; s[j][3] *= scale2;
                 top0 = fmax(top0, fmax(s[j][0], s[j][1])); top1 = fmax(top1, fmax(s[j][2], s[j][3]));
             }
         } else {
-            #pragma unroll
+            UNROLL
             for (int j = 0; j < BK / 8; j++)
-                #pragma unroll
+                UNROLL
                 for (int e = 0; e < 4; e++) {
                     const int r = e < 2 ? r0 : r1, key = 8 * j + 2 * t + (e & 1);
                     float z = -INFINITY;
@@ -254,7 +268,7 @@ void attention_mma(__global const ET* q, ulong q_off, __global const ET* k, ulon
         float sum0 = 0.0f, sum1 = 0.0f;
 #if defined(F16)
         uint pa[BK / 16][4];
-        #pragma unroll
+        UNROLL
         for (int j = 0; j < BK / 8; j++) {
             const float p0 = ex2(s[j][0] - mu0), p1 = ex2(s[j][1] - mu0);
             const float p2 = ex2(s[j][2] - mu1), p3 = ex2(s[j][3] - mu1);
@@ -263,7 +277,7 @@ void attention_mma(__global const ET* q, ulong q_off, __global const ET* k, ulon
         }
 #else
         uint pa[BK / 8][4];
-        #pragma unroll
+        UNROLL
         for (int j = 0; j < BK / 8; j++) {
             const float p0 = ex2(s[j][0] - mu0), p1 = ex2(s[j][1] - mu0);
             const float p2 = ex2(s[j][2] - mu1), p3 = ex2(s[j][3] - mu1);
@@ -274,26 +288,26 @@ void attention_mma(__global const ET* q, ulong q_off, __global const ET* k, ulon
         l0 = l0 * alpha0 + sum0;  // this lane's columns only: summed over the row's 4 lanes at the end
         l1 = l1 * alpha1 + sum1;
 #if defined(KV_ASYNC) && defined(F16)
-        #pragma unroll
+        UNROLL
         for (int n = 0; n < DV / 8; n += 2) {
             o[n][0] *= alpha0; o[n][1] *= alpha0; o[n][2] *= alpha1; o[n][3] *= alpha1;
             o[n + 1][0] *= alpha0; o[n + 1][1] *= alpha0; o[n + 1][2] *= alpha1; o[n + 1][3] *= alpha1;
-            #pragma unroll
+            UNROLL
             for (int j = 0; j < BK / 16; j++)
                 MMA_PAIR(PTX_LDSM_X4_T, vs_ + 16 * j * VSB + 16 * n, pa[j], o[n], o[n + 1]);
         }
 #else
-        #pragma unroll
+        UNROLL
         for (int n = 0; n < DV / 8; n++) {
             o[n][0] *= alpha0; o[n][1] *= alpha0; o[n][2] *= alpha1; o[n][3] *= alpha1;
 #if defined(F16)
-            #pragma unroll
+            UNROLL
             for (int j = 0; j < BK / 16; j++) {
                 __local const uint* vw = (__local const uint*)&vt[(8 * n + g) * VS + 16 * j + 2 * t];
                 MMA_F16(o[n], pa[j], vw[0], vw[4]);
             }
 #else
-            #pragma unroll
+            UNROLL
             for (int j = 0; j < BK / 8; j++) {
                 const float2 vb = V_PAIR(n, j);
                 const uint bb[2] = {TF32_BITS(vb.x), TF32_BITS(vb.y)};
@@ -306,7 +320,7 @@ void attention_mma(__global const ET* q, ulong q_off, __global const ET* k, ulon
     l0 += shfl_xor(l0, 1); l0 += shfl_xor(l0, 2);
     l1 += shfl_xor(l1, 1); l1 += shfl_xor(l1, 2);
     const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;  // (no visible key: 0)
-    #pragma unroll
+    UNROLL
     for (int n = 0; n < DV / 8; n++) {
 #if defined(Y_PAIRS)
         if (r0 < nq) *(__global uint*)(y + r0 * yst + 8 * n + 2 * t) = pack_half2(o[n][0] * inv0, o[n][1] * inv0);

@@ -111,7 +111,8 @@ def grad_mma_tile(dev, options, d, dv):
 def mma_tile(dev, options, d, dv, tq, f16=False):
     """(warps, keys a tile) of attention_mma.cl for these head dims and query rows (f16: q, k, v in half, precision
     "fp16"; else float in "tf32" or "fp16"), or None where it does not run."""
-    if not ((dev.tensor_cores or (dev.is_nvidia and dev.half_storage)) and options.attention_mma
+    if not ((dev.tensor_cores or (dev.is_nvidia and dev.half_storage) or dev.mma and options.mma_emulate)
+            and options.attention_mma
             and d % (16 if f16 else 8) == 0 and dv % 8 == 0 and max(d, dv) <= MMA_MAX_D and tq > DECODE_ROWS):
         return None
     return min(options.attention_mma_warps, -(-tq // 16)), MMA_KEYS if max(d, dv) <= 64 else MMA_KEYS // 2
@@ -216,7 +217,8 @@ class AttentionFamily:
             defs.update(WARPS=warps, BK=bk, **({"F16": 1} if all(halves) else {}))
             defs.update({"KV_ASYNC": 1} if copies else {}, **({"Y_PAIRS": 1} if "Y_HALF" in defs and y_ok else {}))
             self.record_tile(f"mma{16 * warps}x{bk}" + ("/cp" if copies else ""))
-            self.emit(defines(defs) + kernel_source("mma_tf32") + kernel_source("ptx_lanes") +
+            lanes = "mma_emu" if self.options.mma_emulate else "ptx_lanes"  # (tests: the PTX emulated)
+            self.emit(defines(defs) + kernel_source("mma_tf32") + kernel_source(lanes) +
                       kernel_source("tf32_store") + kernel_source("attention_mma"), "attention_mma", args,
                       (max(-(-Tq // (16 * warps)), 1) * 32 * warps, B * Hq), (32 * warps, 1), label)
             return
