@@ -35,7 +35,7 @@ class Device:
     # to tf32 alone (wgmma, attention_mma.cl, gemv_mma.cl, weights rounded at load) stay off: tensor_cores is False
     tf32x3: bool = False
     # tests (options.matrix_core "mma_emulated", precision "tf32" or "fp16", a device without PTX): gemm_mma.cl with
-    # its mma.sync emulated (mma_emu.cl) and its tiles through registers, so the tensor-core core runs on PoCL too
+    # its mma.sync and cp.async emulated (mma_emu.cl, gemm_fetch.cl), so the tensor-core core runs on PoCL too
     mma_emulated: bool = False
 
     @property

@@ -387,8 +387,8 @@ def core_tiles(dev, options, tiles, core):
     the tf32 cores' in fp32 with operands split in tf32 halves (dev.tf32x3)."""
     if core in ("gemm_mma", "gemm_ldsm") and dev.tf32x3 and tiles.get("TF32", core == "gemm_mma"):
         return dict(tiles, TF32X3=1)
-    if core == "gemm_mma" and dev.mma_emulated:  # (no cp.async: the tiles through registers)
-        return dict({k: v for k, v in tiles.items() if k != "STAGES"}, MMA_EMULATED=1)
+    if core == "gemm_mma" and dev.mma_emulated:  # (tests: mma.sync and cp.async emulated, gemm_fetch.cl, mma_emu.cl)
+        return dict(tiles, MMA_EMULATED=1)
     if core != "gemm_core" or not dev.cp_async or not options.fp32_stages:
         return tiles
     return dict(tiles, STAGES=max(2, options.fp32_stages))

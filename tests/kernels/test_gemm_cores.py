@@ -128,6 +128,20 @@ def check_conv_with_epilogue(ctx, tol, xs, ws, attrs, then=None):
     return net
 
 
+def test_fp16_half_operands_on_the_tensor_cores():
+    """precision "fp16": a product of two values stored in half that gemm_ldsm.cl and gemm_wgmma.cl do not take (N
+    not whole 16-byte rows) runs on gemm_mma.cl with its tiles through registers (cp.async cannot convert half)."""
+    a, b = f32(70, 200), f32(200, 90)
+    nodes = [helper.make_node("Tanh", ["a"], ["ah"]), helper.make_node("Tanh", ["b"], ["bh"]),
+             helper.make_node("MatMul", ["ah", "bh"], ["y"])]
+    net = dlnet.Net(tf32_context("fp16", tf32_fp32_k=(0, 0))).load_onnx(make_model(nodes, {"a": a, "b": b}, ["y"]))
+    src = net.launches[-1].kernel.program.get_info(cl.program_info.SOURCE)
+    defs = [line.split()[1] for line in src.splitlines() if line.startswith("#define ")]
+    assert {"WARPS_M", "A_HALF", "B_HALF"} <= set(defs) and "STAGES" not in defs[:defs.index("A_HALF")]
+    y = net.run({"a": a, "b": b})["y"]
+    assert rel_l2(y, np.tanh(a.astype(np.float64)) @ np.tanh(b.astype(np.float64))) < 1e-2
+
+
 @pytest.mark.parametrize("xs,ws,attrs", CONVS)
 def test_fp16_conv_with_epilogue_on_the_tensor_cores(xs, ws, attrs):
     """precision "fp16" on gemm_mma.cl, y stored in half (elsewhere than NVIDIA through registers, no cp.async), the

@@ -16,7 +16,7 @@
     const int kbeg = kslice * kchunk, kend = min(KK, kbeg + kchunk);
 // The epilogue: STORE_PRE(m, n) is what the store of row m adds from memory (C, a bias, a residual: EPI_T values),
 // STORE_WITH(m, n, v, e) the store given it (and STORE_PRE_IN_COLUMN, STORE_WITH_IN_COLUMN so per column). The cores
-// load those of a block of EPI_ROWS rows before storing any: y may be the buffer they read, so a load the compiler
+// load those of a block of rows (gemm_mma.cl's EPI_ROWS, gemm_core.cl's WM or WN) before storing any: y may be the buffer they read, so a load the compiler
 // finds after a store waits for it, a round trip to memory a row (tf32 wide_resnet50_2's 1x1 convolutions with a
 // residual, one work-group of 4 warps a unit: 16 TFLOP/s).
 #ifndef EPI_T
@@ -122,6 +122,15 @@
 // gradient's activations), likewise, into gemm_mma.cl's k-major A tile; B_VEC: B contiguous along n, likewise;
 // B_KVEC: B contiguous along k (a weight read [N, K] as stored), likewise, into gemm_mma.cl's n-major B tile: those
 // copy 4 floats at once, the tail of a row zero-filled.
+#if defined(MMA_EMULATED)
+// (tests, rules.core_tiles on a device without PTX: each copy done at once, its tail zero-filled as cp.async's is)
+#define CP_ASYNC4(dst, src, ok) (*(dst) = (ok) ? *(src) : 0.0f)
+#define CP_ASYNC16(dst, src, nbytes) { \
+    __local float* d_ = (dst); __global const float* s_ = (src); const int n_ = (nbytes) / 4; \
+    for (int i_ = 0; i_ < 4; i_++) d_[i_] = i_ < n_ ? s_[i_] : 0.0f; }
+#define CP_COMMIT()
+#define CP_WAIT(n)
+#else
 #define CP_ASYNC4(dst, src, ok) \
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" \
                  :: "r"((uint)(ulong)(dst)), "l"(src), "r"((ok) ? 4 : 0) : "memory")
@@ -134,6 +143,7 @@
 #define CP_STR_(x) #x
 #define CP_STR(x) CP_STR_(x)
 #define CP_WAIT(n) asm volatile("cp.async.wait_group " CP_STR(n) ";" ::: "memory")
+#endif
 #define CP_BYTES(left) (clamp((left), 0, 4) * 4)  // of 4 floats, those before the end
 #if defined(B_SAFE)
 #define B_OK(ok) true
@@ -154,7 +164,7 @@
 #elif defined(B_CVEC)
 // B's columns in runs of 4 contiguous ones, 16-byte aligned, that lie wholly inside or wholly past NN (a 1x1
 // convolution whose images hold whole groups of 4 pixels): each work-item copies 4 columns of one row at once, its
-// first column's B_COLUMN(n) worked out once (gemm_fetch.cl's B_SETUP above)
+// first column's B_COLUMN(n) worked out once (B_SETUP above)
 #define ISSUE_B(buf, k0) \
     for (int l = 0; l < TK * TN / 4 / NTHREADS; l++) { \
         const int kk = tid / (TN / 4) + l * (NTHREADS / (TN / 4)), k = (k0) + kk; \
