@@ -17,6 +17,17 @@ def context():
     return _CTX
 
 
+def tensor_core_context(precision, **options):
+    """The test device in `precision` ("tf32" or "fp16") on the tensor-core kernels (gemm_mma.cl, attention_mma.cl):
+    NVIDIA's, or elsewhere the GPU cores with their PTX emulated (Options.matrix_core "mma_emulated", mma_emulate)."""
+    ctx = context()
+    if not ctx.is_nvidia:
+        options.update(matrix_core="mma_emulated", mma_emulate=True)
+    ctx = dlnet.Context(ctx.info, precision=precision, options=ctx.options.replace(**options))
+    assert ctx.dev.mma
+    return ctx
+
+
 @pytest.fixture(scope="session")
 def ctx():
     return context()

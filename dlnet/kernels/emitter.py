@@ -9,15 +9,16 @@ from . import codegen
 from .compile_worker import WGMMA_MARK
 from .device import TILED_CORES
 from .launch import Deferred, Launch, PendingKernel
-from .rules import core_threads, round_up
+from .rules import b_vec_fits, round_up
 from .runtime import DTYPE_TO_C, cl, kernel_source
 
 
-def core_source(core):
-    """The text of a GEMM core with what it needs before it."""
-    if core == "gemm_mma":  # (MMA_EMULATED: rules.core_tiles on a device without PTX, tests)
-        return kernel_source("gemm_fetch") + kernel_source("mma_tf32") + "#if defined(MMA_EMULATED)\n#define NT " \
-            "NTHREADS\n" + kernel_source("mma_emu") + "#endif\n" + kernel_source(core)
+def core_source(core, tiles=None):
+    """The text of a GEMM core with what it needs before it (tiles: the core's, whose MMA_EMULATED, tests on a device
+    without PTX, brings mma_emu.cl)."""
+    if core == "gemm_mma":
+        emu = "#define NT NTHREADS\n" + kernel_source("mma_emu") if tiles and tiles.get("MMA_EMULATED") else ""
+        return kernel_source("gemm_fetch") + kernel_source("mma_tf32") + emu + kernel_source(core)
     if core in ("gemm_ldsm", "gemm_wgmma"):  # (gemm.cl's batch index and one store of two columns; no split-K)
         return "#define ZID get_group_id(2)\n#ifndef STORE2\n#define STORE2(m, n, v0, v1) { STORE(m, n, v0); " \
                "if ((n) + 1 < NN) STORE(m, (n) + 1, v1); }\n#endif\n" \
@@ -76,8 +77,7 @@ def gemm_source(core, tiles, strides, idx, act=None, has_c=False, aligned=(True,
         elif core == "gemm_mma" and sam == 1 and sak % 4 == 0 and aligned[0] and \
                 tiles["TM"] // (16 * tiles["WARPS_M"]) % 2 == 0:
             defs["A_MVEC"] = 1  # (gemm_mma.cl's A tile k-major, its rows permuted: two m16 blocks a float4)
-        if sbn == 1 and sbk % 4 == 0 and aligned[1] and \
-                (core == "gemm_mma" or tiles["TK"] * tiles["TN"] // 4 % core_threads(tiles) == 0):
+        if sbn == 1 and sbk % 4 == 0 and aligned[1] and b_vec_fits(core, tiles):
             defs["B_VEC"] = 1
         elif core == "gemm_mma" and sbk == 1 and sbn % 4 == 0 and aligned[1]:
             defs["B_KVEC"] = 1  # (gemm_mma.cl's B tile n-major: a weight read [N, K] as stored)
@@ -86,7 +86,7 @@ def gemm_source(core, tiles, strides, idx, act=None, has_c=False, aligned=(True,
     head = wgmma_macro(tiles["TN"], "TF32" in tiles, "A_ALONG_M" in defs, "B_NK" not in tiles) \
         if core == "gemm_wgmma" else ""
     return defines(defs) + head + act_macro(act) + kernel_source("tf32_store") + kernel_source("gemm") + \
-        core_source(core)
+        core_source(core, tiles)
 
 
 def gemm_args(aa, ba, ca, ya, boff, M, N, K, strides, idx, alpha=1.0, beta=0.0):

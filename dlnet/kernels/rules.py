@@ -399,6 +399,11 @@ def core_threads(tiles):
     return (tiles["TM"] // tiles["WM"]) * (tiles["TN"] // tiles["WN"])
 
 
+def b_vec_fits(core, tiles):
+    """Do a B tile's 16-byte copies (gemm_fetch.cl's B_VEC, B_CVEC) divide among the core's work-items?"""
+    return core == "gemm_mma" or tiles["TK"] * tiles["TN"] // 4 % core_threads(tiles) == 0
+
+
 def tile_label(core, tiles):
     """How a tile prints in the IR: 128x64 (TM x TN; x TK where the core's depth slice is not its usual 8)."""
     if core == "gemm_vec":

@@ -16,7 +16,7 @@ from dlnet.graph.ops.attention import to_logical, to_stored
 from dlnet.kernels.families.attention import ATTENTION_TILES, AttentionTile, attention_tile, mask_strides
 from dlnet.plan import Plan
 
-from ..conftest import context, rel_l2
+from ..conftest import context, rel_l2, tensor_core_context
 
 
 def oracle(q, k, v, mask=None, scale=None, causal=False, offset=0, softcap=0.0):
@@ -165,7 +165,7 @@ def test_tensor_core_kernel_matches_float64(case, copies):
     """attention_mma.cl (NVIDIA, tf32 mode: both products on mma.sync) against the float64 oracle, at tf32's
     precision, K and V by cp.async ("/cp") or through registers; the cases it does not take (head dims not multiples
     of 8, decoding's few rows) keep attention.cl."""
-    ctx = mma_context("tf32", attention_async=copies)
+    ctx = tensor_core_context("tf32", attention_async=copies)
     q, k, v, mask, attrs = make_case(case)
     got, schedule = run_attention(q, k, v, mask, "flash", ctx=ctx, **attrs)
     want = oracle(q, k, v, mask, attrs.get("scale"), attrs.get("causal", 0), attrs.get("causal_offset", 0),
@@ -178,20 +178,10 @@ def test_tensor_core_kernel_matches_float64(case, copies):
     assert schedule["tile"].endswith("/cp") == (mma and copies), schedule["tile"]
 
 
-def mma_context(precision, **options):
-    """The test device in `precision` ("tf32" or "fp16") where attention runs on attention_mma.cl: NVIDIA's, or any
-    other with the GPU cores and the kernel's PTX emulated (Options.matrix_core "mma_emulated", mma_emulate)."""
-    import dlnet
-    ctx = context()
-    if not ctx.is_nvidia:
-        options.update(matrix_core="mma_emulated", mma_emulate=True)
-    return dlnet.Context(ctx.info, precision=precision, options=ctx.options.replace(**options))
-
-
 def half_context(copies):
     """precision "fp16" where attention runs on attention_mma.cl, K and V by cp.async (copies) or through
     registers."""
-    return mma_context("fp16", attention_async=copies)
+    return tensor_core_context("fp16", attention_async=copies)
 
 
 def run_half_attention(q, k, v, mask, ctx, **attrs):
@@ -364,7 +354,7 @@ def test_tensor_core_kernel_layouts(case):
     b, hq, tq, d = qs
     logical = [_normal(rng, *qs), _normal(rng, b, hk, tk, d), _normal(rng, b, hk, tk, d)]
     stored = [np.ascontiguousarray(x.transpose(to_stored(s))) for x, s in zip(logical, layout)]
-    got, schedule = run_attention(*stored, None, "flash", ctx=mma_context("tf32"), layout=layout, **attrs)
+    got, schedule = run_attention(*stored, None, "flash", ctx=tensor_core_context("tf32"), layout=layout, **attrs)
     want = oracle(*logical, None, None, attrs.get("causal", 0), attrs.get("causal_offset", 0))
     assert rel_l2(got.transpose(to_logical(layout[3])), want) <= 5e-3
     assert schedule["tile"].startswith("mma") == schedule["tile"].endswith("/cp") == (tq > 8), schedule["tile"]

@@ -18,23 +18,13 @@ from dlnet.kernels.device import Device
 from dlnet.kernels.options import Options
 from dlnet.kernels.runtime import cl
 
-from ..conftest import context, make_model, rel_l2
+from ..conftest import context, make_model, rel_l2, tensor_core_context
 
 rng = np.random.default_rng(7)
 
 
 def f32(*shape):
     return rng.standard_normal(shape).astype(np.float32)
-
-
-def tf32_context(precision="tf32", **options):
-    """This device in tf32 (or fp16) on the tensor-core core, gemm_mma.cl (elsewhere than NVIDIA its mma.sync
-    emulated: Options.matrix_core "mma_emulated")."""
-    ctx = context()
-    options = ctx.options.replace(**options, matrix_core="auto" if ctx.is_nvidia else "mma_emulated")
-    ctx = dlnet.Context(ctx.info, precision=precision, options=options)
-    assert ctx.dev.mma
-    return ctx
 
 
 @pytest.fixture(params=["native", "portable", "tf32", "3xtf32"])
@@ -47,7 +37,7 @@ def core(request):
         assert ctx.dev.core == "gemm_core"
         return ctx, 1e-5
     if request.param == "tf32":  # every product on the tf32 core, shallow ones too
-        return tf32_context(tf32_fp32_k=(0, 0)), 5e-3
+        return tensor_core_context("tf32", tf32_fp32_k=(0, 0)), 5e-3
     if request.param == "3xtf32":
         if not ctx.is_nvidia:
             pytest.skip("the tf32 cores need an NVIDIA device (inline PTX mma.sync)")
@@ -134,7 +124,8 @@ def test_fp16_half_operands_on_the_tensor_cores():
     a, b = f32(70, 200), f32(200, 90)
     nodes = [helper.make_node("Tanh", ["a"], ["ah"]), helper.make_node("Tanh", ["b"], ["bh"]),
              helper.make_node("MatMul", ["ah", "bh"], ["y"])]
-    net = dlnet.Net(tf32_context("fp16", tf32_fp32_k=(0, 0))).load_onnx(make_model(nodes, {"a": a, "b": b}, ["y"]))
+    ctx = tensor_core_context("fp16", tf32_fp32_k=(0, 0))
+    net = dlnet.Net(ctx).load_onnx(make_model(nodes, {"a": a, "b": b}, ["y"]))
     src = net.launches[-1].kernel.program.get_info(cl.program_info.SOURCE)
     defs = [line.split()[1] for line in src.splitlines() if line.startswith("#define ")]
     assert {"WARPS_M", "A_HALF", "B_HALF"} <= set(defs) and "STAGES" not in defs[:defs.index("A_HALF")]
@@ -146,7 +137,7 @@ def test_fp16_half_operands_on_the_tensor_cores():
 def test_fp16_conv_with_epilogue_on_the_tensor_cores(xs, ws, attrs):
     """precision "fp16" on gemm_mma.cl, y stored in half (elsewhere than NVIDIA through registers, no cp.async), the
     epilogue's loads of a block of rows issued before its stores."""
-    ctx = tf32_context("fp16", tf32_fp32_k=(0, 0))
+    ctx = tensor_core_context("fp16", tf32_fp32_k=(0, 0))
     net = check_conv_with_epilogue(ctx, 1e-2, xs, ws, attrs, then="Sigmoid")
     conv = next(n for n in net.graph.nodes if n.op == "Conv")
     assert conv.outputs[0].dtype == "float16" and net.ctx.dev.mma
@@ -267,7 +258,7 @@ def test_conv_tap_major(core):
 @pytest.mark.parametrize("M,N", [(64, 2100), (48, 4100)])
 def test_tf32_wide_tile(M, N):
     """The tf32 core's 64 x 128 tile (products of at most 64 rows and many columns), ragged, against float64."""
-    ctx = tf32_context(tf32_huge_fill=0)
+    ctx = tensor_core_context("tf32", tf32_huge_fill=0)
     assert rules.pick_tiles(ctx.dev, ctx.options, M, N, 300).tiles["WARPS_M"] == 1
     a, b = f32(M, 300), f32(300, N)
     model = make_model([helper.make_node("MatMul", ["a", "b"], ["y"])], {"a": a, "b": b}, ["y"])
@@ -304,7 +295,7 @@ def test_tf32_tile_choice(M, N, K, deep, shape):
 ])
 def test_tf32_tall_and_huge96_tiles(xs, ws, attrs, mm, mnk):
     """The tf32 core's tall (128 x 64 x 32, three stages) and 96-row tiles against float64, with the epilogue."""
-    ctx = tf32_context(tf32_huge_fill=0)
+    ctx = tensor_core_context("tf32", tf32_huge_fill=0)
     if mm:
         M, K, N = mm
         assert rules.pick_tiles(ctx.dev, ctx.options, M, N, K).tiles["TM"] == 96

@@ -108,6 +108,12 @@ def grad_mma_tile(dev, options, d, dv):
     return None
 
 
+def ptx_source(options):
+    """The tensor-core attention kernels' helpers: mma_tf32.cl, then ptx_lanes.cl (or, Options.mma_emulate, mma_emu.cl's
+    emulation of its PTX for tests)."""
+    return kernel_source("mma_tf32") + kernel_source("mma_emu" if options.mma_emulate else "ptx_lanes")
+
+
 def mma_tile(dev, options, d, dv, tq, f16=False):
     """(warps, keys a tile) of attention_mma.cl for these head dims and query rows (f16: q, k, v in half, precision
     "fp16"; else float in "tf32" or "fp16"), or None where it does not run."""
@@ -217,9 +223,8 @@ class AttentionFamily:
             defs.update(WARPS=warps, BK=bk, **({"F16": 1} if all(halves) else {}))
             defs.update({"KV_ASYNC": 1} if copies else {}, **({"Y_PAIRS": 1} if "Y_HALF" in defs and y_ok else {}))
             self.record_tile(f"mma{16 * warps}x{bk}" + ("/cp" if copies else ""))
-            lanes = "mma_emu" if self.options.mma_emulate else "ptx_lanes"  # (tests: the PTX emulated)
-            self.emit(defines(defs) + kernel_source("mma_tf32") + kernel_source(lanes) +
-                      kernel_source("tf32_store") + kernel_source("attention_mma"), "attention_mma", args,
+            self.emit(defines(defs) + ptx_source(self.options) + kernel_source("tf32_store") +
+                      kernel_source("attention_mma"), "attention_mma", args,
                       (max(-(-Tq // (16 * warps)), 1) * 32 * warps, B * Hq), (32 * warps, 1), label)
             return
         tile = attention_tile(self.dev, D, DV, tq=Tq)
@@ -264,8 +269,7 @@ class AttentionFamily:
                 x.dtype == "float16" and all(int(n) % 8 == 0 for n in [self.args(x)[1]] + of[x.id])
                 for x in (q, k, v, dy))
             defs.update({"GA": 1} if copies else {})
-            helpers = ("mma_tf32", "mma_emu") if self.options.mma_emulate else ("mma_tf32", "ptx_lanes")
-            src = defines(defs) + "".join(kernel_source(f) for f in helpers + ("attention_grad_mma",))
+            src = defines(defs) + ptx_source(self.options) + kernel_source("attention_grad_mma")
             self.record_tile(f"mma{16 * warps}x{bt}" + "/cp" * copies)
             local = (32 * warps, 1)  # (a work-group per 16 warps rows of each side)
             sizes = [max(-(-t // (16 * warps)), 1) * 32 * warps for t in (Tq, Tk)]

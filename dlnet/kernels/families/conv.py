@@ -6,7 +6,7 @@ from ...errors import ModelError
 from ...graph.ops.nn import conv_geometry
 from ..emitter import act_macro, core_source, defines
 from ..half import half_defines, without_copies
-from ..rules import DW_TILED_MAX_TAPS, core_threads, dw_row_block, dw_rows, dw_tile, plane_phases, round_up
+from ..rules import DW_TILED_MAX_TAPS, b_vec_fits, dw_row_block, dw_rows, dw_tile, plane_phases, round_up
 from ..runtime import kernel_source
 
 
@@ -146,15 +146,14 @@ class ConvFamily:
         tiles = without_copies(tiles, halves, ("X", "W"))
         if KH == 1 and KW == 1 and strides == [1, 1] and pads == [0, 0]:
             tiles = dict(tiles, IS_1X1=1)
-            if "STAGES" in tiles and OH * OW % 4 == 0 and xa[1] % 4 == 0 and \
-                    (core == "gemm_mma" or tiles["TK"] * tiles["TN"] // 4 % core_threads(tiles) == 0):
+            if "STAGES" in tiles and OH * OW % 4 == 0 and xa[1] % 4 == 0 and b_vec_fits(core, tiles):
                 tiles["B_CVEC"] = 1  # x's pixels as 16-byte copies (gemm_fetch.cl)
         if tap_major:
             tiles = dict(tiles, TAP_MAJOR=1)
         if core == "gemm_mma" and (C * KH * KW) % 4 == 0 and wa[1] % 4 == 0:
             tiles = dict(tiles, A_VEC=1)  # weight rows as 16-byte copies (gemm_fetch.cl)
         src = defines(dict(tiles, IDX=idx)) + head + kernel_source("window") + kernel_source("conv_half") + \
-            kernel_source("conv") + core_source(core)
+            kernel_source("conv") + core_source(core, tiles)
         args = xa + wa + ba + ra + ya + [self.window_table(C, H, W, KH, KW, dil, tap_major)] + [
             np.int32(v) for v in (C, H, W, K, OH, OW, KH, KW, *strides, *pads, *dil, group, N)] + [
             np.int64(y_nstride), np.int64(y_nstride)]

@@ -83,7 +83,7 @@ class ConvGradFamily:
         if direct:
             along["DX_DIRECT"] = 1
         src = defines(dict(tiles, **along, **halves, **{"CONV_DW" if which == "dw" else "CONV_DX": 1})) + \
-            kernel_source("window") + kernel_source("conv_grad_gemm") + core_source(core)
+            kernel_source("window") + kernel_source("conv_grad_gemm") + core_source(core, tiles)
         w_args = self.dummy() if which == "dw" else self.args(other)
         y_args = self.args(out) if which == "dw" or direct else self.dummy()
         x_args = self.args(other) if implicit else self.dummy()
